@@ -1,0 +1,53 @@
+# specgov developer entry points. `make demo` and `make test` are the README's
+# quick start; both build everything they need from a bare Python 3.11.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+SGLANG_VERSION := 0.5.23
+# The released SGLang wheel, unpacked (never imported as a package: contract
+# tests load single files from it). Downloaded once from the package index.
+SGLANG_SRC ?= .cache/sglang-$(SGLANG_VERSION)/x
+SHARED_DATA ?= ../shared/data
+
+.PHONY: setup demo test lint typecheck importlint bench clean sglang-src
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+sglang-src: $(SGLANG_SRC)/sglang/srt/speculative/adaptive_spec_params.py
+
+$(SGLANG_SRC)/sglang/srt/speculative/adaptive_spec_params.py: | setup
+	rm -rf $(dir $(SGLANG_SRC))
+	mkdir -p $(dir $(SGLANG_SRC))
+	$(BIN)/pip download -q --no-deps sglang==$(SGLANG_VERSION) -d $(dir $(SGLANG_SRC))
+	$(BIN)/python -m zipfile -e $(dir $(SGLANG_SRC))/sglang-$(SGLANG_VERSION)-*.whl $(SGLANG_SRC)
+
+demo: setup
+	$(BIN)/specgov demo
+
+test: setup sglang-src
+	SPECGOV_SGLANG_SRC=$(SGLANG_SRC) SPECGOV_SHARED_DATA=$(SHARED_DATA) $(BIN)/pytest -q
+
+lint: setup importlint typecheck
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# mypy cannot see through setuptools' editable finder (DESIGN.md); a tree of
+# symlinks named like the installed packages lets it type-check the sources.
+typecheck: setup
+	mkdir -p build/typecheck/specgov
+	for d in policies adapters controller simulator; do ln -sfn ../../../$$d build/typecheck/specgov/$$d; done
+	MYPYPATH=build/typecheck $(BIN)/mypy -p specgov.policies -p specgov.simulator -p specgov.adapters -p specgov.controller
+
+importlint: setup
+	$(BIN)/lint-imports
+
+bench: setup
+	SPECGOV_SHARED_DATA=$(SHARED_DATA) $(BIN)/python benchmarks/bench_replay.py
+
+clean:
+	rm -rf $(VENV) build .cache

@@ -1,0 +1,1 @@
+"""specgov.simulator."""

@@ -1,0 +1,44 @@
+"""Shared fixtures: where the real SGLang wheel and the public traces live.
+
+Both live outside the repository. Locally a missing one skips the tests that
+need it with a reason; CI sets SPECGOV_REQUIRE_SGLANG / SPECGOV_REQUIRE_SHARED_DATA
+so that a missing one fails instead.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _missing(reason: str, require_env: str) -> None:
+    if os.environ.get(require_env):
+        pytest.fail(f"{reason} ({require_env} is set, so this is an error)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def sglang_src() -> Path:
+    """Root of the unpacked sglang==0.5.23 wheel (the folder holding `sglang/`)."""
+    raw = os.environ.get("SPECGOV_SGLANG_SRC", str(REPO_ROOT / ".cache/sglang-0.5.23/x"))
+    root = Path(raw)
+    if not (root / "sglang/srt/speculative/adaptive_spec_params.py").is_file():
+        _missing(
+            f"sglang 0.5.23 wheel not unpacked at {root} (run `make sglang-src`)",
+            "SPECGOV_REQUIRE_SGLANG",
+        )
+    return root
+
+
+@pytest.fixture(scope="session")
+def azure_trace_dir() -> Path:
+    """Folder with the public Azure LLM inference traces (never copied here)."""
+    raw = os.environ.get("SPECGOV_SHARED_DATA", str(REPO_ROOT.parent / "shared/data"))
+    folder = Path(raw) / "traces/azure-llm-2023"
+    if not (folder / "AzureLLMInferenceTrace_conv.csv").is_file():
+        _missing(f"Azure traces not found under {folder}", "SPECGOV_REQUIRE_SHARED_DATA")
+    return folder
