@@ -1,0 +1,221 @@
+"""Engine behaviour with injected fakes (cost, acceptance, policy): exact arithmetic."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import pytest
+from specgov.simulator.engine import (
+    Engine,
+    EngineConfig,
+    EngineConfigError,
+    sglang_decode_cuda_graph_bs,
+)
+from specgov.simulator.traces import Request
+
+
+class LinearCost:
+    """decode = 10 ms + 1 ms per draft step; prefill = 1 ms + 1 µs per token."""
+
+    def decode_step_s(self, batch_size: int, steps: int, kv_tokens: int) -> float:
+        return 0.010 + 0.001 * steps
+
+    def prefill_s(self, new_tokens: int, prefix_kv_tokens: int) -> float:
+        return 0.001 + 1e-6 * new_tokens
+
+
+class ConstSampler:
+    def __init__(self, accepted: int) -> None:
+        self.accepted = accepted
+
+    def draw(self, steps: int) -> int:
+        return min(self.accepted, steps)
+
+
+class ConstAcceptance:
+    def __init__(self, accepted: int) -> None:
+        self.accepted = accepted
+
+    def sampler(
+        self, request_index: int, domain: str | None, acc_len: Sequence[int] | None = None
+    ) -> ConstSampler:
+        return ConstSampler(self.accepted)
+
+
+class RandomAcceptance:
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    def sampler(
+        self, request_index: int, domain: str | None, acc_len: Sequence[int] | None = None
+    ) -> ConstSampler:
+        rng = random.Random(self.seed * 1_000_003 + request_index)
+
+        class S(ConstSampler):
+            def draw(self, steps: int) -> int:
+                return rng.randint(0, steps)
+
+        return S(0)
+
+
+class RecordingPolicy:
+    """Fixed-step policy that records the protocol calls in order."""
+
+    def __init__(self, steps: int, candidates: list[int] | None = None) -> None:
+        self.steps = steps
+        self._candidates = candidates or [steps]
+        self.calls: list[tuple[str, object]] = []
+        self.graph_bs: list[int] | None = None
+
+    @property
+    def candidate_steps(self) -> list[int]:
+        return list(self._candidates)
+
+    def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
+        self.graph_bs = cuda_graph_bs
+        self.calls.append(("set_cuda_graph_bs", None))
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        self.calls.append(("get", batch_size))
+        return self.steps
+
+    def on_verify_complete(self, num_correct_drafts_per_req: list[int], batch_size: int) -> None:
+        self.calls.append(("verify", (list(num_correct_drafts_per_req), batch_size)))
+        return None
+
+    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
+        return self.graph_bs
+
+
+def _engine(policy: RecordingPolicy | None = None, accepted: int = 0, **cfg: object) -> Engine:
+    config = EngineConfig(kv_token_capacity=int(cfg.pop("kv", 1_000_000)), **cfg)  # type: ignore[arg-type]
+    acceptance = ConstAcceptance(accepted) if policy is not None else None
+    return Engine(config=config, cost=LinearCost(), policy=policy, acceptance=acceptance)
+
+
+def test_single_request_without_speculation_has_exact_latencies() -> None:
+    result = _engine().run([Request(0.0, 1000, 11)])
+    assert result.completed == 1
+    assert result.output_tokens == 11
+    assert result.prefill_batches == 1
+    assert result.decode_batches == 10  # first token comes from prefill
+    assert result.ttft_s[0] == pytest.approx(0.001 + 1e-6 * 1000)
+    assert result.tpot_s[0] == pytest.approx(0.010)
+    assert result.kv_peak_tokens == 1000 + 10  # prompt + tokens decoded while running
+
+
+def test_speculation_emits_accepted_plus_bonus_and_truncates_at_the_end() -> None:
+    policy = RecordingPolicy(steps=3)
+    result = _engine(policy, accepted=3).run([Request(0.0, 100, 10)])
+    # 1 token from prefill, then 4 per verify: 4 + 4 + 1 (truncated).
+    assert result.output_tokens == 10
+    assert result.decode_batches == 3
+    assert result.verify_calls == 3
+    assert result.tpot_s[0] == pytest.approx(3 * 0.013 / 9)
+
+
+def test_protocol_calls_follow_sglang_order() -> None:
+    policy = RecordingPolicy(steps=2)
+    reqs = [Request(0.0, 50, 6), Request(0.0, 50, 9)]
+    _engine(policy, accepted=1).run(reqs)
+    assert policy.calls[0] == ("set_cuda_graph_bs", None)
+    assert policy.graph_bs == sglang_decode_cuda_graph_bs(256, speculative=True)
+    body = policy.calls[1:]
+    # The engine asks for the initial step once at start-up (init_states), then
+    # every decode batch is get -> verify with the same batch size.
+    assert body[0] == ("get", 1)
+    pairs = body[1:]
+    assert len(pairs) % 2 == 0
+    for get, verify in zip(pairs[0::2], pairs[1::2], strict=True):
+        assert get[0] == "get" and verify[0] == "verify"
+        accepted, bs = verify[1]  # type: ignore[misc]
+        assert bs == get[1] == len(accepted)
+        assert all(a == 1 for a in accepted)
+
+
+def test_non_candidate_step_raises_like_adaptive_controller() -> None:
+    class Liar(RecordingPolicy):
+        def get_steps_for_batch(self, batch_size: int) -> int:
+            return 5
+
+    policy = Liar(steps=3, candidates=[1, 3])
+    with pytest.raises(ValueError, match="steps=5"):
+        _engine(policy, accepted=1).run([Request(0.0, 10, 5)])
+
+
+def test_chunked_prefill_splits_long_prompts() -> None:
+    result = _engine(chunked_prefill_size=1000).run([Request(0.0, 3500, 2)])
+    assert result.prefill_batches == 4
+    assert result.completed == 1
+
+
+def test_running_cap_bounds_the_batch() -> None:
+    reqs = [Request(0.0, 10, 50) for _ in range(20)]
+    result = _engine(max_running_requests=4).run(reqs)
+    assert max(result.batch_size_hist) == 4
+    assert result.completed == 20
+
+
+def test_kv_pressure_retracts_and_still_completes_everything() -> None:
+    reqs = [Request(0.0, 100, 400) for _ in range(8)]
+    result = _engine(RecordingPolicy(steps=1), accepted=0, kv=1500).run(reqs)
+    assert result.retractions > 0
+    assert result.completed == 8
+    assert result.output_tokens == 8 * 400
+    assert result.kv_peak_tokens <= 1500
+
+
+def test_request_that_can_never_fit_is_aborted_not_looped_on() -> None:
+    result = _engine(kv=500).run([Request(0.0, 1000, 10), Request(1.0, 10, 5)])
+    assert result.aborted == 1
+    assert result.completed == 1
+
+
+def test_same_inputs_same_event_log_and_different_seed_differs() -> None:
+    reqs = [Request(0.01 * i, 200 + 7 * i, 30 + (i % 17)) for i in range(60)]
+
+    def run(seed: int) -> list[tuple[float, str, int, int]]:
+        engine = Engine(
+            config=EngineConfig(kv_token_capacity=100_000, record_events=True),
+            cost=LinearCost(),
+            policy=RecordingPolicy(steps=3),
+            acceptance=RandomAcceptance(seed),
+        )
+        return engine.run(reqs).events
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+def test_unsorted_requests_are_rejected_with_the_index() -> None:
+    with pytest.raises(ValueError, match="request 1"):
+        _engine().run([Request(1.0, 10, 2), Request(0.5, 10, 2)])
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("kv_token_capacity", 0), ("chunked_prefill_size", 0), ("max_running_requests", 0)],
+)
+def test_config_validation_names_the_field(field: str, value: int) -> None:
+    kwargs: dict[str, int] = {"kv_token_capacity": 10, field: value}
+    with pytest.raises(EngineConfigError, match=field):
+        EngineConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_time_series_cover_the_run() -> None:
+    reqs = [Request(0.5 * i, 100, 40) for i in range(20)]
+    result = _engine(RecordingPolicy(steps=2), accepted=1).run(reqs)
+    series = result.series
+    assert len(series.time_s) >= int(result.end_s - result.first_arrival_s)
+    assert sum(series.output_tok_s) * 1.0 == pytest.approx(result.output_tokens, rel=0.01)
+    assert any(not math.isnan(v) for v in series.steps_by_slot[1])
+
+
+def test_cuda_graph_bs_matches_sglang_lists() -> None:
+    spec = sglang_decode_cuda_graph_bs(256, speculative=True)
+    assert spec[:10] == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12]
+    assert spec[-1] == 256
+    plain = sglang_decode_cuda_graph_bs(100, speculative=False)
+    assert plain[:6] == [1, 2, 4, 8, 12, 16] and plain[-1] == 100
