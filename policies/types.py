@@ -1,0 +1,644 @@
+"""Core value types of specgov (DESIGN.md, "Core types").
+
+Every type is a frozen, slotted dataclass that validates itself on construction and
+raises :class:`PolicyTypeError` naming the bad field and the expected form. Missing
+telemetry is ``None`` ("unknown"), never 0: a policy must be able to tell "no data"
+from "zero".
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Final
+
+SCHEMA_VERSION: Final = 1
+
+# Algorithms a restart recommendation may name (SGLang's --speculative-algorithm values
+# specgov reasons about, plus NONE for "no speculation").
+ALGORITHMS: Final = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "NONE"})
+# SGLang forces num_draft_tokens = num_steps + 1 when topk == 1 for the EAGLE family
+# (arg_groups/speculative_hook.py, _handle_eagle_family); NGRAM sizes its drafts itself.
+_EAGLE_FAMILY: Final = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"})
+
+
+class PolicyTypeError(ValueError):
+    """A value handed to a specgov core type is malformed; the message names the field."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_int(value: object) -> bool:
+    # bool is an int subclass; a JSON `true` is never a valid count or step.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _fail(where: str, expected: str, got: object) -> PolicyTypeError:
+    return PolicyTypeError(f"{where}: {expected}, got {got!r}")
+
+
+def _check_int(where: str, value: object, *, minimum: int | None = None) -> None:
+    if not _is_int(value) or (minimum is not None and value < minimum):  # type: ignore[operator]
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise _fail(where, f"expected an int{bound}", value)
+
+
+def _check_opt_int(where: str, value: object, *, minimum: int = 0) -> None:
+    if value is not None:
+        _check_int(where, value, minimum=minimum)
+
+
+def _check_real(
+    where: str,
+    value: object,
+    *,
+    minimum: float | None = None,
+    positive: bool = False,
+) -> None:
+    ok = _is_real(value) and math.isfinite(value)  # type: ignore[arg-type]
+    if ok and minimum is not None:
+        ok = value >= minimum  # type: ignore[operator]
+    if ok and positive:
+        ok = value > 0  # type: ignore[operator]
+    if not ok:
+        cond = " > 0" if positive else (f" >= {minimum}" if minimum is not None else "")
+        raise _fail(where, f"expected a finite number{cond}", value)
+
+
+def _check_opt_real(where: str, value: object, *, positive: bool = False) -> None:
+    if value is not None:
+        _check_real(where, value, minimum=0.0, positive=positive)
+
+
+def _check_steps_tuple(where: str, value: object) -> None:
+    """Sorted, unique, non-negative int steps (a tuple, so the value stays immutable)."""
+    if (
+        not isinstance(value, tuple)
+        or not all(_is_int(s) and s >= 0 for s in value)
+        or any(a >= b for a, b in itertools.pairwise(value))
+    ):
+        raise _fail(where, "expected a tuple of strictly increasing non-negative ints", value)
+
+
+def _check_type(where: str, value: object, cls: type | tuple[type, ...], expected: str) -> None:
+    if not isinstance(value, cls):
+        raise _fail(where, expected, value)
+
+
+# ------------------------------------------------------------------- dict helpers
+
+
+def _require_keys(
+    owner: str, data: Mapping[str, Any], required: Iterable[str], optional: Iterable[str] = ()
+) -> None:
+    if not isinstance(data, Mapping):
+        raise _fail(f"{owner}.from_dict", "expected a JSON object (mapping)", data)
+    req = set(required)
+    allowed = req | set(optional)
+    missing = sorted(req - data.keys())
+    if missing:
+        raise PolicyTypeError(
+            f"{owner}.from_dict: missing key(s) {missing}; expected keys {sorted(allowed)}"
+        )
+    unknown = sorted(str(k) for k in data.keys() - allowed)
+    if unknown:
+        raise PolicyTypeError(
+            f"{owner}.from_dict: unknown key(s) {unknown}; expected keys {sorted(allowed)}"
+        )
+    schema = data.get("schema")
+    if "schema" in req and (not _is_int(schema) or schema != SCHEMA_VERSION):
+        raise _fail(f"{owner}.from_dict: key 'schema'", f"expected {SCHEMA_VERSION}", schema)
+
+
+def _as_int_tuple(where: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple):
+        raise _fail(where, "expected a list of ints", value)
+    return tuple(value)
+
+
+# ------------------------------------------------------------------------ SpecShape
+
+
+@dataclass(frozen=True, slots=True)
+class SpecShape:
+    """Restart-level speculation shape: what SGLang can only change at launch."""
+
+    algorithm: str
+    num_steps: int
+    topk: int
+    num_draft_tokens: int
+    candidate_steps: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if self.algorithm not in ALGORITHMS:
+            raise _fail(
+                "SpecShape.algorithm", f"expected one of {sorted(ALGORITHMS)}", self.algorithm
+            )
+        _check_steps_tuple("SpecShape.candidate_steps", self.candidate_steps)
+        if self.algorithm == "NONE":
+            for name in ("num_steps", "topk", "num_draft_tokens"):
+                value = getattr(self, name)
+                if not _is_int(value) or value != 0:
+                    raise _fail(f"SpecShape.{name}", "expected 0 when algorithm is NONE", value)
+            if self.candidate_steps:
+                raise _fail(
+                    "SpecShape.candidate_steps",
+                    "expected () when algorithm is NONE",
+                    self.candidate_steps,
+                )
+            return
+        _check_int("SpecShape.num_steps", self.num_steps, minimum=1)
+        _check_int("SpecShape.topk", self.topk, minimum=1)
+        _check_int("SpecShape.num_draft_tokens", self.num_draft_tokens, minimum=1)
+        if (
+            self.algorithm in _EAGLE_FAMILY
+            and self.topk == 1
+            and self.num_draft_tokens != self.num_steps + 1
+        ):
+            raise _fail(
+                "SpecShape.num_draft_tokens",
+                f"expected num_steps + 1 = {self.num_steps + 1} when topk == 1 (as SGLang forces)",
+                self.num_draft_tokens,
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "algorithm": self.algorithm,
+            "num_steps": self.num_steps,
+            "topk": self.topk,
+            "num_draft_tokens": self.num_draft_tokens,
+            "candidate_steps": list(self.candidate_steps),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SpecShape:
+        keys = ("schema", "algorithm", "num_steps", "topk", "num_draft_tokens", "candidate_steps")
+        _require_keys("SpecShape", data, keys)
+        return cls(
+            algorithm=data["algorithm"],
+            num_steps=data["num_steps"],
+            topk=data["topk"],
+            num_draft_tokens=data["num_draft_tokens"],
+            candidate_steps=_as_int_tuple(
+                "SpecShape.from_dict: key 'candidate_steps'", data["candidate_steps"]
+            ),
+        )
+
+
+# ------------------------------------------------------------------------ StepTable
+
+
+@dataclass(frozen=True, slots=True)
+class StepTable:
+    """The live decision: batch-size slot lower bound -> draft steps.
+
+    ``slots`` is sorted by lower bound; the first bound is 1. A batch of size b uses the
+    slot with the largest lower bound <= b. The table is valid until
+    ``produced_at_s + ttl_s``.
+    """
+
+    slots: tuple[tuple[int, int], ...]
+    version: int
+    produced_at_s: float
+    ttl_s: float
+    reason: str = ""
+    # Derived lookup arrays (not part of equality or the serialised form).
+    _bounds: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _steps: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        slots = self.slots
+        if not isinstance(slots, tuple) or not slots:
+            raise _fail("StepTable.slots", "expected a non-empty tuple of (bound, steps)", slots)
+        for pair in slots:
+            if not (isinstance(pair, tuple) and len(pair) == 2):
+                raise _fail("StepTable.slots", "expected (bound, steps) int pairs", pair)
+        bounds = tuple(p[0] for p in slots)
+        steps = tuple(p[1] for p in slots)
+        if (
+            not all(_is_int(b) for b in bounds)
+            or bounds[0] != 1
+            or any(a >= b for a, b in itertools.pairwise(bounds))
+        ):
+            raise _fail(
+                "StepTable.slots",
+                "slot lower bounds must be strictly increasing positive ints starting at 1",
+                list(bounds),
+            )
+        if not all(_is_int(s) and s >= 0 for s in steps):
+            raise _fail("StepTable.slots", "steps must be non-negative ints", list(steps))
+        _check_int("StepTable.version", self.version, minimum=0)
+        _check_real("StepTable.produced_at_s", self.produced_at_s)
+        _check_real("StepTable.ttl_s", self.ttl_s, positive=True)
+        _check_type("StepTable.reason", self.reason, str, "expected a str")
+        object.__setattr__(self, "_bounds", bounds)
+        object.__setattr__(self, "_steps", steps)
+
+    @property
+    def expires_at_s(self) -> float:
+        return self.produced_at_s + self.ttl_s
+
+    def _index(self, batch_size: int) -> int:
+        # Batch sizes below the first bound (0 for an idle batch) use the first slot, as
+        # SGLang's own routing does (adaptive_spec_params._find_closest_bs).
+        idx = bisect.bisect_right(self._bounds, batch_size) - 1
+        return idx if idx > 0 else 0
+
+    def steps_for(self, batch_size: int) -> int:
+        """Steps for ``batch_size``: the slot with the largest lower bound <= batch_size."""
+        return self._steps[self._index(batch_size)]
+
+    def slot_for(self, batch_size: int) -> int:
+        """Lower bound of the slot ``batch_size`` falls in."""
+        return self._bounds[self._index(batch_size)]
+
+    def is_expired(self, now_s: float) -> bool:
+        return now_s >= self.produced_at_s + self.ttl_s
+
+    def validate_against(self, candidate_steps: Iterable[int]) -> None:
+        """Raise :class:`PolicyTypeError` if a slot names a step the engine has not built."""
+        allowed = set(candidate_steps)
+        bad = [(b, s) for b, s in self.slots if s not in allowed]
+        if bad:
+            raise PolicyTypeError(
+                f"StepTable.slots: every step must be one of the engine's candidate steps "
+                f"{sorted(allowed)}, got (bound, steps) {bad} (table version {self.version})"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "version": self.version,
+            "produced_at_s": self.produced_at_s,
+            "ttl_s": self.ttl_s,
+            "reason": self.reason,
+            "slots": [[b, s] for b, s in self.slots],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepTable:
+        _require_keys(
+            "StepTable", data, ("schema", "version", "produced_at_s", "ttl_s", "slots"), ("reason",)
+        )
+        raw = data["slots"]
+        if not isinstance(raw, list | tuple):
+            raise _fail(
+                "StepTable.from_dict: key 'slots'", "expected a list of [bound, steps]", raw
+            )
+        pairs: list[tuple[int, int]] = []
+        for i, pair in enumerate(raw):
+            if not isinstance(pair, list | tuple) or len(pair) != 2:
+                raise _fail(
+                    f"StepTable.from_dict: key 'slots'[{i}]", "expected [bound, steps]", pair
+                )
+            pairs.append((pair[0], pair[1]))
+        return cls(
+            slots=tuple(pairs),
+            version=data["version"],
+            produced_at_s=data["produced_at_s"],
+            ttl_s=data["ttl_s"],
+            reason=data.get("reason", ""),
+        )
+
+
+# --------------------------------------------------------------------------- Budget
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Operator limits every decision must respect."""
+
+    vram_gib: float | None
+    slo_tpot_ms: float | None
+    slo_itl_p99_ms: float | None
+    slo_ttft_p99_ms: float | None
+    allowed_steps: tuple[int, ...] | None
+    allow_lossy: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("vram_gib", "slo_tpot_ms", "slo_itl_p99_ms", "slo_ttft_p99_ms"):
+            _check_opt_real(f"Budget.{name}", getattr(self, name), positive=True)
+        if self.allowed_steps is not None:
+            _check_steps_tuple("Budget.allowed_steps", self.allowed_steps)
+            if not self.allowed_steps:
+                raise _fail("Budget.allowed_steps", "expected None or a non-empty tuple", ())
+        _check_type("Budget.allow_lossy", self.allow_lossy, bool, "expected a bool")
+
+
+# ------------------------------------------------------------------------ TierStats
+
+
+@dataclass(frozen=True, slots=True)
+class TierStat:
+    """What the in-engine policy saw for one (slot lower bound, steps) tier in a window.
+
+    ``accepted_hist[j]`` is the number of requests that accepted exactly j drafts
+    (bonus token excluded); its length is ``steps + 1``.
+    """
+
+    slot: int
+    steps: int
+    verify_calls: int
+    requests: int
+    accepted_hist: tuple[int, ...]
+    step_time_sum_s: float
+    step_time_count: int
+    batch_size_sum: int
+
+    def __post_init__(self) -> None:
+        _check_int("TierStat.slot", self.slot, minimum=0)
+        _check_int("TierStat.steps", self.steps, minimum=0)
+        _check_int("TierStat.verify_calls", self.verify_calls, minimum=0)
+        _check_int("TierStat.requests", self.requests, minimum=0)
+        hist = self.accepted_hist
+        if (
+            not isinstance(hist, tuple)
+            or len(hist) != self.steps + 1
+            or not all(_is_int(h) and h >= 0 for h in hist)
+        ):
+            raise _fail(
+                "TierStat.accepted_hist",
+                f"expected a tuple of {self.steps + 1} non-negative ints (steps + 1)",
+                hist,
+            )
+        if sum(hist) != self.requests:
+            raise _fail(
+                "TierStat.accepted_hist",
+                f"expected counts summing to requests={self.requests}",
+                hist,
+            )
+        _check_real("TierStat.step_time_sum_s", self.step_time_sum_s, minimum=0.0)
+        _check_int("TierStat.step_time_count", self.step_time_count, minimum=0)
+        if self.step_time_count > self.verify_calls:
+            raise _fail(
+                "TierStat.step_time_count",
+                f"expected <= verify_calls={self.verify_calls}",
+                self.step_time_count,
+            )
+        _check_int("TierStat.batch_size_sum", self.batch_size_sum, minimum=0)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.slot, self.steps)
+
+    @property
+    def mean_accepted(self) -> float | None:
+        """Mean accepted drafts per request, None when no request was seen."""
+        if self.requests == 0:
+            return None
+        return sum(j * n for j, n in enumerate(self.accepted_hist)) / self.requests
+
+    @property
+    def mean_step_time_s(self) -> float | None:
+        if self.step_time_count == 0:
+            return None
+        return self.step_time_sum_s / self.step_time_count
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slot": self.slot,
+            "steps": self.steps,
+            "verify_calls": self.verify_calls,
+            "requests": self.requests,
+            "accepted_hist": list(self.accepted_hist),
+            "step_time_sum_s": self.step_time_sum_s,
+            "step_time_count": self.step_time_count,
+            "batch_size_sum": self.batch_size_sum,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TierStat:
+        keys = (
+            "slot",
+            "steps",
+            "verify_calls",
+            "requests",
+            "accepted_hist",
+            "step_time_sum_s",
+            "step_time_count",
+            "batch_size_sum",
+        )
+        _require_keys("TierStat", data, keys)
+        return cls(
+            slot=data["slot"],
+            steps=data["steps"],
+            verify_calls=data["verify_calls"],
+            requests=data["requests"],
+            accepted_hist=_as_int_tuple(
+                "TierStat.from_dict: key 'accepted_hist'", data["accepted_hist"]
+            ),
+            step_time_sum_s=data["step_time_sum_s"],
+            step_time_count=data["step_time_count"],
+            batch_size_sum=data["batch_size_sum"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class TierStatsSnapshot:
+    """Per-tier statistics recorded in one window [window_start_s, window_end_s]."""
+
+    window_start_s: float
+    window_end_s: float
+    tiers: tuple[TierStat, ...]
+
+    def __post_init__(self) -> None:
+        _check_real("TierStatsSnapshot.window_start_s", self.window_start_s)
+        _check_real("TierStatsSnapshot.window_end_s", self.window_end_s)
+        if self.window_end_s < self.window_start_s:
+            raise _fail(
+                "TierStatsSnapshot.window_end_s",
+                f"expected >= window_start_s={self.window_start_s}",
+                self.window_end_s,
+            )
+        if not isinstance(self.tiers, tuple) or not all(
+            isinstance(t, TierStat) for t in self.tiers
+        ):
+            raise _fail("TierStatsSnapshot.tiers", "expected a tuple of TierStat", self.tiers)
+        keys = [t.key for t in self.tiers]
+        if len(set(keys)) != len(keys):
+            raise _fail(
+                "TierStatsSnapshot.tiers", "expected unique (slot, steps) keys", sorted(keys)
+            )
+
+    def tier(self, slot: int, steps: int) -> TierStat | None:
+        for t in self.tiers:
+            if t.slot == slot and t.steps == steps:
+                return t
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA_VERSION,
+            "window_start_s": self.window_start_s,
+            "window_end_s": self.window_end_s,
+            "tiers": [t.to_dict() for t in self.tiers],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TierStatsSnapshot:
+        _require_keys(
+            "TierStatsSnapshot", data, ("schema", "window_start_s", "window_end_s", "tiers")
+        )
+        raw = data["tiers"]
+        if not isinstance(raw, list | tuple):
+            raise _fail("TierStatsSnapshot.from_dict: key 'tiers'", "expected a list", raw)
+        return cls(
+            window_start_s=data["window_start_s"],
+            window_end_s=data["window_end_s"],
+            tiers=tuple(TierStat.from_dict(t) for t in raw),
+        )
+
+
+# ---------------------------------------------------------------------- Observation
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSnapshot:
+    """Server load at one instant; None means the series is unknown."""
+
+    running_requests: int | None
+    queued_requests: int | None
+    token_usage: float | None
+    kv_capacity_tokens: int | None
+
+    def __post_init__(self) -> None:
+        _check_opt_int("LoadSnapshot.running_requests", self.running_requests)
+        _check_opt_int("LoadSnapshot.queued_requests", self.queued_requests)
+        _check_opt_real("LoadSnapshot.token_usage", self.token_usage)
+        _check_opt_int("LoadSnapshot.kv_capacity_tokens", self.kv_capacity_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyQuantiles:
+    """Latency quantiles over a window, in milliseconds; None means unknown."""
+
+    p50_ms: float | None = None
+    p90_ms: float | None = None
+    p99_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        known: list[tuple[str, float]] = []
+        for name in ("p50_ms", "p90_ms", "p99_ms"):
+            value = getattr(self, name)
+            _check_opt_real(f"LatencyQuantiles.{name}", value)
+            if value is not None:
+                known.append((name, value))
+        for (lo_name, lo), (hi_name, hi) in itertools.pairwise(known):
+            if hi < lo:
+                raise _fail(f"LatencyQuantiles.{hi_name}", f"expected >= {lo_name}={lo}", hi)
+
+
+@dataclass(frozen=True, slots=True)
+class Observation:
+    """One snapshot a policy sees. Missing or stale series are None, never 0."""
+
+    time_s: float
+    running_requests: int | None = None
+    queued_requests: int | None = None
+    token_usage: float | None = None
+    kv_capacity_tokens: int | None = None
+    gen_throughput_tok_s: float | None = None
+    accept_length: float | None = None
+    ttft_ms: LatencyQuantiles | None = None
+    itl_ms: LatencyQuantiles | None = None
+    tpot_ms: LatencyQuantiles | None = None
+    shape: SpecShape | None = None
+    table: StepTable | None = None
+    tier_stats: TierStatsSnapshot | None = None
+    staleness_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _check_real("Observation.time_s", self.time_s)
+        _check_opt_int("Observation.running_requests", self.running_requests)
+        _check_opt_int("Observation.queued_requests", self.queued_requests)
+        _check_opt_real("Observation.token_usage", self.token_usage)
+        _check_opt_int("Observation.kv_capacity_tokens", self.kv_capacity_tokens)
+        _check_opt_real("Observation.gen_throughput_tok_s", self.gen_throughput_tok_s)
+        _check_opt_real("Observation.accept_length", self.accept_length)
+        _check_opt_real("Observation.staleness_s", self.staleness_s)
+        optional_types: Sequence[tuple[str, type]] = (
+            ("ttft_ms", LatencyQuantiles),
+            ("itl_ms", LatencyQuantiles),
+            ("tpot_ms", LatencyQuantiles),
+            ("shape", SpecShape),
+            ("table", StepTable),
+            ("tier_stats", TierStatsSnapshot),
+        )
+        for name, cls in optional_types:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, cls):
+                raise _fail(f"Observation.{name}", f"expected None or a {cls.__name__}", value)
+
+    @property
+    def load(self) -> LoadSnapshot:
+        return LoadSnapshot(
+            running_requests=self.running_requests,
+            queued_requests=self.queued_requests,
+            token_usage=self.token_usage,
+            kv_capacity_tokens=self.kv_capacity_tokens,
+        )
+
+
+# ------------------------------------------------------------------------- Decision
+
+
+class ReasonCode(StrEnum):
+    """Why a decision is what it is (also a metric label)."""
+
+    INITIAL = "initial"
+    HELD_STALE_TELEMETRY = "held_stale_telemetry"
+    HELD_UNKNOWN_TELEMETRY = "held_unknown_telemetry"
+    HELD_TOLERANCE_BAND = "held_tolerance_band"
+    HELD_MIN_DWELL = "held_min_dwell"
+    HELD_RATE_LIMIT = "held_rate_limit"
+    HELD_NO_CHANGE = "held_no_change"
+    CHANGED_PREDICTED_GAIN = "changed_predicted_gain"
+    ROLLED_BACK_REGRESSION = "rolled_back_regression"
+    LIMITED_BY_SLO = "limited_by_slo"
+    LIMITED_BY_BUDGET = "limited_by_budget"
+    LIMITED_BY_CANDIDATES = "limited_by_candidates"
+    OVERRIDE_ACTIVE = "override_active"
+    STATIC_POLICY = "static_policy"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A policy's answer: a new table and/or a restart recommendation, explained."""
+
+    table: StepTable | None
+    reason: ReasonCode
+    message: str
+    expected_gain: float | None
+    limited_by: tuple[str, ...] = ()
+    restart_recommendation: SpecShape | None = None
+
+    def __post_init__(self) -> None:
+        if self.table is not None and not isinstance(self.table, StepTable):
+            raise _fail("Decision.table", "expected None or a StepTable", self.table)
+        _check_type("Decision.reason", self.reason, ReasonCode, "expected a ReasonCode")
+        if not isinstance(self.message, str) or not self.message.strip():
+            raise _fail("Decision.message", "expected a non-empty str", self.message)
+        if self.expected_gain is not None:
+            _check_real("Decision.expected_gain", self.expected_gain)
+        if not isinstance(self.limited_by, tuple) or not all(
+            isinstance(s, str) and s for s in self.limited_by
+        ):
+            raise _fail("Decision.limited_by", "expected a tuple of non-empty str", self.limited_by)
+        if self.restart_recommendation is not None and not isinstance(
+            self.restart_recommendation, SpecShape
+        ):
+            raise _fail(
+                "Decision.restart_recommendation",
+                "expected None or a SpecShape",
+                self.restart_recommendation,
+            )
