@@ -109,7 +109,10 @@ class EngineConfig:
     max_running_requests: int | None = None  # None: SGLang's default, from the KV pool
     chunked_prefill_size: int = 8192
     cuda_graph_max_bs: int | None = 256  # None: CUDA graphs disabled (no padding)
-    verify_tokens_per_request: int | None = None  # trees: num_draft_tokens; None: steps+1
+    # Tree shapes (topk > 1) verify min(num_draft_tokens, 1 + steps * topk)
+    # tokens per request; chains (topk == 1) verify steps + 1.
+    topk: int = 1
+    num_draft_tokens: int | None = None
     sample_interval_s: float = 1.0
     record_events: bool = False
 
@@ -130,10 +133,19 @@ class EngineConfig:
             raise EngineConfigError(
                 f"cuda_graph_max_bs must be >= 1 or None, got {self.cuda_graph_max_bs}"
             )
-        if self.sample_interval_s <= 0:
+        if self.topk < 1:
+            raise EngineConfigError(f"topk must be >= 1, got {self.topk}")
+        if self.topk > 1 and (self.num_draft_tokens is None or self.num_draft_tokens < 2):
             raise EngineConfigError(
-                f"sample_interval_s must be > 0, got {self.sample_interval_s}"
+                f"num_draft_tokens must be >= 2 with topk={self.topk}, got {self.num_draft_tokens}"
             )
+        if self.sample_interval_s <= 0:
+            raise EngineConfigError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")
+
+    def verify_tokens_per_request(self, steps: int) -> int:
+        if self.topk == 1 or steps == 0 or self.num_draft_tokens is None:
+            return steps + 1
+        return min(self.num_draft_tokens, 1 + steps * self.topk)
 
     @property
     def running_cap(self) -> int:
@@ -253,7 +265,9 @@ class Engine:
         self.cost = cost
         self.policy = policy
         self.acceptance = acceptance
-        self.candidates: frozenset[int] = frozenset(policy.candidate_steps) if policy else frozenset()
+        self.candidates: frozenset[int] = (
+            frozenset(policy.candidate_steps) if policy else frozenset()
+        )
         self.cuda_graph_bs: list[int] | None = (
             sglang_decode_cuda_graph_bs(config.cuda_graph_max_bs, policy is not None)
             if config.cuda_graph_max_bs is not None
@@ -290,7 +304,7 @@ class Engine:
         capacity = cfg.kv_token_capacity
         running_cap = cfg.running_cap
         chunk_budget = cfg.chunked_prefill_size
-        verify_per_req = cfg.verify_tokens_per_request
+        verify_tokens = cfg.verify_tokens_per_request
         graph_bs = self.cuda_graph_bs
         record = cfg.record_events
         events: list[tuple[float, str, int, int]] = []
@@ -444,7 +458,7 @@ class Engine:
                 reserved = 0.0
                 for r in running:
                     rem = r.output_tokens - r.generated
-                    reserved += (rem if rem < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS)
+                    reserved += rem if rem < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
                 reserved *= new_token_ratio
                 rem_total = capacity - kv_used - reserved
                 if chunked is not None:
@@ -528,7 +542,7 @@ class Engine:
                     current_steps = target
                     tier_switches += 1
             k = current_steps
-            per_req = (verify_per_req if (verify_per_req and k > 0) else k + 1)
+            per_req = verify_tokens(k)
             needed = bsz * per_req
             if capacity - kv_used < needed and bsz > 1:
                 # retract_decode: keep the longest-decoded; pop fewest outputs,
@@ -563,7 +577,7 @@ class Engine:
                         current_steps = target
                         tier_switches += 1
                     k = current_steps
-                    per_req = (verify_per_req if (verify_per_req and k > 0) else k + 1)
+                    per_req = verify_tokens(k)
             dt = decode_step_s(bsz, k, kv_used)
             start = now
             now += dt
@@ -596,6 +610,10 @@ class Engine:
             else:
                 accepted = [0] * bsz if policy is not None else []
                 for r in running:
+                    if r.draw is not None:
+                        # Step 0 still verifies one token: a per-token
+                        # acceptance replay must advance its position too.
+                        r.draw(0)
                     gap = now - r.last_token_s
                     b = int(log(gap / _ITL_MIN_S) * itl_scale) if gap > _ITL_MIN_S else 0
                     itl_hist[b if b < itl_top else itl_top] += 1

@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
 from specgov.simulator.traces import Request, Trace
 
 __all__ = [

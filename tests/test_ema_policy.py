@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from specgov.policies.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveConfig,

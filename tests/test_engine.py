@@ -7,6 +7,7 @@ import random
 from collections.abc import Sequence
 
 import pytest
+
 from specgov.simulator.engine import (
     Engine,
     EngineConfig,

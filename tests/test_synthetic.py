@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from numpy.typing import NDArray
+
 from specgov.simulator.synthetic import (
     DEFAULT_DEMO_SPEC,
     DomainLengths,

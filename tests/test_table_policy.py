@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from specgov.policies.ema import EmaPolicy
 from specgov.policies.table import TablePolicy
 from specgov.policies.types import PolicyTypeError, StepTable, TierStatsSnapshot

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+
 from specgov.simulator.traces import (
     TRACE_FORMATS,
     Request,

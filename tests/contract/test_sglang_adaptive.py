@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
 from specgov.policies.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     DEFAULT_CEILING_COEFF,

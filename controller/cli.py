@@ -1,0 +1,350 @@
+"""The `specgov` command line.
+
+Simulator commands import `specgov.simulator` lazily (DESIGN.md layering), so the
+daemon's commands never pay for numpy/matplotlib start-up they do not use.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from specgov.simulator.replay import ReplayReport
+    from specgov.simulator.traces import Trace
+
+DEFAULT_DEMO_POLICIES = ("none", "static:1", "static:3", "static:5", "static:7", "sglang-ema")
+
+
+@contextmanager
+def _user_errors() -> Iterator[None]:
+    """Turn input errors (all ValueError/OSError subclasses here) into one clean line."""
+    try:
+        yield
+    except click.ClickException:
+        raise
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="specgov")
+def main() -> None:
+    """specgov: a speculation governor for SGLang."""
+
+
+def _load_trace(
+    source: str,
+    fmt: str | None,
+    *,
+    rate_scale: float,
+    window_start_s: float | None,
+    window_end_s: float | None,
+    sample: float | None,
+    max_requests: int | None,
+    seed: int,
+) -> Trace:
+    from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+    from specgov.simulator.traces import load_trace, transform_trace
+
+    options: dict[str, Any] = {
+        "window_start_s": window_start_s,
+        "window_end_s": window_end_s,
+        "rate_scale": rate_scale,
+        "sample_fraction": sample,
+        "max_requests": max_requests,
+        "seed": seed,
+    }
+    if source == "synthetic" or source.startswith("synthetic:"):
+        return transform_trace(generate_trace(parse_synthetic_spec(source)), **options)
+    return load_trace(Path(source), fmt, **options)
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def render_table(report: ReplayReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    data = report.to_json()
+    trace = data["trace"]
+    server = data["server"]
+    title = (
+        f"{trace.get('name', 'trace')}: {trace.get('requests')} requests, "
+        f"{_fmt(trace.get('duration_s'))} s | {server['gpu']} {server['model']} "
+        f"+ {server['drafter']} ({server['acceptance_profile']}) | "
+        f"SLO TPOT {_fmt(data['slo']['tpot_ms'], 0)} ms | seed {data['seed']}"
+    )
+    base = next((p for p in data["policies"] if p["name"] == "sglang-ema"), None)
+    table = Table(title=title, title_justify="left")
+    for col in (
+        "policy",
+        "tok/s",
+        "goodput",
+        "vs ema",
+        "TTFT p99 ms",
+        "TPOT p50",
+        "TPOT p99",
+        "ITL p99",
+        "SLO %",
+        "acc len",
+        "retract",
+        "KV peak",
+        "switches",
+    ):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for p in data["policies"]:
+        ratio = "-"
+        if base is not None and base["goodput_tok_s"] > 0:
+            ratio = f"{p['goodput_tok_s'] / base['goodput_tok_s']:.3f}x"
+        slo = p["slo_attainment"]
+        table.add_row(
+            p["name"],
+            _fmt(p["throughput_tok_s"], 0),
+            _fmt(p["goodput_tok_s"], 0),
+            ratio,
+            _fmt(p["ttft_ms"]["p99"]),
+            _fmt(p["tpot_ms"]["p50"], 2),
+            _fmt(p["tpot_ms"]["p99"], 2),
+            _fmt(p["itl_ms"]["p99"], 2),
+            _fmt(100.0 * slo if slo is not None else None),
+            _fmt(p["mean_accept_length"], 2),
+            str(p["retractions"]),
+            f"{100.0 * p['kv_peak_fraction']:.0f}%",
+            str(p["tier_switches"]),
+        )
+    # Piped output has no terminal width; do not squeeze the columns to 80.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console.print(table)
+
+
+def _progress_factory() -> tuple[Callable[[str, int, int], None] | None, Callable[[], None]]:
+    """A rich progress bar on a terminal; nothing when output is piped."""
+    if not sys.stderr.isatty():
+        return None, lambda: None
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} requests"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    tasks: dict[str, Any] = {}
+    bar.start()
+
+    def update(name: str, done: int, total: int) -> None:
+        if name not in tasks:
+            tasks[name] = bar.add_task(name, total=total)
+        bar.update(tasks[name], completed=done)
+
+    return update, bar.stop
+
+
+def _run_replay(
+    trace: Trace,
+    policies: Sequence[str],
+    *,
+    gpu: str,
+    model: str,
+    drafter: str,
+    spec_steps: int,
+    topk: int,
+    num_draft_tokens: int | None,
+    acceptance_profile: str | None,
+    burstiness: float | None,
+    max_running_requests: int | None,
+    mem_fraction_static: float | None,
+    catalog: Sequence[Path],
+    slo_tpot_ms: float | None,
+    slo_ttft_ms: float | None,
+    seed: int,
+    output: str,
+    plot: Path | None,
+) -> None:
+    from specgov.simulator.metrics import Slo
+    from specgov.simulator.replay import ServerSpec, replay
+
+    server = ServerSpec(
+        gpu=gpu,
+        model=model,
+        drafter=drafter,
+        spec_steps=spec_steps,
+        topk=topk,
+        num_draft_tokens=num_draft_tokens,
+        acceptance_profile=acceptance_profile,
+        burstiness=burstiness,
+        max_running_requests=max_running_requests,
+        mem_fraction_static=mem_fraction_static,
+        catalog_files=tuple(catalog),
+    )
+    progress, stop = _progress_factory() if output == "table" else (None, lambda: None)
+    try:
+        report = replay(
+            trace,
+            server,
+            list(policies),
+            slo=Slo(tpot_ms=slo_tpot_ms, ttft_ms=slo_ttft_ms),
+            seed=seed,
+            progress=progress,
+        )
+    finally:
+        stop()
+    if plot is not None:
+        from specgov.simulator.plots import write_plots
+
+        written = write_plots([(r.policy.name, r.result.series) for r in report.runs], plot)
+        if output == "table":
+            click.echo(f"plots: {', '.join(str(p) for p in written)}", err=True)
+    if output == "json":
+        click.echo(json.dumps(report.to_json(), indent=2, allow_nan=False))
+    else:
+        render_table(report)
+
+
+_server_options = [
+    click.option("--gpu", default="h100", show_default=True, help="GPU name from the catalog."),
+    click.option("--model", default="llama-3.1-8b", show_default=True, help="Target model."),
+    click.option("--drafter", default="eagle3", show_default=True, help="Drafter."),
+    click.option(
+        "--spec-steps",
+        type=click.IntRange(min=0),
+        default=3,
+        show_default=True,
+        help="--speculative-num-steps (the initial step of adaptive policies).",
+    ),
+    click.option("--topk", type=click.IntRange(min=1), default=1, show_default=True),
+    click.option(
+        "--num-draft-tokens",
+        type=click.IntRange(min=1),
+        default=None,
+        help="Tree verify width (topk > 1); chains use steps + 1.",
+    ),
+    click.option(
+        "--acceptance-profile",
+        default=None,
+        help="Acceptance profile (default: the drafter's), e.g. ngram.",
+    ),
+    click.option(
+        "--burstiness",
+        type=click.FloatRange(min=0.0, max=1.0),
+        default=None,
+        help="Acceptance burstiness (0 = i.i.d. draws).",
+    ),
+    click.option("--max-running-requests", type=click.IntRange(min=1), default=None),
+    click.option(
+        "--mem-fraction-static",
+        type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+        default=None,
+    ),
+    click.option(
+        "--catalog",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        multiple=True,
+        help="Extra catalog YAML file (GPUs, models, drafters); repeatable.",
+    ),
+    click.option(
+        "--slo-tpot-ms",
+        type=click.FloatRange(min=0.0, min_open=True),
+        default=50.0,
+        show_default=True,
+    ),
+    click.option("--slo-ttft-ms", type=click.FloatRange(min=0.0, min_open=True), default=None),
+    click.option("--seed", type=int, default=0, show_default=True),
+    click.option(
+        "--output",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+    ),
+    click.option(
+        "--plot",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=None,
+        help="Write PNG time series per policy into this folder.",
+    ),
+]
+
+
+def _with_server_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_server_options):
+        fn = option(fn)
+    return fn
+
+
+@main.command()
+@click.argument("trace")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["azure", "mooncake", "generic", "acceptance"]),
+    default=None,
+    help="Trace format (default: detected from the file).",
+)
+@click.option(
+    "--policy",
+    "policies",
+    multiple=True,
+    help="In-engine policy: none, static:K, sglang-ema. Repeatable.",
+)
+@click.option("--rate-scale", type=click.FloatRange(min=0.0, min_open=True), default=1.0)
+@click.option("--window-start-s", type=click.FloatRange(min=0.0), default=None)
+@click.option("--window-end-s", type=click.FloatRange(min=0.0), default=None)
+@click.option("--sample", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None)
+@click.option("--max-requests", type=click.IntRange(min=1), default=None)
+@_with_server_options
+def replay(
+    trace: str,
+    fmt: str | None,
+    policies: tuple[str, ...],
+    rate_scale: float,
+    window_start_s: float | None,
+    window_end_s: float | None,
+    sample: float | None,
+    max_requests: int | None,
+    **server: Any,
+) -> None:
+    """Replay TRACE (a file, or `synthetic[:key=value,...]`) once per --policy."""
+    with _user_errors():
+        loaded = _load_trace(
+            trace,
+            fmt,
+            rate_scale=rate_scale,
+            window_start_s=window_start_s,
+            window_end_s=window_end_s,
+            sample=sample,
+            max_requests=max_requests,
+            seed=server["seed"],
+        )
+        _run_replay(loaded, policies or DEFAULT_DEMO_POLICIES, **server)
+
+
+@main.command()
+@_with_server_options
+def demo(**server: Any) -> None:
+    """Replay the embedded synthetic trace (code -> chat -> RAG, load ramp) side by side."""
+    from specgov.simulator.synthetic import DEFAULT_DEMO_SPEC, generate_trace
+
+    with _user_errors():
+        trace = generate_trace(DEFAULT_DEMO_SPEC)
+        _run_replay(trace, DEFAULT_DEMO_POLICIES, **server)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,407 @@
+"""Acceptance model: how many drafts the target accepts per verify, per request.
+
+Data (REFERENCE.md §3). Each profile maps a content domain to per-position
+*conditional* acceptance rates α_1..α_7, α_j = P(draft j accepted | drafts < j
+accepted), measured for Llama-3.1-8B-Instruct on H100:
+
+* ``eagle3-llama3.1-8b``: EAGLE-3 head; cnn, gsm8k, instructcoder, sharegpt as
+  measured, plus ``mtbench`` derived from vLLM issue 20780's acceptance lengths
+  E[L(K)] for K = 2..7 (2.36, 2.79, 3.08, 3.32, 3.46, 3.54). With
+  E[L(K)] = 1 + Σ_{i≤K} Π_{j≤i} α_j, the differences give Π_{j≤i} α_j exactly for
+  i = 3..7, hence α_3..α_7. Only α_1 + α_1·α_2 = 1.36 is fixed for the first two;
+  we take α_1 = α_2 (= 0.7689, close to every measured α_1, α_2). The derived
+  α_5 = 0.83, α_6 = 0.58 zig-zag: that is the noise of six separate benchmark runs,
+  kept so the published lengths are reproduced exactly.
+* ``ngram``: SGLang's n-gram drafter, as measured (no mtbench).
+* ``standalone-llama3.2-1b``: no published per-position data; EAGLE-3's rates
+  scaled by 0.9 (a general 1B model drafting for an 8B one accepts less than a
+  head trained on the target's hidden states). An estimate.
+
+Positions beyond the last listed rate reuse it. Domain aliases: code ->
+instructcoder, chat/conv -> sharegpt, rag -> cnn, math -> gsm8k, mt-bench ->
+mtbench; ``None`` -> sharegpt (general chat traffic is the commonest default).
+
+Trees (topk > 1): ``steps`` is the tree depth and ``num_draft_tokens - 1`` the node
+budget. The approximation: one node per depth forms the main path (depth is cut to
+the budget); the remaining nodes widen the shallowest depths first, up to ``topk``
+siblings per depth (SGLang keeps the highest cumulative-score nodes, which are the
+shallow ones). With ``w`` siblings at a depth whose chain rate is α the depth passes
+with 1 - (1-α)(1-γα)^(w-1), γ = 0.35: later siblings are much less likely to be the
+target's token than the top-1 draft (1-(1-α)^w would make a 4-wide EAGLE-3 depth
+pass 99 % of the time; with γ it is 87 %, in line with top-4 vs top-1 accuracy of
+draft heads).
+
+Burstiness. Accepted runs cluster (copying, boilerplate), so consecutive verifies
+of one request are positively correlated. Each request carries a hidden
+"predictability" state z_t, a stationary Gaussian AR(1) process,
+z_t = ρ z_{t-1} + sqrt(1-ρ²) ε_t with ρ = ``burstiness``; each verify maps
+u_t = Φ(z_t) through the profile's survival function (accepted = number of
+positions i ≤ steps with u_t < Π_{j≤i} α_j). Because u_t is exactly uniform at
+every verify, the per-position conditional rates of the profile are reproduced
+exactly on average for any ρ, while low-u stretches (long accepted runs) and
+high-u stretches persist for about 1/(1-ρ) verifies. This is a continuous
+version of a sticky hot/cold regime that needs no fitted regime rates to keep the
+mixture calibrated. ρ = 0 gives i.i.d. draws. The default 0.6 is an estimate (no
+public per-request series): it gives a lag-1 autocorrelation of accepted counts
+of about 0.5 (0.44 at ρ = 0.5, 0.69 at ρ = 0.75).
+
+Common random numbers: each request's sampler owns a ``random.Random`` seeded from
+(seed, request_index) only, so different policies replaying the same trace see the
+same random stream for the same request whatever the batching order.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+__all__ = [
+    "DEFAULT_BURSTINESS",
+    "DEFAULT_DOMAIN",
+    "DEFAULT_SIBLING_DISCOUNT",
+    "DOMAIN_ALIASES",
+    "MAX_STEPS",
+    "PROFILES",
+    "AcceptanceError",
+    "AcceptanceModel",
+    "AcceptanceSampler",
+    "expected_accept_length_from_rates",
+    "tree_depth_rates",
+]
+
+MAX_STEPS = 64
+DEFAULT_BURSTINESS = 0.6
+DEFAULT_SIBLING_DISCOUNT = 0.35
+DEFAULT_DOMAIN = "sharegpt"
+_INV_SQRT2 = 1.0 / math.sqrt(2.0)
+
+
+class AcceptanceError(ValueError):
+    """Unknown profile or domain, or an invalid acceptance setting."""
+
+
+# vLLM issue 20780 (EAGLE-3, Llama-3.1-8B, H100, batch 1, MT-bench): E[L(K)].
+VLLM_20780_ACCEPT_LENGTHS: Mapping[int, float] = MappingProxyType(
+    {2: 2.36, 3: 2.79, 4: 3.08, 5: 3.32, 6: 3.46, 7: 3.54}
+)
+
+
+def _rates_from_accept_lengths(lengths: Mapping[int, float]) -> tuple[float, ...]:
+    """α_1..α_7 from E[L(K)], K = 2..7, with α_1 = α_2 (see module doc)."""
+    first_two = lengths[2] - 1.0  # α1 + α1·α2 = α + α²
+    a = (-1.0 + math.sqrt(1.0 + 4.0 * first_two)) / 2.0
+    rates = [a, a]
+    prev = a * a
+    for k in range(3, 8):
+        reach = lengths[k] - lengths[k - 1]  # Π_{j≤k} α_j
+        rates.append(reach / prev)
+        prev = reach
+    return tuple(rates)
+
+
+_EAGLE3: dict[str, tuple[float, ...]] = {
+    "cnn": (0.69, 0.67, 0.66, 0.68, 0.71, 0.74, 0.75),
+    "gsm8k": (0.72, 0.67, 0.65, 0.65, 0.65, 0.68, 0.67),
+    "instructcoder": (0.72, 0.73, 0.75, 0.78, 0.80, 0.82, 0.82),
+    "sharegpt": (0.69, 0.66, 0.69, 0.73, 0.76, 0.79, 0.80),
+    "mtbench": _rates_from_accept_lengths(VLLM_20780_ACCEPT_LENGTHS),
+}
+_NGRAM: dict[str, tuple[float, ...]] = {
+    "cnn": (0.30, 0.77, 0.80, 0.81, 0.82, 0.83, 0.84),
+    "gsm8k": (0.16, 0.61, 0.65, 0.68, 0.71, 0.70, 0.70),
+    "instructcoder": (0.65, 0.93, 0.94, 0.95, 0.95, 0.96, 0.96),
+    "sharegpt": (0.35, 0.84, 0.87, 0.90, 0.91, 0.92, 0.92),
+}
+STANDALONE_SCALE = 0.9
+_STANDALONE = {d: tuple(STANDALONE_SCALE * a for a in r) for d, r in _EAGLE3.items()}
+
+PROFILES: Mapping[str, Mapping[str, tuple[float, ...]]] = MappingProxyType(
+    {
+        "eagle3-llama3.1-8b": MappingProxyType(_EAGLE3),
+        "ngram": MappingProxyType(_NGRAM),
+        "standalone-llama3.2-1b": MappingProxyType(_STANDALONE),
+    }
+)
+
+DOMAIN_ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        "code": "instructcoder",
+        "chat": "sharegpt",
+        "conv": "sharegpt",
+        "rag": "cnn",
+        "math": "gsm8k",
+        "mt-bench": "mtbench",
+    }
+)
+
+
+def _rate_at(rates: Sequence[float], position: int) -> float:
+    """α at 1-based *position*; positions past the data reuse the last rate."""
+    return rates[position - 1] if position <= len(rates) else rates[-1]
+
+
+def tree_depth_rates(
+    rates: Sequence[float],
+    steps: int,
+    topk: int,
+    num_draft_tokens: int | None,
+    sibling_discount: float = DEFAULT_SIBLING_DISCOUNT,
+) -> tuple[float, ...]:
+    """Per-depth pass rates of a draft shape (a chain when topk == 1); see module doc."""
+    if topk == 1 or num_draft_tokens is None:
+        return tuple(_rate_at(rates, i) for i in range(1, steps + 1))
+    budget = num_draft_tokens - 1
+    depth = min(steps, budget)
+    extra = budget - depth
+    out = []
+    for d in range(1, depth + 1):
+        add = min(topk - 1, extra)
+        extra -= add
+        a = _rate_at(rates, d)
+        out.append(1.0 - (1.0 - a) * (1.0 - sibling_discount * a) ** add)
+    return tuple(out)
+
+
+def expected_accept_length_from_rates(rates: Sequence[float], steps: int) -> float:
+    """E[L] = 1 + Σ_{i≤steps} Π_{j≤i} α_j (tokens per verify, bonus included)."""
+    total = 1.0
+    reach = 1.0
+    for i in range(1, steps + 1):
+        reach *= _rate_at(rates, i) if rates else 0.0
+        total += reach
+    return total
+
+
+def _check_rates(profile: str, domain: str, rates: object) -> tuple[float, ...]:
+    form = "a non-empty list of conditional acceptance rates in [0, 1]"
+    if not isinstance(rates, Sequence) or isinstance(rates, str) or not rates:
+        raise AcceptanceError(f"profile '{profile}' domain '{domain}': expected {form}")
+    out = []
+    for i, a in enumerate(rates):
+        if isinstance(a, bool) or not isinstance(a, int | float) or not 0.0 <= a <= 1.0:
+            raise AcceptanceError(
+                f"profile '{profile}' domain '{domain}' position {i + 1}: expected {form}, "
+                f"got {a!r}"
+            )
+        out.append(float(a))
+    return tuple(out)
+
+
+class AcceptanceSampler:
+    """One request's accepted-draft stream. The engine calls ``draw`` once per verify.
+
+    Replay contract: with ``acc_len`` (the acceptance length, bonus included, that a
+    verify starting at each output position would reach) ``draw(steps)`` returns
+    ``min(acc_len[pos] - 1, steps)`` and advances ``pos`` by the tokens that verify
+    emits (return value + 1). A verify at steps 0 must also call ``draw(0)`` to keep
+    the position aligned (it returns 0 and advances by 1). Past the end of
+    ``acc_len`` (the request generated more than was recorded) draws come from the
+    profile. ``draw(0)`` never consumes randomness.
+    """
+
+    __slots__ = ("_acc", "_innov", "_n_acc", "_pos", "_rho", "_rng", "_tables", "_z")
+
+    def __init__(
+        self,
+        tables: list[list[float]],
+        rng: random.Random,
+        burstiness: float,
+        acc_len: list[int] | None,
+    ) -> None:
+        self._tables = tables
+        self._rng = rng
+        self._rho = burstiness
+        self._innov = math.sqrt(1.0 - burstiness * burstiness)
+        # Stationary start, so the first verify already has the right marginal.
+        self._z = rng.gauss(0.0, 1.0) if burstiness > 0.0 else 0.0
+        self._acc = acc_len
+        self._n_acc = len(acc_len) if acc_len is not None else 0
+        self._pos = 0
+
+    @property
+    def position(self) -> int:
+        """Output tokens accounted for by ``acc_len`` replay so far."""
+        return self._pos
+
+    def draw(self, steps: int) -> int:
+        """HOT. Accepted drafts (bonus excluded), 0..steps, for this request's next verify."""
+        if steps < 0 or steps > MAX_STEPS:
+            raise AcceptanceError(f"steps must be in 0..{MAX_STEPS}, got {steps!r}")
+        pos = self._pos
+        if pos < self._n_acc:
+            n: int = self._acc[pos] - 1  # type: ignore[index]
+            if n > steps:
+                n = steps
+            self._pos = pos + n + 1
+            return n
+        if steps == 0:
+            return 0
+        rho = self._rho
+        if rho > 0.0:
+            z = rho * self._z + self._innov * self._rng.gauss(0.0, 1.0)
+            self._z = z
+            u = 0.5 * (1.0 + math.erf(z * _INV_SQRT2))
+        else:
+            u = self._rng.random()
+        surv = self._tables[steps]
+        n = 0
+        while n < steps and u < surv[n]:
+            n += 1
+        return n
+
+
+class AcceptanceModel:
+    """Per-domain acceptance for one drafter profile and draft shape."""
+
+    def __init__(
+        self,
+        profile_name: str,
+        *,
+        topk: int = 1,
+        num_draft_tokens: int | None = None,
+        burstiness: float = DEFAULT_BURSTINESS,
+        seed: int,
+        profiles: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
+        sibling_discount: float = DEFAULT_SIBLING_DISCOUNT,
+    ) -> None:
+        source = PROFILES if profiles is None else profiles
+        by_name = {str(k).lower(): k for k in source}
+        if not isinstance(profile_name, str) or profile_name.strip().lower() not in by_name:
+            raise AcceptanceError(
+                f"unknown acceptance profile {profile_name!r}; valid: {', '.join(sorted(source))}"
+            )
+        key = by_name[profile_name.strip().lower()]
+        domains = source[key]
+        if not isinstance(domains, Mapping) or not domains:
+            raise AcceptanceError(f"profile '{key}': expected a mapping of domain -> rates")
+        self._rates: dict[str, tuple[float, ...]] = {
+            str(d).lower(): _check_rates(key, str(d), r) for d, r in domains.items()
+        }
+        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+            raise AcceptanceError(f"topk must be an integer >= 1, got {topk!r}")
+        if topk > 1 and (
+            isinstance(num_draft_tokens, bool)
+            or not isinstance(num_draft_tokens, int)
+            or num_draft_tokens < 2
+        ):
+            raise AcceptanceError(
+                f"a tree (topk={topk}) needs num_draft_tokens, an integer >= 2; "
+                f"got {num_draft_tokens!r}"
+            )
+        if isinstance(burstiness, bool) or not isinstance(burstiness, int | float):
+            raise AcceptanceError(f"burstiness must be a number in [0, 1), got {burstiness!r}")
+        if not 0.0 <= burstiness < 1.0:
+            raise AcceptanceError(f"burstiness must be in [0, 1), got {burstiness!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise AcceptanceError(f"seed must be an integer, got {seed!r}")
+        if not 0.0 <= sibling_discount <= 1.0:
+            raise AcceptanceError(f"sibling_discount must be in [0, 1], got {sibling_discount!r}")
+        self.profile_name: str = str(key)
+        self.topk = topk
+        self.num_draft_tokens = num_draft_tokens if topk > 1 else None
+        self.burstiness = float(burstiness)
+        self.seed = seed
+        self.sibling_discount = float(sibling_discount)
+        self._tables: dict[str, list[list[float]]] = {}
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        return tuple(sorted(self._rates))
+
+    def resolve_domain(self, domain: str | None) -> str:
+        """The profile domain used for *domain* (aliases and the None default applied)."""
+        if domain is None:
+            key = DEFAULT_DOMAIN
+        elif isinstance(domain, str):
+            key = domain.strip().lower()
+            key = DOMAIN_ALIASES.get(key, key)
+        else:
+            raise AcceptanceError(f"domain must be a string or None, got {domain!r}")
+        if key not in self._rates:
+            aliases = ", ".join(f"{a}->{t}" for a, t in sorted(DOMAIN_ALIASES.items()))
+            raise AcceptanceError(
+                f"unknown domain {domain!r} for acceptance profile '{self.profile_name}'; "
+                f"valid: {', '.join(self.domains)} (aliases: {aliases}; None -> {DEFAULT_DOMAIN})"
+            )
+        return key
+
+    def conditional_rates(self, domain: str | None) -> tuple[float, ...]:
+        """The profile's per-position conditional rates α_1.. for *domain* (chain)."""
+        return self._rates[self.resolve_domain(domain)]
+
+    def depth_rates(self, domain: str | None, steps: int) -> tuple[float, ...]:
+        """Per-depth pass rates for this shape at *steps* (tree widening applied)."""
+        self._check_steps(steps)
+        return tree_depth_rates(
+            self.conditional_rates(domain),
+            steps,
+            self.topk,
+            self.num_draft_tokens,
+            self.sibling_discount,
+        )
+
+    def expected_accept_length(self, domain: str | None, steps: int) -> float:
+        """E[L]: tokens per verify with *steps* drafts (tree depth), bonus included."""
+        rates = self.depth_rates(domain, steps)
+        return expected_accept_length_from_rates(rates, len(rates))
+
+    def sampler(
+        self, request_index: int, domain: str | None, acc_len: Sequence[int] | None = None
+    ) -> AcceptanceSampler:
+        """The deterministic accepted-draft stream of request *request_index*."""
+        if isinstance(request_index, bool) or not isinstance(request_index, int):
+            raise AcceptanceError(f"request_index must be an integer, got {request_index!r}")
+        tables = self._tables_for(self.resolve_domain(domain))
+        replay: list[int] | None = None
+        if acc_len is not None:
+            replay = list(acc_len)
+            for i, v in enumerate(replay):
+                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                    raise AcceptanceError(
+                        f"acc_len[{i}] of request {request_index} must be an integer >= 1 "
+                        f"(tokens per verify, bonus included), got {v!r}"
+                    )
+        # A string seed goes through SHA-512 in random.seed: independent streams per
+        # request, stable across processes and Python hash seeds.
+        rng = random.Random(f"specgov-acceptance:{self.seed}:{request_index}")
+        return AcceptanceSampler(tables, rng, self.burstiness, replay)
+
+    # ------------------------------------------------------------------ internals
+
+    @staticmethod
+    def _check_steps(steps: int) -> None:
+        if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_STEPS:
+            raise AcceptanceError(f"steps must be an integer in 0..{MAX_STEPS}, got {steps!r}")
+
+    def _tables_for(self, domain: str) -> list[list[float]]:
+        """Survival lists indexed by steps: table[s][i] = P(accepted >= i+1), length s."""
+        tables = self._tables.get(domain)
+        if tables is not None:
+            return tables
+        rates = self._rates[domain]
+        if self.topk == 1:
+            # One shared list: chain rates do not depend on the step count.
+            surv = []
+            reach = 1.0
+            for i in range(1, MAX_STEPS + 1):
+                reach *= _rate_at(rates, i)
+                surv.append(reach)
+            tables = [surv] * (MAX_STEPS + 1)
+        else:
+            tables = []
+            for s in range(MAX_STEPS + 1):
+                depth = tree_depth_rates(
+                    rates, s, self.topk, self.num_draft_tokens, self.sibling_discount
+                )
+                surv = []
+                reach = 1.0
+                for a in depth:
+                    reach *= a
+                    surv.append(reach)
+                # Depth cut by the node budget: deeper positions are never reached.
+                surv.extend([0.0] * (s - len(surv)))
+                tables.append(surv)
+        self._tables[domain] = tables
+        return tables

@@ -1,0 +1,400 @@
+"""Step-cost model of a (speculative) SGLang decode/prefill step, in seconds.
+
+One target forward over ``n`` batched tokens that reads ``kv`` cached tokens costs::
+
+    fixed + smoothmax(weights_read, n * compute_per_token) + kv * kv_read_per_token
+          (+ tensor-parallel all-reduces)
+
+* ``weights_read`` = weight bytes / achieved HBM bandwidth: the memory-bound floor.
+  At small ``n`` every weight is read once per forward whatever ``n`` is, so the
+  curve is flat; past the roofline knee the GEMMs become compute-bound at
+  ``2 * params`` FLOPs per token / achieved compute.
+* ``smoothmax(a, b) = (a^p + b^p)^(1/p)`` with p = 2 reproduces the measured knee:
+  the Vidur H100 profile (Llama-2-7B linear + norm ops, REFERENCE.md §3) is flat
+  5.5-5.9 ms from 1 to 64 tokens, 6.4 ms @128, 9.2 @256, 12.0 @512, 21 @1024,
+  40 @2048, 83 @4096. This model gives for Llama-3.1-8B on H100 (without the fixed
+  term) 6.0 ms @1, 6.2 @64, 6.7 @128, 8.3 @256, 13.0 @512, 23.8 @1024, 92 @4096
+  (22.5 µs/token past the knee; a harder max (large p) would be flat until
+  ~266 tokens, which the profile contradicts).
+* The KV read (attention over the cache) is a separate memory-bound kernel, so it
+  adds instead of joining the roofline max: kv_bytes_per_token / bandwidth, 49 ns
+  per cached token for Llama-3.1-8B on H100 (SpecDecode-Bench fit: 39 ns).
+* ``fixed`` (1.0 ms) is the per-forward engine overhead (launch, sampling,
+  scheduler, detokenizer hand-off). It is fitted so the no-speculation TPOT of
+  Llama-3.1-8B on H100 at batch 1 is 7.04 ms (vLLM issue 20780 measured 7.07 ms).
+
+SpecDecode-Bench's linear fit (REFERENCE §3: 5.886 ms + 21.0 µs x batched tokens +
+39 ns x KV tokens) has no flat region: at 1 token it agrees with our forward
+(5.95 vs 6.04 ms without ``fixed``), between 32 and 1024 tokens it lies above it
+(e.g. 7.3 vs 6.2 ms at 64, 8.6 vs 6.7 ms at 128); tests/test_cost_model.py
+checks this.
+
+A speculative decode step with ``k`` draft steps for a batch of ``B`` requests::
+
+    k draft forwards   (first over B tokens, then B*topk: a tree expands topk per node)
+  + target verify      over B*(k+1) tokens (chains) or B*min(num_draft_tokens, 1+k*topk)
+  + draft-extend pass  over the verified tokens (refreshes the drafter's KV)
+  + per-verify, per-verified-token and per-request bookkeeping
+
+Each draft forward costs ``smoothmax(draft_weights_read, tokens * draft_compute) +
+kv * draft_kv_read + step_overhead``. With ``k = 0`` and a drafter the verify of B
+tokens plus the draft-extend pass and the bookkeeping are still paid (SGLang runs
+draft-extend at step 0 to keep the draft KV warm), so "off" is cheaper than
+speculating but dearer than running without a drafter. The drafter's overheads
+come from drafters.yaml; for EAGLE-3 they are fitted so that Llama-3.1-8B on H100
+at batch 1 takes 12.5 ms per step at k = 4 (TPOT 4.05 ms x E[L(4)] = 3.08, vLLM
+issue 20780). The per-verified-token term (14 µs for EAGLE-3) is fitted to the
+EAGLE-3 paper's 1.38x throughput at batch 64 in SGLang on H100: the roofline
+alone would keep 1.66x there, while measured speculation gains shrink with load.
+
+Tensor parallelism (an estimate, no source measured here): weights, FLOPs and KV
+split evenly over the ranks, plus two all-reduces per layer per forward at
+6 µs latency each and 300 GB/s achieved link bandwidth.
+
+Performance: ``decode_step_s``, ``prefill_s`` and ``target_forward_s`` are on the
+engine's hot path (~400k calls per replay) and are plain float arithmetic on
+values precomputed in ``__init__``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from specgov.simulator.catalog import DrafterSpec, GpuSpec, ModelSpec
+
+__all__ = ["MAX_STEPS", "CostCoefficients", "CostModel", "CostModelError"]
+
+# Largest draft step count a cost model answers for (tables are precomputed).
+MAX_STEPS = 64
+
+# Per-forward engine overhead (launch, sampling, scheduling), seconds; see module doc.
+DEFAULT_FIXED_OVERHEAD_S = 1.0e-3
+DEFAULT_ROOFLINE_EXPONENT = 2.0
+# Tensor-parallel all-reduce (estimate): latency per all-reduce, achieved link bytes/s.
+TP_ALLREDUCE_LATENCY_S = 6e-6
+TP_LINK_BYTES_S = 300e9
+ACTIVATION_BYTES = 2  # bf16 activations travel in the all-reduces
+
+
+class CostModelError(ValueError):
+    """A cost-model setting is invalid; the message names it and the valid form."""
+
+
+@dataclass(frozen=True)
+class CostCoefficients:
+    """All cost coefficients, in seconds (per token / per forward as named).
+
+    ``roofline_exponent`` is the one unitless entry (p of the smooth max).
+    """
+
+    fixed_overhead_s: float
+    weight_read_s: float
+    compute_per_token_s: float
+    kv_read_per_token_s: float
+    attention_per_token_pair_s: float
+    tp_comm_fixed_s: float = 0.0
+    tp_comm_per_token_s: float = 0.0
+    draft_weight_read_s: float = 0.0
+    draft_compute_per_token_s: float = 0.0
+    draft_kv_read_per_token_s: float = 0.0
+    draft_step_overhead_s: float = 0.0
+    draft_extend_overhead_s: float = 0.0
+    spec_verify_overhead_s: float = 0.0
+    spec_verify_per_token_s: float = 0.0
+    draft_per_request_s: float = 0.0
+    roofline_exponent: float = DEFAULT_ROOFLINE_EXPONENT
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise CostModelError(f"cost coefficient {f.name} must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise CostModelError(
+                    f"cost coefficient {f.name} must be finite and >= 0, got {value!r}"
+                )
+        if self.roofline_exponent < 1.0:
+            raise CostModelError(
+                f"cost coefficient roofline_exponent must be >= 1, got {self.roofline_exponent!r}"
+            )
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    def with_overrides(self, overrides: Mapping[str, float] | None) -> CostCoefficients:
+        """A copy with fitted coefficients replaced by field name."""
+        if not overrides:
+            return self
+        valid = self.field_names()
+        unknown = sorted(k for k in overrides if k not in valid)
+        if unknown:
+            raise CostModelError(
+                f"unknown cost coefficient(s) {', '.join(map(repr, unknown))}; "
+                f"valid: {', '.join(valid)}"
+            )
+        return dataclasses.replace(self, **{k: float(v) for k, v in overrides.items()})
+
+
+class CostModel:
+    """Seconds per target forward, per decode step and per prefill, for one shape.
+
+    ``speculative`` is True when a drafter is configured (even at steps 0). The
+    tree shape is fixed at construction: ``topk == 1`` is a chain (verify k+1 tokens
+    per request), ``topk > 1`` a tree verifying ``min(num_draft_tokens, 1+k*topk)``.
+    ``kv_tokens`` arguments are the KV tokens read by the whole batch (sum of the
+    running requests' cached tokens).
+    """
+
+    __slots__ = (
+        "_attn",
+        "_coef",
+        "_dcomp",
+        "_dext_o",
+        "_dkv",
+        "_draft_fixed",
+        "_dstep_o",
+        "_dw_p",
+        "_fixed",
+        "_ip",
+        "_kv",
+        "_p",
+        "_per_req",
+        "_tc",
+        "_topk",
+        "_tp_tok",
+        "_vt_o",
+        "_vtok",
+        "_w_p",
+        "num_draft_tokens",
+        "speculative",
+        "topk",
+    )
+
+    def __init__(
+        self,
+        coefficients: CostCoefficients,
+        *,
+        speculative: bool,
+        topk: int = 1,
+        num_draft_tokens: int | None = None,
+    ) -> None:
+        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+            raise CostModelError(f"topk must be an integer >= 1, got {topk!r}")
+        if topk > 1:
+            if num_draft_tokens is None:
+                raise CostModelError(
+                    f"a tree (topk={topk}) needs num_draft_tokens (an integer >= 2)"
+                )
+            if (
+                isinstance(num_draft_tokens, bool)
+                or not isinstance(num_draft_tokens, int)
+                or num_draft_tokens < 2
+            ):
+                raise CostModelError(
+                    f"num_draft_tokens must be an integer >= 2, got {num_draft_tokens!r}"
+                )
+        else:
+            num_draft_tokens = None  # chains verify steps+1 tokens, whatever was passed
+        if topk > 1 and not speculative:
+            raise CostModelError("a tree shape (topk > 1) needs a drafter")
+        c = coefficients
+        self._coef = c
+        self.speculative = speculative
+        self.topk = topk
+        self.num_draft_tokens = num_draft_tokens
+        p = c.roofline_exponent
+        self._p = p
+        self._ip = 1.0 / p
+        self._w_p = c.weight_read_s**p
+        self._tc = c.compute_per_token_s
+        self._kv = c.kv_read_per_token_s
+        self._attn = c.attention_per_token_pair_s
+        self._fixed = c.fixed_overhead_s + c.tp_comm_fixed_s
+        self._tp_tok = c.tp_comm_per_token_s
+        self._dw_p = c.draft_weight_read_s**p
+        self._dcomp = c.draft_compute_per_token_s
+        self._dkv = c.draft_kv_read_per_token_s
+        self._dstep_o = c.draft_step_overhead_s
+        self._draft_fixed = c.draft_extend_overhead_s + c.spec_verify_overhead_s
+        self._per_req = c.draft_per_request_s
+        self._dext_o = c.draft_extend_overhead_s
+        self._vt_o = c.spec_verify_per_token_s
+        self._topk = topk
+        # Tokens per request verified (and re-run by draft-extend) at each step count.
+        vtok = [1]
+        for s in range(1, MAX_STEPS + 1):
+            v = s + 1 if num_draft_tokens is None else min(num_draft_tokens, 1 + s * topk)
+            vtok.append(v)
+        self._vtok = vtok
+
+    # ------------------------------------------------------------------ builders
+
+    @classmethod
+    def from_catalog(
+        cls,
+        gpu: GpuSpec,
+        model: ModelSpec,
+        drafter: DrafterSpec | None,
+        overrides: Mapping[str, float] | None = None,
+        *,
+        topk: int = 1,
+        num_draft_tokens: int | None = None,
+        tp_size: int = 1,
+    ) -> CostModel:
+        """Coefficients derived from catalog figures, then *overrides* by field name."""
+        if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+            raise CostModelError(f"tp_size must be an integer >= 1, got {tp_size!r}")
+        if drafter is not None and not drafter.supports(model.name):
+            raise CostModelError(
+                f"drafter '{drafter.name}' cannot draft for '{model.name}'; "
+                f"it supports: {', '.join(drafter.targets)}"
+            )
+        bw = gpu.achieved_bandwidth_bytes_s
+        flops = gpu.achieved_flops_s
+        tp = float(tp_size)
+        comm_fixed = comm_tok = 0.0
+        if tp_size > 1:
+            allreduces = 2 * model.num_layers
+            comm_fixed = allreduces * TP_ALLREDUCE_LATENCY_S
+            ring = 2.0 * (tp - 1.0) / tp  # ring all-reduce traffic factor
+            comm_tok = allreduces * model.hidden_size * ACTIVATION_BYTES * ring / TP_LINK_BYTES_S
+        kwargs: dict[str, float] = {
+            "fixed_overhead_s": DEFAULT_FIXED_OVERHEAD_S,
+            "weight_read_s": model.weight_bytes / tp / bw,
+            "compute_per_token_s": 2.0 * model.params_b * 1e9 / tp / flops,
+            "kv_read_per_token_s": model.kv_bytes_per_token / tp / bw,
+            # QK^T and PV: 2 x 2 FLOPs per (query, key) pair per hidden unit per layer.
+            "attention_per_token_pair_s": 4.0 * model.num_layers * model.hidden_size / tp / flops,
+            "tp_comm_fixed_s": comm_fixed,
+            "tp_comm_per_token_s": comm_tok,
+        }
+        if drafter is not None:
+            dparams = drafter.params_b_for(model.name)
+            kwargs.update(
+                draft_weight_read_s=drafter.weight_bytes_for(model.name) / tp / bw,
+                draft_compute_per_token_s=2.0 * dparams * 1e9 / tp / flops,
+                draft_kv_read_per_token_s=drafter.kv_bytes_per_token / tp / bw,
+                draft_step_overhead_s=drafter.step_overhead_ms * 1e-3,
+                draft_extend_overhead_s=drafter.extend_overhead_ms * 1e-3,
+                spec_verify_overhead_s=drafter.verify_overhead_ms * 1e-3,
+                spec_verify_per_token_s=drafter.verify_token_overhead_us * 1e-6,
+                draft_per_request_s=drafter.per_request_us * 1e-6,
+            )
+        coef = CostCoefficients(**kwargs).with_overrides(overrides)
+        return cls(
+            coef, speculative=drafter is not None, topk=topk, num_draft_tokens=num_draft_tokens
+        )
+
+    def for_shape(self, topk: int, num_draft_tokens: int | None) -> CostModel:
+        """The same coefficients for another tree shape (chain: topk=1)."""
+        return CostModel(
+            self._coef,
+            speculative=self.speculative,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
+        )
+
+    def with_overrides(self, overrides: Mapping[str, float]) -> CostModel:
+        """The same shape with some coefficients replaced (e.g. fitted online)."""
+        return CostModel(
+            self._coef.with_overrides(overrides),
+            speculative=self.speculative,
+            topk=self.topk,
+            num_draft_tokens=self.num_draft_tokens,
+        )
+
+    @property
+    def coefficients(self) -> CostCoefficients:
+        return self._coef
+
+    def verify_tokens_per_request(self, steps: int) -> int:
+        """Target tokens verified per request at *steps* (1 without speculation)."""
+        if not self.speculative:
+            return 1
+        self._check_steps(steps)
+        return self._vtok[steps]
+
+    def _check_steps(self, steps: int) -> None:
+        if steps < 0 or steps > MAX_STEPS:
+            raise CostModelError(f"steps must be in 0..{MAX_STEPS}, got {steps!r}")
+
+    # ------------------------------------------------------------------ hot path
+
+    def target_forward_s(self, n_tokens: int, kv_tokens: int) -> float:
+        """HOT. One target forward over *n_tokens* batched tokens reading *kv_tokens*."""
+        p = self._p
+        t: float = (
+            self._fixed
+            + (self._w_p + (n_tokens * self._tc) ** p) ** self._ip
+            + kv_tokens * self._kv
+            + n_tokens * self._tp_tok
+        )
+        return t
+
+    def decode_step_s(self, batch_size: int, steps: int, kv_tokens: int) -> float:
+        """HOT. One decode step (drafts + verify + draft-extend) for the whole batch."""
+        p = self._p
+        ip = self._ip
+        t: float
+        if not self.speculative:
+            t = (
+                self._fixed
+                + (self._w_p + (batch_size * self._tc) ** p) ** ip
+                + kv_tokens * self._kv
+                + batch_size * self._tp_tok
+            )
+            return t
+        if steps < 0 or steps > MAX_STEPS:
+            self._check_steps(steps)
+        n = batch_size * self._vtok[steps]
+        # Target verify.
+        t = (
+            self._fixed
+            + (self._w_p + (n * self._tc) ** p) ** ip
+            + kv_tokens * self._kv
+            + n * (self._tp_tok + self._vt_o)
+        )
+        dkv = kv_tokens * self._dkv
+        dcomp = self._dcomp
+        dw_p = self._dw_p
+        # Draft-extend over the verified tokens, plus per-verify and per-request work.
+        t += (dw_p + (n * dcomp) ** p) ** ip + dkv + self._draft_fixed
+        t += batch_size * self._per_req
+        if steps > 0:
+            first: float = (dw_p + (batch_size * dcomp) ** p) ** ip + dkv + self._dstep_o
+            if self._topk == 1 or steps == 1:
+                t += steps * first
+            else:
+                wide: float = (
+                    (dw_p + (batch_size * self._topk * dcomp) ** p) ** ip + dkv + self._dstep_o
+                )
+                t += first + (steps - 1) * wide
+        return t
+
+    def prefill_s(self, new_tokens: int, prefix_kv_tokens: int) -> float:
+        """HOT. One prefill forward of *new_tokens* on top of *prefix_kv_tokens* cached.
+
+        Batch totals are accepted; attention pairs are then counted as for one
+        request (new x prefix + new^2/2), an upper bound for several requests.
+        With a drafter the draft model prefills the same tokens (draft-extend).
+        """
+        p = self._p
+        ip = self._ip
+        t: float = (
+            self._fixed
+            + (self._w_p + (new_tokens * self._tc) ** p) ** ip
+            + prefix_kv_tokens * self._kv
+            + new_tokens * (prefix_kv_tokens + 0.5 * (new_tokens + 1)) * self._attn
+            + new_tokens * self._tp_tok
+        )
+        if self.speculative:
+            t += (
+                (self._dw_p + (new_tokens * self._dcomp) ** p) ** ip
+                + prefix_kv_tokens * self._dkv
+                + self._dext_o
+            )
+        return t

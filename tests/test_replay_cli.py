@@ -1,0 +1,161 @@
+"""`specgov replay` / `specgov demo` contract: JSON shape, errors, determinism, real traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from specgov.controller.cli import main
+
+SMALL_SYNTH = "synthetic:duration=60,rate=6,seed=3"
+POLICY_KEYS = {
+    "name",
+    "throughput_tok_s",
+    "goodput_tok_s",
+    "completed_requests",
+    "output_tokens",
+    "ttft_ms",
+    "tpot_ms",
+    "itl_ms",
+    "slo_attainment",
+    "mean_accept_length",
+    "retractions",
+    "kv_peak_fraction",
+}
+
+
+def _replay_json(*args: str) -> dict[str, Any]:
+    result = CliRunner().invoke(main, ["replay", *args, "--output", "json"])
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(result.output)
+    return data
+
+
+def test_json_contract_on_a_synthetic_trace() -> None:
+    data = _replay_json(
+        SMALL_SYNTH, "--policy", "none", "--policy", "static:3", "--policy", "sglang-ema"
+    )
+    assert set(data) >= {"policies", "trace", "seed"}
+    assert data["seed"] == 0
+    names = [p["name"] for p in data["policies"]]
+    assert names == ["none", "static:3", "sglang-ema"]
+    for p in data["policies"]:
+        assert set(p) >= POLICY_KEYS
+        for key in ("ttft_ms", "tpot_ms", "itl_ms"):
+            assert set(p[key]) == {"p50", "p90", "p99"}
+            assert p[key]["p50"] <= p[key]["p90"] <= p[key]["p99"]
+        assert p["completed_requests"] == data["trace"]["requests"]
+        assert 0.0 <= p["slo_attainment"] <= 1.0
+        assert p["goodput_tok_s"] <= p["throughput_tok_s"] + 1e-9
+        assert 0.0 < p["kv_peak_fraction"] <= 1.0
+    by_name = {p["name"]: p for p in data["policies"]}
+    assert by_name["none"]["mean_accept_length"] == 1.0
+    assert by_name["static:3"]["mean_accept_length"] > 1.5
+    # Every policy generates exactly the trace's tokens: speculation is lossless.
+    assert len({p["output_tokens"] for p in data["policies"]}) == 1
+
+
+def test_same_seed_is_reproducible_and_seed_matters() -> None:
+    args = (SMALL_SYNTH, "--policy", "static:3", "--policy", "sglang-ema")
+    first = _replay_json(*args, "--seed", "5")
+    second = _replay_json(*args, "--seed", "5")
+    for a, b in zip(first["policies"], second["policies"], strict=True):
+        a.pop("wall_s")
+        b.pop("wall_s")
+        a.pop("sim_output_tokens_per_wall_s")
+        b.pop("sim_output_tokens_per_wall_s")
+    assert first == second
+    other = _replay_json(*args, "--seed", "6")
+    assert other["policies"][0]["tpot_ms"] != first["policies"][0]["tpot_ms"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--policy", "static:x"], "static:K"),
+        (["--policy", "bogus"], "valid: none"),
+        (["--gpu", "h1000"], "h1000"),
+        (["--model", "gpt-9"], "gpt-9"),
+        (["--drafter", "ngram", "--policy", "sglang-ema"], "EAGLE"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(main, ["replay", SMALL_SYNTH, *args])
+    assert result.exit_code != 0
+    assert needle in result.output
+    assert "Traceback" not in result.output
+
+
+def test_malformed_trace_names_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\nnope,1,x\n"
+    )
+    result = CliRunner().invoke(main, ["replay", str(bad), "--format", "azure"])
+    assert result.exit_code != 0
+    assert "bad.csv" in result.output and ":3" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_model_that_does_not_fit_fails_before_simulating() -> None:
+    result = CliRunner().invoke(
+        main, ["replay", SMALL_SYNTH, "--gpu", "l40s", "--model", "llama-3.1-70b"]
+    )
+    assert result.exit_code != 0
+    assert "GiB" in result.output
+
+
+def test_table_output_and_plots(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        main,
+        [
+            "replay",
+            SMALL_SYNTH,
+            "--policy",
+            "none",
+            "--policy",
+            "sglang-ema",
+            "--plot",
+            str(tmp_path / "plots"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "sglang-ema" in result.output and "TPOT" in result.output
+    pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
+    assert pngs == ["comparison.png", "none.png", "sglang-ema.png"]
+    for name in pngs:
+        assert (tmp_path / "plots" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["code", "conv"])
+def test_azure_traces_replay_side_by_side(azure_trace_dir: Path, kind: str) -> None:
+    path = azure_trace_dir / f"AzureLLMInferenceTrace_{kind}.csv"
+    data = _replay_json(
+        str(path),
+        "--max-requests",
+        "3000",
+        "--rate-scale",
+        "2",
+        "--policy",
+        "none",
+        "--policy",
+        "static:1",
+        "--policy",
+        "static:3",
+        "--policy",
+        "static:5",
+        "--policy",
+        "sglang-ema",
+    )
+    by_name = {p["name"]: p for p in data["policies"]}
+    assert data["trace"]["requests"] == 3000
+    for p in by_name.values():
+        assert p["completed_requests"] == 3000
+    # 2x the recorded rate is moderate load for an H100: speculation still lowers TPOT.
+    assert by_name["static:3"]["tpot_ms"]["p50"] < by_name["none"]["tpot_ms"]["p50"]
+    assert by_name["sglang-ema"]["tpot_ms"]["p50"] < by_name["none"]["tpot_ms"]["p50"]
