@@ -126,8 +126,11 @@ def render_table(report: ReplayReport) -> None:
             f"{100.0 * p['kv_peak_fraction']:.0f}%",
             str(p["tier_switches"]),
         )
-    # Piped output has no terminal width; do not squeeze the columns to 80.
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+    # Never squeeze the columns into ellipses: a narrow terminal wraps instead,
+    # and piped output (no width) gets a wide line.
+    console = (
+        Console(width=max(Console().width, 150)) if sys.stdout.isatty() else Console(width=200)
+    )
     console.print(table)
 
 

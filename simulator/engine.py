@@ -224,6 +224,8 @@ class EngineResult:
     itl_hist: list[int]  # token-weighted, log bins (see itl_bin_edges)
     decode_batches: int
     prefill_batches: int
+    decode_time_s: float  # GPU time spent in decode forwards
+    prefill_time_s: float  # GPU time spent in prefill forwards
     verify_calls: int
     accepted_drafts: int
     verified_requests: int
@@ -350,6 +352,8 @@ class Engine:
         out_tokens = 0
         decode_batches = 0
         prefill_batches = 0
+        decode_time = 0.0
+        prefill_time = 0.0
         verify_calls = 0
         accepted_total = 0
         verified_requests = 0
@@ -490,6 +494,7 @@ class Engine:
                     prefix += r.prefilled
                 dt = prefill_s(new_tokens, prefix)
                 now += dt
+                prefill_time += dt
                 prefill_batches += 1
                 chunked = None
                 for r, take in batch:
@@ -581,6 +586,7 @@ class Engine:
             dt = decode_step_s(bsz, k, kv_used)
             start = now
             now += dt
+            decode_time += dt
             decode_batches += 1
             bs_hist[bsz] = bs_hist.get(bsz, 0) + 1
             iv_bs_time += bsz * dt
@@ -669,6 +675,8 @@ class Engine:
             itl_hist=itl_hist,
             decode_batches=decode_batches,
             prefill_batches=prefill_batches,
+            decode_time_s=decode_time,
+            prefill_time_s=prefill_time,
             verify_calls=verify_calls,
             accepted_drafts=accepted_total,
             verified_requests=verified_requests,

@@ -159,3 +159,22 @@ def test_azure_traces_replay_side_by_side(azure_trace_dir: Path, kind: str) -> N
     # 2x the recorded rate is moderate load for an H100: speculation still lowers TPOT.
     assert by_name["static:3"]["tpot_ms"]["p50"] < by_name["none"]["tpot_ms"]["p50"]
     assert by_name["sglang-ema"]["tpot_ms"]["p50"] < by_name["none"]["tpot_ms"]["p50"]
+
+
+def test_acceptance_trace_replay_follows_the_recorded_acceptance(tmp_path: Path) -> None:
+    path = tmp_path / "acc.jsonl"
+    lines = []
+    for i in range(20):
+        # From every position the drafter would get 3 drafts + the bonus accepted.
+        rec = {"arrival_s": 0.5 * i, "input_tokens": 200, "output_tokens": 41, "acc_len": [4] * 41}
+        lines.append(json.dumps(rec))
+    path.write_text("\n".join(lines) + "\n")
+    data = _replay_json(
+        str(path), "--format", "acceptance", "--policy", "static:1", "--policy", "static:3"
+    )
+    by_name = {p["name"]: p for p in data["policies"]}
+    # static:1 can take at most 1 draft + bonus; static:3 takes all 3 + bonus
+    # (the last verify of each request is cut short by its end).
+    assert by_name["static:1"]["mean_accept_length"] == pytest.approx(2.0)
+    assert by_name["static:3"]["mean_accept_length"] == pytest.approx(4.0)
+    assert by_name["static:3"]["output_tokens"] == 20 * 41
