@@ -556,9 +556,35 @@ class Observation:
     table: StepTable | None = None
     tier_stats: TierStatsSnapshot | None = None
     staleness_s: float | None = None
+    # Window the rates and quantiles above cover (seconds), and its counter deltas.
+    window_s: float | None = None
+    generation_tokens: int | None = None  # Δ sglang:generation_tokens_total
+    verify_calls: int | None = None  # Δ sglang:spec_verify_calls_total
+    retractions: int | None = None  # Δ sglang:num_retracted_requests_total
+    e2e_ms: LatencyQuantiles | None = None
+    spec_num_steps: int | None = None  # the sglang:spec_num_steps gauge (aged)
+    # Per slot lower bound, the steps the engine captured for it (its adaptive
+    # config's candidate_steps); a published table must stay inside these.
+    slot_candidates: tuple[tuple[int, tuple[int, ...]], ...] | None = None
 
     def __post_init__(self) -> None:
         _check_real("Observation.time_s", self.time_s)
+        _check_opt_real("Observation.window_s", self.window_s)
+        _check_opt_int("Observation.generation_tokens", self.generation_tokens)
+        _check_opt_int("Observation.verify_calls", self.verify_calls)
+        _check_opt_int("Observation.retractions", self.retractions)
+        _check_opt_int("Observation.spec_num_steps", self.spec_num_steps)
+        if self.slot_candidates is not None:
+            bounds = [b for b, _ in self.slot_candidates]
+            if bounds != sorted(set(bounds)) or any(
+                not steps or any(not isinstance(k, int) or k < 0 for k in steps)
+                for _, steps in self.slot_candidates
+            ):
+                raise _fail(
+                    "Observation.slot_candidates",
+                    "sorted unique slot bounds, each with a non-empty tuple of steps >= 0",
+                    self.slot_candidates,
+                )
         _check_opt_int("Observation.running_requests", self.running_requests)
         _check_opt_int("Observation.queued_requests", self.queued_requests)
         _check_opt_real("Observation.token_usage", self.token_usage)
@@ -570,6 +596,7 @@ class Observation:
             ("ttft_ms", LatencyQuantiles),
             ("itl_ms", LatencyQuantiles),
             ("tpot_ms", LatencyQuantiles),
+            ("e2e_ms", LatencyQuantiles),
             ("shape", SpecShape),
             ("table", StepTable),
             ("tier_stats", TierStatsSnapshot),
