@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from specgov.policies.protocol import AdaptiveSpecPolicy
+    from specgov.simulator.sim_metrics import SimMetrics
     from specgov.simulator.traces import Request
 
 # SGLang constants (environ.py / schedule_policy.py, 0.5.23).
@@ -173,6 +174,7 @@ class _Req:
         "prefill_target",
         "prefilled",
         "retracted",
+        "verifies",
     )
 
     def __init__(self, index: int, request: Request, draw: Callable[[int], int] | None) -> None:
@@ -189,6 +191,7 @@ class _Req:
         self.first_token_s = -1.0
         self.last_token_s = -1.0
         self.retracted = 0
+        self.verifies = 0
 
 
 @dataclass
@@ -295,8 +298,19 @@ class Engine:
         *,
         progress: Callable[[int, int], None] | None = None,
         time_limit_s: float | None = None,
+        metrics: SimMetrics | None = None,
+        on_tick: Callable[[float], None] | None = None,
+        tick_interval_s: float = 1.0,
     ) -> EngineResult:
-        """Replay *requests* (sorted by arrival) to completion and return the measurements."""
+        """Replay *requests* (sorted by arrival) to completion and return the measurements.
+
+        ``metrics`` receives SGLang's metric events (for a /metrics endpoint or the
+        closed-loop daemon); ``on_tick(now_s)`` is called whenever virtual time
+        passes another ``tick_interval_s`` (at forward boundaries, as a sidecar
+        polling a real server would see it).
+        """
+        if tick_interval_s <= 0:
+            raise EngineConfigError(f"tick_interval_s must be > 0, got {tick_interval_s}")
         cfg = self.config
         policy = self.policy
         acceptance = self.acceptance
@@ -404,6 +418,8 @@ class Engine:
                 iv_tpot_sum = 0.0
                 next_sample += interval
 
+        next_tick = now + tick_interval_s
+
         def finish(r: _Req, t: float) -> None:
             nonlocal completed, out_tokens, kv_used, iv_tpot_sum, iv_tpot_n
             completed += 1
@@ -421,6 +437,14 @@ class Engine:
                 iv_tpot_n += 1
             else:
                 tpot.append(math.nan)
+            if metrics is not None:
+                metrics.on_finish(
+                    prompt_tokens=r.input_tokens,
+                    generation_tokens=r.generated,
+                    verify_calls=r.verifies,
+                    e2e_s=t - r.arrival_s,
+                    tpot_s=tpot[-1] if r.generated >= 2 else None,
+                )
             if record:
                 events.append((t, "finish", r.index, r.generated))
 
@@ -439,10 +463,20 @@ class Engine:
                 if record:
                     events.append((arrivals[next_arrival], "arrive", next_arrival, 0))
                 next_arrival += 1
+            if on_tick is not None and now >= next_tick:
+                while next_tick <= now:
+                    next_tick += tick_interval_s
+                on_tick(now)
             if not running and not waiting and chunked is None:
                 if next_arrival >= n_total:
                     break
-                now = arrivals[next_arrival]
+                # Idle: jump to the next arrival, still ticking on the way.
+                target = arrivals[next_arrival]
+                if on_tick is not None:
+                    while next_tick <= target:
+                        on_tick(next_tick)
+                        next_tick += tick_interval_s
+                now = target
                 flush_samples(now)
                 continue
             if time_limit_s is not None and now - first_arrival > time_limit_s:
@@ -510,10 +544,14 @@ class Engine:
                     if r.first_token_s < 0:
                         r.first_token_s = now
                         queue.append(now - dt - r.arrival_s)
+                        if metrics is not None:
+                            metrics.on_first_token(now - r.arrival_s, now - dt - r.arrival_s)
                     else:
                         gap = now - r.last_token_s
                         b = int(log(gap / _ITL_MIN_S) * itl_scale) if gap > _ITL_MIN_S else 0
                         itl_hist[b if b < itl_top else itl_top] += 1
+                        if metrics is not None:
+                            metrics.on_tokens(gap, 1)
                     r.last_token_s = now
                     if record:
                         events.append((now, "prefill", r.index, r.prefilled))
@@ -565,6 +603,8 @@ class Engine:
                     retracted_now.append(q)
                     if record:
                         events.append((now, "retract", q.index, q.generated))
+                if metrics is not None:
+                    metrics.on_retract(len(retracted_now))
                 # Re-queued at the front, in their original order.
                 for q in sorted(retracted_now, key=lambda q: q.index, reverse=True):
                     waiting.appendleft(q)
@@ -606,6 +646,9 @@ class Engine:
                     v = gap / e
                     b = int(log(v / _ITL_MIN_S) * itl_scale) if v > _ITL_MIN_S else 0
                     itl_hist[b if b < itl_top else itl_top] += e
+                    r.verifies += 1
+                    if metrics is not None:
+                        metrics.on_tokens(gap, e)
                     r.generated += e
                     r.kv_tokens += e
                     r.last_token_s = now
@@ -620,9 +663,12 @@ class Engine:
                         # Step 0 still verifies one token: a per-token
                         # acceptance replay must advance its position too.
                         r.draw(0)
+                        r.verifies += 1
                     gap = now - r.last_token_s
                     b = int(log(gap / _ITL_MIN_S) * itl_scale) if gap > _ITL_MIN_S else 0
                     itl_hist[b if b < itl_top else itl_top] += 1
+                    if metrics is not None:
+                        metrics.on_tokens(gap, 1)
                     r.generated += 1
                     r.kv_tokens += 1
                     r.last_token_s = now
@@ -648,6 +694,17 @@ class Engine:
                     self._check_step(ret)
                     current_steps = ret
                     tier_switches += 1
+            if metrics is not None:
+                metrics.on_decode(
+                    now_s=now,
+                    running=bsz,
+                    queued=len(waiting),
+                    used_tokens=kv_used,
+                    capacity_tokens=capacity,
+                    steps=k,
+                    emitted_tokens=emitted_total,
+                    verified_requests=bsz if policy is not None else 0,
+                )
             if done:
                 for r in done:
                     finish(r, now)

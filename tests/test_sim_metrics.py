@@ -1,0 +1,70 @@
+"""The simulated server's /metrics move like SGLang's: same names, same moments."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from specgov.simulator.replay import ServerSpec, build_engine, parse_policy
+from specgov.simulator.sim_metrics import SimMetrics
+from specgov.simulator.traces import Request
+
+
+def _samples(text: bytes) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            if sample.name.endswith("_bucket"):
+                continue
+            out[sample.name] = out.get(sample.name, 0.0) + sample.value
+    return out
+
+
+def test_counters_histograms_and_gauges_track_the_run() -> None:
+    reqs = [Request(0.05 * i, 300, 50 + i % 7, "chat") for i in range(120)]
+    engine, _ = build_engine(ServerSpec(), parse_policy("static:3"), seed=1)
+    metrics = SimMetrics(model_name="llama-3.1-8b")
+    ticks: list[float] = []
+    result = engine.run(reqs, metrics=metrics, on_tick=ticks.append, tick_interval_s=0.5)
+    s = _samples(metrics.render())
+    assert s["sglang:generation_tokens_total"] == result.output_tokens
+    assert s["sglang:prompt_tokens_total"] == 300 * 120
+    assert s["sglang:num_requests_total"] == 120
+    assert s["sglang:spec_verify_calls_total"] == result.verified_requests
+    assert s["sglang:time_to_first_token_seconds_count"] == 120
+    assert s["sglang:e2e_request_latency_seconds_count"] == 120
+    # ITL counts one observation per token after the first, like SGLang.
+    assert s["sglang:inter_token_latency_seconds_count"] == result.output_tokens - 120
+    assert s["sglang:spec_num_steps"] == 3
+    assert 0.0 <= s["sglang:token_usage"] <= 1.0
+    # Ticks cover the run at the requested spacing.
+    assert ticks == sorted(ticks)
+    assert len(ticks) >= int((result.end_s - result.first_arrival_s) / 0.5) - 1
+
+
+def test_gauges_refresh_only_every_40_decode_iterations() -> None:
+    metrics = SimMetrics(model_name="m")
+    for i in range(39):
+        metrics.on_decode(
+            now_s=0.01 * i,
+            running=5,
+            queued=1,
+            used_tokens=100,
+            capacity_tokens=1000,
+            steps=3,
+            emitted_tokens=10,
+            verified_requests=5,
+        )
+    assert _samples(metrics.render())["sglang:num_running_reqs"] == 0.0
+    metrics.on_decode(
+        now_s=0.4,
+        running=7,
+        queued=1,
+        used_tokens=100,
+        capacity_tokens=1000,
+        steps=3,
+        emitted_tokens=10,
+        verified_requests=5,
+    )
+    s = _samples(metrics.render())
+    assert s["sglang:num_running_reqs"] == 7
+    assert s["sglang:spec_accept_length"] == 2.0
