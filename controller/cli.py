@@ -40,6 +40,16 @@ def main() -> None:
     """specgov: a speculation governor for SGLang."""
 
 
+def _register_subcommands() -> None:
+    # Each command module imports only click at load time; its work is lazy.
+    from specgov.controller.sglang_args_cmd import sglang_args
+
+    main.add_command(sglang_args)
+
+
+_register_subcommands()
+
+
 def _load_trace(
     source: str,
     fmt: str | None,
