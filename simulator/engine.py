@@ -98,6 +98,18 @@ def sglang_decode_cuda_graph_bs(max_bs: int, speculative: bool) -> list[int]:
     return capture
 
 
+class VirtualClock:
+    """The engine's virtual time, readable by in-engine collaborators (TablePolicy's clock)."""
+
+    __slots__ = ("now_s",)
+
+    def __init__(self, now_s: float = 0.0) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
 class EngineConfigError(ValueError):
     """An engine setting is out of range; the message names it."""
 
@@ -263,10 +275,14 @@ class Engine:
         policy: AdaptiveSpecPolicy | None,
         acceptance: SamplerFactory | None,
         initial_steps: int | None = None,
+        clock: VirtualClock | None = None,
     ) -> None:
         if policy is not None and acceptance is None:
             raise EngineConfigError("a speculative policy needs an acceptance model")
         self.config = config
+        # Virtual time as seen by the policy: set before get_steps_for_batch and
+        # after each forward, so a TablePolicy measures modelled step times.
+        self.clock = clock if clock is not None else VirtualClock()
         self.cost = cost
         self.policy = policy
         self.acceptance = acceptance
@@ -324,6 +340,7 @@ class Engine:
         graph_bs = self.cuda_graph_bs
         record = cfg.record_events
         events: list[tuple[float, str, int, int]] = []
+        vclock = self.clock
 
         n_total = len(requests)
         arrivals = [r.arrival_s for r in requests]
@@ -578,6 +595,7 @@ class Engine:
 
             # ---- decode ----
             bsz = len(running)
+            vclock.now_s = now
             if policy is not None:
                 target = policy.get_steps_for_batch(bsz)
                 if target != current_steps:
@@ -626,6 +644,7 @@ class Engine:
             dt = decode_step_s(bsz, k, kv_used)
             start = now
             now += dt
+            vclock.now_s = now
             decode_time += dt
             decode_batches += 1
             bs_hist[bsz] = bs_hist.get(bsz, 0) + 1

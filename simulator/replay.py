@@ -258,6 +258,7 @@ def replay(
             "gpu": built.gpu.name,
             "model": built.model.name,
             "drafter": built.drafter.name,
+            "algorithm": built.drafter.algorithm,
             "spec_steps": server.spec_steps,
             "topk": server.topk,
             "num_draft_tokens": server.num_draft_tokens,
