@@ -1,0 +1,56 @@
+"""Online estimators the model-based policies learn with (pure: numpy + scikit-learn).
+
+* :mod:`.acceptance` — per slot, per draft position conditional acceptance from the
+  engine's accepted-draft histograms (censoring, decay, change detection, Beta
+  posteriors, pooling across slots).
+* :mod:`.step_cost` — decode step wall time versus batch size, steps and KV tokens:
+  a roofline prior plus a robust, monotone correction fitted with scikit-learn.
+
+Both keep a versioned, serialisable state (``to_dict`` / ``from_dict``).
+"""
+
+from specgov.policies.estimators.acceptance import (
+    ACCEPTANCE_STATE_VERSION,
+    AcceptanceConfig,
+    AcceptanceEstimate,
+    AcceptanceState,
+    SlotAcceptance,
+    acceptance_estimate,
+    initial_acceptance_state,
+    update_acceptance,
+)
+from specgov.policies.estimators.step_cost import (
+    FEATURE_NAMES,
+    STEP_COST_STATE_VERSION,
+    StepCostConfig,
+    StepCostPrior,
+    StepCostState,
+    StepSample,
+    default_step_cost_prior,
+    initial_step_cost_state,
+    predict_step_s,
+    update_step_cost,
+    verify_knee_tokens,
+)
+
+__all__ = [
+    "ACCEPTANCE_STATE_VERSION",
+    "FEATURE_NAMES",
+    "STEP_COST_STATE_VERSION",
+    "AcceptanceConfig",
+    "AcceptanceEstimate",
+    "AcceptanceState",
+    "SlotAcceptance",
+    "StepCostConfig",
+    "StepCostPrior",
+    "StepCostState",
+    "StepSample",
+    "acceptance_estimate",
+    "default_step_cost_prior",
+    "initial_acceptance_state",
+    "initial_step_cost_state",
+    "predict_step_s",
+    "update_acceptance",
+    "update_step_cost",
+    "verify_knee_tokens",
+]

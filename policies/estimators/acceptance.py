@@ -1,0 +1,616 @@
+"""Per-slot, per-draft-position conditional acceptance, learned from tier histograms.
+
+What the engine reports (:class:`~specgov.policies.types.TierStat`): for one
+(slot, steps) tier, ``accepted_hist[j]`` requests accepted exactly ``j`` of ``steps``
+drafts. Draft position ``i`` (1-based) is *reached* by a request that accepted at
+least ``i - 1`` drafts and *passed* by one that accepted at least ``i``; a request that
+accepted all ``steps`` drafts says nothing about positions beyond ``steps``, and one
+rejected at position ``j`` says nothing about positions after ``j`` (censoring). So
+each position is estimated only from the requests that reached it:
+``alpha_i = passed_i / reached_i`` (the conditional rate P(draft i accepted | drafts
+< i accepted), the quantity REFERENCE.md §3 tabulates).
+
+Memory and change detection
+    Counts decay exponentially with time (``half_life_s``, the *slow* estimate the
+    policy uses). A second copy decays fast (``fast_half_life_s``). Time comes only
+    from snapshot window bounds, never a clock. After each window the detector
+    compares, per position, the recent evidence (the fast counts) with the older
+    evidence (slow minus fast: a non-negative weighted sum that puts its weight on
+    older windows, nearly independent of the fast counts) with a two-proportion
+    z-test; the squared z over positions with enough data on both sides is compared
+    with a chi-square quantile (Wilson-Hilferty). On a detected shift the slot keeps
+    only the window in which it was detected: old evidence is dropped and the estimate
+    follows a content shift (code -> chat) within a few windows instead of a few
+    half-lives. The test runs per slot and on counts pooled over slots (a content
+    shift moves every slot; pooling gives the test more power), and the variance is
+    inflated by ``change_overdispersion`` because acceptance is bursty (accepted runs
+    cluster), which would otherwise make binomial tests raise false alarms.
+
+Uncertainty and sharing
+    Each position has a Beta posterior. The pooled posterior (all slots) starts from
+    the global prior ``Beta(prior_mean * prior_strength, (1 - prior_mean) *
+    prior_strength)``; a slot's posterior starts from the pooled mean with strength
+    ``min(pool_strength, pooled pseudo-count)``, so a slot with little data shrinks to
+    the pooled estimate (acceptance depends on content far more than on batch size).
+    ``lower`` is a one-sided normal-approximation credible bound, ``mean - lower_z *
+    sd``, clipped to [0, mean].
+
+Positions never observed
+    A position is *observed* when its pooled (decayed) trials reach ``min_trials``;
+    trials can only fall with the position, so the observed positions are a prefix
+    ``1..m``. Beyond ``m`` the estimate is extrapolated conservatively: each position
+    gets a Beta prior centred on the lower bound of position ``m`` (strength
+    ``prior_strength``), updated with the few pooled trials it has, its mean capped at
+    that bound (never above it); with nothing observed at all, the global prior.
+    Measured acceptance rises with position (REFERENCE.md §3), so the cap
+    under-states rather than over-states longer chains.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Final
+
+from specgov.policies.types import PolicyTypeError, TierStatsSnapshot
+
+__all__ = [
+    "ACCEPTANCE_STATE_VERSION",
+    "AcceptanceConfig",
+    "AcceptanceEstimate",
+    "AcceptanceState",
+    "SlotAcceptance",
+    "acceptance_estimate",
+    "initial_acceptance_state",
+    "update_acceptance",
+]
+
+ACCEPTANCE_STATE_VERSION: Final = 1
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_real(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_keys(owner: str, data: object, keys: Iterable[str]) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise PolicyTypeError(f"{owner}.from_dict: expected a JSON object (mapping), got {data!r}")
+    expected = set(keys)
+    missing = sorted(expected - set(data))
+    unknown = sorted(str(k) for k in set(data) - expected)
+    if missing or unknown:
+        raise PolicyTypeError(
+            f"{owner}.from_dict: missing key(s) {missing}, unknown key(s) {unknown}; "
+            f"expected keys {sorted(expected)}"
+        )
+    return data
+
+
+def _check_version(owner: str, data: Mapping[str, Any], supported: int) -> None:
+    version = data.get("version")
+    if not _is_int(version) or version != supported:
+        raise PolicyTypeError(
+            f"{owner}.from_dict: key 'version': unsupported state version {version!r}; "
+            f"this build reads version {supported}"
+        )
+
+
+def _float_tuple(where: str, value: object, length: int) -> tuple[float, ...]:
+    if (
+        not isinstance(value, list | tuple)
+        or len(value) != length
+        or not all(_is_real(v) and v >= 0 for v in value)
+    ):
+        raise PolicyTypeError(
+            f"{where}: expected a list of {length} finite numbers >= 0, got {value!r}"
+        )
+    return tuple(float(v) for v in value)
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceConfig:
+    """Knobs of the acceptance estimator (documented defaults)."""
+
+    # Positions estimated (SGLang's adaptive candidates go up to 7 by default).
+    max_steps: int = 7
+    # Memory of the estimate the policy uses; a minute of traffic is thousands of
+    # requests at any batch size, plenty for a tight posterior.
+    half_life_s: float = 60.0
+    # Memory of the change detector's "recent" side: a few windows.
+    fast_half_life_s: float = 3.0
+    # Global prior per position (EAGLE-3 measures 0.65-0.82, n-gram 0.16-0.96).
+    prior_mean: float = 0.6
+    prior_strength: float = 2.0
+    # Pseudo-trials a slot borrows from the pooled (all slots) estimate.
+    pool_strength: float = 20.0
+    # One-sided normal quantile of the conservative bound (1.2816: 90 %).
+    lower_z: float = 1.2816
+    # Pooled decayed trials below which a position counts as unobserved.
+    min_trials: float = 20.0
+    # Detector threshold as a normal quantile of the false-alarm level (4: ~3e-5).
+    change_z: float = 4.0
+    # Trials a position needs on both the recent and the old side to be tested.
+    change_min_trials: float = 30.0
+    # Variance inflation for bursty (over-dispersed) acceptance.
+    change_overdispersion: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_steps) or not 1 <= self.max_steps <= 64:
+            raise PolicyTypeError(
+                f"AcceptanceConfig.max_steps: expected an int in 1..64, got {self.max_steps!r}"
+            )
+        positive = (
+            "half_life_s",
+            "fast_half_life_s",
+            "prior_strength",
+            "change_overdispersion",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not _is_real(value) or value <= 0:
+                raise PolicyTypeError(
+                    f"AcceptanceConfig.{name}: expected a finite number > 0, got {value!r}"
+                )
+        for name in ("pool_strength", "lower_z", "min_trials", "change_min_trials", "change_z"):
+            value = getattr(self, name)
+            if not _is_real(value) or value < 0:
+                raise PolicyTypeError(
+                    f"AcceptanceConfig.{name}: expected a finite number >= 0, got {value!r}"
+                )
+        if not _is_real(self.prior_mean) or not 0.0 < self.prior_mean < 1.0:
+            raise PolicyTypeError(
+                f"AcceptanceConfig.prior_mean: expected a number in (0, 1), got {self.prior_mean!r}"
+            )
+        if self.fast_half_life_s >= self.half_life_s:
+            raise PolicyTypeError(
+                f"AcceptanceConfig.fast_half_life_s: expected < half_life_s={self.half_life_s}, "
+                f"got {self.fast_half_life_s!r}"
+            )
+
+
+# ---------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True, slots=True)
+class SlotAcceptance:
+    """Decayed counts of one slot; index ``i - 1`` holds draft position ``i``."""
+
+    slot: int
+    reached: tuple[float, ...]
+    passed: tuple[float, ...]
+    fast_reached: tuple[float, ...]
+    fast_passed: tuple[float, ...]
+    changes: int = 0
+    last_change_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.slot) or self.slot < 0:
+            raise PolicyTypeError(f"SlotAcceptance.slot: expected an int >= 0, got {self.slot!r}")
+        n = len(self.reached)
+        for name in ("reached", "passed", "fast_reached", "fast_passed"):
+            value = getattr(self, name)
+            if (
+                not isinstance(value, tuple)
+                or len(value) != n
+                or not all(_is_real(v) and v >= 0 for v in value)
+            ):
+                raise PolicyTypeError(
+                    f"SlotAcceptance.{name} (slot {self.slot}): expected a tuple of {n} "
+                    f"finite numbers >= 0, got {value!r}"
+                )
+        if not _is_int(self.changes) or self.changes < 0:
+            raise PolicyTypeError(
+                f"SlotAcceptance.changes (slot {self.slot}): expected an int >= 0, "
+                f"got {self.changes!r}"
+            )
+        if self.last_change_s is not None and not _is_real(self.last_change_s):
+            raise PolicyTypeError(
+                f"SlotAcceptance.last_change_s (slot {self.slot}): expected None or a finite "
+                f"number, got {self.last_change_s!r}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slot": self.slot,
+            "reached": list(self.reached),
+            "passed": list(self.passed),
+            "fast_reached": list(self.fast_reached),
+            "fast_passed": list(self.fast_passed),
+            "changes": self.changes,
+            "last_change_s": self.last_change_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], max_steps: int) -> SlotAcceptance:
+        keys = [f.name for f in fields(cls)]
+        _check_keys("SlotAcceptance", data, keys)
+        where = "SlotAcceptance.from_dict: key"
+        return cls(
+            slot=data["slot"],
+            reached=_float_tuple(f"{where} 'reached'", data["reached"], max_steps),
+            passed=_float_tuple(f"{where} 'passed'", data["passed"], max_steps),
+            fast_reached=_float_tuple(f"{where} 'fast_reached'", data["fast_reached"], max_steps),
+            fast_passed=_float_tuple(f"{where} 'fast_passed'", data["fast_passed"], max_steps),
+            changes=data["changes"],
+            last_change_s=data["last_change_s"],
+        )
+
+
+def _empty_slot(slot: int, max_steps: int) -> SlotAcceptance:
+    zeros = (0.0,) * max_steps
+    return SlotAcceptance(slot, zeros, zeros, zeros, zeros)
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceState:
+    """Everything the acceptance estimator learned; serialisable (``to_dict``)."""
+
+    max_steps: int
+    slots: tuple[SlotAcceptance, ...]
+    # Window end of the newest snapshot absorbed (None before the first).
+    last_time_s: float | None = None
+    # Shifts detected on the counts pooled over slots.
+    pooled_changes: int = 0
+    version: int = ACCEPTANCE_STATE_VERSION
+    _index: dict[int, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_steps) or self.max_steps < 1:
+            raise PolicyTypeError(
+                f"AcceptanceState.max_steps: expected an int >= 1, got {self.max_steps!r}"
+            )
+        if not isinstance(self.slots, tuple) or not all(
+            isinstance(s, SlotAcceptance) and len(s.reached) == self.max_steps for s in self.slots
+        ):
+            raise PolicyTypeError(
+                f"AcceptanceState.slots: expected a tuple of SlotAcceptance with "
+                f"{self.max_steps} positions each, got {self.slots!r}"
+            )
+        bounds = [s.slot for s in self.slots]
+        if bounds != sorted(set(bounds)):
+            raise PolicyTypeError(
+                f"AcceptanceState.slots: expected strictly increasing slot bounds, got {bounds}"
+            )
+        if self.last_time_s is not None and not _is_real(self.last_time_s):
+            raise PolicyTypeError(
+                f"AcceptanceState.last_time_s: expected None or a finite number, "
+                f"got {self.last_time_s!r}"
+            )
+        if not _is_int(self.pooled_changes) or self.pooled_changes < 0:
+            raise PolicyTypeError(
+                f"AcceptanceState.pooled_changes: expected an int >= 0, got {self.pooled_changes!r}"
+            )
+        if self.version != ACCEPTANCE_STATE_VERSION:
+            raise PolicyTypeError(
+                f"AcceptanceState.version: expected {ACCEPTANCE_STATE_VERSION}, "
+                f"got {self.version!r}"
+            )
+        object.__setattr__(self, "_index", {s.slot: i for i, s in enumerate(self.slots)})
+
+    def slot_state(self, slot: int) -> SlotAcceptance | None:
+        i = self._index.get(slot)
+        return None if i is None else self.slots[i]
+
+    @property
+    def total_changes(self) -> int:
+        """Shifts detected so far (per slot plus pooled), for diagnostics."""
+        return self.pooled_changes + sum(s.changes for s in self.slots)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "max_steps": self.max_steps,
+            "last_time_s": self.last_time_s,
+            "pooled_changes": self.pooled_changes,
+            "slots": [s.to_dict() for s in self.slots],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AcceptanceState:
+        if isinstance(data, Mapping):
+            _check_version("AcceptanceState", data, ACCEPTANCE_STATE_VERSION)
+        _check_keys(
+            "AcceptanceState",
+            data,
+            ("version", "max_steps", "last_time_s", "pooled_changes", "slots"),
+        )
+        max_steps = data["max_steps"]
+        if not _is_int(max_steps) or max_steps < 1:
+            raise PolicyTypeError(
+                f"AcceptanceState.from_dict: key 'max_steps': expected an int >= 1, "
+                f"got {max_steps!r}"
+            )
+        raw = data["slots"]
+        if not isinstance(raw, list | tuple):
+            raise PolicyTypeError(
+                f"AcceptanceState.from_dict: key 'slots': expected a list, got {raw!r}"
+            )
+        return cls(
+            max_steps=max_steps,
+            slots=tuple(SlotAcceptance.from_dict(s, max_steps) for s in raw),
+            last_time_s=data["last_time_s"],
+            pooled_changes=data["pooled_changes"],
+            version=data["version"],
+        )
+
+
+def initial_acceptance_state(
+    slots: Sequence[int], config: AcceptanceConfig | None = None
+) -> AcceptanceState:
+    """An empty state for ``slots`` (more slots are added as tiers name them)."""
+    cfg = config or AcceptanceConfig()
+    bounds = sorted(set(slots))
+    return AcceptanceState(
+        max_steps=cfg.max_steps,
+        slots=tuple(_empty_slot(b, cfg.max_steps) for b in bounds),
+    )
+
+
+# --------------------------------------------------------------------------- update
+
+
+def _resize(values: tuple[float, ...], n: int) -> tuple[float, ...]:
+    return values[:n] if len(values) >= n else values + (0.0,) * (n - len(values))
+
+
+def _chi2_quantile(dof: int, z: float) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile at normal quantile z."""
+    c = 2.0 / (9.0 * dof)
+    return dof * (1.0 - c + z * math.sqrt(c)) ** 3
+
+
+def _shift_detected(
+    reached: Sequence[float],
+    passed: Sequence[float],
+    fast_reached: Sequence[float],
+    fast_passed: Sequence[float],
+    config: AcceptanceConfig,
+) -> bool:
+    stat = 0.0
+    dof = 0
+    for rs, ps, rf, pf in zip(reached, passed, fast_reached, fast_passed, strict=True):
+        ro = rs - rf  # old evidence: slow minus fast (>= 0 up to rounding)
+        po = ps - pf
+        if rf < config.change_min_trials or ro < config.change_min_trials:
+            continue
+        po = min(max(po, 0.0), ro)
+        p = (pf + po) / (rf + ro)
+        var = p * (1.0 - p) * (1.0 / rf + 1.0 / ro) * config.change_overdispersion
+        if var <= 0.0:
+            continue
+        stat += (pf / rf - po / ro) ** 2 / var
+        dof += 1
+    return dof > 0 and stat > _chi2_quantile(dof, config.change_z)
+
+
+def update_acceptance(
+    state: AcceptanceState, snapshot: TierStatsSnapshot, config: AcceptanceConfig | None = None
+) -> AcceptanceState:
+    """Absorb one window of tier statistics.
+
+    A snapshot whose window ends at or before the newest one absorbed is ignored: the
+    same snapshot seen twice (telemetry not refreshed between decisions) must not be
+    counted twice.
+    """
+    cfg = config or AcceptanceConfig()
+    if not isinstance(snapshot, TierStatsSnapshot):
+        raise PolicyTypeError(
+            f"update_acceptance: snapshot: expected a TierStatsSnapshot, got {snapshot!r}"
+        )
+    end = snapshot.window_end_s
+    if state.last_time_s is not None and end <= state.last_time_s:
+        return state
+    n = cfg.max_steps
+    dt = 0.0 if state.last_time_s is None else end - state.last_time_s
+    slow_decay = 0.5 ** (dt / cfg.half_life_s)
+    fast_decay = 0.5 ** (dt / cfg.fast_half_life_s)
+
+    # This window's counts per slot and position.
+    window: dict[int, tuple[list[float], list[float]]] = {}
+    for tier in snapshot.tiers:
+        reach, passes = window.setdefault(tier.slot, ([0.0] * n, [0.0] * n))
+        if tier.steps == 0 or tier.requests == 0:
+            continue
+        hist = tier.accepted_hist
+        # at_least[j] = requests that accepted >= j drafts.
+        at_least = [0] * (tier.steps + 2)
+        for j in range(tier.steps, -1, -1):
+            at_least[j] = at_least[j + 1] + hist[j]
+        for i in range(1, min(tier.steps, n) + 1):
+            reach[i - 1] += at_least[i - 1]
+            passes[i - 1] += at_least[i]
+
+    bounds = sorted({s.slot for s in state.slots} | set(window))
+    updated: list[SlotAcceptance] = []
+    zeros = [0.0] * n
+    for bound in bounds:
+        old = state.slot_state(bound) or _empty_slot(bound, n)
+        wr, wp = window.get(bound, (zeros, zeros))
+        reached = tuple(
+            r * slow_decay + w for r, w in zip(_resize(old.reached, n), wr, strict=True)
+        )
+        passed = tuple(p * slow_decay + w for p, w in zip(_resize(old.passed, n), wp, strict=True))
+        fast_r = tuple(
+            r * fast_decay + w for r, w in zip(_resize(old.fast_reached, n), wr, strict=True)
+        )
+        fast_p = tuple(
+            p * fast_decay + w for p, w in zip(_resize(old.fast_passed, n), wp, strict=True)
+        )
+        slot = SlotAcceptance(
+            bound, reached, passed, fast_r, fast_p, old.changes, old.last_change_s
+        )
+        if _shift_detected(reached, passed, fast_r, fast_p, cfg):
+            slot = _reset(slot, (wr, wp), end)
+        updated.append(slot)
+
+    pooled_changes = state.pooled_changes
+    if updated:
+
+        def pooled(name: str) -> list[float]:
+            rows = [getattr(s, name) for s in updated]
+            return [sum(col) for col in zip(*rows, strict=True)]
+
+        if _shift_detected(
+            pooled("reached"), pooled("passed"), pooled("fast_reached"), pooled("fast_passed"), cfg
+        ):
+            pooled_changes += 1
+            updated = [
+                s if s.last_change_s == end else _reset(s, window.get(s.slot, (zeros, zeros)), end)
+                for s in updated
+            ]
+
+    return AcceptanceState(
+        max_steps=n,
+        slots=tuple(updated),
+        last_time_s=end,
+        pooled_changes=pooled_changes,
+    )
+
+
+def _reset(
+    slot: SlotAcceptance, window: tuple[list[float], list[float]], now_s: float
+) -> SlotAcceptance:
+    """Drop old evidence: keep only the window in which the shift was detected.
+
+    (The fast counts are no substitute: with a few windows of memory they still hold
+    mostly pre-shift data when the detector fires.)
+    """
+    reached = tuple(window[0])
+    passed = tuple(window[1])
+    return replace(
+        slot,
+        reached=reached,
+        passed=passed,
+        fast_reached=reached,
+        fast_passed=passed,
+        changes=slot.changes + 1,
+        last_change_s=now_s,
+    )
+
+
+# ------------------------------------------------------------------------- estimate
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceEstimate:
+    """Conditional acceptance per draft position of one slot (index ``j - 1``: position j).
+
+    ``trials`` are the slot's own decayed trials per position, ``pooled_trials`` those
+    of all slots; ``observed`` is the number of leading positions with enough pooled
+    trials, beyond which ``mean`` and ``lower`` are conservative extrapolations.
+    """
+
+    slot: int
+    mean: tuple[float, ...]
+    lower: tuple[float, ...]
+    trials: tuple[float, ...]
+    pooled_trials: tuple[float, ...] = ()
+    observed: int = 0
+
+    def expected_accept_length(self, steps: int, conservative: bool = False) -> float:
+        """Expected tokens per verify with ``steps`` drafts, bonus token included.
+
+        ``1 + sum_{i<=steps} prod_{j<=i} alpha_j``; positions past ``max_steps`` repeat
+        the last (already extrapolated, conservative) rate.
+        """
+        if not _is_int(steps) or steps < 0:
+            raise PolicyTypeError(
+                f"AcceptanceEstimate.expected_accept_length: steps: expected an int >= 0, "
+                f"got {steps!r}"
+            )
+        rates = self.lower if conservative else self.mean
+        total = 1.0
+        prod = 1.0
+        for i in range(steps):
+            prod *= rates[i] if i < len(rates) else rates[-1]
+            total += prod
+        return total
+
+    def uncertain_from(self, min_trials: float) -> int:
+        """First position (1-based) whose slot trials are below ``min_trials``, else len+1."""
+        for i, t in enumerate(self.trials):
+            if t < min_trials:
+                return i + 1
+        return len(self.trials) + 1
+
+
+def acceptance_estimate(
+    state: AcceptanceState, slot: int, config: AcceptanceConfig | None = None
+) -> AcceptanceEstimate:
+    """The posterior of ``slot`` (a slot never seen gets the pooled estimate)."""
+    cfg = config or AcceptanceConfig()
+    n = state.max_steps
+    pooled_r = [0.0] * n
+    pooled_p = [0.0] * n
+    for s in state.slots:
+        for i in range(n):
+            pooled_r[i] += s.reached[i]
+            pooled_p[i] += s.passed[i]
+    own = state.slot_state(slot)
+    own_r = own.reached if own is not None else (0.0,) * n
+    own_p = own.passed if own is not None else (0.0,) * n
+
+    mean: list[float] = []
+    lower: list[float] = []
+    for i in range(n):
+        pr = pooled_r[i]
+        pp = min(pooled_p[i], pr)
+        a_pool = cfg.prior_mean * cfg.prior_strength + pp
+        b_pool = (1.0 - cfg.prior_mean) * cfg.prior_strength + (pr - pp)
+        m_pool = a_pool / (a_pool + b_pool)
+        # The slot's prior is never more confident than the pooled posterior itself.
+        kappa = min(cfg.pool_strength, a_pool + b_pool)
+        r = own_r[i]
+        p = min(own_p[i], r)
+        a = kappa * m_pool + p
+        b = kappa * (1.0 - m_pool) + (r - p)
+        m = a / (a + b)
+        sd = math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1.0)))
+        mean.append(m)
+        lower.append(min(m, max(0.0, m - cfg.lower_z * sd)))
+
+    observed = 0
+    while observed < n and pooled_r[observed] >= cfg.min_trials:
+        observed += 1
+    if observed > 0:
+        # Past the evidence: a Beta prior centred on the last observed lower bound
+        # (strength prior_strength) updated with the few pooled trials there are, and
+        # never above that bound.
+        cap = lower[observed - 1]
+        for i in range(observed, n):
+            pr = pooled_r[i]
+            pp = min(pooled_p[i], pr)
+            a = cap * cfg.prior_strength + pp
+            b = (1.0 - cap) * cfg.prior_strength + (pr - pp)
+            m = min(a / (a + b), cap)
+            sd = math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1.0)))
+            mean[i] = m
+            lower[i] = min(m, max(0.0, m - cfg.lower_z * sd))
+    else:
+        for i in range(n):
+            mean[i] = min(mean[i], cfg.prior_mean)
+            lower[i] = min(lower[i], mean[i])
+
+    return AcceptanceEstimate(
+        slot=slot,
+        mean=tuple(mean),
+        lower=tuple(lower),
+        trials=tuple(own_r),
+        pooled_trials=tuple(pooled_r),
+        observed=observed,
+    )

@@ -1,0 +1,698 @@
+"""Step wall time as a function of batch size, draft steps and context, learned online.
+
+Prior
+    :class:`StepCostPrior` is the roofline model of ``specgov.simulator.cost.CostModel``
+    in plain floats (``simulator/priors.py`` builds one from a cost model; the daemon
+    builds one from the catalog). One speculative decode step of ``B`` requests with
+    ``k`` draft steps reading ``kv`` cached tokens (batch total) costs::
+
+        fixed + smoothmax(weight read, n * compute) + kv * kv_read + n * per_token
+              + draft_extend(n) + k draft forwards + bookkeeping,    n = B * (k + 1)
+
+    (chains; trees verify ``min(num_draft_tokens, 1 + k * topk)`` tokens per request).
+    The flat region of the smooth max is where verification is free; past the knee
+    every verified token costs compute.
+
+Learned correction
+    The prediction is a non-negative combination of the prior's components
+    (:data:`FEATURE_NAMES`): the prior is the combination with coefficients
+    :meth:`StepCostPrior.prior_coefficients`; two extra roofline terms with the knee at
+    half and at twice the prior's batched-token count (coefficient 0 in the prior) let
+    the fit move the knee. Every feature is non-decreasing in batch size, steps and KV
+    tokens, and the coefficients are constrained to be >= 0, so every prediction is
+    monotone non-decreasing in batched tokens by construction.
+
+    Fit: each tier-window with timed steps is one sample (mean batch size
+    ``batch_size_sum / verify_calls``, steps, mean step time ``step_time_sum_s /
+    step_time_count``, KV tokens = KV per request x mean batch size), weighted by
+    ``count / (count + count_saturation)`` (a window counts at most once: windows are not
+    independent) and decayed with ``half_life_s``. scikit-learn's non-negative least
+    squares (``LinearRegression(positive=True)``) fits relative residuals
+    ``(observed - predicted) / prior`` inside an iteratively re-weighted loop with Huber
+    weights on a robust (MAD) scale, so prefill-heavy windows and GC pauses barely move
+    it. Pseudo-observations pull each coefficient towards the prior with strength
+    ``prior_strength`` (in windows), so with little data the fit stays at the prior.
+
+State
+    A bounded buffer of recent samples (at most ``max_samples``; when full, the oldest
+    sample of the most crowded (steps, batch-size octave) cell goes, so rare operating
+    points survive) and the fitted coefficients, all plain floats: no sklearn object is
+    stored; the fit is redone only when samples were added.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Final
+
+import numpy as np
+from sklearn.linear_model import LinearRegression
+
+from specgov.policies.types import PolicyTypeError, TierStatsSnapshot
+
+__all__ = [
+    "FEATURE_NAMES",
+    "STEP_COST_STATE_VERSION",
+    "StepCostConfig",
+    "StepCostPrior",
+    "StepCostState",
+    "StepSample",
+    "default_step_cost_prior",
+    "initial_step_cost_state",
+    "predict_step_s",
+    "update_step_cost",
+    "verify_knee_tokens",
+]
+
+STEP_COST_STATE_VERSION: Final = 1
+
+# Unit scales of the features that are plain counts, so coefficients are O(1).
+_MS: Final = 1e-3
+_US: Final = 1e-6
+_NS: Final = 1e-9
+
+FEATURE_NAMES: Final = (
+    "fixed_ms",  # 1 ms per step (engine + drafter fixed overheads)
+    "roofline_knee_x0.5",  # target smooth max with the knee at half the prior's tokens
+    "roofline",  # target smooth max (weights read vs compute of n tokens)
+    "roofline_knee_x2",  # ... with the knee at twice the prior's tokens
+    "verified_token_us",  # 1 µs per verified token (verify bookkeeping, TP all-reduce)
+    "request_us",  # 1 µs per request (host-side drafter work)
+    "target_kv_ns",  # 1 ns per cached token, target attention
+    "draft_kv_ns",  # 1 ns per cached token per draft forward (extend + k drafts)
+    "draft_roofline",  # the drafter's smooth max over its forwards
+    "draft_step_ms",  # 1 ms per draft step
+)
+N_FEATURES: Final = len(FEATURE_NAMES)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _is_real(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(float(value))
+    )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_keys(owner: str, data: object, keys: Iterable[str]) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise PolicyTypeError(f"{owner}.from_dict: expected a JSON object (mapping), got {data!r}")
+    expected = set(keys)
+    missing = sorted(expected - set(data))
+    unknown = sorted(str(k) for k in set(data) - expected)
+    if missing or unknown:
+        raise PolicyTypeError(
+            f"{owner}.from_dict: missing key(s) {missing}, unknown key(s) {unknown}; "
+            f"expected keys {sorted(expected)}"
+        )
+    return data
+
+
+# ---------------------------------------------------------------------------- prior
+
+
+@dataclass(frozen=True, slots=True)
+class StepCostPrior:
+    """Roofline step-cost coefficients in seconds (mirrors simulator/cost.py).
+
+    ``fixed_overhead_s`` includes any tensor-parallel fixed all-reduce latency.
+    ``speculative`` is False for a server without a drafter (steps are then ignored).
+    ``topk == 1`` is a chain; a tree (``topk > 1``) needs ``num_draft_tokens``.
+    """
+
+    fixed_overhead_s: float
+    weight_read_s: float
+    compute_per_token_s: float
+    kv_read_per_token_s: float
+    tp_comm_per_token_s: float = 0.0
+    speculative: bool = True
+    draft_weight_read_s: float = 0.0
+    draft_compute_per_token_s: float = 0.0
+    draft_kv_read_per_token_s: float = 0.0
+    draft_step_overhead_s: float = 0.0
+    draft_extend_overhead_s: float = 0.0
+    spec_verify_overhead_s: float = 0.0
+    spec_verify_per_token_s: float = 0.0
+    draft_per_request_s: float = 0.0
+    roofline_exponent: float = 2.0
+    topk: int = 1
+    num_draft_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            if f.name in ("speculative", "topk", "num_draft_tokens"):
+                continue
+            value = getattr(self, f.name)
+            if not _is_real(value) or value < 0:
+                raise PolicyTypeError(
+                    f"StepCostPrior.{f.name}: expected a finite number >= 0, got {value!r}"
+                )
+        if self.roofline_exponent < 1.0:
+            raise PolicyTypeError(
+                f"StepCostPrior.roofline_exponent: expected >= 1, got {self.roofline_exponent!r}"
+            )
+        if self.weight_read_s <= 0 and self.compute_per_token_s <= 0:
+            raise PolicyTypeError(
+                "StepCostPrior.weight_read_s/compute_per_token_s: expected at least one > 0"
+            )
+        if not isinstance(self.speculative, bool):
+            raise PolicyTypeError(
+                f"StepCostPrior.speculative: expected a bool, got {self.speculative!r}"
+            )
+        if not _is_int(self.topk) or self.topk < 1:
+            raise PolicyTypeError(f"StepCostPrior.topk: expected an int >= 1, got {self.topk!r}")
+        if self.topk > 1:
+            if not _is_int(self.num_draft_tokens) or self.num_draft_tokens < 2:  # type: ignore[operator]
+                raise PolicyTypeError(
+                    f"StepCostPrior.num_draft_tokens: expected an int >= 2 for a tree "
+                    f"(topk={self.topk}), got {self.num_draft_tokens!r}"
+                )
+            if not self.speculative:
+                raise PolicyTypeError("StepCostPrior.topk: a tree (topk > 1) needs a drafter")
+        elif self.num_draft_tokens is not None:
+            raise PolicyTypeError(
+                f"StepCostPrior.num_draft_tokens: expected None for a chain (topk=1), "
+                f"got {self.num_draft_tokens!r}"
+            )
+
+    # ------------------------------------------------------------------ model
+
+    def verify_tokens_per_request(self, steps: int) -> int:
+        """Target tokens verified per request at ``steps`` (1 without a drafter)."""
+        if not self.speculative:
+            return 1
+        if self.num_draft_tokens is None:
+            return steps + 1
+        return min(self.num_draft_tokens, 1 + steps * self.topk)
+
+    def features(self, batch_size: float, steps: int, kv_tokens: float) -> tuple[float, ...]:
+        """The model's components (see :data:`FEATURE_NAMES`) for one decode step."""
+        p = self.roofline_exponent
+        ip = 1.0 / p
+        w_p = self.weight_read_s**p
+        c = self.compute_per_token_s
+        k = steps if self.speculative else 0
+        n = batch_size * self.verify_tokens_per_request(k)
+        roof_half = (w_p + (n * c * 2.0) ** p) ** ip  # knee at half the tokens
+        roof = (w_p + (n * c) ** p) ** ip
+        roof_double = (w_p + (n * c * 0.5) ** p) ** ip  # knee at twice the tokens
+        if not self.speculative:
+            return (1.0 * _MS, roof_half, roof, roof_double, n * _US, batch_size * _US,
+                    kv_tokens * _NS, 0.0, 0.0, 0.0)  # fmt: skip
+        dw_p = self.draft_weight_read_s**p
+        dc = self.draft_compute_per_token_s
+        draft = (dw_p + (n * dc) ** p) ** ip  # draft-extend over the verified tokens
+        if k > 0:
+            first = (dw_p + (batch_size * dc) ** p) ** ip
+            if self.topk == 1 or k == 1:
+                draft += k * first
+            else:
+                wide = (dw_p + (batch_size * self.topk * dc) ** p) ** ip
+                draft += first + (k - 1) * wide
+        return (
+            1.0 * _MS,
+            roof_half,
+            roof,
+            roof_double,
+            n * _US,
+            batch_size * _US,
+            kv_tokens * _NS,
+            kv_tokens * (1 + k) * _NS,
+            draft,
+            k * _MS,
+        )
+
+    def prior_coefficients(self) -> tuple[float, ...]:
+        """Coefficients of :meth:`features` that reproduce this prior exactly."""
+        if self.speculative:
+            fixed = (
+                self.fixed_overhead_s + self.draft_extend_overhead_s + self.spec_verify_overhead_s
+            )
+            per_token = self.tp_comm_per_token_s + self.spec_verify_per_token_s
+            draft_kv = self.draft_kv_read_per_token_s / _NS
+            draft = 1.0
+        else:
+            fixed = self.fixed_overhead_s
+            per_token = self.tp_comm_per_token_s
+            draft_kv = draft = 0.0
+        return (
+            fixed / _MS,
+            0.0,
+            1.0,
+            0.0,
+            per_token / _US,
+            (self.draft_per_request_s if self.speculative else 0.0) / _US,
+            self.kv_read_per_token_s / _NS,
+            draft_kv,
+            draft,
+            (self.draft_step_overhead_s if self.speculative else 0.0) / _MS,
+        )
+
+    def predict_s(self, batch_size: float, steps: int, kv_tokens: float) -> float:
+        """Seconds per decode step of ``batch_size`` requests reading ``kv_tokens`` (total)."""
+        _check_point(batch_size, steps, kv_tokens)
+        return _dot(self.prior_coefficients(), self.features(batch_size, steps, kv_tokens))
+
+    # -------------------------------------------------------------- serialise
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepCostPrior:
+        _check_keys("StepCostPrior", data, [f.name for f in fields(cls)])
+        return cls(**dict(data))
+
+
+def _dot(a: Iterable[float], b: Iterable[float]) -> float:
+    return float(sum(x * y for x, y in zip(a, b, strict=True)))
+
+
+def _check_point(batch_size: float, steps: int, kv_tokens: float) -> None:
+    if not _is_real(batch_size) or batch_size < 0:
+        raise PolicyTypeError(f"step cost: batch_size: expected a number >= 0, got {batch_size!r}")
+    if not _is_int(steps) or steps < 0:
+        raise PolicyTypeError(f"step cost: steps: expected an int >= 0, got {steps!r}")
+    if not _is_real(kv_tokens) or kv_tokens < 0:
+        raise PolicyTypeError(f"step cost: kv_tokens: expected a number >= 0, got {kv_tokens!r}")
+
+
+def default_step_cost_prior() -> StepCostPrior:
+    """Llama-3.1-8B + EAGLE-3 chain on one H100 (the catalog's figures, simulator/cost.py).
+
+    Used when the operator names no hardware; tests/test_step_cost_estimator.py checks
+    it against ``simulator.priors.step_cost_prior`` of the catalog cost model.
+    """
+    return StepCostPrior(
+        fixed_overhead_s=1.0e-3,
+        weight_read_s=5.992537313432835e-3,
+        compute_per_token_s=2.2553645657791255e-05,
+        kv_read_per_token_s=4.8907462686567165e-08,
+        tp_comm_per_token_s=0.0,
+        speculative=True,
+        draft_weight_read_s=3.134328358208955e-04,
+        draft_compute_per_token_s=1.1796427367711493e-06,
+        draft_kv_read_per_token_s=1.528358208955224e-09,
+        draft_step_overhead_s=0.75e-3,
+        draft_extend_overhead_s=0.35e-3,
+        spec_verify_overhead_s=0.5e-3,
+        spec_verify_per_token_s=14.0e-6,
+        draft_per_request_s=0.0,
+        roofline_exponent=2.0,
+    )
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True, slots=True)
+class StepCostConfig:
+    """Knobs of the step-cost estimator (documented defaults)."""
+
+    # Sample buffer bound (each sample is six floats).
+    max_samples: int = 256
+    # Sample weights halve every this many seconds: hardware cost drifts slowly.
+    half_life_s: float = 600.0
+    # Pull of every coefficient towards the prior, in (full-weight) windows.
+    prior_strength: float = 3.0
+    # Huber threshold in robust standard deviations of the relative residual.
+    huber_delta: float = 1.345
+    # Floor of the robust relative scale, so a perfect fit does not flag everything.
+    min_rel_scale: float = 0.02
+    irls_iterations: int = 8
+    # A window of c timed steps weighs c / (c + count_saturation).
+    count_saturation: float = 16.0
+    # KV tokens per request assumed when the observation does not say.
+    default_kv_tokens_per_request: float = 1024.0
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_samples) or self.max_samples < 1:
+            raise PolicyTypeError(
+                f"StepCostConfig.max_samples: expected an int >= 1, got {self.max_samples!r}"
+            )
+        if not _is_int(self.irls_iterations) or self.irls_iterations < 1:
+            raise PolicyTypeError(
+                f"StepCostConfig.irls_iterations: expected an int >= 1, "
+                f"got {self.irls_iterations!r}"
+            )
+        for name in ("half_life_s", "prior_strength", "huber_delta", "min_rel_scale"):
+            value = getattr(self, name)
+            if not _is_real(value) or value <= 0:
+                raise PolicyTypeError(
+                    f"StepCostConfig.{name}: expected a finite number > 0, got {value!r}"
+                )
+        for name in ("count_saturation", "default_kv_tokens_per_request"):
+            value = getattr(self, name)
+            if not _is_real(value) or value < 0:
+                raise PolicyTypeError(
+                    f"StepCostConfig.{name}: expected a finite number >= 0, got {value!r}"
+                )
+
+
+# ---------------------------------------------------------------------------- state
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One tier-window: mean step time at a mean batch size, steps and KV tokens."""
+
+    time_s: float
+    batch_size: float
+    steps: int
+    kv_tokens: float
+    step_s: float
+    weight: float
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.steps) or self.steps < 0:
+            raise PolicyTypeError(f"StepSample.steps: expected an int >= 0, got {self.steps!r}")
+        if not _is_real(self.time_s):
+            raise PolicyTypeError(
+                f"StepSample.time_s: expected a finite number, got {self.time_s!r}"
+            )
+        for name in ("batch_size", "step_s", "weight"):
+            value = getattr(self, name)
+            if not _is_real(value) or value <= 0:
+                raise PolicyTypeError(
+                    f"StepSample.{name}: expected a finite number > 0, got {value!r}"
+                )
+        if not _is_real(self.kv_tokens) or self.kv_tokens < 0:
+            raise PolicyTypeError(
+                f"StepSample.kv_tokens: expected a finite number >= 0, got {self.kv_tokens!r}"
+            )
+
+    def to_list(self) -> list[float | int]:
+        return [self.time_s, self.batch_size, self.steps, self.kv_tokens, self.step_s, self.weight]
+
+
+@dataclass(frozen=True, slots=True)
+class StepCostState:
+    """The prior, the recent samples and the fitted coefficients; serialisable."""
+
+    prior: StepCostPrior
+    samples: tuple[StepSample, ...]
+    coefficients: tuple[float, ...]
+    last_time_s: float | None = None
+    fits: int = 0
+    version: int = STEP_COST_STATE_VERSION
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prior, StepCostPrior):
+            raise PolicyTypeError(
+                f"StepCostState.prior: expected a StepCostPrior, got {self.prior!r}"
+            )
+        if not isinstance(self.samples, tuple) or not all(
+            isinstance(s, StepSample) for s in self.samples
+        ):
+            raise PolicyTypeError("StepCostState.samples: expected a tuple of StepSample")
+        if (
+            not isinstance(self.coefficients, tuple)
+            or len(self.coefficients) != N_FEATURES
+            or not all(_is_real(c) and c >= 0 for c in self.coefficients)
+        ):
+            raise PolicyTypeError(
+                f"StepCostState.coefficients: expected {N_FEATURES} finite numbers >= 0 "
+                f"({', '.join(FEATURE_NAMES)}), got {self.coefficients!r}"
+            )
+        if self.last_time_s is not None and not _is_real(self.last_time_s):
+            raise PolicyTypeError(
+                f"StepCostState.last_time_s: expected None or a finite number, "
+                f"got {self.last_time_s!r}"
+            )
+        if not _is_int(self.fits) or self.fits < 0:
+            raise PolicyTypeError(f"StepCostState.fits: expected an int >= 0, got {self.fits!r}")
+        if self.version != STEP_COST_STATE_VERSION:
+            raise PolicyTypeError(
+                f"StepCostState.version: expected {STEP_COST_STATE_VERSION}, got {self.version!r}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "prior": self.prior.to_dict(),
+            "samples": [s.to_list() for s in self.samples],
+            "coefficients": list(self.coefficients),
+            "last_time_s": self.last_time_s,
+            "fits": self.fits,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepCostState:
+        if isinstance(data, Mapping):
+            version = data.get("version")
+            if not _is_int(version) or version != STEP_COST_STATE_VERSION:
+                raise PolicyTypeError(
+                    f"StepCostState.from_dict: key 'version': unsupported state version "
+                    f"{version!r}; this build reads version {STEP_COST_STATE_VERSION}"
+                )
+        _check_keys(
+            "StepCostState",
+            data,
+            ("version", "prior", "samples", "coefficients", "last_time_s", "fits"),
+        )
+        raw = data["samples"]
+        if not isinstance(raw, list | tuple):
+            raise PolicyTypeError(
+                f"StepCostState.from_dict: key 'samples': expected a list, got {raw!r}"
+            )
+        samples: list[StepSample] = []
+        for i, row in enumerate(raw):
+            if not isinstance(row, list | tuple) or len(row) != 6:
+                raise PolicyTypeError(
+                    f"StepCostState.from_dict: key 'samples'[{i}]: expected "
+                    f"[time_s, batch_size, steps, kv_tokens, step_s, weight], got {row!r}"
+                )
+            samples.append(StepSample(*row))
+        coef = data["coefficients"]
+        if not isinstance(coef, list | tuple):
+            raise PolicyTypeError(
+                f"StepCostState.from_dict: key 'coefficients': expected a list, got {coef!r}"
+            )
+        return cls(
+            prior=StepCostPrior.from_dict(data["prior"]),
+            samples=tuple(samples),
+            coefficients=tuple(coef),
+            last_time_s=data["last_time_s"],
+            fits=data["fits"],
+            version=data["version"],
+        )
+
+
+def initial_step_cost_state(
+    prior: StepCostPrior, config: StepCostConfig | None = None
+) -> StepCostState:
+    """No samples yet: predictions are exactly the prior's."""
+    if not isinstance(prior, StepCostPrior):
+        raise PolicyTypeError(
+            f"initial_step_cost_state: prior: expected a StepCostPrior, got {prior!r}"
+        )
+    return StepCostState(prior=prior, samples=(), coefficients=prior.prior_coefficients())
+
+
+# ---------------------------------------------------------------------- prediction
+
+
+def predict_step_s(state: StepCostState, batch_size: float, steps: int, kv_tokens: float) -> float:
+    """Predicted seconds per decode step; ``kv_tokens`` is the batch's total KV tokens.
+
+    Monotone non-decreasing in ``batch_size``, ``steps`` and ``kv_tokens``.
+    """
+    _check_point(batch_size, steps, kv_tokens)
+    return _dot(state.coefficients, state.prior.features(batch_size, steps, kv_tokens))
+
+
+def verify_knee_tokens(
+    state: StepCostState,
+    *,
+    kv_tokens: float = 0.0,
+    tolerance: float = 0.25,
+    max_tokens: int = 16384,
+) -> int:
+    """Batched tokens at which verification stops being free.
+
+    The smallest number of tokens ``n`` verified in one step (``n`` requests without
+    drafts, ``kv_tokens`` total cached tokens) whose predicted step time exceeds that
+    of one token by more than ``tolerance``; ``max_tokens`` if none does.
+    """
+    if not _is_real(tolerance) or tolerance <= 0:
+        raise PolicyTypeError(f"verify_knee_tokens: tolerance: expected > 0, got {tolerance!r}")
+    base = predict_step_s(state, 1.0, 0, kv_tokens) * (1.0 + tolerance)
+    if predict_step_s(state, float(max_tokens), 0, kv_tokens) <= base:
+        return max_tokens
+    lo, hi = 1, max_tokens  # predict(lo) <= base < predict(hi); monotone in between
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if predict_step_s(state, float(mid), 0, kv_tokens) > base:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+# --------------------------------------------------------------------------- update
+
+
+def _cell(sample: StepSample) -> tuple[int, int]:
+    return (sample.steps, round(math.log2(sample.batch_size)))
+
+
+def _evict(samples: list[StepSample], max_samples: int) -> list[StepSample]:
+    """Drop the oldest sample of the most crowded cells until the buffer fits."""
+    while len(samples) > max_samples:
+        counts: dict[tuple[int, int], int] = {}
+        for s in samples:
+            key = _cell(s)
+            counts[key] = counts.get(key, 0) + 1
+        most = max(counts.values())
+        oldest = min(
+            (i for i, s in enumerate(samples) if counts[_cell(s)] == most),
+            key=lambda i: (samples[i].time_s, i),
+        )
+        del samples[oldest]
+    return samples
+
+
+def _penalty_scales(prior: StepCostPrior, config: StepCostConfig) -> np.ndarray:
+    """Typical relative contribution of one unit of each coefficient (data-independent)."""
+    steps = (0, 1, 3, 5, 7) if prior.speculative else (0,)
+    acc = np.zeros(N_FEATURES)
+    count = 0
+    for b in (1.0, 4.0, 16.0, 64.0, 256.0):
+        for k in steps:
+            kv = b * config.default_kv_tokens_per_request
+            f = np.asarray(prior.features(b, k, kv))
+            acc += f / prior.predict_s(b, k, kv)
+            count += 1
+    scales = acc / count
+    # The extra knee terms share the main roofline's scale; nothing is left unpinned.
+    scales[1] = scales[3] = scales[2]
+    out: np.ndarray = np.maximum(scales, 1e-3)
+    return out
+
+
+def _huber_weights(resid: np.ndarray, config: StepCostConfig) -> np.ndarray:
+    """Huber IRLS weights on a robust (MAD) scale of the relative residuals."""
+    mad = float(np.median(np.abs(resid - np.median(resid))))
+    limit = config.huber_delta * max(1.4826 * mad, config.min_rel_scale)
+    out: np.ndarray = np.minimum(1.0, limit / np.maximum(np.abs(resid), 1e-12))
+    return out
+
+
+def _fit(
+    prior: StepCostPrior,
+    samples: tuple[StepSample, ...],
+    now_s: float,
+    config: StepCostConfig,
+    start: tuple[float, ...] | None = None,
+) -> tuple[float, ...]:
+    """Robust non-negative fit; ``start`` (the previous fit) seeds the Huber weights."""
+    theta0 = np.asarray(prior.prior_coefficients())
+    if not samples:
+        return tuple(float(t) for t in theta0)
+    feats = np.asarray([prior.features(s.batch_size, s.steps, s.kv_tokens) for s in samples])
+    base = feats @ theta0  # prior prediction per sample
+    x = feats / base[:, None]
+    y = np.asarray([s.step_s for s in samples]) / base
+    age = np.maximum(0.0, now_s - np.asarray([s.time_s for s in samples]))
+    w = np.asarray([s.weight for s in samples]) * 0.5 ** (age / config.half_life_s)
+    scales = _penalty_scales(prior, config)
+    root_l = math.sqrt(config.prior_strength)
+    pen_x = np.diag(root_l * scales)
+    pen_y = root_l * scales * theta0
+    theta = theta0 if start is None else np.asarray(start)
+    huber = _huber_weights(y - x @ theta, config) if start is not None else np.ones(len(y))
+    model = LinearRegression(positive=True, fit_intercept=False)
+    for _ in range(config.irls_iterations):
+        sw = np.sqrt(w * huber)
+        a = np.vstack([x * sw[:, None], pen_x])
+        b = np.concatenate([y * sw, pen_y])
+        new = np.maximum(model.fit(a, b).coef_, 0.0)
+        huber = _huber_weights(y - x @ new, config)
+        converged = bool(np.max(np.abs(new - theta)) < 1e-6 * max(1.0, float(np.max(new))))
+        theta = new
+        if converged:
+            break
+    if not np.all(np.isfinite(theta)):
+        return tuple(float(t) for t in theta0)
+    return tuple(float(t) for t in theta)
+
+
+def update_step_cost(
+    state: StepCostState,
+    snapshot: TierStatsSnapshot,
+    *,
+    kv_tokens_per_request: float | None,
+    config: StepCostConfig | None = None,
+) -> StepCostState:
+    """Add one window's timed tiers as samples and refit (only if something was added).
+
+    ``kv_tokens_per_request`` is the mean cached context per running request over the
+    window (None: ``config.default_kv_tokens_per_request``). A snapshot whose window
+    ends at or before the newest one absorbed is ignored (seen already).
+    """
+    cfg = config or StepCostConfig()
+    if not isinstance(snapshot, TierStatsSnapshot):
+        raise PolicyTypeError(
+            f"update_step_cost: snapshot: expected a TierStatsSnapshot, got {snapshot!r}"
+        )
+    if kv_tokens_per_request is not None and (
+        not _is_real(kv_tokens_per_request) or kv_tokens_per_request < 0
+    ):
+        raise PolicyTypeError(
+            f"update_step_cost: kv_tokens_per_request: expected None or a number >= 0, "
+            f"got {kv_tokens_per_request!r}"
+        )
+    end = snapshot.window_end_s
+    if state.last_time_s is not None and end <= state.last_time_s:
+        return state
+    ctx = (
+        cfg.default_kv_tokens_per_request
+        if kv_tokens_per_request is None
+        else float(kv_tokens_per_request)
+    )
+    added: list[StepSample] = []
+    for tier in snapshot.tiers:
+        if tier.step_time_count == 0 or tier.verify_calls == 0 or tier.batch_size_sum == 0:
+            continue
+        if tier.steps > 0 and not state.prior.speculative:
+            continue  # a drafter-less prior cannot explain speculative steps
+        mean_s = tier.step_time_sum_s / tier.step_time_count
+        if not math.isfinite(mean_s) or mean_s <= 0:
+            continue
+        batch = tier.batch_size_sum / tier.verify_calls
+        count = tier.step_time_count
+        added.append(
+            StepSample(
+                time_s=end,
+                batch_size=batch,
+                steps=tier.steps,
+                kv_tokens=ctx * batch,
+                step_s=mean_s,
+                weight=count / (count + cfg.count_saturation),
+            )
+        )
+    if not added:
+        return StepCostState(
+            prior=state.prior,
+            samples=state.samples,
+            coefficients=state.coefficients,
+            last_time_s=end,
+            fits=state.fits,
+        )
+    samples = tuple(_evict(list(state.samples) + added, cfg.max_samples))
+    return StepCostState(
+        prior=state.prior,
+        samples=samples,
+        coefficients=_fit(state.prior, samples, end, cfg, start=state.coefficients),
+        last_time_s=end,
+        fits=state.fits + 1,
+    )

@@ -1,0 +1,289 @@
+"""Step-cost estimator: prior from the simulator's cost model, recovery of a true curve.
+
+Ground truth is the simulator's cost model with perturbed coefficients (a "different
+prior"): the estimator starts from the catalog's unperturbed prior and must learn the
+truth from noisy windows (3 % lognormal noise, 5 % of windows inflated x3 like a
+prefill-heavy window or a GC pause).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable
+
+import numpy as np
+import pytest
+
+from specgov.policies.estimators.step_cost import (
+    FEATURE_NAMES,
+    StepCostConfig,
+    StepCostPrior,
+    StepCostState,
+    default_step_cost_prior,
+    initial_step_cost_state,
+    predict_step_s,
+    update_step_cost,
+    verify_knee_tokens,
+)
+from specgov.policies.types import PolicyTypeError, TierStat, TierStatsSnapshot
+from specgov.simulator.catalog import Catalog
+from specgov.simulator.cost import CostModel
+from specgov.simulator.priors import step_cost_prior
+
+CATALOG = Catalog.load()
+H100 = CATALOG.gpu("h100")
+LLAMA8 = CATALOG.model("llama-3.1-8b")
+LLAMA70 = CATALOG.model("llama-3.1-70b")
+EAGLE3 = CATALOG.drafter("eagle3")
+NGRAM = CATALOG.drafter("ngram")
+SPEC = CostModel.from_catalog(H100, LLAMA8, EAGLE3)
+CTX = 1000  # KV tokens per request
+GRID_B = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+GRID_K = (0, 1, 2, 3, 5, 7)
+
+# The "different prior": weights read 30 % slower, compute 30 % faster (the knee moves
+# to ~1.9x the tokens), more fixed and per-draft-step overhead.
+TRUTH = SPEC.with_overrides(
+    {
+        "weight_read_s": SPEC.coefficients.weight_read_s * 1.3,
+        "compute_per_token_s": SPEC.coefficients.compute_per_token_s * 0.7,
+        "fixed_overhead_s": 1.8e-3,
+        "draft_step_overhead_s": 1.1e-3,
+    }
+)
+
+
+def _points() -> Iterable[tuple[int, int, int]]:
+    for b in GRID_B:
+        for k in GRID_K:
+            for ctx in (200, CTX, 4000):
+                yield b, k, b * ctx
+
+
+@pytest.mark.parametrize(
+    ("name", "model"),
+    [
+        ("eagle3 chain", SPEC),
+        ("ngram chain", CostModel.from_catalog(H100, LLAMA8, NGRAM)),
+        ("no drafter", CostModel.from_catalog(H100, LLAMA8, None)),
+        ("70b tp4", CostModel.from_catalog(H100, LLAMA70, EAGLE3, tp_size=4)),
+        ("eagle3 tree", CostModel.from_catalog(H100, LLAMA8, EAGLE3, topk=4, num_draft_tokens=8)),
+    ],
+)
+def test_prior_matches_the_simulator_cost_model_within_1_percent(
+    name: str, model: CostModel
+) -> None:
+    prior = step_cost_prior(model)
+    for b, k, kv in _points():
+        want = model.decode_step_s(b, k, kv)
+        assert prior.predict_s(b, k, kv) == pytest.approx(want, rel=0.01), (name, b, k, kv)
+
+
+def test_default_prior_is_the_catalog_llama8_eagle3_h100_prior() -> None:
+    built = step_cost_prior(SPEC)
+    default = default_step_cost_prior()
+    for b, k, kv in _points():
+        assert default.predict_s(b, k, kv) == pytest.approx(built.predict_s(b, k, kv), rel=1e-6)
+
+
+def test_initial_state_predicts_the_prior() -> None:
+    prior = step_cost_prior(TRUTH)
+    state = initial_step_cost_state(prior)
+    for b, k, kv in _points():
+        assert predict_step_s(state, b, k, kv) == pytest.approx(prior.predict_s(b, k, kv))
+
+
+def _window(
+    rng: np.random.Generator, t: float, truth: CostModel, outliers: bool = True
+) -> TierStatsSnapshot:
+    """One second of four busy slots, each at a random batch size and step count."""
+    tiers = []
+    for slot, lo, hi in ((1, 1, 2), (8, 8, 32), (32, 32, 128), (128, 128, 300)):
+        batch = int(rng.integers(lo, hi))
+        k = int(rng.choice(GRID_K))
+        step_s = truth.decode_step_s(batch, k, batch * CTX) * float(np.exp(rng.normal(0, 0.03)))
+        if outliers and rng.random() < 0.05:
+            step_s *= 3.0
+        calls = 40
+        tiers.append(
+            TierStat(
+                slot=slot,
+                steps=k,
+                verify_calls=calls,
+                requests=calls * batch,
+                accepted_hist=(calls * batch,) + (0,) * k,
+                step_time_sum_s=step_s * calls,
+                step_time_count=calls,
+                batch_size_sum=calls * batch,
+            )
+        )
+    return TierStatsSnapshot(window_start_s=t - 1.0, window_end_s=t, tiers=tuple(tiers))
+
+
+def _learn(windows: int, seed: int = 0, outliers: bool = True) -> StepCostState:
+    rng = np.random.default_rng(seed)
+    state = initial_step_cost_state(step_cost_prior(SPEC))
+    for w in range(windows):
+        state = update_step_cost(
+            state, _window(rng, float(w + 1), TRUTH, outliers), kv_tokens_per_request=CTX
+        )
+    return state
+
+
+LEARNED = _learn(300)
+
+
+def _rel_errors(state: StepCostState) -> list[float]:
+    return [
+        abs(predict_step_s(state, b, k, b * CTX) / TRUTH.decode_step_s(b, k, b * CTX) - 1.0)
+        for b in GRID_B
+        for k in GRID_K
+    ]
+
+
+def test_recovers_a_true_cost_curve_from_a_different_prior() -> None:
+    # Tolerance: every (B, k) on the grid within 5 % of the truth (3 % noise per window,
+    # 5 % of windows x3). The prior alone is off by more than 15 % somewhere.
+    prior_errors = _rel_errors(initial_step_cost_state(step_cost_prior(SPEC)))
+    assert max(prior_errors) > 0.15
+    errors = _rel_errors(LEARNED)
+    assert max(errors) < 0.05, max(errors)
+    assert float(np.mean(errors)) < 0.025
+
+
+def test_outliers_barely_move_the_fit() -> None:
+    clean = _learn(300, outliers=False)
+    for b in GRID_B:
+        for k in GRID_K:
+            kv = b * CTX
+            assert predict_step_s(LEARNED, b, k, kv) == pytest.approx(
+                predict_step_s(clean, b, k, kv), rel=0.03
+            )
+
+
+def test_predictions_are_monotone_in_batched_tokens() -> None:
+    for state in (LEARNED, initial_step_cost_state(step_cost_prior(SPEC))):
+        for k in GRID_K:
+            seq = [predict_step_s(state, b, k, b * CTX) for b in range(1, 513)]
+            assert all(a <= b for a, b in itertools.pairwise(seq)), k
+        for b in GRID_B:
+            seq = [predict_step_s(state, b, k, b * CTX) for k in range(0, 16)]
+            assert all(a <= c for a, c in itertools.pairwise(seq)), b
+    assert all(c >= 0 for c in LEARNED.coefficients)
+
+
+def test_predicts_where_verification_stops_being_free() -> None:
+    # The knee: batched tokens at which one step costs 25 % more than one token's. The
+    # truth's knee is ~1.5x the prior's; the fit must land within 20 % of the truth.
+    truth_knee = verify_knee_tokens(initial_step_cost_state(step_cost_prior(TRUTH)), kv_tokens=0)
+    prior_knee = verify_knee_tokens(initial_step_cost_state(step_cost_prior(SPEC)), kv_tokens=0)
+    fitted_knee = verify_knee_tokens(LEARNED, kv_tokens=0)
+    assert abs(prior_knee / truth_knee - 1.0) > 0.25
+    assert fitted_knee == pytest.approx(truth_knee, rel=0.2)
+    # Below the knee verifying more tokens is nearly free, far above it is not.
+    small = predict_step_s(LEARNED, 16, 0, 0) / predict_step_s(LEARNED, 1, 0, 0)
+    large = predict_step_s(LEARNED, 1024, 0, 0) / predict_step_s(LEARNED, 1, 0, 0)
+    assert small < 1.1 < 2.0 < large
+
+
+def test_scarce_data_stays_near_the_prior() -> None:
+    # One window at batch 1: the fit explains it but elsewhere stays near the prior.
+    prior = step_cost_prior(SPEC)
+    rng = np.random.default_rng(3)
+    state = initial_step_cost_state(prior)
+    snap = _window(rng, 1.0, TRUTH, outliers=False)
+    state = update_step_cost(state, snap, kv_tokens_per_request=CTX)
+    assert state.fits == 1
+    for b in GRID_B:
+        for k in GRID_K:
+            kv = b * CTX
+            assert predict_step_s(state, b, k, kv) == pytest.approx(
+                prior.predict_s(b, k, kv), rel=0.3
+            )
+
+
+def test_sample_buffer_is_bounded_and_keeps_rare_operating_points() -> None:
+    # 64 samples for the ~43 (steps, batch octave) cells the traffic visits: crowded
+    # cells give way first, so the one old sample at batch 500, k=7 survives.
+    cfg = StepCostConfig(max_samples=64)
+    rng = np.random.default_rng(4)
+    state = initial_step_cost_state(step_cost_prior(SPEC), cfg)
+    rare = TierStat(5, 7, 10, 10 * 500, (5000,) + (0,) * 7, 10 * 0.2, 10, 10 * 500)
+    state = update_step_cost(
+        state,
+        TierStatsSnapshot(0.0, 1.0, (rare,)),
+        kv_tokens_per_request=CTX,
+        config=cfg,
+    )
+    for w in range(100):
+        state = update_step_cost(
+            state, _window(rng, float(w + 2), TRUTH), kv_tokens_per_request=CTX, config=cfg
+        )
+    assert len(state.samples) == 64
+    assert any(s.steps == 7 and s.batch_size == 500 for s in state.samples)
+
+
+def test_duplicate_snapshots_and_untimed_tiers_add_nothing() -> None:
+    rng = np.random.default_rng(5)
+    state = initial_step_cost_state(step_cost_prior(SPEC))
+    snap = _window(rng, 1.0, TRUTH)
+    once = update_step_cost(state, snap, kv_tokens_per_request=CTX)
+    assert update_step_cost(once, snap, kv_tokens_per_request=CTX) == once
+    untimed = TierStat(1, 3, 10, 10, (10, 0, 0, 0), 0.0, 0, 10)
+    later = update_step_cost(
+        once, TierStatsSnapshot(1.0, 2.0, (untimed,)), kv_tokens_per_request=None
+    )
+    assert later.samples == once.samples
+    assert later.coefficients == once.coefficients
+    assert later.last_time_s == 2.0
+
+
+def test_kv_per_request_scales_with_the_mean_batch() -> None:
+    state = initial_step_cost_state(step_cost_prior(SPEC))
+    t = TierStat(8, 1, 10, 120, (60, 60), 0.1, 10, 120)
+    state = update_step_cost(state, TierStatsSnapshot(0.0, 1.0, (t,)), kv_tokens_per_request=None)
+    (sample,) = state.samples
+    assert sample.batch_size == 12.0
+    assert sample.step_s == pytest.approx(0.01)
+    assert sample.kv_tokens == 12.0 * StepCostConfig().default_kv_tokens_per_request
+
+
+def test_state_round_trips_through_json() -> None:
+    data = json.loads(json.dumps(LEARNED.to_dict()))
+    restored = StepCostState.from_dict(data)
+    assert restored == LEARNED
+    assert predict_step_s(restored, 64, 3, 64 * CTX) == predict_step_s(LEARNED, 64, 3, 64 * CTX)
+    assert len(restored.coefficients) == len(FEATURE_NAMES)
+
+
+def test_from_dict_rejects_unknown_version_and_bad_keys() -> None:
+    good = initial_step_cost_state(default_step_cost_prior()).to_dict()
+    with pytest.raises(PolicyTypeError, match="unsupported state version 2"):
+        StepCostState.from_dict({**good, "version": 2})
+    with pytest.raises(PolicyTypeError, match=r"unknown key\(s\) \['bogus'\]"):
+        StepCostState.from_dict({**good, "bogus": 0})
+    with pytest.raises(PolicyTypeError, match="coefficients"):
+        StepCostState.from_dict({**good, "coefficients": [1.0, 2.0]})
+    with pytest.raises(PolicyTypeError, match=r"'samples'\[0\]"):
+        StepCostState.from_dict({**good, "samples": [[0.0, 1.0]]})
+    bad_prior = dict(good["prior"])
+    bad_prior["weight_read_s"] = -1.0
+    with pytest.raises(PolicyTypeError, match="weight_read_s"):
+        StepCostState.from_dict({**good, "prior": bad_prior})
+    with pytest.raises(PolicyTypeError, match=r"StepCostPrior.from_dict: missing key"):
+        StepCostPrior.from_dict({"weight_read_s": 1.0})
+
+
+def test_bad_inputs_name_the_argument() -> None:
+    state = initial_step_cost_state(default_step_cost_prior())
+    with pytest.raises(PolicyTypeError, match="steps"):
+        predict_step_s(state, 1, -1, 0)
+    with pytest.raises(PolicyTypeError, match="batch_size"):
+        predict_step_s(state, float("nan"), 1, 0)
+    with pytest.raises(PolicyTypeError, match="kv_tokens_per_request"):
+        update_step_cost(state, TierStatsSnapshot(0.0, 1.0, ()), kv_tokens_per_request=-5.0)
+    with pytest.raises(PolicyTypeError, match="max_samples"):
+        StepCostConfig(max_samples=0)
+    with pytest.raises(PolicyTypeError, match="num_draft_tokens"):
+        StepCostPrior(1e-3, 5e-3, 2e-5, 5e-8, topk=4)
