@@ -11,23 +11,62 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from specgov.adapters.observation_builder import ObservationBuilder
+from specgov.adapters.prometheus_text import parse_metrics
 from specgov.policies.ema import EmaPolicy
 from specgov.policies.fixed import FixedStepPolicy
+from specgov.policies.guardrails import GuardedPolicy, GuardrailConfig
 from specgov.policies.protocol import AdaptiveSpecPolicy
+from specgov.policies.spec import (
+    PolicySpec,
+    build_daemon_policy,
+    format_policy_spec,
+    parse_policy_spec,
+)
+from specgov.policies.spec import PolicySpecError as DaemonSpecError
+from specgov.policies.table import TablePolicy
+from specgov.policies.types import Budget, Observation, StepTable, TierStatsSnapshot
 from specgov.simulator.acceptance import AcceptanceModel
 from specgov.simulator.catalog import Catalog, DrafterSpec, GpuSpec, ModelSpec
+from specgov.simulator.closed_loop import ClosedLoop, ControlLoopConfig, slot_candidates_of
 from specgov.simulator.cost import CostModel
-from specgov.simulator.engine import Engine, EngineConfig, EngineResult
+from specgov.simulator.engine import Engine, EngineConfig, EngineResult, VirtualClock
 from specgov.simulator.memory import MemoryPlan, plan_memory
 from specgov.simulator.metrics import Slo, summarise
-from specgov.simulator.traces import Trace
+from specgov.simulator.priors import step_cost_prior
+from specgov.simulator.sim_metrics import SimMetrics
+from specgov.simulator.traces import Request, Trace
 
 # SGLang's adaptive controller only supports these (adaptive_unsupported_reason).
 ADAPTIVE_ALGORITHMS = ("EAGLE", "EAGLE3")
+
+# The adaptive config specgov launches SGLang with when a daemon policy drives it
+# (the restart loop's default): finer batch-size slots than SGLang's default table
+# and, in every slot, the steps a policy may need there. SGLang builds one runtime
+# state per candidate and captures each step's CUDA graphs only for the batch sizes
+# whose slot lists it, so large slots list fewer, smaller steps (less graph memory).
+SPECGOV_SLOT_CANDIDATES: dict[int, tuple[int, ...]] = {
+    1: (0, 1, 2, 3, 4, 5, 6, 7),
+    4: (0, 1, 2, 3, 4, 5, 6, 7),
+    8: (0, 1, 2, 3, 4, 5, 6),
+    16: (0, 1, 2, 3, 4, 5),
+    32: (0, 1, 2, 3, 4),
+    64: (0, 1, 2, 3),
+    128: (0, 1, 2),
+    256: (0, 1, 2),
+}
+
+
+def specgov_adaptive_config() -> dict[str, Any]:
+    """SPECGOV_SLOT_CANDIDATES as a --speculative-adaptive-config JSON object."""
+    return {
+        str(slot): {"candidate_steps": list(steps)}
+        for slot, steps in SPECGOV_SLOT_CANDIDATES.items()
+    }
 
 
 class PolicySpecError(ValueError):
@@ -43,9 +82,16 @@ class InEnginePolicy:
     candidate_steps: tuple[int, ...]
     build: Callable[[int], AdaptiveSpecPolicy | None]  # initial_steps -> policy
     adaptive: bool = False
+    # Daemon policies (closed loop): the spec the daemon runs; the in-engine
+    # object is then a TablePolicy over specgov's adaptive config.
+    daemon_spec: PolicySpec | None = None
 
 
-KNOWN_POLICIES = "none, static:K (K >= 0), sglang-ema"
+KNOWN_POLICIES = (
+    "in-engine: none, static:K (K >= 0), sglang-ema; "
+    "daemon (closed loop): batch-table:..., goodput[:...], bandit[:...]"
+)
+IN_ENGINE_KINDS = ("none", "static", "sglang-ema")
 
 
 def parse_policy(text: str) -> InEnginePolicy:
@@ -82,7 +128,19 @@ def parse_policy(text: str) -> InEnginePolicy:
             lambda initial: EmaPolicy(initial_steps=initial),
             adaptive=True,
         )
-    raise PolicySpecError(f"unknown policy {raw!r}; valid: {KNOWN_POLICIES}")
+    try:
+        spec = parse_policy_spec(raw)
+    except DaemonSpecError as exc:
+        raise PolicySpecError(f"{exc} (replay policies: {KNOWN_POLICIES})") from None
+    union = tuple(sorted({k for steps in SPECGOV_SLOT_CANDIDATES.values() for k in steps}))
+    return InEnginePolicy(
+        format_policy_spec(spec),
+        True,
+        union,
+        lambda _initial: None,
+        adaptive=True,
+        daemon_spec=spec,
+    )
 
 
 def sglang_gpu_defaults(memory_gib: float) -> tuple[int, int]:
@@ -164,14 +222,45 @@ def resolve(server: ServerSpec) -> BuiltServer:
     )
 
 
-def build_engine(
+@dataclass
+class PreparedRun:
+    """One simulated server, ready to replay: the engine and, for daemon policies,
+    the closed loop (daemon in virtual time) and the /metrics it scrapes."""
+
+    policy: InEnginePolicy
+    engine: Engine
+    memory: MemoryPlan
+    loop: ClosedLoop | None = None
+    metrics: SimMetrics | None = None
+
+    def run(
+        self,
+        requests: Sequence[Request],
+        *,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> EngineResult:
+        if self.loop is None:
+            return self.engine.run(requests, progress=progress, metrics=self.metrics)
+        return self.engine.run(
+            requests,
+            progress=progress,
+            metrics=self.metrics,
+            on_tick=self.loop.on_tick,
+            tick_interval_s=self.loop.config.interval_s,
+        )
+
+
+def prepare_run(
     server: ServerSpec,
     policy: InEnginePolicy,
     *,
     seed: int,
+    slo: Slo | None = None,
     built: BuiltServer | None = None,
     record_events: bool = False,
-) -> tuple[Engine, MemoryPlan]:
+    loop_config: ControlLoopConfig | None = None,
+    guardrails: GuardrailConfig | None = None,
+) -> PreparedRun:
     """Construct the simulated server for one policy (fails early if it cannot fit)."""
     b = built or resolve(server)
     drafter = b.drafter if policy.speculative else None
@@ -213,7 +302,6 @@ def build_engine(
         acceptance = AcceptanceModel(
             server.acceptance_profile or b.drafter.acceptance_profile, **kwargs
         )
-    in_engine = policy.build(server.spec_steps)
     config = EngineConfig(
         kv_token_capacity=memory.kv_token_capacity,
         max_running_requests=server.max_running_requests,
@@ -223,14 +311,109 @@ def build_engine(
         num_draft_tokens=ndt,
         record_events=record_events,
     )
+    clock = VirtualClock()
+    loop: ClosedLoop | None = None
+    metrics: SimMetrics | None = None
+    in_engine: AdaptiveSpecPolicy | None
+    if policy.daemon_spec is not None:
+        metrics = SimMetrics(model_name=b.model.name)
+        loop = _closed_loop(
+            policy.daemon_spec,
+            cost=cost,
+            clock=clock,
+            metrics=metrics,
+            kv_capacity=memory.kv_token_capacity,
+            slo=slo or Slo(),
+            loop_config=loop_config,
+            guardrails=guardrails,
+        )
+        fallback = EmaPolicy(initial_steps=server.spec_steps, config=specgov_adaptive_config())
+        in_engine = TablePolicy(
+            table_source=loop.table_source,
+            stats_sink=loop.stats_sink,
+            clock=clock,
+            fallback=fallback,
+            flush_interval_s=loop.config.stats_flush_s,
+            poll_every_batches=loop.config.poll_every_batches,
+        )
+    else:
+        in_engine = policy.build(server.spec_steps)
     initial = None
     if in_engine is not None:
         # SGLang starts on --speculative-num-steps; a static server *is* that step.
         initial = server.spec_steps if server.spec_steps in in_engine.candidate_steps else None
     engine = Engine(
-        config=config, cost=cost, policy=in_engine, acceptance=acceptance, initial_steps=initial
+        config=config,
+        cost=cost,
+        policy=in_engine,
+        acceptance=acceptance,
+        initial_steps=initial,
+        clock=clock,
     )
-    return engine, memory
+    return PreparedRun(policy=policy, engine=engine, memory=memory, loop=loop, metrics=metrics)
+
+
+def _closed_loop(
+    spec: PolicySpec,
+    *,
+    cost: CostModel,
+    clock: VirtualClock,
+    metrics: SimMetrics,
+    kv_capacity: int,
+    slo: Slo,
+    loop_config: ControlLoopConfig | None,
+    guardrails: GuardrailConfig | None,
+) -> ClosedLoop:
+    """The daemon side: policy behind guardrails, observing the simulated /metrics."""
+    inner = build_daemon_policy(spec, prior=step_cost_prior(cost))
+    if inner is None:  # pragma: no cover - sglang-ema is handled as in-engine
+        raise PolicySpecError(f"policy {spec.kind!r} has no daemon side")
+    guarded = GuardedPolicy(inner, guardrails or GuardrailConfig())
+    builder = ObservationBuilder(adaptive_config=specgov_adaptive_config())
+    slots = slot_candidates_of(SPECGOV_SLOT_CANDIDATES)
+
+    def observe(
+        now_s: float, tier_stats: TierStatsSnapshot | None, table: StepTable | None
+    ) -> Observation:
+        snapshot = parse_metrics(metrics.render().decode(), source="simulated /metrics")
+        obs = builder.feed(now_s, snapshot)
+        # What the daemon knows from /server_info and its own spool: the KV pool,
+        # the captured slots, the table it published, the plugin's tier statistics.
+        return replace(
+            obs,
+            kv_capacity_tokens=obs.kv_capacity_tokens or kv_capacity,
+            slot_candidates=obs.slot_candidates or slots,
+            tier_stats=tier_stats,
+            table=table,
+        )
+
+    budget = Budget(
+        vram_gib=None,
+        slo_tpot_ms=slo.tpot_ms,
+        slo_itl_p99_ms=None,
+        slo_ttft_p99_ms=slo.ttft_ms,
+        allowed_steps=None,
+    )
+    return ClosedLoop(
+        policy=guarded, budget=budget, observe=observe, clock=clock, config=loop_config
+    )
+
+
+def build_engine(
+    server: ServerSpec,
+    policy: InEnginePolicy,
+    *,
+    seed: int,
+    built: BuiltServer | None = None,
+    record_events: bool = False,
+) -> tuple[Engine, MemoryPlan]:
+    """The engine for an in-engine policy (daemon policies need ``prepare_run``)."""
+    if policy.daemon_spec is not None:
+        raise PolicySpecError(
+            f"policy {policy.name!r} runs a daemon loop: use prepare_run(...).run(...)"
+        )
+    prepared = prepare_run(server, policy, seed=seed, built=built, record_events=record_events)
+    return prepared.engine, prepared.memory
 
 
 def replay(
@@ -269,8 +452,9 @@ def replay(
     )
     # Build every engine first so a configuration that cannot fit fails
     # before any simulation time is spent.
-    engines = [(p, *build_engine(server, p, seed=seed, built=built)) for p in parsed]
-    for policy, engine, memory in engines:
+    prepared = [prepare_run(server, p, seed=seed, slo=slo, built=built) for p in parsed]
+    for run in prepared:
+        policy, memory = run.policy, run.memory
         cb = None
         if progress is not None:
 
@@ -278,10 +462,15 @@ def replay(
                 progress(_name, done, total)
 
         started = time.perf_counter()
-        result = engine.run(trace.requests, progress=cb)
+        result = run.run(trace.requests, progress=cb)
         wall = time.perf_counter() - started
         summary = summarise(policy.name, result, slo)
         summary["wall_s"] = wall
         summary["sim_output_tokens_per_wall_s"] = result.output_tokens / wall if wall > 0 else None
+        if run.loop is not None:
+            log = run.loop.log
+            summary["decisions"] = len(log.decisions)
+            summary["table_changes"] = log.table_changes
+            summary["mean_decide_ms"] = log.mean_decide_ms
         report.runs.append(PolicyRun(policy, result, memory, summary, wall))
     return report

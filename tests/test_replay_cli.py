@@ -77,7 +77,8 @@ def test_same_seed_is_reproducible_and_seed_matters() -> None:
     ("args", "needle"),
     [
         (["--policy", "static:x"], "static:K"),
-        (["--policy", "bogus"], "valid: none"),
+        (["--policy", "bogus"], "valid kinds: none"),
+        (["--policy", "goodput:nope=1"], "nope"),
         (["--gpu", "h1000"], "h1000"),
         (["--model", "gpt-9"], "gpt-9"),
         (["--drafter", "ngram", "--policy", "sglang-ema"], "EAGLE"),
