@@ -190,6 +190,7 @@ def _run_replay(
     seed: int,
     output: str,
     plot: Path | None,
+    concurrency: int | None,
 ) -> None:
     from specgov.simulator.metrics import Slo
     from specgov.simulator.replay import ServerSpec, replay
@@ -216,6 +217,7 @@ def _run_replay(
             slo=Slo(tpot_ms=slo_tpot_ms, ttft_ms=slo_ttft_ms),
             seed=seed,
             progress=progress,
+            concurrency=concurrency,
         )
     finally:
         stop()
@@ -321,6 +323,12 @@ def _with_server_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--window-end-s", type=click.FloatRange(min=0.0), default=None)
 @click.option("--sample", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None)
 @click.option("--max-requests", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replay as N closed-loop users (each sends its next request when answered).",
+)
 @_with_server_options
 def replay(
     trace: str,
@@ -331,6 +339,7 @@ def replay(
     window_end_s: float | None,
     sample: float | None,
     max_requests: int | None,
+    concurrency: int | None,
     **server: Any,
 ) -> None:
     """Replay TRACE (a file, or `synthetic[:key=value,...]`) once per --policy."""
@@ -345,7 +354,7 @@ def replay(
             max_requests=max_requests,
             seed=server["seed"],
         )
-        _run_replay(loaded, policies or DEFAULT_DEMO_POLICIES, **server)
+        _run_replay(loaded, policies or DEFAULT_DEMO_POLICIES, concurrency=concurrency, **server)
 
 
 @main.command()
@@ -356,7 +365,7 @@ def demo(**server: Any) -> None:
 
     with _user_errors():
         trace = generate_trace(DEFAULT_DEMO_SPEC)
-        _run_replay(trace, DEFAULT_DEMO_POLICIES, **server)
+        _run_replay(trace, DEFAULT_DEMO_POLICIES, concurrency=None, **server)
 
 
 if __name__ == "__main__":  # pragma: no cover

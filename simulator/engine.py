@@ -317,6 +317,7 @@ class Engine:
         metrics: SimMetrics | None = None,
         on_tick: Callable[[float], None] | None = None,
         tick_interval_s: float = 1.0,
+        concurrency: int | None = None,
     ) -> EngineResult:
         """Replay *requests* (sorted by arrival) to completion and return the measurements.
 
@@ -324,7 +325,13 @@ class Engine:
         closed-loop daemon); ``on_tick(now_s)`` is called whenever virtual time
         passes another ``tick_interval_s`` (at forward boundaries, as a sidecar
         polling a real server would see it).
+
+        ``concurrency=N`` replays as N closed-loop users instead of open-loop
+        arrivals: the first N requests arrive at time 0 and each completion (or
+        abort) sends the next request at once; trace arrival times are ignored.
         """
+        if concurrency is not None and concurrency < 1:
+            raise EngineConfigError(f"concurrency must be >= 1, got {concurrency}")
         if tick_interval_s <= 0:
             raise EngineConfigError(f"tick_interval_s must be > 0, got {tick_interval_s}")
         cfg = self.config
@@ -343,7 +350,12 @@ class Engine:
         vclock = self.clock
 
         n_total = len(requests)
-        arrivals = [r.arrival_s for r in requests]
+        if concurrency is not None:
+            # Closed loop: arrival times are assigned as users get their answers.
+            arrivals = [0.0 if i < concurrency else math.inf for i in range(n_total)]
+        else:
+            arrivals = [r.arrival_s for r in requests]
+        next_client = min(concurrency, n_total) if concurrency is not None else n_total
         for i in range(1, n_total):
             if arrivals[i] < arrivals[i - 1]:
                 raise ValueError(
@@ -437,9 +449,17 @@ class Engine:
 
         next_tick = now + tick_interval_s
 
+        def next_user_request(t: float) -> None:
+            nonlocal next_client
+            if next_client < n_total:
+                arrivals[next_client] = t
+                next_client += 1
+
         def finish(r: _Req, t: float) -> None:
             nonlocal completed, out_tokens, kv_used, iv_tpot_sum, iv_tpot_n
             completed += 1
+            if concurrency is not None:
+                next_user_request(t)
             out_tokens += r.generated
             kv_used -= r.kv_tokens
             r.kv_tokens = 0
@@ -470,7 +490,9 @@ class Engine:
             draw = None
             if acceptance is not None:
                 draw = acceptance.sampler(i, req.domain, req.acc_len).draw
-            return _Req(i, req, draw)
+            state = _Req(i, req, draw)
+            state.arrival_s = arrivals[i]
+            return state
 
         iterations = 0
         while True:
@@ -528,6 +550,8 @@ class Engine:
                             # Can never fit, even alone: SGLang rejects it.
                             waiting.popleft()
                             aborted += 1
+                            if concurrency is not None:
+                                next_user_request(now)
                             if record:
                                 events.append((now, "abort", r.index, 0))
                             continue
@@ -589,6 +613,8 @@ class Engine:
                 if waiting:
                     r = waiting.popleft()
                     aborted += 1
+                    if concurrency is not None:
+                        next_user_request(now)
                     if record:
                         events.append((now, "abort", r.index, 0))
                 continue

@@ -238,15 +238,19 @@ class PreparedRun:
         requests: Sequence[Request],
         *,
         progress: Callable[[int, int], None] | None = None,
+        concurrency: int | None = None,
     ) -> EngineResult:
         if self.loop is None:
-            return self.engine.run(requests, progress=progress, metrics=self.metrics)
+            return self.engine.run(
+                requests, progress=progress, metrics=self.metrics, concurrency=concurrency
+            )
         return self.engine.run(
             requests,
             progress=progress,
             metrics=self.metrics,
             on_tick=self.loop.on_tick,
             tick_interval_s=self.loop.config.interval_s,
+            concurrency=concurrency,
         )
 
 
@@ -424,8 +428,12 @@ def replay(
     slo: Slo | None = None,
     seed: int = 0,
     progress: Callable[[str, int, int], None] | None = None,
+    concurrency: int | None = None,
 ) -> ReplayReport:
-    """Run *trace* once per policy and summarise each run."""
+    """Run *trace* once per policy and summarise each run.
+
+    ``concurrency=N`` replays as N closed-loop users (see ``Engine.run``).
+    """
     parsed = [p if isinstance(p, InEnginePolicy) else parse_policy(p) for p in policies]
     if not parsed:
         raise PolicySpecError(f"no policy given; valid: {KNOWN_POLICIES}")
@@ -450,6 +458,8 @@ def replay(
         seed=seed,
         slo=slo,
     )
+    if concurrency is not None:
+        report.trace["concurrency"] = concurrency
     # Build every engine first so a configuration that cannot fit fails
     # before any simulation time is spent.
     prepared = [prepare_run(server, p, seed=seed, slo=slo, built=built) for p in parsed]
@@ -462,7 +472,7 @@ def replay(
                 progress(_name, done, total)
 
         started = time.perf_counter()
-        result = run.run(trace.requests, progress=cb)
+        result = run.run(trace.requests, progress=cb, concurrency=concurrency)
         wall = time.perf_counter() - started
         summary = summarise(policy.name, result, slo)
         summary["wall_s"] = wall

@@ -220,3 +220,16 @@ def test_cuda_graph_bs_matches_sglang_lists() -> None:
     assert spec[-1] == 256
     plain = sglang_decode_cuda_graph_bs(100, speculative=False)
     assert plain[:6] == [1, 2, 4, 8, 12, 16] and plain[-1] == 100
+
+
+def test_closed_loop_users_keep_concurrency_constant() -> None:
+    reqs = [Request(123.0 * i, 50, 20) for i in range(40)]  # arrival times are ignored
+    result = _engine(max_running_requests=64).run(reqs, concurrency=4)
+    assert result.completed == 40
+    assert max(result.batch_size_hist) == 4
+    # Four users, ten requests each, back to back: the run is short, not 40 x 123 s.
+    assert result.end_s < 40.0
+    # A user's next request arrives exactly when its previous one finishes.
+    arrivals = sorted(result.req_arrival_s)
+    assert arrivals[:4] == [0.0, 0.0, 0.0, 0.0]
+    assert all(a > 0 for a in arrivals[4:])
