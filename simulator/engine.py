@@ -570,6 +570,8 @@ class Engine:
                 dt = prefill_s(new_tokens, prefix)
                 now += dt
                 prefill_time += dt
+                if metrics is not None:
+                    metrics.on_prefill(new_tokens)
                 prefill_batches += 1
                 chunked = None
                 for r, take in batch:

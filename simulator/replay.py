@@ -320,7 +320,7 @@ def prepare_run(
     metrics: SimMetrics | None = None
     in_engine: AdaptiveSpecPolicy | None
     if policy.daemon_spec is not None:
-        metrics = SimMetrics(model_name=b.model.name)
+        metrics = SimMetrics(model_name=b.model.name, kv_capacity_tokens=memory.kv_token_capacity)
         loop = _closed_loop(
             policy.daemon_spec,
             cost=cost,

@@ -42,6 +42,7 @@ class SimMetrics:
         self,
         *,
         model_name: str,
+        kv_capacity_tokens: int | None = None,
         registry: CollectorRegistry | None = None,
         streaming: bool = True,
         decode_log_interval: int = DECODE_LOG_INTERVAL,
@@ -141,6 +142,20 @@ class SimMetrics:
         self.g_retracted = gauge(
             "sglang:num_retracted_reqs", "The number of retracted requests."
         ).labels(**sched)
+        realtime = Counter(
+            "sglang:realtime_tokens_total",
+            "Total number of tokens processed (updated on each log interval). "
+            "mode: prefill_compute, prefill_cache, decode.",
+            [*sched_names, "mode"],
+            registry=reg,
+        )
+        self.realtime_decode = realtime.labels(**sched, mode="decode")
+        self.realtime_prefill = realtime.labels(**sched, mode="prefill_compute")
+        if kv_capacity_tokens is not None:
+            gauge(
+                "sglang:max_total_num_tokens",
+                "Maximum total number of tokens in the KV cache pool.",
+            ).labels(**sched).set(kv_capacity_tokens)
         # Accumulators between gauge refreshes (SGLang's metrics_reporter does the same).
         self._decode_ct = 0
         self._iv_tokens = 0
@@ -148,6 +163,7 @@ class SimMetrics:
         self._iv_verifies = 0
         self._iv_start_s: float | None = None
         self._iv_retracted = 0
+        self._iv_prefill_tokens = 0
         # ITL buckets: prometheus_client has no "observe n times"; SGLang bumps the
         # bucket by n directly. We keep the same arithmetic via observe() n times only
         # for the rare n > 1 path below, and bisect for the common case.
@@ -188,6 +204,9 @@ class SimMetrics:
         if tpot_s is not None:
             self.tpot.observe(tpot_s)
 
+    def on_prefill(self, new_tokens: int) -> None:
+        self._iv_prefill_tokens += new_tokens
+
     def on_retract(self, count: int) -> None:
         self.retracted.inc(count)
         self._iv_retracted += count
@@ -224,6 +243,9 @@ class SimMetrics:
             self.g_accept_length.set(self._iv_verify_tokens / self._iv_verifies)
         self.g_num_steps.set(steps)
         self.g_retracted.set(self._iv_retracted)
+        self.realtime_decode.inc(self._iv_tokens)
+        self.realtime_prefill.inc(self._iv_prefill_tokens)
+        self._iv_prefill_tokens = 0
         self._iv_tokens = self._iv_verify_tokens = self._iv_verifies = 0
         self._iv_retracted = 0
         self._iv_start_s = now_s
