@@ -73,8 +73,10 @@ while unplayed more slowly (about 1-2 minutes with the defaults). The guardrails
 time and rate limit bound it further.
 
 ``expected_gain`` of a change is the predicted relative goodput gain from the arms'
-current means, weighted by how much each changed slot ran; it is negative for an
-exploration move and None when a changed slot's new arm has never been measured.
+current means, weighted by how much each changed slot ran. It is None for an
+exploration move (the means predict a loss; the bandit plays it for information) and
+when a changed slot's new arm has never been measured: a prediction-gated tolerance
+band must not veto exploration, which the dwell time and rate limit still bound.
 """
 
 from __future__ import annotations
@@ -678,7 +680,7 @@ def _expected_gain(
             return None
         share = view.weight / total if total > 0 else 0.0
         gain += share * (view.means[new] / view.means[old] - 1.0)
-    return gain
+    return gain if gain >= 0.0 else None
 
 
 def _replace(state: BanditState, *, table: StepTable | None) -> BanditState:
