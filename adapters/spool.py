@@ -1,0 +1,723 @@
+"""The spool directory: the channel between the specgov daemon and the in-engine plugin.
+
+DESIGN.md, "The three control loops": the daemon publishes the step table, the plugin on
+TP rank 0 publishes per-tier statistics, both as files in one directory (a shared volume
+in a pod). Every file is written atomically (temp file in the same directory, fsync,
+``os.replace``, fsync of the directory), so a reader sees the old file or the new one,
+never a mix, and a crash loses at most the file being written.
+
+Layout of a spool directory::
+
+    step_table.json                          written by the daemon (write_step_table)
+    stats/tier_stats.<writer>.<seq>.json     written by the plugin (write_tier_stats),
+                                             one file per statistics window, the last
+                                             ``keep`` per writer kept
+
+The step-table file (schema 1)::
+
+    {"schema": 1, "kind": "specgov.step_table",
+     "table": StepTable.to_dict(),
+     "candidate_steps": [...],   # the adaptive config's candidate union the daemon
+                                 # planned for, echoed so a mismatch is detected
+     "written_at_s": <epoch seconds>}
+
+:class:`SpoolTableReader` (the plugin side) does one ``os.stat`` per poll and reads the
+file again only when (mtime_ns, size, inode) changed. A missing, torn, too large,
+wrong-kind, future-version, invalid, candidate-mismatched or expired table yields None
+(the engine falls back to SGLang's own controller), counted per reason in
+``ignored`` and logged at most once per ``log_interval_s`` per reason. It never raises.
+
+Statistics: one file per window, named by a writer id (host and pid by default, so
+several engine processes sharing a spool, e.g. data parallelism, never overwrite each
+other, and a restarted process starts a fresh sequence) and a sequence number. The daemon
+calls :func:`read_tier_stats` with the cursor it got last time and receives every
+window written since; the last ``keep`` windows per writer stay on disk, so a daemon
+that misses polls for up to ``keep`` seconds loses nothing (gaps are counted).
+:class:`BackgroundStatsWriter` does the writing for the plugin on a daemon thread fed
+by a bounded queue: the engine never waits for a disk, and a full queue drops the
+window (counted) instead of blocking.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import queue
+import re
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from specgov.policies.types import PolicyTypeError, StepTable, TierStatsSnapshot
+
+logger = logging.getLogger(__name__)
+
+SPOOL_SCHEMA: Final = 1
+TABLE_KIND: Final = "specgov.step_table"
+STATS_KIND: Final = "specgov.tier_stats"
+TABLE_FILENAME: Final = "step_table.json"
+STATS_DIRNAME: Final = "stats"
+DEFAULT_STATS_KEEP: Final = 64
+# A step table is a few hundred bytes; anything this large is not one of ours.
+MAX_TABLE_BYTES: Final = 1 << 20
+DEFAULT_LOG_INTERVAL_S: Final = 60.0
+
+# Why SpoolTableReader returned None (keys of SpoolTableReader.ignored).
+MISSING: Final = "missing"
+UNREADABLE: Final = "unreadable"
+TOO_LARGE: Final = "too_large"
+TORN: Final = "torn"
+WRONG_KIND: Final = "wrong_kind"
+FUTURE_VERSION: Final = "future_version"
+INVALID: Final = "invalid"
+CANDIDATE_MISMATCH: Final = "candidate_mismatch"
+EXPIRED: Final = "expired"
+INTERNAL_ERROR: Final = "internal_error"
+
+# Reasons that are expected in normal operation (daemon not started yet, table aged
+# out): logged at INFO; the rest point at a bug or a misconfiguration: WARNING.
+_QUIET_REASONS: Final = frozenset({MISSING, EXPIRED})
+
+_TABLE_KEYS: Final = frozenset({"schema", "kind", "table", "candidate_steps", "written_at_s"})
+_STATS_KEYS: Final = frozenset({"schema", "kind", "writer_id", "seq", "written_at_s", "snapshot"})
+_WRITER_ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_STATS_NAME_RE: Final = re.compile(r"tier_stats\.([A-Za-z0-9_-]{1,64})\.(\d{1,18})\.json")
+
+
+class SpoolError(ValueError):
+    """A value handed to a spool writer or reader is malformed; the message names it."""
+
+
+# ------------------------------------------------------------------- atomic writes
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable. Some filesystems refuse fsync on a directory.
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes, *, fsync: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically: temp file in the same directory (same
+    filesystem, so the rename is atomic), fsync, ``os.replace``, fsync the directory.
+
+    On failure the temp file is removed and ``path`` is left as it was.
+    """
+    directory = path.parent
+    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as tmp:
+            tmp.write(data)
+            tmp.flush()
+            if fsync:
+                os.fsync(tmp.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp_name)
+        raise
+    if fsync:
+        _fsync_dir(directory)
+
+
+def _dump(document: Mapping[str, Any]) -> bytes:
+    # allow_nan=False: NaN/Infinity are not JSON; refuse to write them.
+    return json.dumps(document, allow_nan=False, separators=(",", ":")).encode("utf-8")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_finite(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def normalise_candidate_steps(candidate_steps: Iterable[int], *, where: str) -> list[int]:
+    """Sorted unique non-negative int steps (the engine's candidate union)."""
+    try:
+        steps = list(candidate_steps)
+    except TypeError:
+        raise SpoolError(
+            f"{where}: expected a list of non-negative ints, got {candidate_steps!r}"
+        ) from None
+    if not steps or not all(_is_int(s) and s >= 0 for s in steps):
+        raise SpoolError(f"{where}: expected a non-empty list of non-negative ints, got {steps!r}")
+    return sorted(set(steps))
+
+
+# ---------------------------------------------------------------------- step table
+
+
+def table_path(spool_dir: str | os.PathLike[str]) -> Path:
+    return Path(spool_dir) / TABLE_FILENAME
+
+
+def write_step_table(
+    spool_dir: str | os.PathLike[str],
+    table: StepTable,
+    candidate_steps: Iterable[int],
+    *,
+    fsync: bool = True,
+    written_at_s: float | None = None,
+) -> Path:
+    """Publish ``table`` atomically for the engine; returns the file written.
+
+    ``candidate_steps`` is the candidate union of the adaptive config the daemon
+    planned for; a plugin running another config ignores the table. Raises
+    :class:`SpoolError` (or :class:`PolicyTypeError`) for a malformed argument and
+    ``OSError`` when the directory cannot be written.
+    """
+    if not isinstance(table, StepTable):
+        raise SpoolError(f"write_step_table: expected a StepTable, got {type(table).__name__}")
+    steps = normalise_candidate_steps(candidate_steps, where="write_step_table: candidate_steps")
+    table.validate_against(steps)
+    now = time.time() if written_at_s is None else written_at_s
+    if not _is_finite(now):
+        raise SpoolError(f"write_step_table: written_at_s must be a finite number, got {now!r}")
+    document = {
+        "schema": SPOOL_SCHEMA,
+        "kind": TABLE_KIND,
+        "table": table.to_dict(),
+        "candidate_steps": steps,
+        "written_at_s": float(now),
+    }
+    directory = Path(spool_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / TABLE_FILENAME
+    atomic_write_bytes(path, _dump(document), fsync=fsync)
+    return path
+
+
+class _Rejected(Exception):
+    """Internal: the table file cannot be followed, for ``reason``."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def parse_step_table_document(raw: bytes, candidate_steps: list[int]) -> StepTable:
+    """Decode and check a step-table file; raises ``_Rejected`` naming the reason."""
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        # Our writer renames whole files into place, so undecodable bytes mean a
+        # partial write by something else (or a truncated copy).
+        raise _Rejected(TORN, f"not a complete JSON document ({exc})") from None
+    if not isinstance(document, dict):
+        raise _Rejected(INVALID, f"expected a JSON object, got {type(document).__name__}")
+    kind = document.get("kind")
+    if kind != TABLE_KIND:
+        raise _Rejected(WRONG_KIND, f"key 'kind': expected {TABLE_KIND!r}, got {kind!r}")
+    schema = document.get("schema")
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > SPOOL_SCHEMA:
+        raise _Rejected(
+            FUTURE_VERSION,
+            f"key 'schema': version {schema} is newer than this plugin's {SPOOL_SCHEMA}; "
+            "upgrade specgov in the server environment",
+        )
+    if not _is_int(schema) or schema != SPOOL_SCHEMA:
+        raise _Rejected(INVALID, f"key 'schema': expected {SPOOL_SCHEMA}, got {schema!r}")
+    keys = set(document)
+    if keys != _TABLE_KEYS:
+        raise _Rejected(
+            INVALID,
+            f"expected keys {sorted(_TABLE_KEYS)}, missing {sorted(_TABLE_KEYS - keys)}, "
+            f"unknown {sorted(keys - _TABLE_KEYS)}",
+        )
+    if not _is_finite(document["written_at_s"]):
+        raise _Rejected(
+            INVALID, f"key 'written_at_s': expected a number, got {document['written_at_s']!r}"
+        )
+    echoed = document["candidate_steps"]
+    if not isinstance(echoed, list) or not all(_is_int(s) and s >= 0 for s in echoed):
+        raise _Rejected(
+            INVALID, f"key 'candidate_steps': expected a list of non-negative ints, got {echoed!r}"
+        )
+    if sorted(set(echoed)) != candidate_steps:
+        raise _Rejected(
+            CANDIDATE_MISMATCH,
+            f"key 'candidate_steps': the table was planned for candidate steps "
+            f"{sorted(set(echoed))}, this engine runs {candidate_steps} "
+            "(--speculative-adaptive-config differs from the daemon's)",
+        )
+    try:
+        return StepTable.from_dict(document["table"])
+    except PolicyTypeError as exc:
+        raise _Rejected(INVALID, f"key 'table': {exc}") from None
+
+
+class _RateLimitedLog:
+    """At most one log line per reason per ``interval_s``; counts what it held back."""
+
+    def __init__(self, log: logging.Logger, interval_s: float, clock: Callable[[], float]) -> None:
+        self._log = log
+        self._interval_s = interval_s
+        self._clock = clock
+        self._last_s: dict[str, float] = {}
+        self._held: dict[str, int] = {}
+
+    def __call__(self, reason: str, level: int, message: str) -> bool:
+        now = self._clock()
+        last = self._last_s.get(reason)
+        if last is not None and 0.0 <= now - last < self._interval_s:
+            self._held[reason] = self._held.get(reason, 0) + 1
+            return False
+        held = self._held.pop(reason, 0)
+        self._last_s[reason] = now
+        suffix = f" ({held} similar message(s) suppressed)" if held else ""
+        self._log.log(level, "%s%s", message, suffix)
+        return True
+
+
+class SpoolTableReader:
+    """The plugin's view of the daemon's step table (``TablePolicy.table_source``).
+
+    Call it at poll boundaries only: each call is one ``os.stat``; the file is read
+    and parsed again only when its (mtime_ns, size, inode) changed. Returns the table,
+    or None with the reason counted in ``ignored`` and ``last_reason`` set. Expiry is
+    judged on every call with ``clock`` (epoch seconds, like the daemon's
+    ``produced_at_s``). Never raises.
+    """
+
+    def __init__(
+        self,
+        spool_dir: str | os.PathLike[str],
+        candidate_steps: Iterable[int],
+        clock: Callable[[], float] = time.time,
+        *,
+        log_interval_s: float = DEFAULT_LOG_INTERVAL_S,
+        max_bytes: int = MAX_TABLE_BYTES,
+    ) -> None:
+        self.path = Path(spool_dir) / TABLE_FILENAME
+        self.candidate_steps = normalise_candidate_steps(
+            candidate_steps, where="SpoolTableReader: candidate_steps"
+        )
+        if not _is_finite(log_interval_s) or log_interval_s < 0:
+            raise SpoolError(
+                f"SpoolTableReader: log_interval_s must be a number >= 0, got {log_interval_s!r}"
+            )
+        if not _is_int(max_bytes) or max_bytes < 1:
+            raise SpoolError(f"SpoolTableReader: max_bytes must be an int >= 1, got {max_bytes!r}")
+        self._clock = clock
+        self._max_bytes = max_bytes
+        self._log = _RateLimitedLog(logger, log_interval_s, clock)
+        self._key: tuple[int, int, int] | None = None
+        self._table: StepTable | None = None
+        self._rejection: _Rejected | None = None
+        self.ignored: dict[str, int] = {}
+        self.last_reason: str | None = None
+        self.stats = 0  # os.stat calls
+        self.reads = 0  # file reads (key changed)
+
+    def __call__(self) -> StepTable | None:
+        try:
+            return self._poll()
+        except Exception as exc:  # never raise into the engine
+            self._ignore(_Rejected(INTERNAL_ERROR, f"{type(exc).__name__}: {exc}"))
+            return None
+
+    read = __call__
+
+    def _poll(self) -> StepTable | None:
+        self.stats += 1
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            self._key = None
+            self._table = None
+            self._ignore(_Rejected(MISSING, "no step table published yet"))
+            return None
+        except OSError as exc:
+            self._key = None
+            self._ignore(_Rejected(UNREADABLE, f"stat failed: {exc}"))
+            return None
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if key != self._key:
+            self._load(key, st.st_size)
+        if self._rejection is not None:
+            self._ignore(self._rejection)
+            return None
+        table = self._table
+        if table is None:  # unreachable: _load sets one of the two
+            self._ignore(_Rejected(INTERNAL_ERROR, "no table and no reason"))
+            return None
+        if table.is_expired(self._clock()):
+            self._ignore(
+                _Rejected(
+                    EXPIRED,
+                    f"table version {table.version} expired at {table.expires_at_s:.3f} "
+                    "(the daemon stopped publishing?)",
+                )
+            )
+            return None
+        self.last_reason = None
+        return table
+
+    def _load(self, key: tuple[int, int, int], size: int) -> None:
+        self._table = None
+        self._rejection = None
+        self._key = key
+        if size > self._max_bytes:
+            self._rejection = _Rejected(
+                TOO_LARGE, f"{size} bytes, more than the {self._max_bytes} a step table may have"
+            )
+            return
+        try:
+            with open(self.path, "rb") as fh:
+                # Cache under the key of what was actually read: the file may have been
+                # replaced between stat and open; the next poll then sees a new key.
+                st = os.fstat(fh.fileno())
+                self._key = (st.st_mtime_ns, st.st_size, st.st_ino)
+                raw = fh.read(self._max_bytes + 1)
+        except OSError as exc:
+            self._key = None  # try again next poll
+            self._rejection = _Rejected(UNREADABLE, f"read failed: {exc}")
+            return
+        self.reads += 1
+        if len(raw) > self._max_bytes:
+            self._rejection = _Rejected(TOO_LARGE, f"more than {self._max_bytes} bytes")
+            return
+        try:
+            self._table = parse_step_table_document(raw, self.candidate_steps)
+        except _Rejected as rejected:
+            self._rejection = rejected
+
+    def _ignore(self, rejected: _Rejected) -> None:
+        reason = rejected.reason
+        self.ignored[reason] = count = self.ignored.get(reason, 0) + 1
+        self.last_reason = reason
+        level = logging.INFO if reason in _QUIET_REASONS else logging.WARNING
+        # Logging must not turn an ignored table into an exception (e.g. a broken clock).
+        with contextlib.suppress(Exception):
+            self._log(
+                reason,
+                level,
+                f"specgov spool: not following {self.path} ({reason}: {rejected.detail}); "
+                f"SGLang's own adaptive controller answers [{count} poll(s) so far]",
+            )
+
+
+# ---------------------------------------------------------------------- statistics
+
+
+def default_writer_id() -> str:
+    """``<host>-<pid>``, reduced to the characters a stats file name allows."""
+    host = re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:40] or "host"
+    return f"{host}-{os.getpid()}"
+
+
+def _check_writer_id(writer_id: str) -> str:
+    if not isinstance(writer_id, str) or not _WRITER_ID_RE.fullmatch(writer_id):
+        raise SpoolError(
+            f"writer_id: expected 1-64 characters from [A-Za-z0-9_-], got {writer_id!r}"
+        )
+    return writer_id
+
+
+def _stats_files(stats_dir: Path) -> list[tuple[str, int, Path]]:
+    """(writer id, seq, path) of every statistics file; other names are ignored."""
+    try:
+        names = os.listdir(stats_dir)
+    except FileNotFoundError:
+        return []
+    found = []
+    for name in names:
+        match = _STATS_NAME_RE.fullmatch(name)
+        if match is not None:
+            found.append((match.group(1), int(match.group(2)), stats_dir / name))
+    return found
+
+
+def write_tier_stats(
+    spool_dir: str | os.PathLike[str],
+    snapshot: TierStatsSnapshot,
+    *,
+    writer_id: str | None = None,
+    seq: int | None = None,
+    written_at_s: float | None = None,
+    fsync: bool = True,
+    keep: int = DEFAULT_STATS_KEEP,
+) -> Path:
+    """Write one statistics window atomically and prune the writer's old windows.
+
+    ``seq`` defaults to one more than the writer's newest file. Raises
+    :class:`SpoolError` for a malformed argument and ``OSError`` on IO failure.
+    """
+    if not isinstance(snapshot, TierStatsSnapshot):
+        raise SpoolError(
+            f"write_tier_stats: expected a TierStatsSnapshot, got {type(snapshot).__name__}"
+        )
+    wid = _check_writer_id(default_writer_id() if writer_id is None else writer_id)
+    if not _is_int(keep) or keep < 1:
+        raise SpoolError(f"write_tier_stats: keep must be an int >= 1, got {keep!r}")
+    stats_dir = Path(spool_dir) / STATS_DIRNAME
+    stats_dir.mkdir(parents=True, exist_ok=True)
+    if seq is None:
+        mine = [s for w, s, _ in _stats_files(stats_dir) if w == wid]
+        seq = max(mine, default=-1) + 1
+    if not _is_int(seq) or not 0 <= seq < 10**18:
+        raise SpoolError(f"write_tier_stats: seq must be an int in [0, 1e18), got {seq!r}")
+    now = time.time() if written_at_s is None else written_at_s
+    if not _is_finite(now):
+        raise SpoolError(f"write_tier_stats: written_at_s must be a finite number, got {now!r}")
+    document = {
+        "schema": SPOOL_SCHEMA,
+        "kind": STATS_KIND,
+        "writer_id": wid,
+        "seq": seq,
+        "written_at_s": float(now),
+        "snapshot": snapshot.to_dict(),
+    }
+    path = stats_dir / f"tier_stats.{wid}.{seq:012d}.json"
+    atomic_write_bytes(path, _dump(document), fsync=fsync)
+    _prune(stats_dir, wid, keep)
+    return path
+
+
+def _prune(stats_dir: Path, writer_id: str, keep: int) -> None:
+    mine = sorted((s, p) for w, s, p in _stats_files(stats_dir) if w == writer_id)
+    for _, path in mine[:-keep]:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+@dataclass(frozen=True, slots=True)
+class TierStatsRecord:
+    """One statistics window as the plugin wrote it."""
+
+    writer_id: str
+    seq: int
+    written_at_s: float
+    snapshot: TierStatsSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class TierStatsBatch:
+    """What :func:`read_tier_stats` found since the cursor it was given.
+
+    ``cursor`` (writer id -> last sequence number read) goes into the next call.
+    ``skipped``: files that could not be read or parsed (the cursor moves past them).
+    ``gaps``: windows pruned before they were read (the daemon polled too rarely).
+    """
+
+    records: tuple[TierStatsRecord, ...]
+    cursor: Mapping[str, int] = field(default_factory=dict)
+    skipped: int = 0
+    gaps: int = 0
+    errors: tuple[str, ...] = ()
+
+
+def _parse_stats(raw: bytes, writer_id: str, seq: int) -> TierStatsRecord:
+    document = json.loads(raw.decode("utf-8"))
+    if not isinstance(document, dict) or set(document) != _STATS_KEYS:
+        raise SpoolError(f"expected a JSON object with keys {sorted(_STATS_KEYS)}")
+    if document["kind"] != STATS_KIND:
+        raise SpoolError(f"key 'kind': expected {STATS_KIND!r}, got {document['kind']!r}")
+    if document["schema"] != SPOOL_SCHEMA or not _is_int(document["schema"]):
+        raise SpoolError(f"key 'schema': expected {SPOOL_SCHEMA}, got {document['schema']!r}")
+    if document["writer_id"] != writer_id or document["seq"] != seq:
+        raise SpoolError("keys 'writer_id'/'seq' do not match the file name")
+    if not _is_finite(document["written_at_s"]):
+        raise SpoolError(f"key 'written_at_s': expected a number, got {document['written_at_s']!r}")
+    return TierStatsRecord(
+        writer_id=writer_id,
+        seq=seq,
+        written_at_s=float(document["written_at_s"]),
+        snapshot=TierStatsSnapshot.from_dict(document["snapshot"]),
+    )
+
+
+def read_tier_stats(
+    spool_dir: str | os.PathLike[str], cursor: Mapping[str, int] | None = None
+) -> TierStatsBatch:
+    """Every statistics window written after ``cursor`` (None: all on disk), oldest first.
+
+    Never raises for a bad or vanishing file (counted in ``skipped``, described in
+    ``errors``); raises ``OSError`` only if the statistics directory exists but cannot
+    be listed. A writer whose newest file is older than the cursor restarted its
+    sequence under the same id: all its files are returned again.
+    """
+    stats_dir = Path(spool_dir) / STATS_DIRNAME
+    seen = dict(cursor or {})
+    by_writer: dict[str, list[tuple[int, Path]]] = {}
+    for wid, seq, path in _stats_files(stats_dir):
+        by_writer.setdefault(wid, []).append((seq, path))
+    records: list[TierStatsRecord] = []
+    skipped = 0
+    gaps = 0
+    errors: list[str] = []
+    new_cursor = dict(seen)
+    for wid, files in by_writer.items():
+        files.sort()
+        last = seen.get(wid, -1)
+        if files[-1][0] < last:
+            last = -1  # sequence restarted under the same writer id
+        fresh = [(s, p) for s, p in files if s > last]
+        if not fresh:
+            continue
+        if last >= 0 and fresh[0][0] > last + 1:
+            gaps += fresh[0][0] - last - 1
+        for seq, path in fresh:
+            try:
+                records.append(_parse_stats(path.read_bytes(), wid, seq))
+            except FileNotFoundError:
+                gaps += 1  # pruned between listing and reading
+            except (OSError, ValueError, UnicodeDecodeError) as exc:
+                skipped += 1
+                errors.append(f"{path}: {exc}")
+        new_cursor[wid] = fresh[-1][0]
+    records.sort(key=lambda r: (r.written_at_s, r.writer_id, r.seq))
+    return TierStatsBatch(
+        records=tuple(records),
+        cursor=new_cursor,
+        skipped=skipped,
+        gaps=gaps,
+        errors=tuple(errors),
+    )
+
+
+_STOP: Final = object()
+
+
+class BackgroundStatsWriter:
+    """Writes statistics windows on a daemon thread so the engine never waits on IO.
+
+    :meth:`submit` never blocks and never raises: it puts the snapshot on a bounded
+    queue, or drops it (``dropped`` += 1) when the queue is full, e.g. on a stalled
+    disk. Write failures (read-only or vanished directory) are counted in ``errors``
+    and logged at most once per ``log_interval_s``. The thread starts on the first
+    submit, so constructing a writer starts nothing.
+    """
+
+    def __init__(
+        self,
+        spool_dir: str | os.PathLike[str],
+        *,
+        writer_id: str | None = None,
+        max_queue: int = 8,
+        keep: int = DEFAULT_STATS_KEEP,
+        fsync: bool = True,
+        log_interval_s: float = DEFAULT_LOG_INTERVAL_S,
+        write: Callable[..., Path] = write_tier_stats,
+    ) -> None:
+        if not _is_int(max_queue) or max_queue < 1:
+            raise SpoolError(
+                f"BackgroundStatsWriter: max_queue must be an int >= 1, got {max_queue!r}"
+            )
+        if not _is_int(keep) or keep < 1:
+            raise SpoolError(f"BackgroundStatsWriter: keep must be an int >= 1, got {keep!r}")
+        self.spool_dir = Path(spool_dir)
+        self.writer_id = _check_writer_id(default_writer_id() if writer_id is None else writer_id)
+        self._keep = keep
+        self._fsync = fsync
+        self._write = write
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queue)
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._next_seq: int | None = None
+        self._log = _RateLimitedLog(logger, log_interval_s, time.monotonic)
+        self.submitted = 0
+        self.written = 0
+        self.dropped = 0
+        self.errors = 0
+        self.last_error: str | None = None
+
+    def submit(self, snapshot: TierStatsSnapshot) -> bool:
+        """Queue ``snapshot`` for writing; False if it was dropped. Never blocks."""
+        try:
+            if self._thread is None and not self._start():
+                self.dropped += 1
+                return False
+            self._queue.put_nowait(snapshot)
+            self.submitted += 1
+            return True
+        except queue.Full:
+            self.dropped += 1
+            return False
+        except Exception as exc:
+            self.dropped += 1
+            self._note_error(exc)
+            return False
+
+    __call__ = submit
+
+    def close(self, timeout_s: float = 5.0) -> bool:
+        """Write what is queued, then stop the thread; True if it finished in time."""
+        thread = self._thread
+        if thread is None:
+            return True
+        try:
+            self._queue.put(_STOP, timeout=timeout_s)
+        except queue.Full:
+            return False
+        thread.join(timeout_s)
+        return not thread.is_alive()
+
+    def _start(self) -> bool:
+        with self._start_lock:
+            if self._thread is not None:
+                return True
+            thread = threading.Thread(target=self._run, name="specgov-stats-writer", daemon=True)
+            try:
+                thread.start()
+            except RuntimeError as exc:  # cannot start a thread (resource limits)
+                self._note_error(exc)
+                return False
+            self._thread = thread
+            return True
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                self._thread = None
+                return
+            assert isinstance(item, TierStatsSnapshot)
+            try:
+                self._write_one(item)
+                self.written += 1
+            except Exception as exc:
+                self._note_error(exc)
+
+    def _write_one(self, snapshot: TierStatsSnapshot) -> None:
+        if self._next_seq is None:
+            stats_dir = self.spool_dir / STATS_DIRNAME
+            mine = [s for w, s, _ in _stats_files(stats_dir) if w == self.writer_id]
+            self._next_seq = max(mine, default=-1) + 1
+        seq = self._next_seq
+        # Advance even if the write fails, so a retry never reuses a number the daemon
+        # may already have seen.
+        self._next_seq = seq + 1
+        self._write(
+            self.spool_dir,
+            snapshot,
+            writer_id=self.writer_id,
+            seq=seq,
+            fsync=self._fsync,
+            keep=self._keep,
+        )
+
+    def _note_error(self, exc: BaseException) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self._log(
+            "write",
+            logging.WARNING,
+            f"specgov spool: cannot write tier statistics to {self.spool_dir} "
+            f"({self.last_error}); serving is unaffected [{self.errors} failure(s) so far]",
+        )
