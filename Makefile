@@ -29,7 +29,16 @@ $(SGLANG_SRC)/sglang/srt/speculative/adaptive_spec_params.py: | setup
 demo: setup
 	$(BIN)/specgov demo
 
-test: setup sglang-src
+# CPU torch for the TP-broadcast test (two gloo processes); the CPU wheel is the
+# one the package index serves for this pin. Installed once, outside the extras
+# because it is large and only the tests need it.
+TORCH_PIN := torch==2.13.0
+
+$(VENV)/.torch: | setup
+	$(BIN)/pip install -q $(TORCH_PIN)
+	touch $@
+
+test: setup sglang-src $(VENV)/.torch
 	SPECGOV_SGLANG_SRC=$(SGLANG_SRC) SPECGOV_SHARED_DATA=$(SHARED_DATA) $(BIN)/pytest -q
 
 lint: setup importlint typecheck
