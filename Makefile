@@ -29,13 +29,15 @@ $(SGLANG_SRC)/sglang/srt/speculative/adaptive_spec_params.py: | setup
 demo: setup
 	$(BIN)/specgov demo
 
-# CPU torch for the TP-broadcast test (two gloo processes); the CPU wheel is the
-# one the package index serves for this pin. Installed once, outside the extras
-# because it is large and only the tests need it.
+# CPU torch for the TP-broadcast test (two gloo processes). Outside the extras:
+# it is large and only that test needs it. On this project's machines a CPU
+# wheel of this pin is on disk (pip find-links); elsewhere pip may fetch a CUDA
+# build. If it cannot be installed the test skips with the reason, except in CI,
+# which sets SPECGOV_REQUIRE_TORCH.
 TORCH_PIN := torch==2.13.0
 
 $(VENV)/.torch: | setup
-	$(BIN)/pip install -q $(TORCH_PIN)
+	$(BIN)/pip install -q $(TORCH_PIN) || echo "warning: $(TORCH_PIN) not installed; the TP broadcast test will skip"
 	touch $@
 
 test: setup sglang-src $(VENV)/.torch
