@@ -1,0 +1,1047 @@
+"""The daemon's durable state: one SQLite file (standard library ``sqlite3``, WAL mode).
+
+What survives a restart (issue 5, §3): the decision audit log, operator overrides with
+their expiry, learned policy-state snapshots (the latest few per policy), the published
+step tables (the last one read in O(log n)), and a few settings such as the current
+policy spec.
+
+Durability. Every write method is one transaction, committed before it returns, on a
+connection with ``journal_mode=WAL`` and ``synchronous=FULL``. With WAL, a commit is
+appended to the ``-wal`` file; ``synchronous=NORMAL`` already makes that survive a
+``kill -9`` of the process (the bytes are in the OS page cache once ``write()``
+returned) but may lose the last commits on power loss or a kernel crash, because the
+WAL is fsynced only at checkpoints. ``FULL`` fsyncs the WAL at every commit, so
+"nothing committed is lost" holds for host crashes too. The daemon writes a handful
+of rows per decision interval (seconds), so one fsync per commit costs nothing that
+matters; ``synchronous="NORMAL"`` can still be passed for bulk use.
+
+Schema. ``schema_version`` holds one row per applied migration; :data:`MIGRATIONS` is
+the ordered list of SQL steps, each migration applied in its own transaction together
+with its version row, so a crash mid-migration leaves the previous version intact. A
+fresh file is built by running every migration in order, so new and upgraded files
+are identical. A file from a newer specgov is refused (:class:`StoreSchemaError`).
+
+Errors. A read-only file or directory, a full disk, a file that cannot be opened, a
+busy lock or an I/O error raise :class:`StoreUnavailable` naming the file and the
+SQLite cause; the daemon catches it, keeps controlling from memory and reports it.
+The connection is then dropped and the next call reconnects, so the store recovers
+by itself when the cause goes away. Bad arguments raise :class:`StoreError`
+(a ``ValueError``). A row whose JSON (or override fields) cannot be decoded is
+skipped with a warning naming its table and id; reads never crash on one bad row.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final, Literal, NoReturn, TypeVar
+
+from specgov.policies.guardrails import OVERRIDE_VERSION, Override
+
+__all__ = [
+    "LATEST_SCHEMA_VERSION",
+    "MIGRATIONS",
+    "ConnectFn",
+    "DecisionRecord",
+    "Migration",
+    "OverrideRecord",
+    "PolicySnapshot",
+    "StateStore",
+    "StoreCorrupt",
+    "StoreError",
+    "StoreSchemaError",
+    "StoreUnavailable",
+]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+ConnectFn = Callable[[Path], sqlite3.Connection]
+"""Opens a connection to the given file; injected by tests (read-only, full disk)."""
+
+
+class StoreError(ValueError):
+    """Bad input to the store, or a file that is not a usable specgov state database."""
+
+
+class StoreSchemaError(StoreError):
+    """The file's schema is newer than this specgov (or not a specgov state database)."""
+
+
+class StoreUnavailable(Exception):
+    """The database cannot be used right now (read-only, disk full, cannot open, busy, I/O).
+
+    The daemon keeps controlling from memory and reports it; the store retries on the
+    next call.
+    """
+
+    def __init__(self, path: Path, operation: str, cause: BaseException) -> None:
+        self.path = path
+        self.operation = operation
+        self.cause = cause
+        super().__init__(f"state database {path} unavailable during {operation}: {cause}")
+
+
+class StoreCorrupt(StoreUnavailable):
+    """SQLite reports the file as corrupt or not a database."""
+
+
+# --------------------------------------------------------------------------- schema
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """Schema ``version`` is reached by running ``steps`` in one transaction."""
+
+    version: int
+    description: str
+    steps: tuple[str, ...]
+
+
+MIGRATIONS: Final[tuple[Migration, ...]] = (
+    Migration(
+        version=1,
+        description="audit log, overrides, policy-state snapshots, published tables",
+        steps=(
+            """CREATE TABLE schema_version (
+                version INTEGER PRIMARY KEY,
+                description TEXT NOT NULL,
+                applied_at_s REAL NOT NULL
+            )""",
+            # AUTOINCREMENT: ids are never reused after old rows are pruned, so an id
+            # reported to an operator always names the same decision.
+            """CREATE TABLE decisions (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                time_s REAL NOT NULL,
+                policy TEXT NOT NULL,
+                reason TEXT NOT NULL,
+                message TEXT NOT NULL,
+                limited_by TEXT NOT NULL,
+                expected_gain REAL,
+                inputs_summary TEXT NOT NULL,
+                table_before TEXT,
+                table_after TEXT
+            )""",
+            """CREATE TABLE overrides (
+                seq INTEGER PRIMARY KEY AUTOINCREMENT,
+                id TEXT NOT NULL UNIQUE,
+                slot INTEGER,
+                steps INTEGER,
+                disable_speculation INTEGER NOT NULL,
+                pin_policy TEXT,
+                created_at_s REAL NOT NULL,
+                expires_at_s REAL NOT NULL,
+                reason TEXT NOT NULL,
+                cleared_at_s REAL
+            )""",
+            """CREATE TABLE policy_state (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                policy TEXT NOT NULL,
+                time_s REAL NOT NULL,
+                state TEXT NOT NULL
+            )""",
+            "CREATE INDEX policy_state_by_policy ON policy_state (policy, id)",
+            """CREATE TABLE tables (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                version INTEGER,
+                produced_at_s REAL,
+                data TEXT NOT NULL
+            )""",
+        ),
+    ),
+    Migration(
+        version=2,
+        description="decisions.published, settings, decisions time index",
+        steps=(
+            "ALTER TABLE decisions ADD COLUMN published INTEGER NOT NULL DEFAULT 0",
+            "CREATE INDEX decisions_by_time ON decisions (time_s)",
+            """CREATE TABLE settings (
+                key TEXT PRIMARY KEY,
+                value TEXT NOT NULL
+            )""",
+        ),
+    ),
+)
+
+LATEST_SCHEMA_VERSION: Final = MIGRATIONS[-1].version
+
+# Primary SQLite result codes (extended code & 0xff) that mean "not usable right now".
+_UNAVAILABLE_CODES: Final = {
+    3: "SQLITE_PERM",
+    5: "SQLITE_BUSY",
+    6: "SQLITE_LOCKED",
+    7: "SQLITE_NOMEM",
+    8: "SQLITE_READONLY",
+    10: "SQLITE_IOERR",
+    13: "SQLITE_FULL",
+    14: "SQLITE_CANTOPEN",
+    15: "SQLITE_PROTOCOL",
+}
+_CORRUPT_CODES: Final = {11: "SQLITE_CORRUPT", 26: "SQLITE_NOTADB"}
+# Fallback for exceptions without an error code (e.g. raised by an injected factory).
+_UNAVAILABLE_MARKERS: Final = (
+    "readonly",
+    "read-only",
+    "disk is full",
+    "unable to open",
+    "disk i/o error",
+    "database is locked",
+    "database table is locked",
+    "out of memory",
+    "access permission denied",
+)
+_CORRUPT_MARKERS: Final = ("malformed", "not a database")
+
+# Visible ASCII, as the control API accepts (so a stored id can always be sent back);
+# the placeholder used while generating an id contains a space, so never matches.
+_OVERRIDE_ID: Final = re.compile(r"[\x21-\x7e]{1,100}")
+_DECISION_COLUMNS: Final = (
+    "id, time_s, policy, reason, message, limited_by, expected_gain, inputs_summary, "
+    "table_before, table_after, published"
+)
+_OVERRIDE_COLUMNS: Final = (
+    "seq, id, slot, steps, disable_speculation, pin_policy, created_at_s, expires_at_s, "
+    "reason, cleared_at_s"
+)
+
+
+def _classify(exc: sqlite3.Error) -> type[StoreUnavailable] | None:
+    """Which typed error an sqlite3 error maps to (None: a bug, re-raised as is)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        primary = code & 0xFF
+        if primary in _CORRUPT_CODES:
+            return StoreCorrupt
+        if primary in _UNAVAILABLE_CODES:
+            return StoreUnavailable
+    text = str(exc).lower()
+    if any(m in text for m in _CORRUPT_MARKERS):
+        return StoreCorrupt
+    if any(m in text for m in _UNAVAILABLE_MARKERS):
+        return StoreUnavailable
+    return None
+
+
+def _default_connect(timeout_s: float) -> ConnectFn:
+    def connect(path: Path) -> sqlite3.Connection:
+        # check_same_thread=False: the daemon may call from a worker thread
+        # (asyncio.to_thread); the store serialises access with its own lock.
+        return sqlite3.connect(
+            str(path), timeout=timeout_s, isolation_level=None, check_same_thread=False
+        )
+
+    return connect
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True, slots=True)
+class DecisionRecord:
+    """One row of the audit log."""
+
+    id: int
+    time_s: float
+    policy: str
+    reason: str
+    message: str
+    limited_by: tuple[str, ...]
+    expected_gain: float | None
+    inputs_summary: Mapping[str, Any]
+    table_before: Mapping[str, Any] | None
+    table_after: Mapping[str, Any] | None
+    published: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "time_s": self.time_s,
+            "policy": self.policy,
+            "reason": self.reason,
+            "message": self.message,
+            "limited_by": list(self.limited_by),
+            "expected_gain": self.expected_gain,
+            "inputs_summary": dict(self.inputs_summary),
+            "table_before": None if self.table_before is None else dict(self.table_before),
+            "table_after": None if self.table_after is None else dict(self.table_after),
+            "published": self.published,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class OverrideRecord:
+    """A stored override: its id, the override itself, and when it was cleared (if)."""
+
+    id: str
+    override: Override
+    cleared_at_s: float | None = None
+
+    def is_active(self, now_s: float) -> bool:
+        return self.cleared_at_s is None and self.override.is_active(now_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        """``Override.to_dict()`` plus ``id`` and ``cleared_at_s``."""
+        return {"id": self.id, **self.override.to_dict(), "cleared_at_s": self.cleared_at_s}
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySnapshot:
+    """A saved policy state (``state`` is what the policy's ``to_dict`` returned)."""
+
+    id: int
+    policy: str
+    time_s: float
+    state: Mapping[str, Any]
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _finite(where: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise StoreError(f"{where}: expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _opt_finite(where: str, value: object) -> float | None:
+    return None if value is None else _finite(where, value)
+
+
+def _text(where: str, value: object, *, empty_ok: bool = False) -> str:
+    if not isinstance(value, str) or (not empty_ok and not value.strip()):
+        form = "a str" if empty_ok else "a non-empty str"
+        raise StoreError(f"{where}: expected {form}, got {value!r}")
+    return value
+
+
+def _positive_int(where: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise StoreError(f"{where}: expected an int >= 1, got {value!r}")
+    return value
+
+
+def _json_default(value: object) -> Any:
+    # numpy scalars and arrays reach the audit log through inputs summaries; a lost
+    # audit row would cost more than this conversion.
+    for attr in ("tolist", "item"):
+        convert = getattr(value, attr, None)
+        if callable(convert):
+            return convert()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _dumps(where: str, value: object) -> str:
+    try:
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_json_default)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"{where}: expected a JSON-serialisable value: {exc}") from exc
+
+
+def _mapping(where: str, value: object) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise StoreError(f"{where}: expected a mapping, got {value!r}")
+    return value
+
+
+class _BadRow(ValueError):
+    """A stored row that cannot be decoded; the reader skips it with a warning."""
+
+
+def _loads(column: str, raw: object, kind: type[Any]) -> Any:
+    if not isinstance(raw, str):
+        raise _BadRow(f"column {column}: expected JSON text, got {type(raw).__name__}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise _BadRow(f"column {column}: corrupt JSON ({exc})") from exc
+    if not isinstance(value, kind):
+        raise _BadRow(f"column {column}: expected a JSON {kind.__name__}, got {value!r:.80}")
+    return value
+
+
+def _opt_loads(column: str, raw: object) -> dict[str, Any] | None:
+    return None if raw is None else _loads(column, raw, dict)
+
+
+# --------------------------------------------------------------------------- the store
+
+
+class StateStore:
+    """The daemon's SQLite state (see the module docstring for durability and errors).
+
+    ``path`` is created with its parent folders if missing. ``connect`` replaces the
+    connection factory (tests inject read-only or size-limited connections); it gets the
+    path and must return a connection (``check_same_thread=False`` if the store is used
+    from several threads). With ``open_now=False`` nothing is opened until the first call,
+    so a daemon can start while the disk is unavailable and pick the file up later.
+    Thread-safe: one lock serialises every call.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        connect: ConnectFn | None = None,
+        synchronous: Literal["FULL", "NORMAL"] = "FULL",
+        busy_timeout_s: float = 2.0,
+        keep_policy_snapshots: int = 5,
+        keep_tables: int = 1000,
+        keep_decisions: int = 200_000,
+        open_now: bool = True,
+    ) -> None:
+        self._path = Path(path)
+        if synchronous not in ("FULL", "NORMAL"):
+            raise StoreError(
+                f"StateStore.synchronous: expected 'FULL' or 'NORMAL', got {synchronous!r}"
+            )
+        self._synchronous = synchronous
+        timeout = _finite("StateStore.busy_timeout_s", busy_timeout_s)
+        self._connect = connect if connect is not None else _default_connect(timeout)
+        self._keep_snapshots = _positive_int(
+            "StateStore.keep_policy_snapshots", keep_policy_snapshots
+        )
+        self._keep_tables = _positive_int("StateStore.keep_tables", keep_tables)
+        self._keep_decisions = _positive_int("StateStore.keep_decisions", keep_decisions)
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        self._closed = False
+        self._last_error: StoreUnavailable | None = None
+        if open_now:
+            with self._lock:
+                self._connection("open")
+
+    # ----------------------------------------------------------------- lifecycle
+
+    @property
+    def path(self) -> Path:
+        return self._path
+
+    @property
+    def last_error(self) -> StoreUnavailable | None:
+        """The most recent unavailability, cleared by the next successful call."""
+        return self._last_error
+
+    def close(self) -> None:
+        """Close the connection; later calls raise :class:`StoreError`."""
+        with self._lock:
+            self._closed = True
+            self._drop()
+
+    def __enter__(self) -> StateStore:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def schema_version(self) -> int:
+        """The file's schema version (after migration: :data:`LATEST_SCHEMA_VERSION`)."""
+        return self._read("schema_version", _read_version)
+
+    def integrity_check(self) -> list[str]:
+        """``PRAGMA integrity_check`` rows (``["ok"]`` when the file is sound)."""
+        return self._read(
+            "integrity_check",
+            lambda c: [str(r[0]) for r in c.execute("PRAGMA integrity_check").fetchall()],
+        )
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()  # rolls back any open transaction
+            except sqlite3.Error as exc:
+                log.debug("state store %s: closing the connection failed: %s", self._path, exc)
+
+    def _unavailable(self, kind: type[StoreUnavailable], op: str, exc: BaseException) -> NoReturn:
+        self._drop()  # reconnect on the next call: the cause may be transient
+        err = kind(self._path, op, exc)
+        self._last_error = err
+        raise err from exc
+
+    def _connection(self, op: str) -> sqlite3.Connection:
+        if self._closed:
+            raise StoreError(f"state database {self._path}: the store is closed")
+        if self._conn is not None:
+            return self._conn
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            self._unavailable(StoreUnavailable, op, exc)
+        conn: sqlite3.Connection | None = None
+        try:
+            conn = self._connect(self._path)
+            conn.isolation_level = None  # explicit BEGIN/COMMIT below
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            if mode is None or str(mode[0]).lower() != "wal":
+                log.warning(
+                    "state database %s: WAL mode unavailable (journal_mode=%s); "
+                    "commits stay atomic but readers may block writers",
+                    self._path,
+                    None if mode is None else mode[0],
+                )
+            conn.execute(f"PRAGMA synchronous={self._synchronous}")
+            self._migrate(conn)
+        except sqlite3.Error as exc:
+            if conn is not None:
+                conn.close()
+            kind = _classify(exc)
+            if kind is None:
+                raise
+            self._unavailable(kind, op, exc)
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            raise
+        assert conn is not None
+        self._conn = conn
+        return conn
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        version = _read_version(conn)
+        self._refuse_newer(version)
+        for migration in MIGRATIONS:
+            if migration.version <= version:
+                continue
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                # Another process may have migrated while we waited for the lock.
+                current = _read_version(conn)
+                self._refuse_newer(current)
+                if current < migration.version:
+                    for step in migration.steps:
+                        conn.execute(step)
+                    conn.execute(
+                        "INSERT INTO schema_version (version, description, applied_at_s) "
+                        "VALUES (?, ?, ?)",
+                        (migration.version, migration.description, time.time()),
+                    )
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+            if current < migration.version:
+                log.info(
+                    "state database %s: migrated to schema v%d (%s)",
+                    self._path,
+                    migration.version,
+                    migration.description,
+                )
+            version = max(current, migration.version)
+
+    def _refuse_newer(self, version: int) -> None:
+        if version > LATEST_SCHEMA_VERSION:
+            raise StoreSchemaError(
+                f"state database {self._path} has schema version {version}, newer than this "
+                f"specgov supports (version {LATEST_SCHEMA_VERSION}); upgrade specgov or point "
+                "state.db_path at another file"
+            )
+        if version < 0:
+            raise StoreSchemaError(
+                f"state database {self._path} is not a specgov state database (it has tables "
+                "but no schema_version table); point state.db_path at another file"
+            )
+
+    def _read(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        with self._lock:
+            conn = self._connection(op)
+            try:
+                result = fn(conn)
+            except sqlite3.Error as exc:
+                kind = _classify(exc)
+                if kind is None:
+                    raise
+                self._unavailable(kind, op, exc)
+            self._last_error = None
+            return result
+
+    def _write(self, op: str, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one transaction, committed before returning."""
+        with self._lock:
+            conn = self._connection(op)
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                result = fn(conn)
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                kind = _classify(exc)
+                if kind is None:
+                    _rollback(conn)
+                    raise
+                self._unavailable(kind, op, exc)  # dropping the connection rolls back
+            except BaseException:
+                _rollback(conn)
+                raise
+            self._last_error = None
+            return result
+
+    def _skip(self, table: str, row_id: object, err: _BadRow) -> None:
+        log.warning("state database %s: %s row id=%s skipped: %s", self._path, table, row_id, err)
+
+    # ----------------------------------------------------------------- decisions
+
+    def record_decision(
+        self,
+        *,
+        time_s: float,
+        policy: str,
+        reason: str,
+        message: str,
+        limited_by: Sequence[str] = (),
+        expected_gain: float | None = None,
+        inputs_summary: Mapping[str, Any] | None = None,
+        table_before: Mapping[str, Any] | None = None,
+        table_after: Mapping[str, Any] | None = None,
+        published: bool = False,
+    ) -> int:
+        """Append one decision to the audit log; returns its id (ids only grow)."""
+        where = "record_decision"
+        t = _finite(f"{where}.time_s", time_s)
+        _text(f"{where}.policy", policy)
+        _text(f"{where}.reason", reason)
+        _text(f"{where}.message", message, empty_ok=True)
+        if isinstance(limited_by, str) or not isinstance(limited_by, Sequence):
+            raise StoreError(f"{where}.limited_by: expected a list of str, got {limited_by!r}")
+        for i, item in enumerate(limited_by):
+            _text(f"{where}.limited_by[{i}]", item)
+        gain = _opt_finite(f"{where}.expected_gain", expected_gain)
+        if not isinstance(published, bool):
+            raise StoreError(f"{where}.published: expected a bool, got {published!r}")
+        summary = _mapping(f"{where}.inputs_summary", inputs_summary or {})
+        before = None if table_before is None else _mapping(f"{where}.table_before", table_before)
+        after = None if table_after is None else _mapping(f"{where}.table_after", table_after)
+        row = (
+            t,
+            policy,
+            reason,
+            message,
+            _dumps(f"{where}.limited_by", list(limited_by)),
+            gain,
+            _dumps(f"{where}.inputs_summary", summary),
+            None if before is None else _dumps(f"{where}.table_before", before),
+            None if after is None else _dumps(f"{where}.table_after", after),
+            int(published),
+        )
+
+        def insert(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "INSERT INTO decisions (time_s, policy, reason, message, limited_by, "
+                "expected_gain, inputs_summary, table_before, table_after, published) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                row,
+            )
+            new_id = cur.lastrowid
+            assert new_id is not None
+            # Bound the log; pruning every 1000 rows keeps the cost off the common path.
+            if new_id % 1000 == 0:
+                conn.execute(
+                    "DELETE FROM decisions WHERE id <= ?", (new_id - self._keep_decisions,)
+                )
+            return new_id
+
+        return self._write("record_decision", insert)
+
+    def decisions(
+        self,
+        since_s: float | None = None,
+        limit: int = 100,
+        policy: str | None = None,
+    ) -> list[DecisionRecord]:
+        """The newest ``limit`` decisions with ``time_s >= since_s`` (and of ``policy``),
+        newest first (by id, i.e. commit order). Rows that cannot be decoded are skipped
+        (logged), so fewer than ``limit`` may come back."""
+        since = _opt_finite("decisions.since_s", since_s)
+        n = _positive_int("decisions.limit", limit)
+        if policy is not None:
+            _text("decisions.policy", policy)
+        rows = self._read(
+            "decisions",
+            lambda c: c.execute(
+                f"SELECT {_DECISION_COLUMNS} FROM decisions "
+                "WHERE (?1 IS NULL OR time_s >= ?1) AND (?2 IS NULL OR policy = ?2) "
+                "ORDER BY id DESC LIMIT ?3",
+                (since, policy, n),
+            ).fetchall(),
+        )
+        out: list[DecisionRecord] = []
+        for row in rows:
+            try:
+                out.append(_decision_from_row(row))
+            except _BadRow as err:
+                self._skip("decisions", row[0], err)
+        return out
+
+    # ----------------------------------------------------------------- overrides
+
+    def put_override(self, override: Override | Mapping[str, Any]) -> str:
+        """Store an override (``Override`` or its ``to_dict()`` form, ``version`` optional,
+        plus an optional ``"id"``); returns its id (``ov-<n>`` when none is given).
+
+        Mirrors ``guardrails.set_override``: an uncleared, unexpired override of the same
+        kind for the same slot is marked cleared at the new one's ``created_at_s``.
+        Putting an existing id replaces that override (and un-clears it), so the daemon
+        may re-persist its in-memory overrides after an outage.
+        """
+        ov_id: str | None
+        if isinstance(override, Override):
+            ov, ov_id = override, None
+        else:
+            data = dict(_mapping("put_override", override))
+            ov_id = data.pop("id", None)
+            if ov_id is not None and (
+                not isinstance(ov_id, str) or _OVERRIDE_ID.fullmatch(ov_id) is None
+            ):
+                raise StoreError(
+                    "put_override.id: expected 1-100 visible ASCII characters (no spaces), "
+                    f"got {ov_id!r}"
+                )
+            data.setdefault("version", OVERRIDE_VERSION)
+            try:
+                ov = Override.from_dict(data)
+            except ValueError as exc:
+                raise StoreError(f"put_override: {exc}") from exc
+        fields = (
+            ov.slot,
+            ov.steps,
+            int(ov.disable_speculation),
+            ov.pin_policy,
+            ov.created_at_s,
+            ov.expires_at_s,
+            ov.reason,
+        )
+
+        def upsert(conn: sqlite3.Connection) -> str:
+            if ov_id is None:
+                cur = conn.execute(
+                    "INSERT INTO overrides (id, slot, steps, disable_speculation, pin_policy, "
+                    "created_at_s, expires_at_s, reason) "
+                    "VALUES (' pending', ?, ?, ?, ?, ?, ?, ?)",
+                    fields,
+                )
+                new_id = base = f"ov-{cur.lastrowid}"
+                suffix = 0
+                while conn.execute("SELECT 1 FROM overrides WHERE id = ?", (new_id,)).fetchone():
+                    suffix += 1  # a caller already chose this id
+                    new_id = f"{base}.{suffix}"
+                conn.execute("UPDATE overrides SET id = ? WHERE seq = ?", (new_id, cur.lastrowid))
+            else:
+                new_id = ov_id
+                conn.execute(
+                    "INSERT INTO overrides (id, slot, steps, disable_speculation, pin_policy, "
+                    "created_at_s, expires_at_s, reason) VALUES (?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (id) DO UPDATE SET slot = excluded.slot, steps = excluded.steps, "
+                    "disable_speculation = excluded.disable_speculation, "
+                    "pin_policy = excluded.pin_policy, created_at_s = excluded.created_at_s, "
+                    "expires_at_s = excluded.expires_at_s, reason = excluded.reason, "
+                    "cleared_at_s = NULL",
+                    (new_id, *fields),
+                )
+            pin = ov.pin_policy is not None
+            conn.execute(
+                "UPDATE overrides SET cleared_at_s = ? WHERE id != ? AND cleared_at_s IS NULL "
+                "AND expires_at_s > ? AND slot IS ? AND (pin_policy IS NOT NULL) = ?",
+                (ov.created_at_s, new_id, ov.created_at_s, ov.slot, int(pin)),
+            )
+            return new_id
+
+        return self._write("put_override", upsert)
+
+    def list_overrides(
+        self, now_s: float, include_expired: bool = False, include_cleared: bool = False
+    ) -> list[OverrideRecord]:
+        """Overrides in force at ``now_s`` (optionally also expired / cleared ones), oldest
+        first. A row that no longer validates as an ``Override`` is skipped (logged)."""
+        now = _finite("list_overrides.now_s", now_s)
+        rows = self._read(
+            "list_overrides",
+            lambda c: c.execute(
+                f"SELECT {_OVERRIDE_COLUMNS} FROM overrides "
+                "WHERE (?1 OR cleared_at_s IS NULL) AND (?2 OR expires_at_s > ?3) "
+                "ORDER BY created_at_s, seq",
+                (int(include_cleared), int(include_expired), now),
+            ).fetchall(),
+        )
+        out: list[OverrideRecord] = []
+        for row in rows:
+            try:
+                out.append(_override_from_row(row))
+            except _BadRow as err:
+                self._skip("overrides", row[1], err)
+        return out
+
+    def clear_override(
+        self,
+        override_id: str | None = None,
+        slot: int | None = None,
+        all: bool = False,  # shadows the builtin: the documented API name
+        *,
+        now_s: float | None = None,
+    ) -> int:
+        """Clear overrides in force at ``now_s`` (default: wall clock): the one with
+        ``override_id``, those of ``slot`` (not all-slot ones, as
+        ``guardrails.clear_overrides``), or ``all``. Exactly one selector. Returns how
+        many were cleared."""
+        chosen = [
+            name
+            for name, on in (
+                ("override_id", override_id is not None),
+                ("slot", slot is not None),
+                ("all", all is True),
+            )
+            if on
+        ]
+        if len(chosen) != 1:
+            raise StoreError(
+                f"clear_override: expected exactly one of override_id, slot or all=True, "
+                f"got {chosen or 'none'}"
+            )
+        if override_id is not None:
+            _text("clear_override.override_id", override_id)
+        if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or slot < 1):
+            raise StoreError(f"clear_override.slot: expected an int >= 1, got {slot!r}")
+        now = time.time() if now_s is None else _finite("clear_override.now_s", now_s)
+        where = "cleared_at_s IS NULL AND expires_at_s > ?"
+        params: tuple[Any, ...] = (now, now)
+        if override_id is not None:
+            where += " AND id = ?"
+            params += (override_id,)
+        elif slot is not None:
+            where += " AND slot = ?"
+            params += (slot,)
+        return self._write(
+            "clear_override",
+            lambda c: (
+                c.execute(f"UPDATE overrides SET cleared_at_s = ? WHERE {where}", params).rowcount
+            ),
+        )
+
+    # ----------------------------------------------------------------- policy state
+
+    def save_policy_state(self, policy_name: str, state: Mapping[str, Any], time_s: float) -> int:
+        """Snapshot a policy's state; the newest ``keep_policy_snapshots`` per policy are
+        kept (older ones are the fallback if the newest cannot be decoded)."""
+        _text("save_policy_state.policy_name", policy_name)
+        t = _finite("save_policy_state.time_s", time_s)
+        text = _dumps("save_policy_state.state", _mapping("save_policy_state.state", state))
+
+        def insert(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "INSERT INTO policy_state (policy, time_s, state) VALUES (?, ?, ?)",
+                (policy_name, t, text),
+            )
+            conn.execute(
+                "DELETE FROM policy_state WHERE policy = ?1 AND id NOT IN "
+                "(SELECT id FROM policy_state WHERE policy = ?1 ORDER BY id DESC LIMIT ?2)",
+                (policy_name, self._keep_snapshots),
+            )
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+        return self._write("save_policy_state", insert)
+
+    def load_policy_state(self, policy_name: str) -> dict[str, Any] | None:
+        """The newest decodable state saved for ``policy_name``, or None."""
+        snap = self.load_policy_snapshot(policy_name)
+        return None if snap is None else dict(snap.state)
+
+    def load_policy_snapshot(self, policy_name: str) -> PolicySnapshot | None:
+        """Like :meth:`load_policy_state`, with the snapshot's id and time."""
+        _text("load_policy_state.policy_name", policy_name)
+        rows = self._read(
+            "load_policy_state",
+            lambda c: c.execute(
+                "SELECT id, policy, time_s, state FROM policy_state WHERE policy = ? "
+                "ORDER BY id DESC",
+                (policy_name,),
+            ).fetchall(),
+        )
+        for row_id, policy, t, raw in rows:
+            try:
+                state = _loads("state", raw, dict)
+            except _BadRow as err:
+                self._skip("policy_state", row_id, err)
+                continue
+            return PolicySnapshot(id=row_id, policy=policy, time_s=float(t), state=state)
+        return None
+
+    # ----------------------------------------------------------------- tables
+
+    def save_table(self, table: Mapping[str, Any]) -> int:
+        """Record a published table (``StepTable.to_dict()``); the newest ``keep_tables``
+        are kept."""
+        data = _mapping("save_table", table)
+        version = data.get("version")
+        produced = data.get("produced_at_s")
+        version_col = (
+            version if isinstance(version, int) and not isinstance(version, bool) else None
+        )
+        produced_col = (
+            float(produced)
+            if isinstance(produced, int | float)
+            and not isinstance(produced, bool)
+            and math.isfinite(produced)
+            else None
+        )
+        text = _dumps("save_table", data)
+
+        def insert(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "INSERT INTO tables (version, produced_at_s, data) VALUES (?, ?, ?)",
+                (version_col, produced_col, text),
+            )
+            assert cur.lastrowid is not None
+            conn.execute("DELETE FROM tables WHERE id <= ?", (cur.lastrowid - self._keep_tables,))
+            return cur.lastrowid
+
+        return self._write("save_table", insert)
+
+    def last_table(self) -> dict[str, Any] | None:
+        """The most recently saved table that decodes, or None."""
+        # One row on the common path; the older ones only when the newest is bad.
+        rows = self._table_rows(limit=1)
+        if rows:
+            try:
+                newest: dict[str, Any] = _loads("data", rows[0][1], dict)
+                return newest
+            except _BadRow as err:
+                self._skip("tables", rows[0][0], err)
+        for row_id, raw in self._table_rows(limit=None)[1:]:
+            try:
+                value: dict[str, Any] = _loads("data", raw, dict)
+            except _BadRow as err:
+                self._skip("tables", row_id, err)
+                continue
+            return value
+        return None
+
+    def table_history(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest ``limit`` saved tables, oldest first (undecodable rows skipped)."""
+        n = _positive_int("table_history.limit", limit)
+        out: list[dict[str, Any]] = []
+        for row_id, raw in reversed(self._table_rows(limit=n)):
+            try:
+                out.append(_loads("data", raw, dict))
+            except _BadRow as err:
+                self._skip("tables", row_id, err)
+        return out
+
+    def _table_rows(self, limit: int | None) -> list[tuple[int, object]]:
+        # Newest first via the primary key: reading the last table costs O(log n).
+        return self._read(
+            "tables",
+            lambda c: [
+                (int(r[0]), r[1])
+                for r in c.execute(
+                    "SELECT id, data FROM tables ORDER BY id DESC LIMIT ?",
+                    (-1 if limit is None else limit,),
+                )
+            ],
+        )
+
+    # ----------------------------------------------------------------- settings
+
+    def get_setting(self, key: str, default: Any = None) -> Any:
+        """The JSON value stored under ``key`` (``default`` if absent or undecodable)."""
+        _text("get_setting.key", key)
+        rows = self._read(
+            "get_setting",
+            lambda c: c.execute("SELECT value FROM settings WHERE key = ?", (key,)).fetchall(),
+        )
+        if not rows:
+            return default
+        try:
+            return _loads("value", rows[0][0], object)
+        except _BadRow as err:
+            self._skip("settings", repr(key), err)
+            return default
+
+    def set_setting(self, key: str, value: Any) -> None:
+        """Store a JSON-serialisable ``value`` under ``key`` (replacing any earlier one)."""
+        _text("set_setting.key", key)
+        text = _dumps(f"set_setting[{key!r}]", value)
+        self._write(
+            "set_setting",
+            lambda c: c.execute(
+                "INSERT INTO settings (key, value) VALUES (?, ?) "
+                "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (key, text),
+            ),
+        )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _read_version(conn: sqlite3.Connection) -> int:
+    """Schema version of the file: 0 for an empty file, -1 for someone else's database."""
+    names = {
+        str(r[0])
+        for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+        )
+    }
+    if "schema_version" not in names:
+        return -1 if names else 0
+    row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    return 0 if row is None or row[0] is None else int(row[0])
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            log.debug("rollback failed: %s", exc)
+
+
+def _decision_from_row(row: Sequence[Any]) -> DecisionRecord:
+    (row_id, t, policy, reason, message, limited, gain, summary, before, after, published) = row
+    limited_by = _loads("limited_by", limited, list)
+    if not all(isinstance(x, str) for x in limited_by):
+        raise _BadRow(f"column limited_by: expected a list of str, got {limited_by!r:.80}")
+    return DecisionRecord(
+        id=int(row_id),
+        time_s=float(t),
+        policy=str(policy),
+        reason=str(reason),
+        message=str(message),
+        limited_by=tuple(limited_by),
+        expected_gain=None if gain is None else float(gain),
+        inputs_summary=_loads("inputs_summary", summary, dict),
+        table_before=_opt_loads("table_before", before),
+        table_after=_opt_loads("table_after", after),
+        published=bool(published),
+    )
+
+
+def _override_from_row(row: Sequence[Any]) -> OverrideRecord:
+    _seq, ov_id, slot, steps, disable, pin, created, expires, reason, cleared = row
+    try:
+        ov = Override(
+            slot=slot,
+            steps=steps,
+            disable_speculation=bool(disable),
+            pin_policy=pin,
+            created_at_s=created,
+            expires_at_s=expires,
+            reason=reason,
+        )
+    except ValueError as exc:
+        raise _BadRow(str(exc)) from exc
+    return OverrideRecord(
+        id=str(ov_id), override=ov, cleared_at_s=None if cleared is None else float(cleared)
+    )
