@@ -34,7 +34,9 @@ def _user_errors() -> Iterator[None]:
         raise click.ClickException(str(exc)) from None
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    context_settings={"help_option_names": ["-h", "--help"], "auto_envvar_prefix": "SPECGOV"}
+)
 @click.version_option(package_name="specgov")
 def main() -> None:
     """specgov: a speculation governor for SGLang."""
@@ -42,9 +44,14 @@ def main() -> None:
 
 def _register_subcommands() -> None:
     # Each command module imports only click at load time; its work is lazy.
+    from specgov.controller.config_cmd import config_group
+    from specgov.controller.daemon_cmds import COMMANDS
     from specgov.controller.sglang_args_cmd import sglang_args
 
     main.add_command(sglang_args)
+    main.add_command(config_group)
+    for command in COMMANDS:
+        main.add_command(command)
 
 
 _register_subcommands()

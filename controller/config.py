@@ -1,0 +1,1019 @@
+"""The daemon's configuration: typed, grouped, validated, with env and CLI overrides.
+
+Sources, lowest to highest precedence:
+
+1. the packaged defaults: :data:`DEFAULT_CONFIG_YAML`, a verbatim copy of the
+   repository's ``config.yaml``. A copy lives in this module because the wheel ships
+   Python packages only (the root file is not package data); ``tests/test_config.py``
+   fails when the two differ, so edit both. The copy is always used, also in a checkout,
+   so an installed daemon and a development one start from the same defaults;
+2. the file given to :func:`load_config` (only the keys it changes are needed);
+3. environment variables ``SPECGOV_<GROUP>__<KEY>`` (e.g. ``SPECGOV_LOOP__MODE=plugin``),
+   values read as YAML (``null``, ``true``, ``5s``, ``[0, 1, 3]``);
+4. ``overrides``: a mapping of dotted keys (``"loop.mode"``) to values, from command-line
+   flags. Omit the keys the user did not give: a ``None`` value means null.
+
+The environment rule: a variable is a config override exactly when its name starts with
+``SPECGOV_`` and the rest contains ``__``. Such a variable must name a known group and
+key, or loading fails (a typo must not be silently ignored). Variables without ``__``
+(``SPECGOV_SPOOL_DIR``, ``SPECGOV_SHARED_DATA``, ``SPECGOV_SGLANG_SRC``,
+``SPECGOV_REQUIRE_*``, click's ``SPECGOV_<COMMAND>_<OPTION>``) belong to other parts of
+specgov and are ignored here.
+
+Errors are :class:`ConfigError` (a ValueError) naming where the bad value came from
+(``FILE:LINE``, ``env NAME`` or ``command line``), the key path, the value and the
+expected form. Secrets never live in the config: it holds the *names* of the environment
+variables that carry them (``server.api_key_env``, ``control.token_env``), resolved by
+:meth:`ServerConfig.api_key` and :meth:`ControlConfig.token`; error messages about those
+keys do not echo the value, in case the secret itself was pasted there. A control token
+is required whenever ``control.listen`` is not loopback: :func:`load_config` checks that
+``control.token_env`` names a variable, :func:`check_secrets` (called by ``specgov run``,
+not by ``config validate``/``show``) that the variable is set.
+
+Relative paths are kept relative (to the daemon's working directory); ``~`` is expanded.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import math
+import os
+import re
+import types
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Final, Literal, cast
+from urllib.parse import urlsplit
+
+import yaml
+
+from specgov.policies.guardrails import GuardrailConfig, GuardrailError
+from specgov.policies.spec import PolicySpec, PolicySpecError, parse_policy_spec
+from specgov.policies.types import Budget, PolicyTypeError
+
+ENV_PREFIX: Final = "SPECGOV_"
+ENV_SEPARATOR: Final = "__"
+DEFAULTS_LABEL: Final = "packaged defaults"
+CLI_LABEL: Final = "command line"
+
+LoopMode = Literal["observe", "plugin"]
+LogFormat = Literal["text", "json"]
+LOOP_MODES: Final[tuple[LoopMode, ...]] = ("observe", "plugin")
+LOG_FORMATS: Final[tuple[LogFormat, ...]] = ("text", "json")
+LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class ConfigError(ValueError):
+    """Bad configuration; the message names the source, key path, value and expected form."""
+
+
+# ----------------------------------------------------------------------- value forms
+
+DURATION_FORM: Final = "a duration like '5s', '250ms', '5m', '1h' or a number of seconds"
+_DURATION_RE: Final = re.compile(
+    r"(?P<num>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*(?P<unit>ms|s|m|h)?"
+)
+_UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CATALOG_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.+-]+")
+_HOSTNAME_RE: Final = re.compile(
+    r"(?=.{1,253}\Z)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+    r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
+)
+LISTEN_FORM: Final = "'HOST:PORT' like '127.0.0.1:9465' or '[::1]:9465' (port 0-65535)"
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _to_float(value: object) -> float:
+    """A real as a float; NaN for anything else, infinity for an int too big for a float."""
+    if not _is_real(value):
+        return math.nan
+    try:
+        return float(cast(float, value))
+    except OverflowError:
+        return math.inf
+
+
+def parse_duration(value: object, *, where: str = "duration", allow_zero: bool = False) -> float:
+    """Seconds from ``"30s"``, ``"250ms"``, ``"5m"``, ``"1h"``, ``"30"`` or a number.
+
+    Must be finite and > 0 (>= 0 with ``allow_zero``). Raises :class:`ConfigError`
+    ``"{where}: expected ..., got {value!r}"``; the CLI uses it for ``--ttl`` and friends.
+    """
+    seconds: float | None = None
+    if _is_real(value):
+        seconds = _to_float(value)
+    elif isinstance(value, str):
+        match = _DURATION_RE.fullmatch(value.strip())
+        if match is not None:
+            seconds = float(match["num"]) * _UNIT_S[match["unit"]]
+    ok = seconds is not None and math.isfinite(seconds) and seconds >= 0.0
+    ok = ok and (allow_zero or cast(float, seconds) > 0.0)
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(f"{where}: expected {DURATION_FORM} {bound}, got {value!r}")
+    return cast(float, seconds)
+
+
+@dataclass(frozen=True, slots=True)
+class ListenAddress:
+    """A ``HOST:PORT`` to listen on (or connect to); port 0 picks a free port."""
+
+    host: str
+    port: int
+
+    @property
+    def is_loopback(self) -> bool:
+        """True only for addresses that cannot be reached from another machine."""
+        if self.host.lower().rstrip(".") == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False  # another host name: it may resolve to anything
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_listen_address(value: object, *, where: str = "address") -> ListenAddress:
+    """``"127.0.0.1:9465"``, ``"[::1]:9465"``, ``"localhost:9465"`` -> ListenAddress."""
+
+    def bad(why: str = "") -> ConfigError:
+        return ConfigError(f"{where}: expected {LISTEN_FORM}{why}, got {value!r}")
+
+    if not isinstance(value, str):
+        raise bad()
+    text = value.strip()
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isascii() or not port_text.isdigit():
+        raise bad()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise bad(" (not an IPv6 address in the brackets)") from None
+    elif ":" in host:
+        raise bad(" (an IPv6 address needs brackets)")
+    elif all(part.isdigit() for part in host.split(".")):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise bad(" (not an IPv4 address)") from None
+    elif not _HOSTNAME_RE.fullmatch(host):
+        raise bad(" (not a host name)")
+    port = int(port_text)
+    if port > 65535:
+        raise bad(" (port out of range)")
+    return ListenAddress(host=host, port=port)
+
+
+# ------------------------------------------------------------------------- the groups
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """The SGLang server this daemon governs."""
+
+    url: str
+    api_key_env: str | None
+    timeout_s: float
+
+    def api_key(self, env: Mapping[str, str] = os.environ) -> str | None:
+        """The key from the named variable; None when not configured, unset or empty."""
+        if self.api_key_env is None:
+            return None
+        return env.get(self.api_key_env) or None
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolConfig:
+    """The directory shared with the in-engine plugin; None: no plugin (observe mode only)."""
+
+    dir: Path | None
+
+
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    """The slow control loop: its mode and intervals."""
+
+    mode: LoopMode
+    scrape_interval_s: float
+    decide_interval_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """The policy: ``spec`` is the spec text as written, already validated."""
+
+    spec: str
+
+    def parsed(self) -> PolicySpec:
+        return parse_policy_spec(self.spec)
+
+
+@dataclass(frozen=True, slots=True)
+class StateConfig:
+    """The SQLite state database."""
+
+    db_path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsConfig:
+    """The daemon's own Prometheus endpoint."""
+
+    listen: ListenAddress
+
+
+@dataclass(frozen=True, slots=True)
+class ControlConfig:
+    """The control API; a token is required whenever ``listen`` is not loopback."""
+
+    listen: ListenAddress
+    token_env: str | None
+
+    @property
+    def token_required(self) -> bool:
+        return not self.listen.is_loopback
+
+    def token(self, env: Mapping[str, str] = os.environ) -> str | None:
+        """The token from the named variable; None when not configured, unset or empty."""
+        if self.token_env is None:
+            return None
+        return env.get(self.token_env) or None
+
+
+@dataclass(frozen=True, slots=True)
+class RecommendConfig:
+    """Restart recommendations; ``apply_command`` is an argv, never a shell string."""
+
+    enabled: bool
+    interval_s: float
+    apply_command: tuple[str, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentConfig:
+    """Catalog names for the restart-loop simulator (the daemon checks them lazily)."""
+
+    gpu: str
+    model: str
+    drafter: str
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    """Logging; ``level`` is an upper-case :mod:`logging` level name."""
+
+    format: LogFormat
+    level: str
+
+
+@dataclass(frozen=True)
+class SpecgovConfig:
+    """The whole configuration.
+
+    ``budget`` is the policy layer's :class:`Budget`. ``guardrails`` is the validated,
+    complete, read-only mapping of :class:`GuardrailConfig` keys (what
+    ``GuardrailConfig.from_dict`` takes; :meth:`guardrail_config` builds it).
+    ``source_path`` (the file loaded, None for the defaults) and ``sources`` (dotted key
+    -> where its value came from) are not part of equality.
+    """
+
+    server: ServerConfig
+    spool: SpoolConfig
+    loop: LoopConfig
+    policy: PolicyConfig
+    budget: Budget
+    guardrails: Mapping[str, Any]
+    state: StateConfig
+    metrics: MetricsConfig
+    control: ControlConfig
+    recommend: RecommendConfig
+    deployment: DeploymentConfig
+    log: LogConfig
+    source_path: Path | None = field(default=None, compare=False)
+    sources: Mapping[str, str] = field(
+        default_factory=lambda: types.MappingProxyType({}), compare=False, repr=False
+    )
+
+    def guardrail_config(self) -> GuardrailConfig:
+        return GuardrailConfig.from_dict(self.guardrails, where="guardrails")
+
+
+# ------------------------------------------------------------------------ validators
+
+_Validator = Callable[[object, str], object]
+
+
+def _duration(value: object, where: str) -> float:
+    return parse_duration(value, where=where)
+
+
+def _listen(value: object, where: str) -> ListenAddress:
+    if isinstance(value, ListenAddress):  # from a CLI flag already parsed
+        value = str(value)
+    return parse_listen_address(value, where=where)
+
+
+def _bool(value: object, where: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    return value
+
+
+def _choice(options: tuple[str, ...]) -> _Validator:
+    def check(value: object, where: str) -> str:
+        if not isinstance(value, str) or value not in options:
+            raise ConfigError(f"{where}: expected one of {', '.join(options)}, got {value!r}")
+        return value
+
+    return check
+
+
+def _log_level(value: object, where: str) -> str:
+    if not isinstance(value, str) or value.upper() not in LOG_LEVELS:
+        levels = ", ".join(level.lower() for level in LOG_LEVELS)
+        raise ConfigError(f"{where}: expected one of {levels}, got {value!r}")
+    return value.upper()
+
+
+def _path(value: object, where: str) -> Path:
+    if isinstance(value, Path):
+        value = str(value)
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise ConfigError(f"{where}: expected a non-empty path, got {value!r}")
+    return Path(value).expanduser()
+
+
+def _optional_path(value: object, where: str) -> Path | None:
+    if value is None:
+        return None
+    if not isinstance(value, str | Path):
+        raise ConfigError(f"{where}: expected a non-empty path or null, got {value!r}")
+    return _path(value, where)
+
+
+def _catalog_name(value: object, where: str) -> str:
+    if not isinstance(value, str) or not _CATALOG_NAME_RE.fullmatch(value):
+        raise ConfigError(
+            f"{where}: expected a catalog name (letters, digits, '_', '.', '+', '-'), got {value!r}"
+        )
+    return value
+
+
+def _env_name(value: object, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _ENV_NAME_RE.fullmatch(value):
+        # Never echoed: a user may have pasted the secret itself here.
+        raise ConfigError(
+            f"{where}: expected the NAME of an environment variable (letters, digits and "
+            f"'_', not starting with a digit) or null; the value is not shown in case it "
+            f"is the secret itself"
+        )
+    return value
+
+
+def _url(value: object, where: str) -> str:
+    form = "an http(s) base URL like 'http://127.0.0.1:30000'"
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected {form}, got {value!r}")
+    try:
+        parts = urlsplit(value.strip())
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        raise ConfigError(f"{where}: expected {form}, got {value!r}") from None
+    if parts.username is not None or parts.password is not None:
+        # Not echoed: the URL carries a credential.
+        raise ConfigError(
+            f"{where}: credentials in the URL are not allowed (they would be logged); "
+            f"name the variable holding the key in server.api_key_env"
+        )
+    if parts.query or parts.fragment:
+        raise ConfigError(
+            f"{where}: expected {form} without '?query' or '#fragment' (value not shown)"
+        )
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{where}: expected {form}, got {value!r}")
+    # No trailing slash, so clients can append "/metrics".
+    return value.strip().rstrip("/")
+
+
+def _policy_spec(value: object, where: str) -> str:
+    if isinstance(value, PolicySpec):
+        value = value.text
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: expected a policy spec string like 'goodput', got {value!r}")
+    try:
+        parse_policy_spec(value)
+    except PolicySpecError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    return value.strip()
+
+
+def _optional_positive(unit: str) -> _Validator:
+    def check(value: object, where: str) -> float | None:
+        if value is None:
+            return None
+        number = _to_float(value)
+        if not (math.isfinite(number) and number > 0):
+            raise ConfigError(f"{where}: expected a number of {unit} > 0 or null, got {value!r}")
+        return number
+
+    return check
+
+
+def _allowed_steps(value: object, where: str) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    steps: list[Any] = list(value) if isinstance(value, list | tuple) else []
+    ok = bool(steps) and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
+    ok = ok and steps[0] >= 0 and all(a < b for a, b in itertools.pairwise(steps))
+    if not ok:
+        raise ConfigError(
+            f"{where}: expected null or a non-empty list of strictly increasing ints >= 0 "
+            f"like [0, 1, 3, 5], got {value!r}"
+        )
+    return tuple(steps)
+
+
+def _argv(value: object, where: str) -> tuple[str, ...] | None:
+    form = "an argument list like ['/usr/local/bin/restart-sglang', '--from-specgov'] or null"
+    if value is None:
+        return None
+    if isinstance(value, str):
+        raise ConfigError(
+            f"{where}: expected {form}, got the string {value!r}: a command line would need "
+            f"a shell to split it, and specgov never runs one"
+        )
+    if not isinstance(value, list | tuple) or not value:
+        raise ConfigError(f"{where}: expected {form}, got {value!r}")
+    for i, arg in enumerate(value):
+        if not isinstance(arg, str) or not arg or "\0" in arg:
+            raise ConfigError(f"{where}[{i}]: expected a non-empty string, got {arg!r}")
+    return tuple(cast(list[str], value))
+
+
+def _guardrail_value(key: str, default: object) -> _Validator:
+    # GuardrailConfig.from_dict checks the values (and names the key); here only the
+    # duration strings every other *_s key accepts become seconds, and an int given for
+    # a float field becomes a float (so the config holds the declared types).
+    def convert(value: object, where: str) -> object:
+        if key.endswith("_s") and isinstance(value, str):
+            return parse_duration(value, where=where, allow_zero=True)
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            return float(value)
+        return value
+
+    return convert
+
+
+_SCHEMA: Final[dict[str, dict[str, _Validator]]] = {
+    "server": {"url": _url, "api_key_env": _env_name, "timeout_s": _duration},
+    "spool": {"dir": _optional_path},
+    "loop": {
+        "mode": _choice(LOOP_MODES),
+        "scrape_interval_s": _duration,
+        "decide_interval_s": _duration,
+    },
+    "policy": {"spec": _policy_spec},
+    "budget": {
+        "vram_gib": _optional_positive("GiB"),
+        "slo_tpot_ms": _optional_positive("milliseconds"),
+        "slo_itl_p99_ms": _optional_positive("milliseconds"),
+        "slo_ttft_p99_ms": _optional_positive("milliseconds"),
+        "allowed_steps": _allowed_steps,
+        "allow_lossy": _bool,
+    },
+    "guardrails": {f.name: _guardrail_value(f.name, f.default) for f in fields(GuardrailConfig)},
+    "state": {"db_path": _path},
+    "metrics": {"listen": _listen},
+    "control": {"listen": _listen, "token_env": _env_name},
+    "recommend": {"enabled": _bool, "interval_s": _duration, "apply_command": _argv},
+    "deployment": {"gpu": _catalog_name, "model": _catalog_name, "drafter": _catalog_name},
+    "log": {"format": _choice(LOG_FORMATS), "level": _log_level},
+}
+_SIMPLE_GROUPS: Final[dict[str, type]] = {
+    "server": ServerConfig,
+    "spool": SpoolConfig,
+    "loop": LoopConfig,
+    "policy": PolicyConfig,
+    "state": StateConfig,
+    "metrics": MetricsConfig,
+    "control": ControlConfig,
+    "recommend": RecommendConfig,
+    "deployment": DeploymentConfig,
+    "log": LogConfig,
+}
+GROUPS: Final = tuple(_SCHEMA)
+
+
+def config_keys() -> dict[str, tuple[str, ...]]:
+    """Every group and its keys, in file order."""
+    return {group: tuple(keys) for group, keys in _SCHEMA.items()}
+
+
+# ------------------------------------------------------------------------- the layers
+
+
+@dataclass(frozen=True, slots=True)
+class _Raw:
+    value: object
+    origin: str  # "FILE:LINE", "env NAME", "command line" or DEFAULTS_LABEL
+
+
+_Layer = dict[str, dict[str, _Raw]]
+
+
+def _unknown_group(group: object) -> str:
+    return f"unknown group {group!r}; valid groups: {', '.join(GROUPS)}"
+
+
+def _unknown_key(group: str, key: object) -> str:
+    return f"unknown key {group}.{key}; valid keys of {group}: {', '.join(_SCHEMA[group])}"
+
+
+def _yaml_error(label: str, exc: yaml.YAMLError) -> ConfigError:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc)
+    context = getattr(exc, "context", None)
+    where = f"{label}:{mark.line + 1}:{mark.column + 1}" if mark is not None else label
+    detail = f"{problem} ({context})" if context else problem
+    return ConfigError(f"{where}: invalid YAML: {detail}")
+
+
+def _yaml_layer(text: str, label: str, *, lines: bool = True) -> _Layer:
+    """Parse a config document keeping each key's line; rejects duplicate keys."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        layer: _Layer = {}
+        if root is None or (isinstance(root, yaml.ScalarNode) and root.tag.endswith(":null")):
+            return layer
+        if not isinstance(root, yaml.MappingNode):
+            raise ConfigError(
+                f"{label}:{root.start_mark.line + 1}: expected a mapping of groups "
+                f"({', '.join(GROUPS)}) at the top level"
+            )
+        group_lines: dict[str, int] = {}
+        for group_node, body in root.value:
+            line = group_node.start_mark.line + 1
+            group = _key_of(loader, group_node, label, "")
+            if group not in _SCHEMA:
+                raise ConfigError(f"{label}:{line}: {_unknown_group(group)}")
+            if group in group_lines:
+                first = group_lines[group]
+                raise ConfigError(
+                    f"{label}:{line}: duplicate group {group!r} (first at line {first})"
+                )
+            group_lines[group] = line
+            layer[group] = {}
+            if isinstance(body, yaml.ScalarNode) and body.tag.endswith(":null"):
+                continue  # "group:" with every key commented out
+            if not isinstance(body, yaml.MappingNode):
+                raise ConfigError(
+                    f"{label}:{line}: {group}: expected a mapping of keys "
+                    f"({', '.join(_SCHEMA[group])})"
+                )
+            key_lines: dict[str, int] = {}
+            for key_node, value_node in body.value:
+                kline = key_node.start_mark.line + 1
+                key = _key_of(loader, key_node, label, f"{group}.")
+                if key not in _SCHEMA[group]:
+                    raise ConfigError(f"{label}:{kline}: {_unknown_key(group, key)}")
+                if key in key_lines:
+                    raise ConfigError(
+                        f"{label}:{kline}: duplicate key {group}.{key} "
+                        f"(first at line {key_lines[key]})"
+                    )
+                key_lines[key] = kline
+                value = loader.construct_object(value_node, deep=True)
+                layer[group][key] = _Raw(value, f"{label}:{kline}" if lines else label)
+        return layer
+    except yaml.YAMLError as exc:
+        raise _yaml_error(label, exc) from None
+    finally:
+        loader.dispose()
+
+
+def _key_of(loader: yaml.SafeLoader, node: yaml.Node, label: str, prefix: str) -> str:
+    line = node.start_mark.line + 1
+    if node.tag.endswith(":merge"):
+        raise ConfigError(f"{label}:{line}: YAML merge keys ('<<') are not supported")
+    key = loader.construct_object(node, deep=True) if isinstance(node, yaml.ScalarNode) else None
+    if not isinstance(key, str):
+        raise ConfigError(f"{label}:{line}: expected a key name under {prefix or 'the top'}")
+    return key
+
+
+def _env_layer(env: Mapping[str, str]) -> _Layer:
+    layer: _Layer = {}
+    for name in sorted(env):
+        rest = name[len(ENV_PREFIX) :]
+        if not name.startswith(ENV_PREFIX) or ENV_SEPARATOR not in rest:
+            continue  # not a config override (module docstring)
+        group_part, _, key_part = rest.partition(ENV_SEPARATOR)
+        group, key = group_part.lower(), key_part.lower()
+        form = "SPECGOV_<GROUP>__<KEY>"
+        if group not in _SCHEMA:
+            raise ConfigError(f"env {name}: {form}: {_unknown_group(group)}")
+        if key not in _SCHEMA[group]:
+            raise ConfigError(f"env {name}: {form}: {_unknown_key(group, key)}")
+        try:
+            value = yaml.safe_load(env[name])
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or type(exc).__name__
+            raise ConfigError(f"env {name}: cannot read the value as YAML ({problem})") from None
+        layer.setdefault(group, {})[key] = _Raw(value, f"env {name}")
+    return layer
+
+
+def _override_layer(overrides: Mapping[str, Any]) -> _Layer:
+    layer: _Layer = {}
+    for dotted, value in overrides.items():
+        group, dot, key = str(dotted).partition(".")
+        if not dot or group not in _SCHEMA:
+            raise ConfigError(
+                f"{CLI_LABEL}: override {dotted!r}: expected GROUP.KEY like 'loop.mode'; "
+                f"{_unknown_group(group)}"
+            )
+        if key not in _SCHEMA[group]:
+            raise ConfigError(f"{CLI_LABEL}: override {dotted!r}: {_unknown_key(group, key)}")
+        layer.setdefault(group, {})[key] = _Raw(value, CLI_LABEL)
+    return layer
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+def load_config(
+    path: Path | None,
+    *,
+    env: Mapping[str, str] = os.environ,
+    overrides: Mapping[str, Any] = types.MappingProxyType({}),
+) -> SpecgovConfig:
+    """Defaults < ``path`` < ``env`` < ``overrides`` (module docstring), validated.
+
+    ``path`` None loads only the packaged defaults. Raises :class:`ConfigError`.
+    """
+    merged = _yaml_layer(DEFAULT_CONFIG_YAML, DEFAULTS_LABEL, lines=False)
+    layers: list[_Layer] = []
+    if path is not None:
+        label = str(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{label}: not UTF-8 text ({exc.reason})") from None
+        except OSError as exc:
+            raise ConfigError(f"{label}: cannot read: {exc.strerror or exc}") from None
+        layers.append(_yaml_layer(text, label))
+    layers.append(_env_layer(env))
+    layers.append(_override_layer(overrides))
+    for layer in layers:
+        for group, keys in layer.items():
+            merged.setdefault(group, {}).update(keys)
+    config = _build(merged, path)
+    _check_relations(config)
+    return config
+
+
+def _build(merged: _Layer, path: Path | None) -> SpecgovConfig:
+    groups: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for group, schema in _SCHEMA.items():
+        raw = merged.get(group, {})
+        values: dict[str, Any] = {}
+        for key, check in schema.items():
+            if key not in raw:
+                continue  # only guardrails may omit keys; defaults cover the rest
+            item = raw[key]
+            values[key] = check(item.value, f"{item.origin}: {group}.{key}")
+            sources[f"{group}.{key}"] = item.origin
+        if group == "guardrails":
+            groups[group] = _build_guardrails(values, raw)
+        elif group == "budget":
+            try:
+                groups[group] = Budget(**values)
+            except (PolicyTypeError, TypeError) as exc:  # pragma: no cover - checked above
+                raise ConfigError(f"budget: {exc}") from None
+        else:
+            groups[group] = _SIMPLE_GROUPS[group](**values)
+    return SpecgovConfig(**groups, source_path=path, sources=types.MappingProxyType(sources))
+
+
+def _build_guardrails(values: Mapping[str, Any], raw: Mapping[str, _Raw]) -> Mapping[str, Any]:
+    try:
+        checked = GuardrailConfig.from_dict(values, where="guardrails").to_dict()
+        checked["required_fields"] = tuple(checked["required_fields"])  # immutable
+        return types.MappingProxyType(checked)
+    except (GuardrailError, TypeError) as exc:
+        # GuardrailConfig's own checks say "GuardrailConfig.key"; name the config key.
+        message = re.sub(r"^GuardrailConfig\.", "guardrails.", str(exc))
+        match = re.match(r"guardrails\.(\w+)", message)
+        item = raw.get(match[1]) if match else None
+        origin = item.origin if item is not None else _most_specific(raw.values())
+        raise ConfigError(f"{origin}: {message}") from None
+
+
+def _most_specific(items: Any) -> str:
+    origins = [i.origin for i in items if i.origin != DEFAULTS_LABEL]
+    return origins[-1] if origins else DEFAULTS_LABEL
+
+
+def _check_relations(config: SpecgovConfig) -> None:
+    """Rules across keys; attributed to the key that most likely needs changing."""
+    src = config.sources
+    control = config.control
+    if control.token_required:
+        listen = f"control.listen {control.listen} is not a loopback address"
+        if control.token_env is None:
+            raise ConfigError(
+                f"{src.get('control.token_env', DEFAULTS_LABEL)}: control.token_env: {listen}, "
+                f"so control.token_env must name the environment variable holding the API "
+                f"token (or listen on 127.0.0.1), got null"
+            )
+    if config.loop.mode == "plugin" and config.spool.dir is None:
+        raise ConfigError(
+            f"{src.get('spool.dir', DEFAULTS_LABEL)}: spool.dir: loop.mode plugin publishes "
+            f"step tables through the spool, so spool.dir must name a directory, got null"
+        )
+    guard = config.guardrails
+    limit = guard["table_ttl_s"] * (1.0 - guard["keepalive_fraction"])
+    decide = config.loop.decide_interval_s
+    if not decide < limit:
+        raise ConfigError(
+            f"{src.get('loop.decide_interval_s', DEFAULTS_LABEL)}: loop.decide_interval_s: "
+            f"expected < guardrails.table_ttl_s * (1 - guardrails.keepalive_fraction) = "
+            f"{limit:g} s, so a published table is re-issued before its TTL runs out, "
+            f"got {decide:g} s"
+        )
+
+
+def check_secrets(config: SpecgovConfig, env: Mapping[str, str] = os.environ) -> None:
+    """Raise :class:`ConfigError` when a required secret's variable is unset or empty.
+
+    Separate from :func:`load_config` so that a file can be validated and shown on a
+    machine without the secrets; ``specgov run`` calls both.
+    """
+    control = config.control
+    if control.token_required and control.token(env) is None:
+        raise ConfigError(
+            f"{config.sources.get('control.token_env', DEFAULTS_LABEL)}: control.token_env: "
+            f"control.listen {control.listen} is not a loopback address, so the environment "
+            f"variable {control.token_env} must hold the API token, but it is unset or empty"
+        )
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def _plain(value: object) -> Any:
+    if isinstance(value, Path | ListenAddress):
+        return str(value)
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def effective_config_dict(config: SpecgovConfig) -> dict[str, dict[str, Any]]:
+    """The configuration as plain YAML/JSON data, groups and keys in file order.
+
+    Durations are seconds, paths and addresses strings. It holds no secret (the config
+    only names their variables; :func:`secret_status` says whether they are set), and
+    ``load_config`` of this data, dumped to a file, gives back an equal config.
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for group, keys in _SCHEMA.items():
+        obj = getattr(config, group)
+        if isinstance(obj, Mapping):
+            out[group] = {key: _plain(obj[key]) for key in keys}
+        else:
+            out[group] = {key: _plain(getattr(obj, key)) for key in keys}
+    return out
+
+
+def secret_status(
+    config: SpecgovConfig, env: Mapping[str, str] = os.environ
+) -> dict[str, dict[str, Any]]:
+    """For each secret: the variable that holds it and whether it is set, never its value."""
+    return {
+        "server.api_key": {
+            "env": config.server.api_key_env,
+            "set": config.server.api_key(env) is not None,
+            "required": False,
+        },
+        "control.token": {
+            "env": config.control.token_env,
+            "set": config.control.token(env) is not None,
+            "required": config.control.token_required,
+        },
+    }
+
+
+# The packaged defaults: a verbatim copy of the repository's config.yaml (see the module
+# docstring); tests/test_config.py checks that they are identical.
+DEFAULT_CONFIG_YAML: Final = """\
+# specgov daemon configuration: the defaults `specgov run` starts with.
+#
+# A file given with --config needs only the keys it changes; every key it omits
+# keeps the value below. Unknown keys and wrong types are rejected with the key
+# path, the value and the expected form: check a file with
+# `specgov config validate FILE`.
+#
+# Precedence, lowest to highest: these defaults < the --config file <
+# environment variables SPECGOV_<GROUP>__<KEY> (double underscore, e.g.
+# SPECGOV_LOOP__MODE=plugin; the value is read as YAML, so "null", "true", "5s"
+# and "[0, 1, 3]" work) < command-line flags (--server, --mode, ...).
+# `specgov config show` prints the effective result and where each value came
+# from. SPECGOV_* variables without a double underscore (SPECGOV_SPOOL_DIR,
+# SPECGOV_SHARED_DATA, ...) belong to other parts of specgov and are not
+# config overrides.
+#
+# Durations (keys ending in _s) take a number of seconds or a number with a
+# unit: "250ms", "30s", "5m", "1h". Relative paths are relative to the
+# daemon's working directory; a leading "~" is the user's home directory.
+#
+# Secrets never go in this file: it names the environment variables that hold
+# them (server.api_key_env, control.token_env), and specgov never prints their
+# values.
+
+# The SGLang server this daemon governs.
+server:
+  # Base URL of SGLang's HTTP server (http or https, no credentials, query or
+  # fragment). 30000 is SGLang's default --port.
+  url: http://127.0.0.1:30000
+  # NAME of the environment variable holding the key SGLang was started with
+  # (--api-key), sent as a Bearer token. Variable unset or empty: no key is
+  # sent. null: never send one.
+  api_key_env: SPECGOV_SGLANG_API_KEY
+  # Timeout of one HTTP request to the server (seconds). A timeout is a
+  # temporary error: the daemon backs off and retries.
+  timeout_s: 5
+
+# The spool directory: the file channel between the daemon and the in-engine
+# plugin (step tables one way, per-tier statistics the other).
+spool:
+  # Directory shared with SGLang: its processes must see the same directory as
+  # SPECGOV_SPOOL_DIR (in a pod, a volume mounted in both containers). Its
+  # files are short-lived (tables carry a TTL), so a temporary directory is fine.
+  # null: no plugin; the daemon observes through HTTP only (observe mode only).
+  dir: /tmp/specgov-spool
+
+# The slow control loop.
+loop:
+  # observe: decide and record every decision, publish nothing (start here and
+  # read `specgov decisions`); plugin: also publish step tables that the
+  # in-engine plugin follows.
+  mode: observe
+  # How often to scrape the server's /metrics, /server_info and /v1/loads
+  # (seconds).
+  scrape_interval_s: 1
+  # How often the policy decides (seconds). Must stay below
+  # guardrails.table_ttl_s * (1 - guardrails.keepalive_fraction), so that a
+  # published table is re-issued before its TTL runs out.
+  decide_interval_s: 5
+
+# Which policy decides the step table.
+policy:
+  # A policy spec, the syntax `specgov policy set` takes: goodput[:key=value,...]
+  # (the model-based policy), bandit[:...], static:K, batch-table:1=5,8=3,32=0,
+  # none (no speculation) or sglang-ema (leave SGLang's own controller in
+  # charge). `specgov policy list` describes them and their keys.
+  spec: goodput
+
+# Operator limits every decision respects (null: no limit of that kind).
+budget:
+  # GPU memory per GPU that SGLang may use (GiB); restart recommendations never
+  # propose a shape that needs more.
+  vram_gib: null
+  # Median time-per-output-token SLO (milliseconds).
+  slo_tpot_ms: null
+  # 99th-percentile inter-token latency SLO (milliseconds).
+  slo_itl_p99_ms: null
+  # 99th-percentile time-to-first-token SLO (milliseconds).
+  slo_ttft_p99_ms: null
+  # Draft step counts a decision may use, strictly increasing, e.g. [0, 1, 3, 5]
+  # (0 = no speculation for that slot); null: all the engine's candidates.
+  allowed_steps: null
+  # Whether a decision may make speculation lossy (accept thresholds below 1.0
+  # change the output distribution). Keep false unless outputs may change.
+  allow_lossy: false
+
+# Guardrails between the policy and the server: they hold, damp, clamp and roll
+# back what the policy proposes. Times in seconds, gains and thresholds as
+# fractions (0.02 = 2 %).
+guardrails:
+  # TTL stamped on every published table (seconds); the in-engine plugin
+  # ignores an expired table and falls back to SGLang's own controller.
+  table_ttl_s: 30
+  # Re-issue an unchanged table once its age passes this fraction of its TTL.
+  keepalive_fraction: 0.5
+  # While frozen on bad telemetry, keep re-issuing the held table this long
+  # after the last fresh telemetry, then let it expire (seconds; 0: never).
+  frozen_keepalive_s: 120
+  # Observation fields that must be known for the policy to act; when one is
+  # unknown the guardrails freeze the table.
+  required_fields: [slot_candidates, staleness_s, tier_stats, window_s, generation_tokens]
+  # Scraped metrics older than this are stale (seconds).
+  max_staleness_s: 10
+  # Plugin statistics whose window ended longer ago than this are stale (seconds).
+  max_tier_stats_age_s: 15
+  # Tolerance band: a change predicted to gain less than this fraction is held.
+  min_gain: 0.02
+  # A slot keeps its step at least this long after a change; doubles with each
+  # flap (seconds).
+  min_dwell_s: 30
+  # Cap on the flap-damped dwell time (seconds).
+  max_dwell_s: 1800
+  # Half-life of a slot's flap penalty (seconds; +1 per reversal A->B->A).
+  flap_half_life_s: 3600
+  # Rate limit window (seconds) ...
+  rate_window_s: 60
+  # ... and the most table changes allowed in any such window.
+  max_changes_per_window: 3
+  # Roll back a change that measurably hurt goodput or broke an SLO.
+  rollback_enabled: true
+  # Relative goodput drop (per running request) that counts as a regression.
+  rollback_threshold: 0.1
+  # Seconds of data compared after a change (at least half as much before it).
+  rollback_window_s: 20
+  # Skip this long after a change while the engine picks it up (seconds).
+  rollback_settle_s: 2
+  # Generated tokens each side of a change needs for a verdict.
+  rollback_min_tokens: 500
+  # A change not judged within this long is kept as inconclusive (seconds).
+  rollback_max_wait_s: 120
+  # Mean running requests differing by more than this factor before and after a
+  # change: inconclusive, kept.
+  rollback_max_load_ratio: 2.0
+  # An SLO counts as broken above slo * (1 + this margin).
+  rollback_slo_margin: 0.05
+  # A rolled-back move is blocked this long (seconds).
+  rollback_cooldown_s: 600
+
+# The daemon's own state: decision audit log, overrides, learned estimators,
+# the last published table.
+state:
+  # SQLite database file (WAL mode; the directory is created if missing).
+  # Keep it on persistent storage so learned state and overrides survive a
+  # restart.
+  db_path: ~/.local/state/specgov/state.db
+
+# The daemon's own Prometheus metrics.
+metrics:
+  # HOST:PORT for GET /metrics. 127.0.0.1 keeps it on this machine; use
+  # 0.0.0.0:9464 (or the pod IP) for a scraper elsewhere. 9464 is
+  # OpenTelemetry's default Prometheus exporter port.
+  listen: 127.0.0.1:9464
+
+# The control API that `specgov status`, `override`, `policy` and `decisions`
+# talk to.
+control:
+  # HOST:PORT it listens on; other commands connect here unless given
+  # --control-addr. Loopback (127.0.0.1, ::1, localhost) by default.
+  listen: 127.0.0.1:9465
+  # NAME of the environment variable holding the API's bearer token (a long
+  # random string). Required, and the variable must be set, whenever listen is
+  # not a loopback address; clients read the same variable.
+  token_env: SPECGOV_CONTROL_TOKEN
+
+# Restart recommendations for what SGLang cannot change live (tree width, draft
+# tokens, candidate steps, speculation on/off), found by replaying the recent
+# traffic through the simulator.
+recommend:
+  # Compute recommendations at all.
+  enabled: true
+  # How often to compute one (seconds; a replay costs some CPU, so hours are
+  # typical).
+  interval_s: 1h
+  # Command run to apply a recommendation, as an argument list (no shell is
+  # involved), e.g. ["/usr/local/bin/restart-sglang", "--from-specgov"].
+  # null: only show it in `specgov status` and `specgov recommend`.
+  apply_command: null
+
+# What the restart-loop simulator assumes the deployment is: names from the
+# simulator's catalog (simulator/data/gpus.yaml, models.yaml, drafters.yaml),
+# checked by the daemon when it first replays traffic.
+deployment:
+  # GPU model of the server.
+  gpu: h100
+  # Target model served by SGLang.
+  model: llama-3.1-8b
+  # Draft model or method (eagle3, ngram, ...).
+  drafter: eagle3
+
+# Logging of the daemon (to stderr).
+log:
+  # text: human-readable lines; json: one JSON object per line, for collectors.
+  format: text
+  # Least severe level logged: debug, info, warning, error or critical.
+  level: info
+"""

@@ -1,0 +1,634 @@
+"""The specgov daemon: scrape SGLang, decide, publish step tables, explain everything.
+
+Long-lived asyncio tasks, each named: ``scrape`` (telemetry -> Observation),
+``decide`` (policy behind guardrails -> Decision, audit log, spool publish),
+``control-api`` and ``metrics`` (HTTP servers), ``recommend`` (restart loop,
+optional). If one of them dies unexpectedly the daemon shuts down cleanly with a
+non-zero exit instead of limping on. SIGTERM/SIGINT finish the current step,
+persist and exit within ``shutdown_grace_s``; SIGHUP reloads the configuration
+(an invalid one is rejected and the old one kept).
+
+Decisions are pure (``specgov.policies``); this module owns every effect: HTTP,
+the spool files, the SQLite store, the clock, metrics and logs.
+
+Error handling follows kopf's split: temporary errors (server down, timeouts,
+5xx) back off and retry while the last table keeps its TTL (then the plugin falls
+back to SGLang's own controller); permanent errors (auth rejected, endpoints
+missing, an incompatible shape) stop acting, keep the daemon up and say why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import signal
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from specgov.adapters.errors import PermanentScrapeError, ScrapeError, TemporaryScrapeError
+from specgov.adapters.observation_builder import ObservationBuilder
+from specgov.adapters.sglang_http import SGLangClient
+from specgov.adapters.spool import read_tier_stats, write_step_table
+from specgov.controller.config import SpecgovConfig
+from specgov.controller.own_metrics import DaemonMetrics
+from specgov.controller.state_store import StateStore, StoreUnavailable
+from specgov.policies.daemon import DaemonPolicy
+from specgov.policies.estimators.step_cost import StepCostPrior
+from specgov.policies.guardrails import (
+    GuardedPolicy,
+    GuardedState,
+    GuardrailConfig,
+    Override,
+    active_overrides,
+    clear_overrides,
+    remove_override,
+    set_override,
+)
+from specgov.policies.spec import KNOWN_KINDS, build_daemon_policy, parse_policy_spec
+from specgov.policies.types import (
+    Budget,
+    Decision,
+    Observation,
+    StepTable,
+    TierStatsSnapshot,
+)
+
+log = logging.getLogger("specgov.daemon")
+
+MAX_OVERRIDE_TTL_S = 7 * 24 * 3600.0
+SERVER_INFO_REFRESH_S = 30.0
+
+
+class DaemonError(Exception):
+    """The daemon cannot start (bad config, unusable paths); the message says why."""
+
+
+def merge_snapshots(snapshots: list[TierStatsSnapshot]) -> TierStatsSnapshot | None:
+    # One implementation of the window merge, shared with closed-loop replay.
+    from specgov.simulator.closed_loop import merge_tier_snapshots
+
+    return merge_tier_snapshots(snapshots)
+
+
+@dataclass
+class DaemonStatus:
+    """What `specgov status` shows (JSON-friendly via ``Daemon.status``)."""
+
+    started_at_s: float
+    last_scrape_s: float | None = None
+    last_scrape_error: str | None = None
+    scrape_errors: int = 0
+    permanent_error: str | None = None
+    last_decision: dict[str, Any] | None = None
+    store_error: str | None = None
+    decisions: int = 0
+    tables_published: int = 0
+    spool_error: str | None = None
+    recommendation: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class Daemon:
+    """One daemon bound to one SGLang server. Collaborators are injected."""
+
+    def __init__(
+        self,
+        config: SpecgovConfig,
+        *,
+        store: StateStore | None,
+        registry: CollectorRegistry | None = None,
+        client: SGLangClient | None = None,
+        clock: Callable[[], float] = time.time,
+        cpu_clock: Callable[[], float] = time.process_time,
+        prior: StepCostPrior | None = None,
+        config_loader: Callable[[], SpecgovConfig] | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.metrics = DaemonMetrics(self.registry)
+        self._clock = clock
+        self._cpu_clock = cpu_clock
+        self._prior = prior
+        self._config_loader = config_loader
+        self._client = client
+        self.status_info = DaemonStatus(started_at_s=clock())
+        self._builder = ObservationBuilder()
+        self._observation: Observation | None = None
+        self._stats_cursor: dict[str, int] | None = None
+        self._stats_pending: list[TierStatsSnapshot] = []
+        self._server_info: dict[str, Any] | None = None
+        self._server_info_at: float | None = None
+        self._memory_decisions: list[dict[str, Any]] = []  # when the store is unavailable
+        self._override_ids: dict[str, Override] = {}
+        self._override_seq = 0
+        self.policy_spec = self._initial_policy_spec()
+        self.policy: GuardedPolicy[Any] = self._build_policy(self.policy_spec)
+        self.state: GuardedState[Any] = self._restore_state()
+        self._table: StepTable | None = self._restore_table()
+        self._stop = asyncio.Event()
+        self.exit_code = 0
+
+    # ----------------------------------------------------------------- set-up
+
+    def _initial_policy_spec(self) -> str:
+        if self.store is not None:
+            try:
+                saved = self.store.get_setting("policy_spec")
+                if isinstance(saved, str):
+                    return saved
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+        return self.config.policy.spec
+
+    def _build_policy(self, spec_text: str) -> GuardedPolicy[Any]:
+        spec = parse_policy_spec(spec_text)
+        inner = build_daemon_policy(spec, prior=self._prior)
+        if inner is None:
+            # sglang-ema: SGLang's built-in controller decides; the daemon only
+            # observes and keeps the tables away (a None policy never publishes).
+            from specgov.policies.simple import NonePolicy
+
+            inner = _ObserveOnly(NonePolicy(), spec_text)
+        guard_cfg = GuardrailConfig.from_dict(dict(self.config.guardrails), where="guardrails")
+        return GuardedPolicy(inner, guard_cfg)
+
+    def _restore_state(self) -> GuardedState[Any]:
+        state = self.policy.initial_state()
+        if self.store is None:
+            return state
+        try:
+            saved = self.store.load_policy_state(self.policy.name)
+            if saved is not None:
+                state = self.policy.state_from_dict(saved)
+                log.info("restored learned state of %s", self.policy.name)
+            for rec in self.store.list_overrides(self._clock()):
+                state = set_override(state, rec.override)
+                self._override_ids[rec.id] = rec.override
+        except StoreUnavailable as exc:
+            self._store_failed(exc)
+        except ValueError as exc:
+            self.status_info.notes.append(f"saved state ignored: {exc}")
+            log.warning("saved policy state ignored: %s", exc)
+        return state
+
+    def _restore_table(self) -> StepTable | None:
+        if self.store is None:
+            return None
+        try:
+            data = self.store.last_table()
+        except StoreUnavailable as exc:
+            self._store_failed(exc)
+            return None
+        if data is None:
+            return None
+        try:
+            return StepTable.from_dict(data)
+        except ValueError:
+            return None
+
+    def _store_failed(self, exc: BaseException) -> None:
+        message = f"state store unavailable, controlling from memory: {exc}"
+        if self.status_info.store_error != message:
+            log.error("%s", message)
+        self.status_info.store_error = message
+
+    # ------------------------------------------------------------- scraping
+
+    def client(self) -> SGLangClient:
+        if self._client is None:
+            import os
+
+            key = self.config.server.api_key(os.environ)
+            self._client = SGLangClient(
+                self.config.server.url,
+                rng=random.Random(0x5EC60),
+                api_key=key,
+                timeout_s=self.config.server.timeout_s,
+            )
+        return self._client
+
+    async def scrape_once(self) -> Observation | None:
+        """One scrape round; never raises for server trouble (it is recorded)."""
+        client = self.client()
+        now = self._clock()
+        try:
+            scrape = await client.scrape_metrics()
+            info = None
+            if self._server_info_at is None or now - self._server_info_at > SERVER_INFO_REFRESH_S:
+                info = await client.server_info()
+                self._server_info, self._server_info_at = info, now
+            try:
+                loads = await client.loads()
+            except PermanentScrapeError:
+                loads = None  # older servers have no /v1/loads; gauges suffice
+            obs = self._builder.feed(now, scrape.snapshot, info, loads)
+        except PermanentScrapeError as exc:
+            self.status_info.permanent_error = str(exc)
+            self.status_info.scrape_errors += 1
+            self.metrics.on_scrape_error("permanent")
+            log.error("permanent telemetry error, not acting: %s", exc)
+            return None
+        except (TemporaryScrapeError, ScrapeError) as exc:
+            self.status_info.last_scrape_error = str(exc)
+            self.status_info.scrape_errors += 1
+            self.metrics.on_scrape_error("temporary")
+            log.warning("telemetry unavailable (will retry): %s", exc)
+            return None
+        except ValueError as exc:  # a malformed body
+            self.status_info.last_scrape_error = f"malformed response: {exc}"
+            self.status_info.scrape_errors += 1
+            self.metrics.on_scrape_error("format")
+            log.warning("malformed telemetry: %s", exc)
+            return None
+        self.status_info.permanent_error = None
+        self.status_info.last_scrape_error = None
+        self.status_info.last_scrape_s = now
+        self._observation = obs
+        return obs
+
+    def _read_stats(self) -> None:
+        spool = self.config.spool.dir
+        if spool is None:
+            return
+        try:
+            batch = read_tier_stats(spool, self._stats_cursor)
+        except OSError as exc:
+            self.status_info.spool_error = f"cannot read {spool}: {exc}"
+            return
+        self._stats_cursor = dict(batch.cursor)
+        self._stats_pending.extend(r.snapshot for r in batch.records)
+
+    # ------------------------------------------------------------- deciding
+
+    def observation_now(self) -> Observation:
+        """The latest observation, aged to now, with the plugin's statistics merged."""
+        now = self._clock()
+        self._read_stats()
+        stats = merge_snapshots(self._stats_pending)
+        self._stats_pending = []
+        base = self._observation or Observation(time_s=now)
+        age = now - base.time_s
+        staleness = max(base.staleness_s or 0.0, age) if self._observation else None
+        return replace(base, time_s=now, staleness_s=staleness, tier_stats=stats, table=self._table)
+
+    def decide_once(self) -> Decision:
+        """One decision: run the guarded policy, record it, publish it (plugin mode)."""
+        observation = self.observation_now()
+        budget = self.config.budget
+        started = self._cpu_clock()
+        decision, self.state = self.policy.decide(observation, self.state, budget)
+        decide_s = self._cpu_clock() - started
+        before = self._table
+        published = False
+        acting = self.status_info.permanent_error is None
+        if decision.table is not None and acting and self.config.loop.mode == "plugin":
+            published = self._publish(decision.table, observation)
+        if decision.table is not None and (published or self.config.loop.mode == "observe"):
+            # In observe mode the table is what the daemon *would* run.
+            self._table = decision.table
+        self.metrics.on_decision(self.policy.name, str(decision.reason), decide_s, self._table)
+        record = {
+            "time_s": observation.time_s,
+            "policy": self.policy.name,
+            "reason": str(decision.reason),
+            "message": decision.message,
+            "limited_by": list(decision.limited_by),
+            "expected_gain": decision.expected_gain,
+            "inputs_summary": _inputs_summary(observation),
+            "table_before": before.to_dict() if before is not None else None,
+            "table_after": decision.table.to_dict() if decision.table is not None else None,
+            "published": published,
+        }
+        self.status_info.decisions += 1
+        self.status_info.last_decision = record
+        self._persist(record)
+        return decision
+
+    def _publish(self, table: StepTable, observation: Observation) -> bool:
+        spool = self.config.spool.dir
+        if spool is None:
+            self.status_info.spool_error = "plugin mode needs spool.dir"
+            return False
+        candidates = sorted(
+            {k for _, steps in (observation.slot_candidates or ()) for k in steps}
+            or (observation.shape.candidate_steps if observation.shape else ())
+        )
+        if not candidates:
+            self.status_info.spool_error = "engine candidate steps unknown; not publishing"
+            return False
+        try:
+            Path(spool).mkdir(parents=True, exist_ok=True)
+            write_step_table(spool, table, candidates)
+        except OSError as exc:
+            self.status_info.spool_error = f"cannot write {spool}: {exc}"
+            log.error("cannot publish step table: %s", exc)
+            return False
+        self.status_info.spool_error = None
+        self.status_info.tables_published += 1
+        return True
+
+    def _persist(self, record: dict[str, Any]) -> None:
+        if self.store is None:
+            self._memory_decisions.append(record)
+            del self._memory_decisions[:-1000]
+            return
+        try:
+            self.store.record_decision(**record)
+            if record["published"] and record["table_after"] is not None:
+                self.store.save_table(record["table_after"])
+            self.store.save_policy_state(self.policy.name, self.state.to_dict(), record["time_s"])
+            self.status_info.store_error = None
+        except StoreUnavailable as exc:
+            self._store_failed(exc)
+            self._memory_decisions.append(record)
+            del self._memory_decisions[:-1000]
+
+    # ------------------------------------------------ control service (API)
+
+    def status(self) -> dict[str, Any]:
+        s = self.status_info
+        now = self._clock()
+        table = self._table
+        return {
+            "policy": self.policy.name,
+            "mode": self.config.loop.mode,
+            "server": self.config.server.url,
+            "uptime_s": now - s.started_at_s,
+            "last_scrape_age_s": None if s.last_scrape_s is None else now - s.last_scrape_s,
+            "last_scrape_error": s.last_scrape_error,
+            "permanent_error": s.permanent_error,
+            "scrape_errors": s.scrape_errors,
+            "store_error": s.store_error,
+            "spool_error": s.spool_error,
+            "decisions": s.decisions,
+            "tables_published": s.tables_published,
+            "table": table.to_dict() if table is not None else None,
+            "table_age_s": None if table is None else now - table.produced_at_s,
+            "last_decision": s.last_decision,
+            "overrides": self.list_overrides(),
+            "observation": _inputs_summary(self._observation) if self._observation else None,
+            "recommendation": s.recommendation,
+            "notes": list(s.notes),
+        }
+
+    def decisions(self, since_s: float | None, limit: int) -> list[dict[str, Any]]:
+        if self.store is not None:
+            try:
+                return [r.to_dict() for r in self.store.decisions(since_s=since_s, limit=limit)]
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+        rows = [r for r in self._memory_decisions if since_s is None or r["time_s"] >= since_s]
+        return rows[-limit:][::-1]
+
+    def list_overrides(self) -> list[dict[str, Any]]:
+        now = self._clock()
+        ids = {id(o): oid for oid, o in self._override_ids.items()}
+        return [{"id": ids.get(id(o)), **o.to_dict()} for o in active_overrides(self.state, now)]
+
+    def set_override(
+        self,
+        slot: int | None,
+        steps: int | None,
+        disable: bool,
+        pin_policy: str | None,
+        ttl_s: float,
+        reason: str,
+    ) -> dict[str, Any]:
+        if not 0 < ttl_s <= MAX_OVERRIDE_TTL_S:
+            raise ValueError(f"ttl must be > 0 and <= {MAX_OVERRIDE_TTL_S:.0f} s, got {ttl_s}")
+        if pin_policy is not None:
+            parse_policy_spec(pin_policy)  # fail early, naming the bad part
+        now = self._clock()
+        override = Override(
+            slot=slot,
+            steps=steps,
+            disable_speculation=disable,
+            pin_policy=pin_policy,
+            created_at_s=now,
+            expires_at_s=now + ttl_s,
+            reason=reason,
+        )
+        self.state = set_override(self.state, override)
+        # The daemon names the override, so it has an id even while the store is down.
+        self._override_seq += 1
+        override_id = f"ov-{int(now * 1000)}-{self._override_seq}"
+        self._override_ids[override_id] = override
+        data = {"id": override_id, **override.to_dict()}
+        if self.store is not None:
+            try:
+                self.store.put_override(data)
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+        log.info("override set: %s", override.describe())
+        return data
+
+    def clear_override(self, override_id: str | None, slot: int | None) -> int:
+        now = self._clock()
+        before = len(active_overrides(self.state, now))
+        if override_id is not None:
+            target = self._override_ids.pop(override_id, None)
+            if target is not None:
+                self.state = remove_override(self.state, target)
+        else:
+            self.state = clear_overrides(self.state, slot=slot)
+        after = len(active_overrides(self.state, now))
+        if self.store is not None:
+            try:
+                if override_id is not None:
+                    self.store.clear_override(override_id=override_id, now_s=now)
+                elif slot is not None:
+                    self.store.clear_override(slot=slot, now_s=now)
+                else:
+                    self.store.clear_override(all=True, now_s=now)
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+        return before - after
+
+    def set_policy(self, spec: str) -> dict[str, Any]:
+        new_policy = self._build_policy(spec)  # raises ValueError naming the bad part
+        # Keep the guard bookkeeping (table, overrides, dwell history); start the inner
+        # policy fresh unless the store has learned state for it.
+        inner_state = new_policy.inner.initial_state()
+        if self.store is not None:
+            try:
+                saved = self.store.load_policy_state(new_policy.name)
+                if saved is not None:
+                    inner_state = new_policy.state_from_dict(saved).inner
+                self.store.set_setting("policy_spec", spec)
+            except (StoreUnavailable, ValueError) as exc:
+                log.warning("policy switch: saved state not used: %s", exc)
+        self.state = replace(self.state, inner=inner_state)
+        self.policy = new_policy
+        self.policy_spec = spec
+        log.info("policy switched to %s", new_policy.name)
+        return {"policy": new_policy.name}
+
+    def policies(self) -> dict[str, Any]:
+        return {"current": self.policy.name, "kinds": list(KNOWN_KINDS)}
+
+    def health(self) -> dict[str, Any]:
+        ok = self.status_info.permanent_error is None
+        return {"ok": ok, "acting": ok, "store": self.status_info.store_error is None}
+
+    def recommend(self) -> dict[str, Any]:
+        return self.status_info.recommendation or {
+            "recommendation": None,
+            "message": "no recommendation yet (recommend.enabled false or not run yet)",
+        }
+
+    # ------------------------------------------------------------ the loops
+
+    async def _every(self, interval_s: float, step: Callable[[], Awaitable[object]]) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            await step()
+            delay = max(0.0, interval_s - (time.monotonic() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=delay)
+
+    async def _scrape_loop(self) -> None:
+        await self._every(self.config.loop.scrape_interval_s, self.scrape_once)
+
+    async def _decide_loop(self) -> None:
+        async def step() -> None:
+            self.decide_once()
+
+        await self._every(self.config.loop.decide_interval_s, step)
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    def reload(self) -> None:
+        """SIGHUP: load the configuration again; keep the old one if the new is invalid."""
+        if self._config_loader is None:
+            return
+        try:
+            new = self._config_loader()
+            if new.policy.spec != self.config.policy.spec:
+                self._build_policy(new.policy.spec)  # validate before switching
+        except (ValueError, OSError) as exc:
+            log.error("config reload rejected, keeping the running config: %s", exc)
+            self.status_info.notes.append(f"reload rejected: {exc}")
+            return
+        old_spec = self.config.policy.spec
+        self.config = new
+        if new.policy.spec != old_spec:
+            self.set_policy(new.policy.spec)
+        log.info("configuration reloaded")
+
+    async def run(
+        self,
+        extra_tasks: Mapping[str, Callable[[], Coroutine[Any, Any, None]]] | None = None,
+        *,
+        install_signals: bool = True,
+        shutdown_grace_s: float = 10.0,
+    ) -> int:
+        """Run until stopped; return the exit code (0 clean, 1 a task died)."""
+        loop = asyncio.get_running_loop()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self.request_stop)
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
+        factories: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
+            "scrape": self._scrape_loop,
+            "decide": self._decide_loop,
+            **(extra_tasks or {}),
+        }
+        tasks: dict[asyncio.Task[Any], str] = {
+            asyncio.create_task(f(), name=name): name for name, f in factories.items()
+        }
+        stopper: asyncio.Task[Any] = asyncio.create_task(self._stop.wait(), name="stop")
+        done, _ = await asyncio.wait([*tasks, stopper], return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            if task is stopper:
+                continue
+            name = tasks[task]
+            exc = task.exception() if not task.cancelled() else None
+            log.error("task %r ended unexpectedly (%s); shutting down", name, exc or "returned")
+            self.exit_code = 1
+        self._stop.set()
+        pending = [t for t in tasks if not t.done()]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=shutdown_grace_s)
+            for task in still:
+                task.cancel()
+            await asyncio.gather(*still, return_exceptions=True)
+        stopper.cancel()
+        await self.close()
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+        return self.exit_code
+
+    async def close(self) -> None:
+        if self.store is not None:
+            try:
+                self.store.save_policy_state(self.policy.name, self.state.to_dict(), self._clock())
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+        if self._client is not None:
+            await self._client.aclose()
+
+
+class _ObserveOnly:
+    """sglang-ema under the daemon: never publishes, so SGLang's own EMA decides."""
+
+    def __init__(self, inner: DaemonPolicy[Any], name: str) -> None:
+        self._inner = inner
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def initial_state(self) -> Any:
+        return self._inner.initial_state()
+
+    def decide(self, observation: Observation, state: Any, budget: Budget) -> tuple[Decision, Any]:
+        from specgov.policies.types import ReasonCode
+
+        return (
+            Decision(
+                table=None,
+                reason=ReasonCode.HELD_NO_CHANGE,
+                message="sglang-ema: SGLang's built-in controller decides; nothing published",
+                expected_gain=None,
+            ),
+            state,
+        )
+
+    def state_from_dict(self, data: Mapping[str, Any]) -> Any:
+        return self._inner.state_from_dict(data)
+
+
+def _inputs_summary(obs: Observation | None) -> dict[str, Any]:
+    if obs is None:
+        return {}
+
+    def q(v: Any) -> float | None:
+        return None if v is None else v.p50_ms
+
+    def finite(x: float | None) -> float | None:
+        return None if x is None or not math.isfinite(x) else round(x, 4)
+
+    return {
+        "running": obs.running_requests,
+        "queued": obs.queued_requests,
+        "token_usage": finite(obs.token_usage),
+        "gen_throughput_tok_s": finite(obs.gen_throughput_tok_s),
+        "accept_length": finite(obs.accept_length),
+        "tpot_p50_ms": finite(q(obs.tpot_ms)),
+        "itl_p99_ms": finite(None if obs.itl_ms is None else obs.itl_ms.p99_ms),
+        "spec_num_steps": obs.spec_num_steps,
+        "staleness_s": finite(obs.staleness_s),
+        "tier_windows": None if obs.tier_stats is None else len(obs.tier_stats.tiers),
+    }
