@@ -1,0 +1,323 @@
+"""Policy benchmark: every step policy on every scenario, closed loop, one command.
+
+    python benchmarks/policies/run.py [--out DIR] [--quick] [--jobs N] [--scenarios PAT ...]
+
+Writes into DIR (default out/policies/, git-ignored): results.csv, results.md,
+phases.csv, results.json (full summaries, steps per slot, the daemons' decision reasons
+and table changes) and plots/ (goodput ratio heat map, one phase scenario's time
+series); prints the markdown at the end. See README.md in this folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import shlex
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    # Run as a script: make the repository root importable for `benchmarks.policies`.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import numpy as np
+
+from benchmarks.policies import report
+from benchmarks.policies.scenarios import (
+    POLICIES,
+    STATIC_POLICIES,
+    Scenario,
+    ScenarioError,
+    build_requests,
+    default_data_dir,
+    missing_inputs,
+    policy_label,
+    select,
+)
+from specgov.simulator.metrics import Slo, slo_mask, summarise
+from specgov.simulator.replay import parse_policy, prepare_run
+
+DEFAULT_OUT = Path("out/policies")
+
+
+@dataclass(frozen=True)
+class Job:
+    scenario: Scenario
+    policy: str
+    data_dir: Path
+    seed: int
+    slo: Slo
+    keep_series: bool
+
+
+def run_job(job: Job) -> report.RunResult:
+    """Replay one scenario under one policy (a worker process calls this)."""
+    sc = job.scenario
+    requests = build_requests(sc.workload, job.data_dir)
+    policy = parse_policy(job.policy)
+    prepared = prepare_run(sc.server(), policy, seed=job.seed, slo=job.slo)
+    started = time.perf_counter()
+    result = prepared.run(requests, concurrency=sc.workload.concurrency)
+    wall = time.perf_counter() - started
+    summary = summarise(policy.name, result, job.slo)
+    summary["wall_s"] = wall
+    reasons: dict[str, int] = {}
+    changes: list[dict[str, Any]] = []
+    if prepared.loop is not None:
+        log = prepared.loop.log
+        summary["decisions"] = len(log.decisions)
+        summary["table_changes"] = log.table_changes
+        summary["mean_decide_ms"] = log.mean_decide_ms
+        reasons = dict(Counter(d.reason for d in log.decisions))
+        changes = [
+            {"time_s": d.time_s, "reason": d.reason, "message": d.message, "table": d.table}
+            for d in log.decisions
+            if d.changed
+        ]
+    # Per-phase accounting: output tokens of SLO-meeting requests, by arrival phase.
+    phase_tokens: dict[str, int] = {}
+    phases = sc.workload.phases()
+    if phases:
+        ok = slo_mask(result, job.slo)
+        arrival = np.asarray(result.req_arrival_s, dtype=np.float64)
+        tokens = np.asarray(result.req_output_tokens, dtype=np.int64)
+        for i, ph in enumerate(phases):
+            # The last phase also takes any arrival at or after its end (rounding).
+            upper = np.inf if i == len(phases) - 1 else ph.end_s
+            lower = -np.inf if i == 0 else ph.start_s
+            in_phase = ok & (arrival >= lower) & (arrival < upper)
+            phase_tokens[ph.name] = int(tokens[in_phase].sum())
+    return report.RunResult(
+        scenario_id=sc.id,
+        policy=policy_label(job.policy),
+        summary=summary,
+        phase_good_tokens=phase_tokens,
+        reason_counts=reasons,
+        changes=changes,
+        series=result.series if job.keep_series else None,
+    )
+
+
+def _cost(job: Job) -> float:
+    """Rough relative cost, to start the longest jobs first."""
+    w = job.scenario.workload
+    n = float(w.max_requests or 4000)
+    if w.rate_scale > 1 or (w.concurrency or 0) >= 64:
+        n *= 1.5
+    if job.scenario.gpu != "h100":
+        n *= 1.3
+    daemon = parse_policy(job.policy).daemon_spec is not None
+    return n * (4.0 if daemon else 1.0)
+
+
+def plot_scenario(scenarios: Sequence[Scenario]) -> Scenario | None:
+    """The phase scenario whose time series is plotted (H100 + EAGLE-3 when present)."""
+    phase = [s for s in scenarios if "phase_shift" in s.tags]
+    preferred = [s for s in phase if s.gpu == "h100" and s.profile == "eagle3"]
+    chosen = preferred or phase
+    return chosen[0] if chosen else None
+
+
+@dataclass
+class SuiteOutput:
+    rows: list[dict[str, Any]]
+    targets: list[report.TargetResult]
+    markdown: str
+    files: list[Path]
+    wall_s: float
+
+
+def run_suite(
+    scenarios: Sequence[Scenario],
+    *,
+    out_dir: Path,
+    jobs: int = 2,
+    data_dir: Path | None = None,
+    seed: int = 0,
+    slo: Slo | None = None,
+    policies: Sequence[str] = POLICIES,
+    command: str | None = None,
+    progress: bool = True,
+) -> SuiteOutput:
+    """Run every policy on every scenario, then write the tables, targets and plots."""
+    started = time.perf_counter()
+    slo = slo or Slo()
+    data = data_dir or default_data_dir()
+    for p in policies:
+        parse_policy(p)  # fail before any simulation on a bad policy
+    plotted = plot_scenario(scenarios)
+    work = [
+        Job(sc, p, data, seed, slo, keep_series=sc == plotted) for sc in scenarios for p in policies
+    ]
+    work.sort(key=_cost, reverse=True)
+    results: list[report.RunResult] = []
+    if jobs <= 1:
+        for i, job in enumerate(work, 1):
+            results.append(run_job(job))
+            _progress(progress, i, len(work), results[-1], started)
+    else:
+        with multiprocessing.Pool(jobs) as pool:
+            for i, res in enumerate(pool.imap_unordered(run_job, work), 1):
+                results.append(res)
+                _progress(progress, i, len(work), res, started)
+
+    # Scenario order, then policy order: tables read the same whatever finished first.
+    sc_order = {s.id: i for i, s in enumerate(scenarios)}
+    p_order = {policy_label(p): i for i, p in enumerate(policies)}
+    results.sort(key=lambda r: (sc_order[r.scenario_id], p_order[r.policy]))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows = report.build_rows(scenarios, results)
+    phase_table = report.phase_rows(scenarios, results)
+    targets = report.evaluate_targets(rows, scenarios)
+    wall = time.perf_counter() - started
+    meta = {
+        "command": f"`{command}`" if command else "run_suite(...)",
+        "scenarios": f"{len(scenarios)} ({len(work)} runs)",
+        "SLO": f"TPOT <= {slo.tpot_ms} ms" + (f", TTFT <= {slo.ttft_ms} ms" if slo.ttft_ms else ""),
+        "seed": str(seed),
+        "wall time": f"{wall:.0f} s with {jobs} job(s)",
+        "targets apply to": report.TARGET_POLICY,
+        "batch-table": next((p for p in policies if p.startswith("batch-table")), "-"),
+    }
+    markdown = report.render_markdown(rows, targets, scenarios, meta, phase_table)
+    files = [
+        report.write_csv(rows, report.CSV_COLUMNS, out_dir / "results.csv"),
+        report.write_csv(phase_table, report.PHASE_CSV_COLUMNS, out_dir / "phases.csv"),
+    ]
+    md_path = out_dir / "results.md"
+    md_path.write_text(markdown, encoding="utf-8")
+    files.append(md_path)
+    json_path = out_dir / "results.json"
+    json_path.write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "targets": [t.__dict__ for t in targets],
+                "runs": [
+                    {
+                        "scenario": r.scenario_id,
+                        "policy": r.policy,
+                        "summary": r.summary,
+                        "phase_good_tokens": r.phase_good_tokens,
+                        "reason_counts": r.reason_counts,
+                        "table_changes": r.changes,
+                    }
+                    for r in sorted(results, key=lambda r: (r.scenario_id, r.policy))
+                ],
+            },
+            indent=1,
+            default=str,
+        ),
+        encoding="utf-8",
+    )
+    files.append(json_path)
+    heat = report.plot_goodput_ratios(rows, out_dir / "plots" / "goodput_vs_ema.png")
+    if heat is not None:
+        files.append(heat)
+    if plotted is not None:
+        files += _plot_series(plotted, rows, results, out_dir / "plots" / "timeseries")
+    return SuiteOutput(rows, targets, markdown, files, time.perf_counter() - started)
+
+
+# Time series plotted for the phase scenario (plus its best static in hindsight).
+SERIES_POLICIES = ("none", "sglang-ema", "batch-table", "goodput", "bandit")
+
+
+def _plot_series(
+    scenario: Scenario,
+    rows: Sequence[dict[str, Any]],
+    results: Sequence[report.RunResult],
+    out_dir: Path,
+) -> list[Path]:
+    best = next(
+        (
+            r["resolved"]
+            for r in rows
+            if r["scenario"] == scenario.id and r["policy"] == report.ORACLE
+        ),
+        None,
+    )
+    wanted = [*SERIES_POLICIES, *([best] if best in STATIC_POLICIES else [])]
+    series = [
+        (r.policy, r.series)
+        for r in results
+        if r.scenario_id == scenario.id and r.policy in wanted and r.series is not None
+    ]
+    return report.plot_timeseries(scenario.id, series, out_dir) if series else []
+
+
+def _progress(enabled: bool, i: int, n: int, res: report.RunResult, started: float) -> None:
+    if enabled:
+        print(
+            f"[{i}/{n} {time.perf_counter() - started:6.0f}s] {res.scenario_id} {res.policy}: "
+            f"goodput {res.summary['goodput_tok_s']:.0f} tok/s "
+            f"(run {res.summary['wall_s']:.1f}s)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder")
+    parser.add_argument("--quick", action="store_true", help="small smoke subset")
+    parser.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
+    parser.add_argument(
+        "--scenarios",
+        nargs="+",
+        metavar="PAT",
+        help="workload names or ids workload/gpu/profile (wildcards ok), e.g. 'conv-*' "
+        "'phase/h100/*'",
+    )
+    parser.add_argument("--data-dir", type=Path, default=None, help="holds traces/azure-llm-2023")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--slo-tpot-ms", type=float, default=50.0)
+    parser.add_argument("--slo-ttft-ms", type=float, default=None)
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    try:
+        slo = Slo(tpot_ms=args.slo_tpot_ms, ttft_ms=args.slo_ttft_ms)
+        scenarios = select(args.scenarios, quick=args.quick)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    data_dir = args.data_dir or default_data_dir()
+    missing = missing_inputs({s.workload for s in scenarios}, data_dir)
+    if missing:
+        for name, path in sorted(missing.items()):
+            print(f"warning: skipping {name}: {path} not found", file=sys.stderr)
+        scenarios = [s for s in scenarios if s.workload.name not in missing]
+        if not scenarios:
+            print(
+                "error: no scenario left to run (set SPECGOV_SHARED_DATA or --data-dir)",
+                file=sys.stderr,
+            )
+            return 2
+    command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
+    try:
+        out = run_suite(
+            scenarios,
+            out_dir=args.out,
+            jobs=args.jobs,
+            data_dir=data_dir,
+            seed=args.seed,
+            slo=slo,
+            command=command,
+        )
+    except ScenarioError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(out.markdown)
+    print(f"wrote {len(out.files)} files under {args.out} in {out.wall_s:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
