@@ -1,0 +1,484 @@
+"""The simulated SGLang server: what a daemon scrapes from it parses like SGLang 0.5.23,
+the in-engine plugin follows step tables from the spool and writes tier statistics,
+/set_internal_state refuses what SGLang refuses, restarts reset counters, outages look
+like outages, and stop() leaves nothing running."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from specgov.adapters.observation_builder import (
+    ObservationBuilder,
+    parse_loads,
+    parse_server_info,
+)
+from specgov.adapters.prometheus_text import counter_by_dp, gauge_by_dp, parse_metrics
+from specgov.adapters.spool import TierStatsRecord, read_tier_stats, write_step_table
+from specgov.policies.adaptive_config import AdaptiveConfigError, candidate_steps_union
+from specgov.policies.types import Observation, StepTable
+from specgov.simulator import sim_endpoints as ep
+from specgov.simulator.replay import SPECGOV_SLOT_CANDIDATES, ServerSpec, specgov_adaptive_config
+from specgov.simulator.sim_server import SimServer, SimServerError, serve
+from specgov.simulator.synthetic import SyntheticSpec, generate_trace
+from specgov.simulator.traces import Request, Trace
+
+LOADS_INCLUDE = {"include": "core,memory,spec,queues"}
+CANDIDATES = candidate_steps_union(specgov_adaptive_config())
+
+
+def _trace(duration_s: float = 30.0, rate_rps: float = 8.0) -> Trace:
+    return generate_trace(
+        SyntheticSpec(
+            duration_s=duration_s,
+            rate_rps=rate_rps,
+            mean_input_tokens=512,
+            mean_output_tokens=128,
+            seed=1,
+        )
+    )
+
+
+def _wait_for(predicate: Callable[[], object], what: str, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def _gauge(text: str, name: str) -> float | None:
+    rv = gauge_by_dp(parse_metrics(text), name).get(None)
+    return None if rv is None else rv.value
+
+
+def _counter(text: str, name: str) -> float:
+    rv = counter_by_dp(parse_metrics(text), name).get(None)
+    return 0.0 if rv is None else rv.value
+
+
+@pytest.fixture
+def running() -> Iterator[Callable[..., SimServer]]:
+    """Start servers; every one is stopped at teardown, even when a test fails."""
+    started: list[SimServer] = []
+
+    def start(trace: Trace | None = None, **kwargs: Any) -> SimServer:
+        sim = SimServer(trace if trace is not None else _trace(), **kwargs)
+        started.append(sim)
+        sim.start()
+        sim.wait_ready()
+        return sim
+
+    yield start
+    for sim in started:
+        sim.stop()
+
+
+def _finished(sim: SimServer) -> int:
+    return int(sim.state()["requests_finished"] or 0)
+
+
+def _scrape(client: httpx.Client, builder: ObservationBuilder) -> Observation:
+    metrics = parse_metrics(client.get("/metrics").text, source="sim /metrics")
+    info = client.get("/server_info").json()
+    loads = client.get("/v1/loads", params=LOADS_INCLUDE).json()
+    return builder.feed(time.time(), metrics, info, loads)
+
+
+# ----------------------------------------------------------------------- daemon view
+
+
+def test_two_scrapes_give_the_daemon_a_complete_observation(
+    running: Callable[..., SimServer], tmp_path: Path
+) -> None:
+    sim = running(speed=40.0, spool_dir=tmp_path / "spool", loop_trace=True)
+    with httpx.Client(base_url=sim.url, timeout=5.0) as client:
+        assert client.get("/health").status_code == 200
+        model_info = client.get("/model_info").json()
+        assert ep.is_simulated_model_info(model_info)
+        assert model_info["model_path"] == "specgov-sim:llama-3.1-8b"
+        assert client.get("/get_model_info").json() == model_info
+
+        info = client.get("/server_info").json()
+        assert set(client.get("/get_server_info").json()) == set(info)
+        # The launch wrote its adaptive config file, as --speculative-adaptive-config.
+        config = json.loads(Path(info["speculative_adaptive_config"]).read_text())
+        assert config == specgov_adaptive_config()
+        view = parse_server_info(info, adaptive_config=config)
+        assert view.shape is not None and view.shape.algorithm == "EAGLE3"
+        assert list(view.shape.candidate_steps) == CANDIDATES
+        assert dict(view.slot_candidates or ()) == SPECGOV_SLOT_CANDIDATES
+        assert view.kv_capacity_tokens == info["max_total_num_tokens"] > 0
+
+        builder = ObservationBuilder(adaptive_config=config)
+        _wait_for(lambda: _finished(sim) >= 20, "requests to finish")
+        _scrape(client, builder)
+        done = _finished(sim)
+        _wait_for(lambda: _finished(sim) >= done + 40, "more requests to finish")
+        obs = _scrape(client, builder)
+
+    needed = (
+        "running_requests",
+        "queued_requests",
+        "token_usage",
+        "kv_capacity_tokens",
+        "gen_throughput_tok_s",
+        "accept_length",
+        "ttft_ms",
+        "itl_ms",
+        "tpot_ms",
+        "shape",
+        "staleness_s",
+        "window_s",
+        "generation_tokens",
+        "verify_calls",
+        "spec_num_steps",
+        "slot_candidates",
+    )
+    missing = [name for name in needed if getattr(obs, name) is None]
+    assert not missing, (missing, builder.last_report and builder.last_report.notes)
+    assert obs.accept_length is not None and 1.0 <= obs.accept_length <= 8.0
+    assert obs.spec_num_steps in CANDIDATES
+    assert obs.kv_capacity_tokens == view.kv_capacity_tokens
+
+
+def test_loads_and_server_info_follow_sglangs_shapes(running: Callable[..., SimServer]) -> None:
+    # No spool: SGLang's own controller on its default config (the baseline).
+    sim = running(_trace(duration_s=8.0), speed=100.0)
+    assert sim.policy_name == "sglang-ema"
+    _wait_for(lambda: sim.state()["status"] == "finished", "the trace to end")
+    (result,) = sim.results()
+    assert result.completed + result.aborted == len(_trace(duration_s=8.0).requests)
+    with httpx.Client(base_url=sim.url, timeout=5.0) as client:
+        info = client.get("/server_info").json()
+        assert info["speculative_adaptive"] is True
+        assert info["speculative_adaptive_config"] is None  # SGLang's default config
+        assert info["version"] == "0.5.23"
+        state = info["internal_states"][0]
+        assert state["memory_usage"]["token_capacity"] == info["max_total_num_tokens"]
+        assert state["avg_spec_accept_length"] > 1.0
+
+        full = client.get("/v1/loads").json()
+        view = parse_loads(full)
+        assert len(view.ranks) == 1 and view.server_time_s is not None
+        rank = view.ranks[0]
+        # Idle after the trace: the idle publish says so.
+        assert (rank.running_requests, rank.waiting_requests, rank.token_usage) == (0, 0, 0.0)
+        assert rank.capacity_tokens == info["max_total_num_tokens"]
+        load = full["loads"][0]
+        assert {"memory", "speculative", "disaggregation", "queues"} <= set(load)
+        assert load["decode_moments"][0] > 0 and load["total_prefill_busy_us"] > 0
+
+        core = client.get("/v1/loads", params={"include": "core"}).json()["loads"][0]
+        assert not {"memory", "speculative", "queues"} & set(core)
+        assert client.get("/v1/loads", params={"dp_rank": "1"}).json()["loads"] == []
+        assert client.get("/v1/loads", params={"dp_rank": "x"}).status_code == 400
+        # SGLang validates sections in LoadSnapshot.to_dict, outside the endpoint's try.
+        assert client.get("/v1/loads", params={"include": "core,bogus"}).status_code == 500
+        text = client.get("/v1/loads", params={"format": "prometheus"}).text
+        assert 'sglang_num_running_reqs{dp_rank="0"} 0' in text
+        assert 'sglang_spec_accept_length{dp_rank="0"}' in text
+
+
+def test_before_the_first_publish_loads_are_the_seeded_default() -> None:
+    launch = ep.LaunchInfo(
+        model="m",
+        gpu="g",
+        host="127.0.0.1",
+        port=1,
+        kv_capacity_tokens=1000,
+        effective_max_running_requests=8,
+        chunked_prefill_size=512,
+        mem_fraction_static=0.8,
+        weight_gib=1.0,
+        kv_cache_gib=2.0,
+        graph_gib=0.5,
+        total_gib=8.0,
+        speculative_algorithm="EAGLE3",
+    )
+    body = ep.loads_body(launch, ep.LiveState(), include=None, dp_rank=None, now_s=1.0e9)
+    assert body["loads"][0]["timestamp"] == 0.0
+    rank = parse_loads(body).ranks[0]
+    assert rank.running_requests is None and rank.published_at_s is None
+    with pytest.raises(ep.InvalidIncludeError, match="bogus"):
+        ep.loads_body(launch, ep.LiveState(), include="bogus", dp_rank=None, now_s=1.0)
+
+
+# ------------------------------------------------------------------- plugin + spool
+
+
+def _windows_since(spool: Path, start_s: float) -> list[TierStatsRecord]:
+    return [
+        r
+        for r in read_tier_stats(spool).records
+        if r.snapshot.window_start_s >= start_s and r.snapshot.tiers
+    ]
+
+
+def test_plugin_follows_step_tables_and_writes_tier_stats(
+    running: Callable[..., SimServer], tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    started = time.time()
+    sim = running(speed=40.0, spool_dir=spool, loop_trace=True, stats_interval_s=0.25)
+    assert sim.policy_name == "specgov-plugin"
+    _wait_for(lambda: _windows_since(spool, 0.0), "tier statistics in the spool")
+    record = _windows_since(spool, 0.0)[0]
+    # Windows are stamped in wall-clock epoch seconds, like the daemon's clock...
+    assert started - 1.0 <= record.snapshot.window_start_s <= time.time() + 1.0
+    # ... and step times are the simulated GPU's (ms), not the accelerated wall time.
+    timed = [t for t in record.snapshot.tiers if t.step_time_count]
+    assert timed
+    for tier in timed:
+        assert 1e-3 < tier.step_time_sum_s / tier.step_time_count < 0.5
+
+    with httpx.Client(base_url=sim.url, timeout=5.0) as client:
+        for version, steps in ((1, 0), (2, 2)):
+            table = StepTable(((1, steps),), version=version, produced_at_s=time.time(), ttl_s=60)
+            write_step_table(spool, table, CANDIDATES)
+
+            def in_force(v: int = version) -> bool:
+                return (sim.state()["plugin"]["table"] or {}).get("version") == v
+
+            _wait_for(in_force, f"table version {version} to be followed")
+            after = time.time() + 0.1  # margin: the engine may run a tick ahead
+
+            def under_table(since: float = after) -> bool:
+                return bool(_windows_since(spool, since))
+
+            _wait_for(under_table, "a window under the table")
+            for rec in _windows_since(spool, after):
+                assert {t.steps for t in rec.snapshot.tiers} == {steps}
+
+            def gauge_is(s: int = steps) -> bool:
+                return _gauge(client.get("/metrics").text, "sglang:spec_num_steps") == s
+
+            _wait_for(gauge_is, f"spec_num_steps gauge {steps}")
+
+    # Expiry is judged on the wall clock: a table that died two minutes ago is ignored.
+    stale = StepTable(((1, 1),), version=3, produced_at_s=time.time() - 120.0, ttl_s=30.0)
+    write_step_table(spool, stale, CANDIDATES)
+    _wait_for(lambda: sim.state()["plugin"]["table"] is None, "the expired table to be dropped")
+    plugin = sim.state()["plugin"]
+    assert plugin["spool_ignored"].get("expired", 0) > 0
+    assert plugin["mode"] == "table" and plugin["errors"] == 0
+
+
+# --------------------------------------------------------------- set_internal_state
+
+
+def test_set_internal_state_accepts_and_refuses_like_sglang(
+    running: Callable[..., SimServer],
+) -> None:
+    sim = running(_trace(duration_s=8.0), speed=100.0)
+    _wait_for(lambda: sim.state()["status"] == "finished", "the trace to end")
+    with httpx.Client(base_url=sim.url, timeout=5.0) as client:
+
+        def post(args: Any, method: str = "POST") -> Any:
+            response = client.request(method, "/set_internal_state", json={"server_args": args})
+            assert response.status_code == 200
+            return response.json()
+
+        def internal() -> dict[str, Any]:
+            state: dict[str, Any] = client.get("/server_info").json()["internal_states"][0]
+            return state
+
+        assert post({"max_running_requests": 8}) == [False]
+        assert post({"dspark_force_budget_frac": 0.5}) == [False]
+        assert post({"pp_max_micro_batch_size": 0}) == [False]
+        # Validated as a whole: one refused key applies nothing.
+        assert post({"speculative_accept_threshold_acc": 0.3, "bogus": 1}) == [False]
+        assert internal()["speculative_accept_threshold_acc"] == 1.0
+        assert "avg_spec_accept_length" in internal()
+
+        assert post({"speculative_accept_threshold_single": 0.5}, method="PUT") == [True]
+        state = internal()
+        assert state["speculative_accept_threshold_single"] == 0.5
+        # The launch args keep the launch value; the lifetime acceptance starts over.
+        assert client.get("/server_info").json()["speculative_accept_threshold_single"] == 1.0
+        assert "avg_spec_accept_length" not in state
+        assert "speculative" not in client.get("/v1/loads").json()["loads"][0]
+        assert post({"pp_max_micro_batch_size": 4}) == [True]
+        assert internal()["pp_max_micro_batch_size"] == 4
+
+        for bad in (
+            {"server_args": {"speculative_accept_threshold_acc": "0.5"}},
+            {"server_args": {"speculative_accept_threshold_acc": True}},
+            {"server_args": [1]},
+            {"other": 1},
+        ):
+            response = client.post("/set_internal_state", json=bad)
+            assert response.status_code == 400, bad
+            error = response.json()
+            assert error["object"] == "error" and error["code"] == 400 and error["message"]
+        not_json = client.post("/set_internal_state", content=b"{", headers={"x": "y"})
+        assert not_json.status_code == 400
+
+
+def test_api_key_protects_everything_but_health_and_metrics(
+    running: Callable[..., SimServer],
+) -> None:
+    sim = running(_trace(duration_s=4.0), speed=100.0, api_key="s3cret")
+    with httpx.Client(base_url=sim.url, timeout=5.0) as client:
+        assert client.get("/health").status_code == 200
+        assert client.get("/metrics").status_code == 200
+        assert client.get("/server_info").status_code == 401
+        assert client.post("/set_internal_state", json={"server_args": {}}).status_code == 401
+        assert client.get("/v1/loads", headers={"Authorization": "Bearer nope"}).status_code == 401
+        info = client.get("/server_info", headers={"Authorization": "Bearer s3cret"})
+        assert info.status_code == 200
+        assert "s3cret" not in info.text
+
+
+# ------------------------------------------------------------- restart and outages
+
+
+def test_restart_resets_counters_and_outages_look_like_outages(
+    running: Callable[..., SimServer], tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    sim = running(speed=40.0, spool_dir=spool, loop_trace=True)
+    config = specgov_adaptive_config()
+    builder = ObservationBuilder(adaptive_config=config)
+    with httpx.Client(base_url=sim.url, timeout=5.0) as client:
+        _wait_for(lambda: _finished(sim) >= 100, "requests to finish")
+        _scrape(client, builder)
+        before = _counter(client.get("/metrics").text, "sglang:num_requests_total")
+        writers_before = set(read_tier_stats(spool).cursor)
+
+        sim.restart()
+        assert sim.generation == 1
+        assert _counter(client.get("/metrics").text, "sglang:num_requests_total") < before
+        _scrape(client, builder)
+        assert builder.last_report is not None and builder.last_report.restart_detected
+        # A fresh plugin instance, and a new statistics writer (a new process, to a daemon).
+        _wait_for(lambda: set(read_tier_stats(spool).cursor) - writers_before, "a new writer")
+
+        # Connections refused while the port is closed; back when the outage ends.
+        sim.pause(30.0)
+        with pytest.raises(httpx.TransportError):
+            client.get("/health")
+        sim.resume()
+        _wait_for(lambda: sim.healthy, "the port to re-open")
+        assert client.get("/health").status_code == 200
+
+        # 503 on every SGLang route; the simulator's own control routes still answer.
+        sim.pause(30.0, mode="503")
+        assert client.get("/metrics").status_code == 503
+        assert client.get("/health").status_code == 503
+        assert client.get("/specgov-sim/state").json()["outage"] == "503"
+        assert client.post("/specgov-sim/outage", json={"seconds": 1}).status_code == 400
+        sim.resume()
+        _wait_for(lambda: client.get("/health").status_code == 200, "the 503 outage to end")
+
+        # A restart driven over HTTP, as an end-to-end test in another process would.
+        for bad in ({"down_s": -1}, {"down_s": "1"}, {"down": 1}):
+            assert client.post("/specgov-sim/restart", json=bad).status_code == 400
+        accepted = client.post("/specgov-sim/restart", json={"down_s": 30.0})
+        assert accepted.status_code == 202
+        assert accepted.json()["previous_generation"] == 1
+        _wait_for(lambda: sim.state()["outage"] == "refuse", "the restart's down window")
+        with pytest.raises(httpx.TransportError):
+            client.get("/health")
+        sim.resume()  # end the down window early
+        sim.wait_ready()
+        assert sim.generation == 2
+        assert client.get("/server_info").status_code == 200
+
+
+def test_restart_with_a_starting_phase_answers_503_on_health(
+    running: Callable[..., SimServer],
+) -> None:
+    sim = running(speed=40.0, loop_trace=True)
+    sim.restart(starting_s=30.0, wait=False)
+    _wait_for(lambda: sim.generation == 1, "the new generation")
+    with httpx.Client(base_url=sim.url, timeout=5.0) as client:
+        assert client.get("/health").status_code == 503
+        assert client.get("/metrics").status_code == 200  # a starting server has /metrics
+        with pytest.raises(SimServerError, match="already in progress"):
+            sim.restart()
+    sim.stop()  # interrupts the starting phase
+    assert not sim.healthy
+
+
+# ---------------------------------------------------------------- lifecycle, errors
+
+
+def _sim_threads() -> list[str]:
+    return [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith(("specgov-sim", "specgov-stats-writer"))
+    ]
+
+
+def test_stop_joins_every_thread_and_flushes_the_last_window(tmp_path: Path) -> None:
+    spool = tmp_path / "spool"
+    sim = SimServer(_trace(duration_s=60.0), speed=40.0, spool_dir=spool)
+    sim.start()
+    sim.wait_ready()
+    url = sim.url
+    _wait_for(lambda: _finished(sim) >= 20, "requests to finish")
+    assert _sim_threads()
+    sim.stop()
+    sim.stop()  # idempotent
+    assert _sim_threads() == []
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/health", timeout=2.0)
+    state = sim.state()
+    assert state["status"] == "stopped"
+    assert state["plugin"]["stats_written"] >= state["plugin"]["stats_windows"] >= 1
+    assert read_tier_stats(spool).records
+    with pytest.raises(SimServerError, match="not running"):
+        sim.restart()
+
+
+def test_serve_blocks_until_asked_to_stop() -> None:
+    stop = threading.Event()
+    seen: list[str] = []
+    sim = SimServer(_trace(duration_s=4.0), speed=100.0)
+
+    def ready(server: SimServer) -> None:
+        seen.append(server.url)
+        stop.set()
+
+    result: list[int] = []
+
+    def run() -> None:
+        result.append(serve(sim, on_ready=ready, stop_event=stop))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(30.0)
+    assert result == [0] and seen == [sim.url]
+    assert not sim.healthy and _sim_threads() == []
+
+
+def test_bad_settings_are_refused_with_the_setting_named(tmp_path: Path) -> None:
+    trace = _trace(duration_s=4.0)
+    for kwargs, name in (
+        ({"speed": 0.0}, "speed"),
+        ({"speed": float("nan")}, "speed"),
+        ({"port": -1}, "port"),
+        ({"host": ""}, "host"),
+        ({"stats_interval_s": 0}, "stats_interval_s"),
+    ):
+        with pytest.raises(SimServerError, match=name):
+            SimServer(trace, **kwargs)
+    unsorted = [Request(1.0, 10, 10), Request(0.5, 10, 10)]
+    with pytest.raises(SimServerError, match="sorted by arrival_s"):
+        SimServer(unsorted)
+    with pytest.raises(AdaptiveConfigError):
+        SimServer(trace, spool_dir=tmp_path, adaptive_config={"1": {"candidate_steps": []}})
+    sim = SimServer(trace, ServerSpec(), speed=10.0)
+    with pytest.raises(SimServerError, match="not running"):
+        sim.restart()
+    with pytest.raises(SimServerError, match="mode"):
+        sim.pause(1.0, mode="sometimes")  # type: ignore[arg-type]
