@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from specgov.simulator.replay import ReplayReport
     from specgov.simulator.traces import Trace
 
-DEFAULT_DEMO_POLICIES = ("none", "static:1", "static:3", "static:5", "static:7", "sglang-ema")
+DEFAULT_REPLAY_POLICIES = ("none", "static:1", "static:3", "static:5", "static:7", "sglang-ema")
 
 
 @contextmanager
@@ -46,12 +46,15 @@ def _register_subcommands() -> None:
     # Each command module imports only click at load time; its work is lazy.
     from specgov.controller.config_cmd import config_group
     from specgov.controller.daemon_cmds import COMMANDS
+    from specgov.controller.demo import demo_cmd, sim_server_cmd
     from specgov.controller.sglang_args_cmd import sglang_args
 
     main.add_command(sglang_args)
     main.add_command(config_group)
     for command in COMMANDS:
         main.add_command(command)
+    main.add_command(demo_cmd)
+    main.add_command(sim_server_cmd)
 
 
 _register_subcommands()
@@ -361,18 +364,7 @@ def replay(
             max_requests=max_requests,
             seed=server["seed"],
         )
-        _run_replay(loaded, policies or DEFAULT_DEMO_POLICIES, concurrency=concurrency, **server)
-
-
-@main.command()
-@_with_server_options
-def demo(**server: Any) -> None:
-    """Replay the embedded synthetic trace (code -> chat -> RAG, load ramp) side by side."""
-    from specgov.simulator.synthetic import DEFAULT_DEMO_SPEC, generate_trace
-
-    with _user_errors():
-        trace = generate_trace(DEFAULT_DEMO_SPEC)
-        _run_replay(trace, DEFAULT_DEMO_POLICIES, concurrency=None, **server)
+        _run_replay(loaded, policies or DEFAULT_REPLAY_POLICIES, concurrency=concurrency, **server)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -127,6 +127,7 @@ class Daemon:
         self._stats_pending: list[TierStatsSnapshot] = []
         self._server_info: dict[str, Any] | None = None
         self._server_info_at: float | None = None
+        self._adaptive_config_path: str | None = None
         self._memory_decisions: list[dict[str, Any]] = []  # when the store is unavailable
         self._override_ids: dict[str, Override] = {}
         self._override_seq = 0
@@ -226,6 +227,7 @@ class Daemon:
             if self._server_info_at is None or now - self._server_info_at > SERVER_INFO_REFRESH_S:
                 info = await client.server_info()
                 self._server_info, self._server_info_at = info, now
+                self._load_adaptive_config(info)
             try:
                 loads = await client.loads()
             except PermanentScrapeError:
@@ -254,6 +256,26 @@ class Daemon:
         self.status_info.last_scrape_s = now
         self._observation = obs
         return obs
+
+    def _load_adaptive_config(self, info: Mapping[str, Any]) -> None:
+        """Read the server's --speculative-adaptive-config file (the slots and candidates
+        a table must respect); the daemon runs beside the server and shares its volume."""
+        path = info.get("speculative_adaptive_config")
+        if not isinstance(path, str) or path == self._adaptive_config_path:
+            return
+        import json
+
+        try:
+            config = json.loads(Path(path).read_text())
+            builder = ObservationBuilder(adaptive_config=config)
+        except (OSError, ValueError) as exc:
+            note = f"cannot use the adaptive config {path}: {exc}"
+            if note not in self.status_info.notes:
+                self.status_info.notes.append(note)
+            log.warning("%s", note)
+            return
+        self._builder = builder
+        self._adaptive_config_path = path
 
     def _read_stats(self) -> None:
         spool = self.config.spool.dir

@@ -63,6 +63,8 @@ def _configure_logging(fmt: str, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # One line per HTTP request from the scrape client is noise, not news.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 async def serve_daemon(
