@@ -64,6 +64,8 @@ from specgov.policies.types import (
 log = logging.getLogger("specgov.daemon")
 
 MAX_OVERRIDE_TTL_S = 7 * 24 * 3600.0
+# A recommendation is handed to the apply command only above this predicted gain.
+APPLY_MIN_GAIN = 0.05
 SERVER_INFO_REFRESH_S = 30.0
 
 
@@ -128,6 +130,9 @@ class Daemon:
         self._server_info: dict[str, Any] | None = None
         self._server_info_at: float | None = None
         self._adaptive_config_path: str | None = None
+        # (time, requests, prompt tokens, generation tokens) counter totals per scrape,
+        # for the restart loop's workload summary.
+        self._totals: list[tuple[float, float, float, float]] = []
         self._memory_decisions: list[dict[str, Any]] = []  # when the store is unavailable
         self._override_ids: dict[str, Override] = {}
         self._override_seq = 0
@@ -233,6 +238,7 @@ class Daemon:
             except PermanentScrapeError:
                 loads = None  # older servers have no /v1/loads; gauges suffice
             obs = self._builder.feed(now, scrape.snapshot, info, loads)
+            self._note_totals(now, scrape.snapshot)
         except PermanentScrapeError as exc:
             self.status_info.permanent_error = str(exc)
             self.status_info.scrape_errors += 1
@@ -256,6 +262,123 @@ class Daemon:
         self.status_info.last_scrape_s = now
         self._observation = obs
         return obs
+
+    def _note_totals(self, now: float, snapshot: Any) -> None:
+        from specgov.adapters.prometheus_text import counter_by_dp
+
+        def total(name: str) -> float | None:
+            per_dp = counter_by_dp(snapshot, name)
+            return sum(v.value for v in per_dp.values()) if per_dp else None
+
+        values = (
+            total("sglang:num_requests_total"),
+            total("sglang:prompt_tokens_total"),
+            total("sglang:generation_tokens_total"),
+        )
+        if any(v is None for v in values):
+            return
+        req, prompt, gen = (float(v) for v in values if v is not None)
+        if self._totals and req < self._totals[-1][1]:
+            self._totals.clear()  # counters went down: the server restarted
+        self._totals.append((now, req, prompt, gen))
+        horizon = now - max(self.config.recommend.interval_s, 60.0)
+        while len(self._totals) > 2 and self._totals[0][0] < horizon:
+            self._totals.pop(0)
+
+    def workload_summary(self) -> Any:
+        """The recent window for the restart loop (None until two scrapes apart)."""
+        from specgov.controller.recommend import WorkloadSummary
+
+        if len(self._totals) < 2:
+            return None
+        (t0, r0, p0, g0), (t1, r1, p1, g1) = self._totals[0], self._totals[-1]
+        requests = r1 - r0
+        if t1 <= t0 or requests <= 0:
+            return None
+        obs = self._observation
+        return WorkloadSummary(
+            window_s=t1 - t0,
+            request_rate_rps=requests / (t1 - t0),
+            mean_input_tokens=(p1 - p0) / requests,
+            mean_output_tokens=(g1 - g0) / requests,
+            accept_length=obs.accept_length if obs is not None else None,
+            current_steps=obs.spec_num_steps if obs is not None else None,
+        )
+
+    async def recommend_once(self) -> dict[str, Any] | None:
+        """Replay the recent workload over candidate shapes (in a thread); record the best."""
+        from specgov.controller.recommend import RecommendError, recommend
+
+        workload = self.workload_summary()
+        if workload is None:
+            return None
+        dep = self.config.deployment
+        obs = self._observation
+        try:
+            rec = await asyncio.to_thread(
+                recommend,
+                workload,
+                gpu=dep.gpu,
+                model=dep.model,
+                drafter=dep.drafter,
+                current=obs.shape if obs is not None else None,
+                slo_tpot_ms=self.config.budget.slo_tpot_ms,
+            )
+        except (RecommendError, ValueError) as exc:
+            self.status_info.recommendation = {"recommendation": None, "message": str(exc)}
+            return None
+        data = rec.to_dict()
+        data["time_s"] = self._clock()
+        self.status_info.recommendation = data
+        if self.store is not None:
+            try:
+                self.store.set_setting("recommendation", data)
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+        log.info(
+            "restart recommendation: %s (predicted %+.1f%% goodput vs %s)",
+            rec.label,
+            100 * rec.predicted_gain,
+            rec.current_label,
+        )
+        await self._maybe_apply(data)
+        return data
+
+    async def _maybe_apply(self, data: dict[str, Any]) -> None:
+        """Run the operator's apply command (an argument list, never a shell string)."""
+        argv = self.config.recommend.apply_command
+        gain = data.get("predicted_gain")
+        if not argv or not isinstance(gain, float) or gain < APPLY_MIN_GAIN:
+            return
+        import json
+        import os
+
+        env = {**os.environ, "SPECGOV_RECOMMENDATION": json.dumps(data, default=str)}
+        try:
+            proc = await asyncio.create_subprocess_exec(*argv, env=env)
+            code = await proc.wait()
+        except OSError as exc:
+            data["applied"] = f"failed to start {argv[0]}: {exc}"
+            log.error("%s", data["applied"])
+            return
+        data["applied"] = f"{argv[0]} exited {code}"
+        log.info("recommendation handed to %s (exit %d)", argv[0], code)
+
+    async def _recommend_loop(self) -> None:
+        async def step() -> None:
+            try:
+                await self.recommend_once()
+            except Exception as exc:  # a simulator bug must not take the daemon down
+                log.exception("restart loop failed: %s", exc)
+                self.status_info.recommendation = {
+                    "recommendation": None,
+                    "message": f"restart loop failed: {type(exc).__name__}: {exc}",
+                }
+
+        # Let a window of telemetry accumulate before the first replay.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), timeout=self.config.recommend.interval_s)
+        await self._every(self.config.recommend.interval_s, step)
 
     def _load_adaptive_config(self, info: Mapping[str, Any]) -> None:
         """Read the server's --speculative-adaptive-config file (the slots and candidates
@@ -565,6 +688,8 @@ class Daemon:
             "decide": self._decide_loop,
             **(extra_tasks or {}),
         }
+        if self.config.recommend.enabled:
+            factories["recommend"] = self._recommend_loop
         tasks: dict[asyncio.Task[Any], str] = {
             asyncio.create_task(f(), name=name): name for name, f in factories.items()
         }

@@ -87,6 +87,9 @@ class InEnginePolicy:
     daemon_spec: PolicySpec | None = None
 
 
+# Domains an "observed" acceptance profile answers for (every label resolves to them).
+OBSERVED_DOMAINS = ("sharegpt", "instructcoder", "cnn", "gsm8k", "mtbench")
+
 KNOWN_POLICIES = (
     "in-engine: none, static:K (K >= 0), sglang-ema; "
     "daemon (closed loop): batch-table:..., goodput[:...], bandit[:...]"
@@ -171,6 +174,9 @@ class ServerSpec:
     topk: int = 1
     num_draft_tokens: int | None = None  # None: steps + 1 (chains)
     acceptance_profile: str | None = None  # None: the drafter's own profile
+    # Measured per-position conditional acceptance (e.g. from live telemetry): used for
+    # every request instead of a named profile when given.
+    acceptance_rates: tuple[float, ...] | None = None
     burstiness: float | None = None  # None: the acceptance model's default
     mem_fraction_static: float | None = None
     max_running_requests: int | None = None
@@ -303,9 +309,17 @@ def prepare_run(
         kwargs: dict[str, Any] = {"topk": server.topk, "num_draft_tokens": ndt, "seed": seed}
         if server.burstiness is not None:
             kwargs["burstiness"] = server.burstiness
-        acceptance = AcceptanceModel(
-            server.acceptance_profile or b.drafter.acceptance_profile, **kwargs
-        )
+        if server.acceptance_rates is not None:
+            rates = tuple(server.acceptance_rates)
+            acceptance = AcceptanceModel(
+                "observed",
+                profiles={"observed": {domain: rates for domain in OBSERVED_DOMAINS}},
+                **kwargs,
+            )
+        else:
+            acceptance = AcceptanceModel(
+                server.acceptance_profile or b.drafter.acceptance_profile, **kwargs
+            )
     config = EngineConfig(
         kv_token_capacity=memory.kv_token_capacity,
         max_running_requests=server.max_running_requests,

@@ -451,6 +451,7 @@ _VALID_KEYS = ", ".join([*_KEYS, *(f"DOMAIN.{k}" for k in _DOMAIN_KEYS)])
 
 
 def _num(value: float) -> str:
+    value = float(value)  # ints are valid field values too (int.is_integer is 3.12+)
     return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
 
 

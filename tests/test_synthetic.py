@@ -342,3 +342,11 @@ def test_synthetic_trace_saves_and_reloads(tmp_path: Path) -> None:
     trace = generate_trace(SyntheticSpec(duration_s=60.0, rate_rps=3.0, seed=2))
     write_trace_jsonl(trace, tmp_path / "syn.jsonl")
     assert load_trace(tmp_path / "syn.jsonl").requests == trace.requests
+
+
+def test_integer_field_values_name_the_trace() -> None:
+    # SyntheticSpec accepts ints; naming the trace must not assume floats.
+    from specgov.simulator.synthetic import SyntheticSpec, generate_trace
+
+    trace = generate_trace(SyntheticSpec(duration_s=30, rate_rps=2, seed=1))
+    assert "rate=2" in trace.name

@@ -1,0 +1,74 @@
+"""The restart loop's recommender: replay a summarised workload over candidate shapes."""
+
+from __future__ import annotations
+
+import pytest
+
+from specgov.controller.recommend import (
+    RecommendError,
+    WorkloadSummary,
+    fit_acceptance_rate,
+    recommend,
+)
+from specgov.policies.types import SpecShape
+
+H100 = {"gpu": "h100", "model": "llama-3.1-8b", "drafter": "eagle3"}
+
+
+@pytest.mark.parametrize("alpha", [0.2, 0.5, 0.8])
+@pytest.mark.parametrize("steps", [1, 3, 5])
+def test_fitted_rate_reproduces_the_accept_length(alpha: float, steps: int) -> None:
+    length = (1 - alpha ** (steps + 1)) / (1 - alpha)
+    assert fit_acceptance_rate(length, steps) == pytest.approx(alpha, abs=1e-6)
+
+
+def test_light_load_good_acceptance_recommends_speculating_over_none() -> None:
+    workload = WorkloadSummary(
+        window_s=300,
+        request_rate_rps=1.0,
+        mean_input_tokens=600,
+        mean_output_tokens=250,
+        accept_length=2.8,
+        current_steps=3,
+    )
+    rec = recommend(
+        workload,
+        **H100,
+        current=SpecShape("NONE", 0, 0, 0, ()),
+        slo_tpot_ms=50,
+        horizon_s=90,
+    )
+    assert rec.policy != "none"
+    assert rec.current_label == "no speculation"
+    assert rec.predicted_gain > 0.0 or rec.predicted_gain == pytest.approx(0.0, abs=0.02)
+    assert rec.argv and "--speculative-algorithm" in rec.argv
+    by_name = {r["candidate"]: r for r in rec.candidates}
+    assert by_name["no speculation"]["tpot_p50_ms"] > by_name[rec.label]["tpot_p50_ms"]
+
+
+def test_saturated_with_poor_acceptance_recommends_no_speculation() -> None:
+    workload = WorkloadSummary(
+        window_s=300,
+        request_rate_rps=40.0,
+        mean_input_tokens=1500,
+        mean_output_tokens=300,
+        accept_length=1.15,
+        current_steps=3,
+    )
+    rec = recommend(
+        workload,
+        **H100,
+        current=SpecShape("EAGLE3", 3, 1, 4, (3,)),
+        slo_tpot_ms=50,
+        horizon_s=60,
+    )
+    assert rec.policy == "none"
+    assert rec.shape.algorithm == "NONE"
+    assert rec.predicted_gain > 0.0
+    assert rec.current_label == "chain, 3 steps"
+
+
+def test_no_traffic_is_a_clear_error() -> None:
+    empty = WorkloadSummary(60, 0.0, 0.0, 0.0, None, None)
+    with pytest.raises(RecommendError, match="no finished requests"):
+        recommend(empty, **H100, current=None, slo_tpot_ms=50)
