@@ -1,0 +1,220 @@
+"""The daemon against an in-process simulated SGLang server (real HTTP on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specgov.controller.config import SpecgovConfig, load_config
+from specgov.controller.daemon import Daemon
+from specgov.controller.state_store import StateStore, StoreUnavailable
+from specgov.simulator.replay import ServerSpec
+from specgov.simulator.sim_server import SimServer
+from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimServer]:
+    spool = tmp_path_factory.mktemp("spool")
+    trace = generate_trace(parse_synthetic_spec("synthetic:duration=600,rate=10,seed=4"))
+    server = SimServer(trace, ServerSpec(), speed=20, spool_dir=spool, loop_trace=True)
+    server.start()
+    server.wait_ready(30)
+    yield server
+    server.stop()
+
+
+def _config(sim: SimServer, tmp_path: Path, **extra: Any) -> SpecgovConfig:
+    overrides = {
+        "server.url": sim.url,
+        "spool.dir": str(sim.state()["spool_dir"]),
+        "state.db_path": str(tmp_path / "state.db"),
+        "loop.mode": "plugin",
+        "loop.decide_interval_s": 1,
+        "loop.scrape_interval_s": 0.5,
+        **extra,
+    }
+    return load_config(None, env={}, overrides=overrides)
+
+
+async def _rounds(daemon: Daemon, n: int, pause_s: float = 0.3) -> list[Any]:
+    decisions = []
+    for _ in range(n):
+        await daemon.scrape_once()
+        decisions.append(daemon.decide_once())
+        await asyncio.sleep(pause_s)
+    return decisions
+
+
+def test_plugin_mode_publishes_a_table_the_plugin_follows(sim: SimServer, tmp_path: Path) -> None:
+    config = _config(sim, tmp_path)
+    store = StateStore(config.state.db_path)
+    daemon = Daemon(config, store=store)
+
+    async def go() -> list[Any]:
+        try:
+            return await _rounds(daemon, 8)
+        finally:
+            await daemon.close()
+
+    decisions = asyncio.run(go())
+    reasons = [str(d.reason) for d in decisions]
+    assert "initial" in reasons, reasons
+    table_file = Path(sim.state()["spool_dir"]) / "step_table.json"
+    assert table_file.is_file()
+    published = json.loads(table_file.read_text())
+    assert published["table"]["slots"][0][0] == 1
+    # The audit log has every decision, newest first, with reasons and inputs.
+    rows = store.decisions(limit=100)
+    assert len(rows) == len(decisions)
+    assert all(r.reason and r.message for r in rows)
+    assert store.last_table() is not None
+    assert store.load_policy_state(daemon.policy.name) is not None
+    status = daemon.status()
+    assert status["tables_published"] >= 1 and status["permanent_error"] is None
+    store.close()
+
+
+def test_observe_mode_decides_but_never_writes_the_spool(sim: SimServer, tmp_path: Path) -> None:
+    spool = tmp_path / "observe-spool"
+    config = _config(sim, tmp_path, **{"loop.mode": "observe", "spool.dir": str(spool)})
+    daemon = Daemon(config, store=None)
+
+    async def go() -> None:
+        try:
+            await _rounds(daemon, 5)
+        finally:
+            await daemon.close()
+
+    asyncio.run(go())
+    assert not (spool / "step_table.json").exists()
+    assert daemon.status()["decisions"] == 5
+    assert daemon.status()["tables_published"] == 0
+
+
+def test_override_is_applied_at_the_next_decision_and_survives_a_restart(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    config = _config(sim, tmp_path)
+
+    async def first() -> Any:
+        daemon = Daemon(config, store=StateStore(config.state.db_path))
+        try:
+            await _rounds(daemon, 3)
+            daemon.set_override(
+                slot=1, steps=0, disable=False, pin_policy=None, ttl_s=600, reason="test"
+            )
+            (decision,) = await _rounds(daemon, 1)
+            return decision, daemon.status()
+        finally:
+            await daemon.close()
+            assert daemon.store is not None
+            daemon.store.close()
+
+    decision, status = asyncio.run(first())
+    assert str(decision.reason) == "override_active"
+    assert dict(status["table"]["slots"])[1] == 0
+    # A new daemon on the same database finds the override still in force.
+    restarted = Daemon(config, store=StateStore(config.state.db_path))
+    overrides = restarted.list_overrides()
+    assert len(overrides) == 1 and overrides[0]["steps"] == 0
+    assert overrides[0]["id"] is not None
+    assert restarted.clear_override(overrides[0]["id"], None) == 1
+    assert restarted.list_overrides() == []
+    asyncio.run(restarted.close())
+
+
+class _BrokenStore(StateStore):
+    def _fail(self, *args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable(Path("/nonexistent"), "write", OSError("disk is full"))
+
+    record_decision = save_table = save_policy_state = _fail  # type: ignore[assignment]
+
+
+def test_unavailable_store_is_reported_and_control_continues(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    config = _config(sim, tmp_path)
+    daemon = Daemon(config, store=_BrokenStore(tmp_path / "ok.db"))
+
+    async def go() -> None:
+        try:
+            await _rounds(daemon, 4)
+        finally:
+            daemon.store = None  # close() would try the broken store again
+            await daemon.close()
+
+    asyncio.run(go())
+    status = daemon.status()
+    assert status["store_error"] and "controlling from memory" in status["store_error"]
+    assert status["tables_published"] >= 1
+    assert len(daemon.decisions(None, 100)) == 4
+
+
+def test_rejected_api_key_is_permanent_and_stops_acting(tmp_path: Path) -> None:
+    trace = generate_trace(parse_synthetic_spec("synthetic:duration=60,rate=5,seed=1"))
+    spool = tmp_path / "spool"
+    with SimServer(trace, ServerSpec(), speed=20, spool_dir=spool, api_key="right") as locked:
+        locked.wait_ready(30)
+        config = _config(locked, tmp_path, **{"server.api_key_env": "TEST_KEY"})
+        import os
+
+        os.environ["TEST_KEY"] = "wrong"
+        try:
+            daemon = Daemon(config, store=None)
+
+            async def go() -> None:
+                try:
+                    await _rounds(daemon, 2, pause_s=0.1)
+                finally:
+                    await daemon.close()
+
+            asyncio.run(go())
+        finally:
+            del os.environ["TEST_KEY"]
+    status = daemon.status()
+    assert status["permanent_error"] and "401" in status["permanent_error"]
+    assert status["tables_published"] == 0
+    assert not (spool / "step_table.json").exists()
+
+
+def test_a_dying_task_stops_the_daemon_with_a_nonzero_exit(sim: SimServer, tmp_path: Path) -> None:
+    daemon = Daemon(_config(sim, tmp_path), store=None)
+
+    async def boom() -> None:
+        await asyncio.sleep(0.2)
+        raise RuntimeError("control API crashed")
+
+    code = asyncio.run(daemon.run({"control-api": boom}, install_signals=False, shutdown_grace_s=2))
+    assert code == 1
+
+
+def test_reload_keeps_the_old_config_when_the_new_one_is_invalid(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    good = _config(sim, tmp_path)
+    bad_file = tmp_path / "bad.yaml"
+    bad_file.write_text("loop:\n  decide_interval_s: soon\n")
+
+    def loader() -> SpecgovConfig:
+        return load_config(bad_file, env={})
+
+    daemon = Daemon(good, store=None, config_loader=loader)
+    daemon.reload()
+    assert daemon.config is good
+    assert any("reload rejected" in n for n in daemon.status()["notes"])
+    asyncio.run(daemon.close())
+
+
+def test_policy_switch_validates_the_spec(sim: SimServer, tmp_path: Path) -> None:
+    daemon = Daemon(_config(sim, tmp_path), store=None)
+    with pytest.raises(ValueError, match="valid kinds"):
+        daemon.set_policy("bogus")
+    assert daemon.set_policy("bandit:algo=thompson") == {"policy": daemon.policy.name}
+    assert daemon.policy.name.startswith("bandit")
+    asyncio.run(daemon.close())
