@@ -49,10 +49,11 @@ Positions never observed
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Final
 
+from specgov.policies.estimators._common import check_keys, is_int, is_real
 from specgov.policies.types import PolicyTypeError, TierStatsSnapshot
 
 __all__ = [
@@ -72,35 +73,9 @@ ACCEPTANCE_STATE_VERSION: Final = 1
 # --------------------------------------------------------------------------- helpers
 
 
-def _is_real(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-    )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_keys(owner: str, data: object, keys: Iterable[str]) -> Mapping[str, Any]:
-    if not isinstance(data, Mapping):
-        raise PolicyTypeError(f"{owner}.from_dict: expected a JSON object (mapping), got {data!r}")
-    expected = set(keys)
-    missing = sorted(expected - set(data))
-    unknown = sorted(str(k) for k in set(data) - expected)
-    if missing or unknown:
-        raise PolicyTypeError(
-            f"{owner}.from_dict: missing key(s) {missing}, unknown key(s) {unknown}; "
-            f"expected keys {sorted(expected)}"
-        )
-    return data
-
-
 def _check_version(owner: str, data: Mapping[str, Any], supported: int) -> None:
     version = data.get("version")
-    if not _is_int(version) or version != supported:
+    if not is_int(version) or version != supported:
         raise PolicyTypeError(
             f"{owner}.from_dict: key 'version': unsupported state version {version!r}; "
             f"this build reads version {supported}"
@@ -111,7 +86,7 @@ def _float_tuple(where: str, value: object, length: int) -> tuple[float, ...]:
     if (
         not isinstance(value, list | tuple)
         or len(value) != length
-        or not all(_is_real(v) and v >= 0 for v in value)
+        or not all(is_real(v) and v >= 0 for v in value)
     ):
         raise PolicyTypeError(
             f"{where}: expected a list of {length} finite numbers >= 0, got {value!r}"
@@ -150,7 +125,7 @@ class AcceptanceConfig:
     change_overdispersion: float = 2.0
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_steps) or not 1 <= self.max_steps <= 64:
+        if not is_int(self.max_steps) or not 1 <= self.max_steps <= 64:
             raise PolicyTypeError(
                 f"AcceptanceConfig.max_steps: expected an int in 1..64, got {self.max_steps!r}"
             )
@@ -162,17 +137,17 @@ class AcceptanceConfig:
         )
         for name in positive:
             value = getattr(self, name)
-            if not _is_real(value) or value <= 0:
+            if not is_real(value) or value <= 0:
                 raise PolicyTypeError(
                     f"AcceptanceConfig.{name}: expected a finite number > 0, got {value!r}"
                 )
         for name in ("pool_strength", "lower_z", "min_trials", "change_min_trials", "change_z"):
             value = getattr(self, name)
-            if not _is_real(value) or value < 0:
+            if not is_real(value) or value < 0:
                 raise PolicyTypeError(
                     f"AcceptanceConfig.{name}: expected a finite number >= 0, got {value!r}"
                 )
-        if not _is_real(self.prior_mean) or not 0.0 < self.prior_mean < 1.0:
+        if not is_real(self.prior_mean) or not 0.0 < self.prior_mean < 1.0:
             raise PolicyTypeError(
                 f"AcceptanceConfig.prior_mean: expected a number in (0, 1), got {self.prior_mean!r}"
             )
@@ -199,7 +174,7 @@ class SlotAcceptance:
     last_change_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not _is_int(self.slot) or self.slot < 0:
+        if not is_int(self.slot) or self.slot < 0:
             raise PolicyTypeError(f"SlotAcceptance.slot: expected an int >= 0, got {self.slot!r}")
         n = len(self.reached)
         for name in ("reached", "passed", "fast_reached", "fast_passed"):
@@ -207,18 +182,18 @@ class SlotAcceptance:
             if (
                 not isinstance(value, tuple)
                 or len(value) != n
-                or not all(_is_real(v) and v >= 0 for v in value)
+                or not all(is_real(v) and v >= 0 for v in value)
             ):
                 raise PolicyTypeError(
                     f"SlotAcceptance.{name} (slot {self.slot}): expected a tuple of {n} "
                     f"finite numbers >= 0, got {value!r}"
                 )
-        if not _is_int(self.changes) or self.changes < 0:
+        if not is_int(self.changes) or self.changes < 0:
             raise PolicyTypeError(
                 f"SlotAcceptance.changes (slot {self.slot}): expected an int >= 0, "
                 f"got {self.changes!r}"
             )
-        if self.last_change_s is not None and not _is_real(self.last_change_s):
+        if self.last_change_s is not None and not is_real(self.last_change_s):
             raise PolicyTypeError(
                 f"SlotAcceptance.last_change_s (slot {self.slot}): expected None or a finite "
                 f"number, got {self.last_change_s!r}"
@@ -238,7 +213,7 @@ class SlotAcceptance:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], max_steps: int) -> SlotAcceptance:
         keys = [f.name for f in fields(cls)]
-        _check_keys("SlotAcceptance", data, keys)
+        check_keys("SlotAcceptance", data, keys)
         where = "SlotAcceptance.from_dict: key"
         return cls(
             slot=data["slot"],
@@ -270,7 +245,7 @@ class AcceptanceState:
     _index: dict[int, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_steps) or self.max_steps < 1:
+        if not is_int(self.max_steps) or self.max_steps < 1:
             raise PolicyTypeError(
                 f"AcceptanceState.max_steps: expected an int >= 1, got {self.max_steps!r}"
             )
@@ -286,12 +261,12 @@ class AcceptanceState:
             raise PolicyTypeError(
                 f"AcceptanceState.slots: expected strictly increasing slot bounds, got {bounds}"
             )
-        if self.last_time_s is not None and not _is_real(self.last_time_s):
+        if self.last_time_s is not None and not is_real(self.last_time_s):
             raise PolicyTypeError(
                 f"AcceptanceState.last_time_s: expected None or a finite number, "
                 f"got {self.last_time_s!r}"
             )
-        if not _is_int(self.pooled_changes) or self.pooled_changes < 0:
+        if not is_int(self.pooled_changes) or self.pooled_changes < 0:
             raise PolicyTypeError(
                 f"AcceptanceState.pooled_changes: expected an int >= 0, got {self.pooled_changes!r}"
             )
@@ -324,13 +299,13 @@ class AcceptanceState:
     def from_dict(cls, data: Mapping[str, Any]) -> AcceptanceState:
         if isinstance(data, Mapping):
             _check_version("AcceptanceState", data, ACCEPTANCE_STATE_VERSION)
-        _check_keys(
+        check_keys(
             "AcceptanceState",
             data,
             ("version", "max_steps", "last_time_s", "pooled_changes", "slots"),
         )
         max_steps = data["max_steps"]
-        if not _is_int(max_steps) or max_steps < 1:
+        if not is_int(max_steps) or max_steps < 1:
             raise PolicyTypeError(
                 f"AcceptanceState.from_dict: key 'max_steps': expected an int >= 1, "
                 f"got {max_steps!r}"
@@ -528,7 +503,7 @@ class AcceptanceEstimate:
         ``1 + sum_{i<=steps} prod_{j<=i} alpha_j``; positions past ``max_steps`` repeat
         the last (already extrapolated, conservative) rate.
         """
-        if not _is_int(steps) or steps < 0:
+        if not is_int(steps) or steps < 0:
             raise PolicyTypeError(
                 f"AcceptanceEstimate.expected_accept_length: steps: expected an int >= 0, "
                 f"got {steps!r}"

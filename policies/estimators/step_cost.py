@@ -50,6 +50,7 @@ from typing import Any, Final
 import numpy as np
 from sklearn.linear_model import LinearRegression
 
+from specgov.policies.estimators._common import check_keys, is_int, is_real
 from specgov.policies.types import PolicyTypeError, TierStatsSnapshot
 
 __all__ = [
@@ -91,32 +92,6 @@ N_FEATURES: Final = len(FEATURE_NAMES)
 # --------------------------------------------------------------------------- helpers
 
 
-def _is_real(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-    )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_keys(owner: str, data: object, keys: Iterable[str]) -> Mapping[str, Any]:
-    if not isinstance(data, Mapping):
-        raise PolicyTypeError(f"{owner}.from_dict: expected a JSON object (mapping), got {data!r}")
-    expected = set(keys)
-    missing = sorted(expected - set(data))
-    unknown = sorted(str(k) for k in set(data) - expected)
-    if missing or unknown:
-        raise PolicyTypeError(
-            f"{owner}.from_dict: missing key(s) {missing}, unknown key(s) {unknown}; "
-            f"expected keys {sorted(expected)}"
-        )
-    return data
-
-
 # ---------------------------------------------------------------------------- prior
 
 
@@ -152,7 +127,7 @@ class StepCostPrior:
             if f.name in ("speculative", "topk", "num_draft_tokens"):
                 continue
             value = getattr(self, f.name)
-            if not _is_real(value) or value < 0:
+            if not is_real(value) or value < 0:
                 raise PolicyTypeError(
                     f"StepCostPrior.{f.name}: expected a finite number >= 0, got {value!r}"
                 )
@@ -168,10 +143,10 @@ class StepCostPrior:
             raise PolicyTypeError(
                 f"StepCostPrior.speculative: expected a bool, got {self.speculative!r}"
             )
-        if not _is_int(self.topk) or self.topk < 1:
+        if not is_int(self.topk) or self.topk < 1:
             raise PolicyTypeError(f"StepCostPrior.topk: expected an int >= 1, got {self.topk!r}")
         if self.topk > 1:
-            if not _is_int(self.num_draft_tokens) or self.num_draft_tokens < 2:  # type: ignore[operator]
+            if not is_int(self.num_draft_tokens) or self.num_draft_tokens < 2:  # type: ignore[operator]
                 raise PolicyTypeError(
                     f"StepCostPrior.num_draft_tokens: expected an int >= 2 for a tree "
                     f"(topk={self.topk}), got {self.num_draft_tokens!r}"
@@ -269,7 +244,7 @@ class StepCostPrior:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepCostPrior:
-        _check_keys("StepCostPrior", data, [f.name for f in fields(cls)])
+        check_keys("StepCostPrior", data, [f.name for f in fields(cls)])
         return cls(**dict(data))
 
 
@@ -278,11 +253,11 @@ def _dot(a: Iterable[float], b: Iterable[float]) -> float:
 
 
 def _check_point(batch_size: float, steps: int, kv_tokens: float) -> None:
-    if not _is_real(batch_size) or batch_size < 0:
+    if not is_real(batch_size) or batch_size < 0:
         raise PolicyTypeError(f"step cost: batch_size: expected a number >= 0, got {batch_size!r}")
-    if not _is_int(steps) or steps < 0:
+    if not is_int(steps) or steps < 0:
         raise PolicyTypeError(f"step cost: steps: expected an int >= 0, got {steps!r}")
-    if not _is_real(kv_tokens) or kv_tokens < 0:
+    if not is_real(kv_tokens) or kv_tokens < 0:
         raise PolicyTypeError(f"step cost: kv_tokens: expected a number >= 0, got {kv_tokens!r}")
 
 
@@ -335,24 +310,24 @@ class StepCostConfig:
     default_kv_tokens_per_request: float = 1024.0
 
     def __post_init__(self) -> None:
-        if not _is_int(self.max_samples) or self.max_samples < 1:
+        if not is_int(self.max_samples) or self.max_samples < 1:
             raise PolicyTypeError(
                 f"StepCostConfig.max_samples: expected an int >= 1, got {self.max_samples!r}"
             )
-        if not _is_int(self.irls_iterations) or self.irls_iterations < 1:
+        if not is_int(self.irls_iterations) or self.irls_iterations < 1:
             raise PolicyTypeError(
                 f"StepCostConfig.irls_iterations: expected an int >= 1, "
                 f"got {self.irls_iterations!r}"
             )
         for name in ("half_life_s", "prior_strength", "huber_delta", "min_rel_scale"):
             value = getattr(self, name)
-            if not _is_real(value) or value <= 0:
+            if not is_real(value) or value <= 0:
                 raise PolicyTypeError(
                     f"StepCostConfig.{name}: expected a finite number > 0, got {value!r}"
                 )
         for name in ("count_saturation", "default_kv_tokens_per_request"):
             value = getattr(self, name)
-            if not _is_real(value) or value < 0:
+            if not is_real(value) or value < 0:
                 raise PolicyTypeError(
                     f"StepCostConfig.{name}: expected a finite number >= 0, got {value!r}"
                 )
@@ -373,19 +348,19 @@ class StepSample:
     weight: float
 
     def __post_init__(self) -> None:
-        if not _is_int(self.steps) or self.steps < 0:
+        if not is_int(self.steps) or self.steps < 0:
             raise PolicyTypeError(f"StepSample.steps: expected an int >= 0, got {self.steps!r}")
-        if not _is_real(self.time_s):
+        if not is_real(self.time_s):
             raise PolicyTypeError(
                 f"StepSample.time_s: expected a finite number, got {self.time_s!r}"
             )
         for name in ("batch_size", "step_s", "weight"):
             value = getattr(self, name)
-            if not _is_real(value) or value <= 0:
+            if not is_real(value) or value <= 0:
                 raise PolicyTypeError(
                     f"StepSample.{name}: expected a finite number > 0, got {value!r}"
                 )
-        if not _is_real(self.kv_tokens) or self.kv_tokens < 0:
+        if not is_real(self.kv_tokens) or self.kv_tokens < 0:
             raise PolicyTypeError(
                 f"StepSample.kv_tokens: expected a finite number >= 0, got {self.kv_tokens!r}"
             )
@@ -417,18 +392,18 @@ class StepCostState:
         if (
             not isinstance(self.coefficients, tuple)
             or len(self.coefficients) != N_FEATURES
-            or not all(_is_real(c) and c >= 0 for c in self.coefficients)
+            or not all(is_real(c) and c >= 0 for c in self.coefficients)
         ):
             raise PolicyTypeError(
                 f"StepCostState.coefficients: expected {N_FEATURES} finite numbers >= 0 "
                 f"({', '.join(FEATURE_NAMES)}), got {self.coefficients!r}"
             )
-        if self.last_time_s is not None and not _is_real(self.last_time_s):
+        if self.last_time_s is not None and not is_real(self.last_time_s):
             raise PolicyTypeError(
                 f"StepCostState.last_time_s: expected None or a finite number, "
                 f"got {self.last_time_s!r}"
             )
-        if not _is_int(self.fits) or self.fits < 0:
+        if not is_int(self.fits) or self.fits < 0:
             raise PolicyTypeError(f"StepCostState.fits: expected an int >= 0, got {self.fits!r}")
         if self.version != STEP_COST_STATE_VERSION:
             raise PolicyTypeError(
@@ -449,12 +424,12 @@ class StepCostState:
     def from_dict(cls, data: Mapping[str, Any]) -> StepCostState:
         if isinstance(data, Mapping):
             version = data.get("version")
-            if not _is_int(version) or version != STEP_COST_STATE_VERSION:
+            if not is_int(version) or version != STEP_COST_STATE_VERSION:
                 raise PolicyTypeError(
                     f"StepCostState.from_dict: key 'version': unsupported state version "
                     f"{version!r}; this build reads version {STEP_COST_STATE_VERSION}"
                 )
-        _check_keys(
+        check_keys(
             "StepCostState",
             data,
             ("version", "prior", "samples", "coefficients", "last_time_s", "fits"),
@@ -523,7 +498,7 @@ def verify_knee_tokens(
     drafts, ``kv_tokens`` total cached tokens) whose predicted step time exceeds that
     of one token by more than ``tolerance``; ``max_tokens`` if none does.
     """
-    if not _is_real(tolerance) or tolerance <= 0:
+    if not is_real(tolerance) or tolerance <= 0:
         raise PolicyTypeError(f"verify_knee_tokens: tolerance: expected > 0, got {tolerance!r}")
     base = predict_step_s(state, 1.0, 0, kv_tokens) * (1.0 + tolerance)
     if predict_step_s(state, float(max_tokens), 0, kv_tokens) <= base:
@@ -645,7 +620,7 @@ def update_step_cost(
             f"update_step_cost: snapshot: expected a TierStatsSnapshot, got {snapshot!r}"
         )
     if kv_tokens_per_request is not None and (
-        not _is_real(kv_tokens_per_request) or kv_tokens_per_request < 0
+        not is_real(kv_tokens_per_request) or kv_tokens_per_request < 0
     ):
         raise PolicyTypeError(
             f"update_step_cost: kv_tokens_per_request: expected None or a number >= 0, "
