@@ -956,6 +956,14 @@ def clear_overrides(state: GuardedState[S], slot: int | None = None) -> GuardedS
     return _mark_released(replace(state, overrides=kept), gone)
 
 
+def remove_override(state: GuardedState[S], override: Override) -> GuardedState[S]:
+    """Drop one override (e.g. cleared by its id); its slots go back as with clear_overrides."""
+    if override not in state.overrides:
+        return state
+    kept = tuple(o for o in state.overrides if o != override)
+    return _mark_released(replace(state, overrides=kept), (override,))
+
+
 def active_overrides(state: GuardedState[Any], now_s: float) -> tuple[Override, ...]:
     """Overrides in force at ``now_s`` (expired ones are dropped at the next decision)."""
     return tuple(o for o in state.overrides if o.is_active(now_s))

@@ -861,3 +861,22 @@ def test_guarded_policy_is_a_daemon_policy_named_like_its_inner() -> None:
     assert policy.name == "scripted" and policy.config == GuardrailConfig()
     with pytest.raises(GuardrailError, match=r"GuardedPolicy\.config"):
         GuardedPolicy(const(A), config={"min_gain": 0.1})  # type: ignore[arg-type]
+
+
+def test_remove_override_drops_only_that_override() -> None:
+    from specgov.policies.guardrails import (
+        GuardedPolicy,
+        Override,
+        active_overrides,
+        remove_override,
+        set_override,
+    )
+    from specgov.policies.simple import NonePolicy
+
+    state = GuardedPolicy(NonePolicy()).initial_state()
+    a = Override(slot=1, steps=0, expires_at_s=100.0, reason="a", created_at_s=0.0)
+    b = Override(slot=8, steps=1, expires_at_s=100.0, reason="b", created_at_s=0.0)
+    state = set_override(set_override(state, a), b)
+    state = remove_override(state, a)
+    assert active_overrides(state, 1.0) == (b,)
+    assert remove_override(state, a) is state
