@@ -51,6 +51,16 @@ async def _rounds(daemon: Daemon, n: int, pause_s: float = 0.3) -> list[Any]:
     return decisions
 
 
+async def _until_published(daemon: Daemon, max_rounds: int = 40) -> None:
+    # The first table needs two scrapes and plugin statistics; how many rounds that
+    # takes depends on how busy the machine is.
+    for _ in range(max_rounds):
+        await _rounds(daemon, 1)
+        if daemon.status()["tables_published"]:
+            return
+    raise AssertionError(f"no table published in {max_rounds} rounds: {daemon.status()}")
+
+
 def test_plugin_mode_publishes_a_table_the_plugin_follows(sim: SimServer, tmp_path: Path) -> None:
     config = _config(sim, tmp_path)
     store = StateStore(config.state.db_path)
@@ -58,21 +68,21 @@ def test_plugin_mode_publishes_a_table_the_plugin_follows(sim: SimServer, tmp_pa
 
     async def go() -> list[Any]:
         try:
-            return await _rounds(daemon, 8)
+            await _until_published(daemon)
+            return await _rounds(daemon, 3)
         finally:
             await daemon.close()
 
     decisions = asyncio.run(go())
-    reasons = [str(d.reason) for d in decisions]
-    assert "initial" in reasons, reasons
     table_file = Path(sim.state()["spool_dir"]) / "step_table.json"
     assert table_file.is_file()
     published = json.loads(table_file.read_text())
     assert published["table"]["slots"][0][0] == 1
     # The audit log has every decision, newest first, with reasons and inputs.
-    rows = store.decisions(limit=100)
-    assert len(rows) == len(decisions)
+    rows = store.decisions(limit=1000)
+    assert len(rows) == daemon.status()["decisions"] >= len(decisions)
     assert all(r.reason and r.message for r in rows)
+    assert "initial" in [r.reason for r in rows]
     assert store.last_table() is not None
     assert store.load_policy_state(daemon.policy.name) is not None
     status = daemon.status()
@@ -105,7 +115,7 @@ def test_override_is_applied_at_the_next_decision_and_survives_a_restart(
     async def first() -> Any:
         daemon = Daemon(config, store=StateStore(config.state.db_path))
         try:
-            await _rounds(daemon, 3)
+            await _until_published(daemon)
             daemon.set_override(
                 slot=1, steps=0, disable=False, pin_policy=None, ttl_s=600, reason="test"
             )
@@ -144,7 +154,7 @@ def test_unavailable_store_is_reported_and_control_continues(
 
     async def go() -> None:
         try:
-            await _rounds(daemon, 4)
+            await _until_published(daemon)
         finally:
             daemon.store = None  # close() would try the broken store again
             await daemon.close()
@@ -153,7 +163,7 @@ def test_unavailable_store_is_reported_and_control_continues(
     status = daemon.status()
     assert status["store_error"] and "controlling from memory" in status["store_error"]
     assert status["tables_published"] >= 1
-    assert len(daemon.decisions(None, 100)) == 4
+    assert len(daemon.decisions(None, 1000)) == status["decisions"]
 
 
 def test_rejected_api_key_is_permanent_and_stops_acting(tmp_path: Path) -> None:
