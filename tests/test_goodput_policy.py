@@ -7,30 +7,39 @@ read 20 % faster, compute 25 % slower than the truth) and from the in-engine
 fallback's steps, and must find the true optimum
 ``argmax_k B * E[L(k)] / T(B, k)`` per slot. The world's engine keeps the last table
 in force (TTL refresh is the daemon's job, so ``ttl_s`` is long here).
+
+``SloWorld`` adds per-request TPOTs (a Monte Carlo of each request's verifies), so the
+SLO-sense optimum, goodput x share of requests within the TPOT SLO, is known too; and
+``run_guarded`` puts the policy behind the default guardrails, as the daemon does.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from specgov.policies.daemon import DaemonPolicy
 from specgov.policies.goodput import (
+    GOODPUT_STATE_VERSION,
     GoodputConfig,
     GoodputConfigError,
     GoodputPolicy,
     GoodputState,
 )
+from specgov.policies.guardrails import GuardedPolicy, GuardrailConfig
 from specgov.policies.types import (
     Budget,
     Decision,
+    LatencyQuantiles,
     Observation,
     PolicyTypeError,
     ReasonCode,
+    SpecShape,
     StepTable,
     TierStat,
     TierStatsSnapshot,
@@ -104,7 +113,10 @@ class World:
         return batch * accept_length(self.rates, k) / TRUTH.decode_step_s(batch, k, batch * CTX)
 
     def optimum(self) -> dict[int, int]:
-        return {b: max(c, key=lambda k, b=b: self.goodput(b, k)) for b, c, _, _ in self.slots}
+        out: dict[int, int] = {}
+        for bound, cands, _, _ in self.slots:
+            out[bound] = max(cands, key=lambda k: self.goodput(bound, k))
+        return out
 
     def margin(self, bound: int) -> float:
         """Relative goodput gap between the best and the second-best candidate."""
@@ -184,6 +196,83 @@ def steps_of(table: StepTable | None) -> dict[int, int]:
     return dict(table.slots)
 
 
+@dataclass
+class SloWorld(World):
+    """One slot, plus per-request TPOTs for the SLO (a Monte Carlo, not the policy's model).
+
+    Each request emits ``tokens`` tokens in verifies whose accepted drafts are drawn
+    independently from the rates; its TPOT is ``scale`` (prefill stalls) x the true step
+    time x verifies / tokens emitted x a log-normal batching noise. The window's TPOT,
+    TTFT and e2e medians (and TPOT p90) come from ``requests`` such requests at the steps
+    in force.
+    """
+
+    scale: float = 2.4
+    tokens: int = 24
+    noise_sd: float = 0.05
+    requests: int = 400
+
+    def tpots_ms(self, k: int, n: int, rng: np.random.Generator) -> np.ndarray:
+        _, _, batch, _ = self.slots[0]
+        step_s = TRUTH.decode_step_s(batch, k, batch * CTX)
+        dist = accepted_distribution(self.rates, k)
+        emitted = 1 + rng.choice(len(dist), size=(n, self.tokens), p=dist)
+        made = np.cumsum(emitted, axis=1)
+        verifies = np.argmax(made >= self.tokens, axis=1) + 1
+        total = made[np.arange(n), verifies - 1]
+        noise = np.exp(self.noise_sd * rng.normal(size=n))
+        out: np.ndarray = self.scale * 1e3 * step_s * verifies / total * noise
+        return out
+
+    def slo_goodput(self, k: int, slo_ms: float) -> float:
+        """True goodput in the SLO sense: goodput x share of requests within the SLO."""
+        rng = np.random.default_rng(1234)
+        share = float(np.mean(self.tpots_ms(k, 20000, rng) <= slo_ms))
+        return self.goodput(self.slots[0][0], k) * share
+
+    def observe(self, t: float, table: StepTable | None) -> Observation:
+        obs = super().observe(t, table)
+        bound, _, _, fallback = self.slots[0]
+        k = table.steps_for(bound) if table is not None else fallback
+        tpot = self.tpots_ms(k, self.requests, self.rng)
+        p50, p90 = (float(q) for q in np.percentile(tpot, [50, 90]))
+        ttft = 100.0
+        return replace(
+            obs,
+            tpot_ms=LatencyQuantiles(p50_ms=p50, p90_ms=p90),
+            ttft_ms=LatencyQuantiles(p50_ms=ttft),
+            e2e_ms=LatencyQuantiles(p50_ms=ttft + p50 * (self.tokens - 1)),
+        )
+
+
+def daemon_fields(obs: Observation) -> Observation:
+    """What the daemon adds for the guardrails: a fresh scrape, its window and tokens."""
+    snap = obs.tier_stats
+    assert snap is not None
+    tokens = sum(sum((j + 1) * n for j, n in enumerate(t.accepted_hist)) for t in snap.tiers)
+    return replace(
+        obs,
+        staleness_s=0.0,
+        window_s=snap.window_end_s - snap.window_start_s,
+        generation_tokens=tokens,
+    )
+
+
+def run_guarded(world: World, inner: GoodputPolicy, n: int) -> list[StepTable | None]:
+    """The policy behind the default guardrails; the table in force after each decision."""
+    guarded = GuardedPolicy(inner, GuardrailConfig())
+    state = guarded.initial_state()
+    table: StepTable | None = None
+    tables: list[StepTable | None] = []
+    for i in range(n):
+        t = world.window_s * (i + 1)
+        decision, state = guarded.decide(daemon_fields(world.observe(t, table)), state, NO_BUDGET)
+        if decision.table is not None:
+            table = decision.table
+        tables.append(table)
+    return tables
+
+
 # ------------------------------------------------------------------- convergence
 
 
@@ -221,9 +310,11 @@ def test_four_slots_reach_near_optimal_goodput() -> None:
         assert world.goodput(bound, k) >= 0.98 * world.goodput(bound, best[bound]), bound
 
 
-def test_never_jumps_past_the_evidence() -> None:
-    # The fallback ran k=1: only position 1 is observed, so the first table may go
-    # one candidate further (3), not to 7, even though 7 is the optimum.
+def test_never_jumps_past_the_evidence_when_the_jump_could_cost() -> None:
+    # The fallback ran k=1: only position 1 is observed. The first table goes one
+    # candidate further (3), not to 7, even though 7 is the optimum: with positions 2-7
+    # at their conservative bounds, 5 or 7 (4 or 6 more draft forwards per step) would
+    # lose more than probe_max_loss.
     world = World(HIGH, ((1, (1, 3, 5, 7), 1, 1),))
     result = run(world, policy(), 1)
     assert steps_of(result.table) == {1: 3}
@@ -258,6 +349,182 @@ def test_exploration_is_bounded_and_returns_to_the_optimum() -> None:
     assert 1 <= len(probes) <= 600 / 60 + 1
     assert len(changes) <= 2 * len(probes)
     assert steps_of(steady.table) == world.optimum()
+
+
+# ----------------------------------------------------- exploration past the evidence
+
+# n-gram-like acceptance (REFERENCE.md §3): a poor first draft, then long accepted runs.
+RISING = (0.65, 0.93, 0.94, 0.95, 0.95, 0.96, 0.96)
+ALL_STEPS = tuple(range(8))
+
+
+def test_cheap_verification_lets_a_probe_jump_past_the_evidence() -> None:
+    # Batch 1: verification is nearly free, a draft step costs ~1 ms. The fallback ran
+    # k=3 (positions 1-3 observed); the optimum is 7.
+    world = World(RISING, ((1, ALL_STEPS, 1, 3),))
+    assert world.optimum() == {1: 7}
+    first = run(world, policy(), 1).decisions[0]
+    assert "k=7 probe" in first.message
+    assert first.expected_gain is None  # an experiment, not a prediction
+    assert steps_of(first.table) == {1: 7}
+    # The probe's evidence keeps it there.
+    result = run(world, policy(), 10)
+    assert steps_of(result.table) == {1: 7}
+    # One candidate past the evidence at a time (no optimistic probes) starts at 4.
+    slow = run(World(RISING, ((1, ALL_STEPS, 1, 3),)), policy(probe_max_loss=0.0), 1)
+    assert steps_of(slow.table) == {1: 4}
+    assert world.goodput(1, 4) < 0.9 * world.goodput(1, 7)
+
+
+def test_no_jump_where_verification_costs_compute() -> None:
+    # Batch 256: every verified token costs compute. The optimum is 3, but with only
+    # position 1 observed the first table goes one candidate past it (2), no probe.
+    world = World(HIGH, ((128, (0, 1, 2, 3), 256, 1),))
+    assert world.optimum() == {128: 3}
+    result = run(world, policy(), 1)
+    assert steps_of(result.table) == {1: 2}
+    assert "probe" not in result.decisions[0].message
+    assert steps_of(run(world, policy(), 5).table) == {1: 3}
+
+
+def test_the_guardrails_let_the_climb_through() -> None:
+    # Under the default guardrails (2 % tolerance band, 30 s dwell) a probe carries no
+    # predicted gain, so the band does not hold it: the optimum is in force within
+    # 10 s, where climbing one candidate per dwell time takes minutes.
+    fast = run_guarded(World(RISING, ((1, ALL_STEPS, 1, 3),)), policy(), 24)
+    assert steps_of(fast[1]) == {1: 7}
+    slow = run_guarded(World(RISING, ((1, ALL_STEPS, 1, 3),)), policy(probe_max_loss=0.0), 24)
+    assert steps_of(slow[1])[1] < 7
+    assert [steps_of(t)[1] for t in fast[1:]] == [7] * 23  # and it stays
+
+
+def test_probes_only_busy_slots() -> None:
+    # Slot 8 carries almost no traffic (one verify per window): nothing to learn there,
+    # so it is not probed, even with random probes allowed at every decision. (Slot 1
+    # has a single candidate, so slot 8 is the only place a probe could go.)
+    def thin(tier: TierStat) -> TierStat:
+        if tier.slot != 8:
+            return tier
+        hist = (0,) * tier.steps + (8,)
+        return TierStat(8, tier.steps, 1, 8, hist, tier.step_time_sum_s / tier.verify_calls, 1, 8)
+
+    def probes(**params: object) -> int:
+        world = World(RISING, ((1, (3,), 1, 3), (8, ALL_STEPS, 8, 3)))
+        pol = policy(explore=1.0, explore_interval_s=5.0, **params)
+        state = pol.initial_state()
+        table = None
+        count = 0
+        for i in range(20):
+            obs = world.observe(5.0 * (i + 1), table)
+            assert obs.tier_stats is not None
+            tiers = tuple(thin(t) for t in obs.tier_stats.tiers)
+            obs = replace(obs, tier_stats=replace(obs.tier_stats, tiers=tiers))
+            decision, state = pol.decide(obs, state, NO_BUDGET)
+            count += "probe" in decision.message
+            table = decision.table or table
+        return count
+
+    assert probes() == 0
+    assert probes(busy_share=0.0) > 0  # the guard is what keeps slot 8 out
+
+
+# --------------------------------------------------------------- goodput in the SLO sense
+
+NEAR_TIE = (0.7, 0.66, 0.62, 0.62, 0.62, 0.62, 0.62)
+SLOT_256 = ((256, (0, 1, 2), 256, 1),)
+
+
+def slo_policy(**params: object) -> GoodputPolicy:
+    """The cost model known (a 1-2 % cost error would swamp the near-tie under test);
+    the world's verifies are independent (accept_burstiness=1)."""
+    base: dict[str, object] = {
+        "ttl_s": 3600.0,
+        "explore": 0.0,
+        "accept_burstiness": 1.0,
+    }
+    base.update(params)
+    return GoodputPolicy(GoodputConfig(**base), prior=step_cost_prior(TRUTH))  # type: ignore[arg-type]
+
+
+def test_near_the_slo_a_near_tie_goes_to_more_requests_within_it() -> None:
+    # Median TPOT just above the 50 ms SLO. k=1 has the higher goodput (tokens/s), k=2
+    # spreads TPOTs more (its accept length varies more), which puts more requests under
+    # the SLO: k=2 has the higher goodput in the SLO sense.
+    world = SloWorld(NEAR_TIE, SLOT_256, scale=2.4)
+    assert 0.97 * world.goodput(256, 1) < world.goodput(256, 2) < world.goodput(256, 1)
+    truth = {k: world.slo_goodput(k, 50.0) for k in (0, 1, 2)}
+    assert max(truth, key=lambda k: truth[k]) == 2
+    assert truth[2] > 1.1 * truth[1]
+    pol = slo_policy(slo_tpot_ms=50.0)
+    result = run(world, pol, 20)
+    assert steps_of(result.table) == {1: 2}
+    plan = pol.plan(world.observe(result.t + 5.0, result.table), result.state, NO_BUDGET)[0]
+    assert plan.steps == 2 and 0.0 < plan.slo_fraction < 0.5
+    # The median request still misses the SLO: the decision says so.
+    last_change = next(d for d in reversed(result.decisions) if d.table is not None)
+    assert last_change.reason is ReasonCode.LIMITED_BY_SLO
+    # The TPOT statistics are part of the state and survive a round trip.
+    assert result.state.slo_stats is not None and result.state.seen_slots is not None
+    restored = pol.state_from_dict(json.loads(json.dumps(result.state.to_dict())))
+    assert restored == result.state
+    # Without an SLO the same world gives the plain goodput optimum.
+    free = run(SloWorld(NEAR_TIE, SLOT_256, scale=2.4), slo_policy(), 20)
+    assert steps_of(free.table) == {1: 1}
+
+
+def test_below_the_slo_spread_only_loses_requests() -> None:
+    world = SloWorld(NEAR_TIE, SLOT_256, scale=2.0)
+    truth = {k: world.slo_goodput(k, 50.0) for k in (0, 1, 2)}
+    assert max(truth, key=lambda k: truth[k]) == 1
+    result = run(world, slo_policy(slo_tpot_ms=50.0), 20)
+    assert steps_of(result.table) == {1: 1}
+
+
+def test_far_from_the_slo_the_tpot_model_stays_out() -> None:
+    # Median TPOT far below the SLO: every choice meets it; plain goodput decides.
+    world = SloWorld(NEAR_TIE, SLOT_256, scale=1.0)
+    pol = slo_policy(slo_tpot_ms=50.0)
+    result = run(world, pol, 10)
+    plan = pol.plan(world.observe(result.t + 5.0, result.table), result.state, NO_BUDGET)[0]
+    assert plan.slo_fraction == 1.0
+    assert steps_of(result.table) == {1: 1}
+
+
+# ------------------------------------------------------------ restart recommendation
+
+
+def test_recommends_a_restart_without_the_drafter_when_no_table_beats_it() -> None:
+    # Low acceptance at batch 256: step 0 everywhere, yet every step still pays the
+    # drafter's draft-extend and verify bookkeeping.
+    world = World(LOW, ((128, (0, 1, 2), 256, 1),))
+    assert world.optimum() == {128: 0}
+    bare = CostModel.from_catalog(CATALOG.gpu("h100"), CATALOG.model("llama-3.1-8b"), None)
+    true_gain = TRUTH.decode_step_s(256, 0, 256 * CTX) / bare.decode_step_s(256, 0, 256 * CTX)
+    pol = policy()
+    result = run(world, pol, 80)  # 400 s
+    assert steps_of(result.table) == {1: 0}
+    recs = [i for i, d in enumerate(result.decisions) if d.restart_recommendation is not None]
+    assert recs, "no restart recommendation"
+    first = result.decisions[recs[0]]
+    assert first.restart_recommendation == SpecShape("NONE", 0, 0, 0, ())
+    assert "restart recommended without speculation" in first.message
+    # Sustained: not before restart_after_s, and every decision after the first says so.
+    assert recs[0] * world.window_s >= pol.config.restart_after_s
+    assert recs == list(range(recs[0], len(result.decisions)))
+    predicted = float(first.message.split("has been predicted ")[1].split("%")[0]) / 100
+    assert predicted == pytest.approx(true_gain - 1.0, rel=0.3)
+    # The gain pays for the downtime only after restart_cost_s / gain seconds held.
+    held = float(first.message.split("for ")[1].split(" s ")[0])
+    assert held * predicted >= pol.config.restart_cost_s * 0.99
+    # Off when restart_after_s is 0.
+    off = run(World(LOW, ((128, (0, 1, 2), 256, 1),)), policy(restart_after_s=0.0), 80)
+    assert all(d.restart_recommendation is None for d in off.decisions)
+
+
+def test_no_restart_recommendation_while_speculation_pays() -> None:
+    result = run(World(HIGH, FOUR_SLOTS), policy(), 80)
+    assert all(d.restart_recommendation is None for d in result.decisions)
+    assert result.state.restart_since_s is None
 
 
 # -------------------------------------------------------------------- constraints
@@ -410,10 +677,12 @@ def test_an_expired_table_is_republished() -> None:
 # ---------------------------------------------------------------- determinism/state
 
 
-def _trace(seed: int) -> tuple[list[tuple[object, ...]], dict[str, object]]:
+def _trace(seed: int) -> tuple[list[tuple[object, ...]], dict[str, Any]]:
     world = World((0.72, 0.73, 0.75, 0.78, 0.80, 0.82, 0.82), FOUR_SLOTS, seed=3)
     result = run(world, policy(explore=0.5, explore_interval_s=10.0, seed=seed), 40)
-    trace = [(d.reason, d.message, d.table, d.expected_gain) for d in result.decisions]
+    trace: list[tuple[object, ...]] = [
+        (d.reason, d.message, d.table, d.expected_gain) for d in result.decisions
+    ]
     return trace, result.state.to_dict()
 
 
@@ -434,6 +703,34 @@ def test_state_round_trips_and_continues_identically() -> None:
         db, b = pol.decide(o, b, NO_BUDGET)
         assert da == db
     assert a.to_dict() == b.to_dict()
+
+
+def test_reads_version_1_states() -> None:
+    new_keys = ("restart_since_s", "slo_stats", "seen_slots", "seen_since_s")
+    v1 = {k: v for k, v in policy().initial_state().to_dict().items() if k not in new_keys}
+    v1["version"] = 1
+    state = GoodputState.from_dict(v1)
+    assert state.version == GOODPUT_STATE_VERSION == 2
+    assert state.restart_since_s is None and state.slo_stats is None
+    assert state.seen_slots is None and state.seen_since_s is None
+    with pytest.raises(PolicyTypeError, match=r"unknown key\(s\) \['restart_since_s'\]"):
+        GoodputState.from_dict({**v1, "restart_since_s": None})
+
+
+def test_a_held_proposal_is_withdrawn_explicitly() -> None:
+    # The policy proposed a table the guardrails did not publish; when it wants the
+    # table in force again it says so with that table (else the guardrails keep
+    # standing by the old proposal), once.
+    pol = policy()
+    world = World(HIGH, TWO_SLOTS)
+    warm = run(world, pol, 10)
+    assert warm.table is not None
+    pending = StepTable(((1, 1), (128, 0)), 99, warm.t, 3600.0)
+    state = replace(warm.state, last_table=pending)
+    decision, state = pol.decide(world.observe(warm.t + 5.0, warm.table), state, NO_BUDGET)
+    assert decision.table is not None and decision.table.slots == warm.table.slots
+    decision, _ = pol.decide(world.observe(warm.t + 10.0, warm.table), state, NO_BUDGET)
+    assert decision.table is None
 
 
 def test_state_from_dict_rejects_bad_input() -> None:
@@ -470,3 +767,12 @@ def test_config_parses_strings_and_names_bad_keys() -> None:
         GoodputConfig(ttl_s=0.0)
     with pytest.raises(GoodputConfigError, match="'slo_tpot_ms'"):
         GoodputConfig(slo_tpot_ms=-1.0)
+    with pytest.raises(GoodputConfigError, match=r"'probe_max_loss': expected a number in"):
+        GoodputConfig.from_params({"probe_max_loss": "1.5"})
+    with pytest.raises(GoodputConfigError, match="'accept_burstiness': expected a number >= 1"):
+        GoodputConfig(accept_burstiness=0.5)
+    with pytest.raises(GoodputConfigError, match="'slo_band_sd'"):
+        GoodputConfig(slo_band_sd=0.0)
+    with pytest.raises(GoodputConfigError, match="'restart_cost_s'"):
+        GoodputConfig(restart_cost_s=-1.0)
+    assert GoodputConfig.from_params({"restart_after_s": "0"}).restart_after_s == 0.0
