@@ -958,6 +958,9 @@ guardrails:
   rollback_slo_margin: 0.05
   # A rolled-back move is blocked this long (seconds).
   rollback_cooldown_s: 600
+  # A drop is a regression only beyond this many standard deviations of the
+  # per-window goodput before the change (measurement noise is not a regression).
+  rollback_noise_z: 2.0
 
 # The daemon's own state: decision audit log, overrides, learned estimators,
 # the last published table.

@@ -238,6 +238,9 @@ class GuardrailConfig:
     rollback_slo_margin: float = 0.05
     # A rolled-back move is blocked this long.
     rollback_cooldown_s: float = 600.0
+    # A drop counts as a regression only beyond this many standard deviations of the
+    # per-window goodput measured before the change (noise is not a regression).
+    rollback_noise_z: float = 2.0
 
     def __post_init__(self) -> None:
         _validate_config(self, "GuardrailConfig")
@@ -291,6 +294,7 @@ _NON_NEGATIVE: Final = (
     "rollback_settle_s",
     "rollback_slo_margin",
     "rollback_cooldown_s",
+    "rollback_noise_z",
 )
 
 
@@ -1344,7 +1348,8 @@ def rollback(
                 and sample.start_s >= trial.started_at_s + config.rollback_settle_s
             ):
                 trial = replace(trial, post=trial.post.add(sample))
-            verdict, text = evaluate_trial(trial, ctx.budget, config)
+            noise = goodput_noise(samples, trial.started_at_s)
+            verdict, text = evaluate_trial(trial, ctx.budget, config, noise=noise)
             if verdict is None and now - trial.started_at_s > config.rollback_max_wait_s:
                 verdict, text = (
                     "inconclusive",
@@ -1427,10 +1432,30 @@ def _roll_back(
     return p.note(text, ReasonCode.ROLLED_BACK_REGRESSION.value), blocks + new_blocks
 
 
+def goodput_noise(samples: Sequence[WindowSample], before_s: float) -> float:
+    """Relative s.d. of per-window goodput per running request before ``before_s``."""
+    rates = [
+        s.tokens / s.window_s / max(s.running or 1, 1)
+        for s in samples
+        if s.end_s <= before_s and s.window_s > 0
+    ][-12:]
+    if len(rates) < 3:
+        return 0.0
+    mean = sum(rates) / len(rates)
+    if mean <= 0:
+        return 0.0
+    var = sum((r - mean) ** 2 for r in rates) / (len(rates) - 1)
+    return math.sqrt(var) / mean
+
+
 def evaluate_trial(
-    trial: ChangeTrial, budget: Budget, config: GuardrailConfig
+    trial: ChangeTrial, budget: Budget, config: GuardrailConfig, *, noise: float = 0.0
 ) -> tuple[str | None, str]:
-    """``("regressed" | "kept" | "inconclusive", message)``, or ``(None, "")`` for more data."""
+    """``("regressed" | "kept" | "inconclusive", message)``, or ``(None, "")`` for more data.
+
+    ``noise``: relative s.d. of the per-window goodput before the change; a drop within
+    ``rollback_noise_z`` of it is not called a regression.
+    """
     base, post = trial.baseline, trial.post
     if post.seconds < config.rollback_window_s or post.tokens < config.rollback_min_tokens:
         return None, ""
@@ -1462,7 +1487,8 @@ def evaluate_trial(
     measured = (
         "" if change is None else f"goodput {b_rate:.2f} -> {a_rate:.2f} {unit} ({change:+.1%})"
     )
-    if broken or (change is not None and change < -config.rollback_threshold):
+    threshold = max(config.rollback_threshold, config.rollback_noise_z * noise)
+    if broken or (change is not None and change < -threshold):
         why = "; ".join([m for m in (measured,) if m] + broken)
         return "regressed", f"{tag} rolled back: {why}"
     return "kept", f"{tag} kept after its check: {measured or 'no goodput measured'}"

@@ -880,3 +880,23 @@ def test_remove_override_drops_only_that_override() -> None:
     state = remove_override(state, a)
     assert active_overrides(state, 1.0) == (b,)
     assert remove_override(state, a) is state
+
+
+def test_rollback_ignores_a_drop_within_the_measured_noise() -> None:
+    from specgov.policies.guardrails import WindowSample, goodput_noise
+
+    # Per-window goodput per running request alternating 80/120: ~20 % noise.
+    samples = [
+        WindowSample(
+            end_s=5.0 * (i + 1),
+            window_s=5.0,
+            tokens=(400 if i % 2 else 600) * 1,
+            running=1,
+            tpot_p50_ms=None,
+            itl_p99_ms=None,
+        )
+        for i in range(10)
+    ]
+    noise = goodput_noise(samples, before_s=50.0)
+    assert 0.15 < noise < 0.30
+    assert goodput_noise(samples[:2], before_s=50.0) == 0.0  # too few windows to judge
