@@ -239,6 +239,11 @@ class Daemon:
                 loads = None  # older servers have no /v1/loads; gauges suffice
             obs = self._builder.feed(now, scrape.snapshot, info, loads)
             self._note_totals(now, scrape.snapshot)
+            report = self._builder.last_report
+            if report is not None and report.restart_detected:
+                # The server restarted: its shape may have changed, and the builder
+                # dropped it. Fetch /server_info again on the next scrape, not in 30 s.
+                self._server_info_at = None
         except PermanentScrapeError as exc:
             self.status_info.permanent_error = str(exc)
             self.status_info.scrape_errors += 1
@@ -430,6 +435,7 @@ class Daemon:
         observation = self.observation_now()
         budget = self.config.budget
         started = self._cpu_clock()
+        state_before = self.state
         decision, self.state = self.policy.decide(observation, self.state, budget)
         decide_s = self._cpu_clock() - started
         before = self._table
@@ -437,6 +443,14 @@ class Daemon:
         acting = self.status_info.permanent_error is None
         if decision.table is not None and acting and self.config.loop.mode == "plugin":
             published = self._publish(decision.table, observation)
+            if not published:
+                # The guard must not believe a table is in force that never reached the
+                # spool: keep the table it had (its other bookkeeping advances).
+                self.state = replace(
+                    self.state,
+                    table=state_before.table,
+                    table_since_s=state_before.table_since_s,
+                )
         if decision.table is not None and (published or self.config.loop.mode == "observe"):
             # In observe mode the table is what the daemon *would* run.
             self._table = decision.table
@@ -463,8 +477,11 @@ class Daemon:
         if spool is None:
             self.status_info.spool_error = "plugin mode needs spool.dir"
             return False
+        # The engine's candidate set, echoed in the spool file: from live telemetry, else
+        # the slot layout the guard remembers (e.g. right after a daemon restart).
+        layout = observation.slot_candidates or self.state.last_candidates or ()
         candidates = sorted(
-            {k for _, steps in (observation.slot_candidates or ()) for k in steps}
+            {k for _, steps in layout for k in steps}
             or (observation.shape.candidate_steps if observation.shape else ())
         )
         if not candidates:
