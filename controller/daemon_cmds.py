@@ -301,7 +301,7 @@ def _round(v: Any) -> Any:
 @_control_option
 @_output_option
 @click.option("--since", default=None, help="Only decisions newer than this duration (e.g. 10m).")
-@click.option("--limit", type=click.IntRange(1, 10_000), default=20, show_default=True)
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
 def decisions_cmd(control_addr: str | None, output: str, since: str | None, limit: int) -> None:
     """The decision audit log, newest first, each with its reason."""
     since_s = None

@@ -98,7 +98,11 @@ def sim_server_cmd(
     def ready(s: SimServer) -> None:
         click.echo(f"simulated SGLang server on {s.url} ({s.policy_name}); Ctrl-C to stop")
 
-    raise SystemExit(serve(sim, on_ready=ready))
+    try:
+        code = serve(sim, on_ready=ready)
+    except (ValueError, OSError) as exc:  # e.g. the port is taken
+        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
+    raise SystemExit(code)
 
 
 # ------------------------------------------------------------------- the demo
