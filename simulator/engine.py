@@ -571,7 +571,7 @@ class Engine:
                 now += dt
                 prefill_time += dt
                 if metrics is not None:
-                    metrics.on_prefill(new_tokens)
+                    metrics.on_prefill(new_tokens, dt)
                 prefill_batches += 1
                 chunked = None
                 for r, take in batch:
@@ -751,6 +751,7 @@ class Engine:
                     steps=k,
                     emitted_tokens=emitted_total,
                     verified_requests=bsz if policy is not None else 0,
+                    step_s=dt,
                 )
             if done:
                 for r in done:

@@ -204,7 +204,8 @@ class SimMetrics:
         if tpot_s is not None:
             self.tpot.observe(tpot_s)
 
-    def on_prefill(self, new_tokens: int) -> None:
+    def on_prefill(self, new_tokens: int, duration_s: float = 0.0) -> None:
+        """One prefill forward of ``new_tokens`` that took ``duration_s`` (modelled)."""
         self._iv_prefill_tokens += new_tokens
 
     def on_retract(self, count: int) -> None:
@@ -222,8 +223,10 @@ class SimMetrics:
         steps: int,
         emitted_tokens: int,
         verified_requests: int,
+        step_s: float = 0.0,
     ) -> None:
-        """After each decode forward; gauges refresh every decode_log_interval iterations."""
+        """After each decode forward (``step_s`` long); gauges refresh every
+        decode_log_interval iterations."""
         if self._iv_start_s is None:
             self._iv_start_s = now_s
         self._decode_ct += 1

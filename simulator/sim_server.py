@@ -102,7 +102,7 @@ from specgov.policies.adaptive_config import (
 from specgov.policies.ema import EmaPolicy
 from specgov.policies.types import TierStatsSnapshot
 from specgov.simulator import sim_endpoints as ep
-from specgov.simulator.engine import EngineResult, StepCost, VirtualClock
+from specgov.simulator.engine import EngineResult, VirtualClock
 from specgov.simulator.replay import (
     ADAPTIVE_ALGORITHMS,
     InEnginePolicy,
@@ -142,24 +142,6 @@ class _Stopped(Exception):
 # ------------------------------------------------------------------- engine helpers
 
 
-class _RecordingCost:
-    """The engine's cost model, remembering the last durations it returned, so the
-    metrics can report exact prefill busy time and decode step times."""
-
-    def __init__(self, inner: StepCost) -> None:
-        self._inner = inner
-        self.last_decode_s = 0.0
-        self.last_prefill_s = 0.0
-
-    def decode_step_s(self, batch_size: int, steps: int, kv_tokens: int) -> float:
-        self.last_decode_s = self._inner.decode_step_s(batch_size, steps, kv_tokens)
-        return self.last_decode_s
-
-    def prefill_s(self, new_tokens: int, prefix_kv_tokens: int) -> float:
-        self.last_prefill_s = self._inner.prefill_s(new_tokens, prefix_kv_tokens)
-        return self.last_prefill_s
-
-
 class _ServedMetrics(SimMetrics):
     """SimMetrics plus what /server_info and /v1/loads publish, behind one lock.
 
@@ -175,7 +157,6 @@ class _ServedMetrics(SimMetrics):
         *,
         model_name: str,
         kv_capacity_tokens: int,
-        cost: _RecordingCost,
         wall_of: Callable[[float], float],
         draft_per_round: int,
         publish_interval: int = 15,
@@ -183,7 +164,6 @@ class _ServedMetrics(SimMetrics):
         self.lock = threading.Lock()
         super().__init__(model_name=model_name, kv_capacity_tokens=kv_capacity_tokens)
         self._capacity = kv_capacity_tokens
-        self._cost = cost
         self._wall_of = wall_of
         self._draft_per_round = draft_per_round
         self._publish_interval = publish_interval
@@ -240,13 +220,13 @@ class _ServedMetrics(SimMetrics):
             )
             self.finished += 1
 
-    def on_prefill(self, new_tokens: int) -> None:
+    def on_prefill(self, new_tokens: int, duration_s: float = 0.0) -> None:
         with self.lock:
-            super().on_prefill(new_tokens)
+            super().on_prefill(new_tokens, duration_s)
             self.forwards += 1
             self._idle = False
             self._prefill_tokens += new_tokens
-            self._prefill_busy_us += int(self._cost.last_prefill_s * 1e6)
+            self._prefill_busy_us += int(duration_s * 1e6)
 
     def on_retract(self, count: int) -> None:
         with self.lock:
@@ -264,6 +244,7 @@ class _ServedMetrics(SimMetrics):
         steps: int,
         emitted_tokens: int,
         verified_requests: int,
+        step_s: float = 0.0,
     ) -> None:
         with self.lock:
             super().on_decode(
@@ -275,6 +256,7 @@ class _ServedMetrics(SimMetrics):
                 steps=steps,
                 emitted_tokens=emitted_tokens,
                 verified_requests=verified_requests,
+                step_s=step_s,
             )
             self.forwards += 1
             self._idle = False
@@ -288,7 +270,7 @@ class _ServedMetrics(SimMetrics):
                 self._iv_correct += emitted_tokens - verified_requests
             # SGLang's decode moments use launch-to-launch cadence; here the modelled
             # forward duration, which is that cadence when decodes run back to back.
-            step_us = float(int(self._cost.last_decode_s * 1e6))
+            step_us = float(int(step_s * 1e6))
             if running > 0 and step_us > 0:
                 m = self._moments
                 b = float(running)
@@ -979,13 +961,10 @@ class SimServer:
             policy = parse_policy(self.policy_name)
         prepared = prepare_run(self.server, policy, seed=self.seed, built=self._built)
         clocks.append(prepared.engine.clock)
-        cost = _RecordingCost(prepared.engine.cost)
-        prepared.engine.cost = cost
         ndt = self._num_draft_tokens()
         metrics = _ServedMetrics(
             model_name=f"{ep.SIM_MODEL_PREFIX}{self._built.model.name}",
             kv_capacity_tokens=prepared.memory.kv_token_capacity,
-            cost=cost,
             wall_of=self.wall_of,
             draft_per_round=(ndt - 1) if ndt else self.server.spec_steps,
         )
