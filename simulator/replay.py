@@ -18,6 +18,7 @@ from typing import Any
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.prometheus_text import parse_metrics
 from specgov.policies.ema import EmaPolicy
+from specgov.policies.estimators.step_cost import StepCostPrior
 from specgov.policies.fixed import FixedStepPolicy
 from specgov.policies.guardrails import GuardedPolicy, GuardrailConfig
 from specgov.policies.protocol import AdaptiveSpecPolicy
@@ -337,7 +338,7 @@ def prepare_run(
         metrics = SimMetrics(model_name=b.model.name, kv_capacity_tokens=memory.kv_token_capacity)
         loop = _closed_loop(
             policy.daemon_spec,
-            cost=cost,
+            prior=step_cost_prior(cost),
             clock=clock,
             metrics=metrics,
             kv_capacity=memory.kv_token_capacity,
@@ -374,7 +375,7 @@ def prepare_run(
 def _closed_loop(
     spec: PolicySpec,
     *,
-    cost: CostModel,
+    prior: StepCostPrior,
     clock: VirtualClock,
     metrics: SimMetrics,
     kv_capacity: int,
@@ -383,7 +384,7 @@ def _closed_loop(
     guardrails: GuardrailConfig | None,
 ) -> ClosedLoop:
     """The daemon side: policy behind guardrails, observing the simulated /metrics."""
-    inner = build_daemon_policy(spec, prior=step_cost_prior(cost))
+    inner = build_daemon_policy(spec, prior=prior)
     if inner is None:  # pragma: no cover - sglang-ema is handled as in-engine
         raise PolicySpecError(f"policy {spec.kind!r} has no daemon side")
     guarded = GuardedPolicy(inner, guardrails or GuardrailConfig())
