@@ -161,10 +161,6 @@ def normalise_candidate_steps(candidate_steps: Iterable[int], *, where: str) -> 
 # ---------------------------------------------------------------------- step table
 
 
-def table_path(spool_dir: str | os.PathLike[str]) -> Path:
-    return Path(spool_dir) / TABLE_FILENAME
-
-
 def write_step_table(
     spool_dir: str | os.PathLike[str],
     table: StepTable,

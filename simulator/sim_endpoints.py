@@ -133,13 +133,6 @@ class LaunchInfo:
     def speculative(self) -> bool:
         return self.speculative_algorithm is not None
 
-    @property
-    def draft_tokens_per_round(self) -> int:
-        """SGLang's ``draft_per_round`` for the accept rate (metrics_reporter)."""
-        if self.speculative_num_draft_tokens:
-            return self.speculative_num_draft_tokens - 1
-        return self.speculative_num_steps or 0
-
 
 @dataclass(frozen=True)
 class LiveState:
