@@ -2,11 +2,14 @@
 
 Sources, lowest to highest precedence:
 
-1. the packaged defaults: :data:`DEFAULT_CONFIG_YAML`, a verbatim copy of the
-   repository's ``config.yaml``. A copy lives in this module because the wheel ships
-   Python packages only (the root file is not package data); ``tests/test_config.py``
-   fails when the two differ, so edit both. The copy is always used, also in a checkout,
-   so an installed daemon and a development one start from the same defaults;
+1. the defaults: the field defaults of the typed groups (:class:`ServerConfig` ...
+   :class:`LogConfig` below, :class:`~specgov.policies.guardrails.GuardrailConfig`'s for
+   ``guardrails``) and no budget limits (:data:`NO_BUDGET_LIMITS`), collected by
+   :func:`default_groups`. They are the one source: the repository's ``config.yaml`` is
+   their commented, human-readable copy, and ``tests/test_config.py`` fails unless it has
+   exactly the same keys and values. (Why not read ``config.yaml``: the wheel ships Python
+   packages only, so the root file is not there at run time, and a typed default is
+   checked by mypy and by the group's own validation, a YAML copy by nothing.);
 2. the file given to :func:`load_config` (only the keys it changes are needed);
 3. environment variables ``SPECGOV_<GROUP>__<KEY>`` (e.g. ``SPECGOV_LOOP__MODE=plugin``),
    values read as YAML (``null``, ``true``, ``5s``, ``[0, 1, 3]``);
@@ -177,13 +180,17 @@ def parse_listen_address(value: object, *, where: str = "address") -> ListenAddr
 # ------------------------------------------------------------------------- the groups
 
 
+# Each group's field defaults are the daemon's defaults (module docstring); config.yaml
+# documents them key by key and must say the same.
+
+
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     """The SGLang server this daemon governs."""
 
-    url: str
-    api_key_env: str | None
-    timeout_s: float
+    url: str = "http://127.0.0.1:30000"  # 30000: SGLang's default --port
+    api_key_env: str | None = "SPECGOV_SGLANG_API_KEY"
+    timeout_s: float = 5.0
 
     def api_key(self, env: Mapping[str, str] = os.environ) -> str | None:
         """The key from the named variable; None when not configured, unset or empty."""
@@ -196,23 +203,23 @@ class ServerConfig:
 class SpoolConfig:
     """The directory shared with the in-engine plugin; None: no plugin (observe mode only)."""
 
-    dir: Path | None
+    dir: Path | None = Path("/tmp/specgov-spool")
 
 
 @dataclass(frozen=True, slots=True)
 class LoopConfig:
     """The slow control loop: its mode and intervals."""
 
-    mode: LoopMode
-    scrape_interval_s: float
-    decide_interval_s: float
+    mode: LoopMode = "observe"
+    scrape_interval_s: float = 1.0
+    decide_interval_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     """The policy: ``spec`` is the spec text as written, already validated."""
 
-    spec: str
+    spec: str = "goodput"
 
     def parsed(self) -> PolicySpec:
         return parse_policy_spec(self.spec)
@@ -222,22 +229,23 @@ class PolicyConfig:
 class StateConfig:
     """The SQLite state database."""
 
-    db_path: Path
+    db_path: Path = Path("~/.local/state/specgov/state.db")  # "~" expanded when loaded
 
 
 @dataclass(frozen=True, slots=True)
 class MetricsConfig:
     """The daemon's own Prometheus endpoint."""
 
-    listen: ListenAddress
+    # 9464: OpenTelemetry's default Prometheus exporter port.
+    listen: ListenAddress = ListenAddress("127.0.0.1", 9464)
 
 
 @dataclass(frozen=True, slots=True)
 class ControlConfig:
     """The control API; a token is required whenever ``listen`` is not loopback."""
 
-    listen: ListenAddress
-    token_env: str | None
+    listen: ListenAddress = ListenAddress("127.0.0.1", 9465)
+    token_env: str | None = "SPECGOV_CONTROL_TOKEN"
 
     @property
     def token_required(self) -> bool:
@@ -254,26 +262,26 @@ class ControlConfig:
 class RecommendConfig:
     """Restart recommendations; ``apply_command`` is an argv, never a shell string."""
 
-    enabled: bool
-    interval_s: float
-    apply_command: tuple[str, ...] | None
+    enabled: bool = True
+    interval_s: float = 3600.0
+    apply_command: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class DeploymentConfig:
     """Catalog names for the restart-loop simulator (the daemon checks them lazily)."""
 
-    gpu: str
-    model: str
-    drafter: str
+    gpu: str = "h100"
+    model: str = "llama-3.1-8b"
+    drafter: str = "eagle3"
 
 
 @dataclass(frozen=True, slots=True)
 class LogConfig:
     """Logging; ``level`` is an upper-case :mod:`logging` level name."""
 
-    format: LogFormat
-    level: str
+    format: LogFormat = "text"
+    level: str = "INFO"
 
 
 @dataclass(frozen=True)
@@ -306,6 +314,34 @@ class SpecgovConfig:
 
     def guardrail_config(self) -> GuardrailConfig:
         return GuardrailConfig.from_dict(self.guardrails, where="guardrails")
+
+
+# Budget (policies/types.py) declares no field defaults; "no limit" is None for each.
+NO_BUDGET_LIMITS: Final = Budget(
+    vram_gib=None,
+    slo_tpot_ms=None,
+    slo_itl_p99_ms=None,
+    slo_ttft_p99_ms=None,
+    allowed_steps=None,
+)
+
+
+def default_groups() -> dict[str, object]:
+    """Each group's default object, in file order: the one source of the defaults."""
+    return {
+        "server": ServerConfig(),
+        "spool": SpoolConfig(),
+        "loop": LoopConfig(),
+        "policy": PolicyConfig(),
+        "budget": NO_BUDGET_LIMITS,
+        "guardrails": GuardrailConfig(),
+        "state": StateConfig(),
+        "metrics": MetricsConfig(),
+        "control": ControlConfig(),
+        "recommend": RecommendConfig(),
+        "deployment": DeploymentConfig(),
+        "log": LogConfig(),
+    }
 
 
 # ------------------------------------------------------------------------ validators
@@ -491,7 +527,6 @@ _SCHEMA: Final[dict[str, dict[str, _Validator]]] = {
         "slo_itl_p99_ms": _optional_positive("milliseconds"),
         "slo_ttft_p99_ms": _optional_positive("milliseconds"),
         "allowed_steps": _allowed_steps,
-        "allow_lossy": _bool,
     },
     "guardrails": {f.name: _guardrail_value(f.name, f.default) for f in fields(GuardrailConfig)},
     "state": {"db_path": _path},
@@ -651,6 +686,15 @@ def _override_layer(overrides: Mapping[str, Any]) -> _Layer:
     return layer
 
 
+def _defaults_layer() -> _Layer:
+    # As plain data, the form a file gives, so the defaults pass the same validators.
+    defaults = default_groups()
+    return {
+        group: {key: _Raw(_plain(getattr(defaults[group], key)), DEFAULTS_LABEL) for key in keys}
+        for group, keys in _SCHEMA.items()
+    }
+
+
 # ---------------------------------------------------------------------------- loading
 
 
@@ -662,9 +706,9 @@ def load_config(
 ) -> SpecgovConfig:
     """Defaults < ``path`` < ``env`` < ``overrides`` (module docstring), validated.
 
-    ``path`` None loads only the packaged defaults. Raises :class:`ConfigError`.
+    ``path`` None loads only the defaults. Raises :class:`ConfigError`.
     """
-    merged = _yaml_layer(DEFAULT_CONFIG_YAML, DEFAULTS_LABEL, lines=False)
+    merged = _defaults_layer()
     layers: list[_Layer] = []
     if path is not None:
         label = str(path)
@@ -816,207 +860,3 @@ def secret_status(
             "required": config.control.token_required,
         },
     }
-
-
-# The packaged defaults: a verbatim copy of the repository's config.yaml (see the module
-# docstring); tests/test_config.py checks that they are identical.
-DEFAULT_CONFIG_YAML: Final = """\
-# specgov daemon configuration: the defaults `specgov run` starts with.
-#
-# A file given with --config needs only the keys it changes; every key it omits
-# keeps the value below. Unknown keys and wrong types are rejected with the key
-# path, the value and the expected form: check a file with
-# `specgov config validate FILE`.
-#
-# Precedence, lowest to highest: these defaults < the --config file <
-# environment variables SPECGOV_<GROUP>__<KEY> (double underscore, e.g.
-# SPECGOV_LOOP__MODE=plugin; the value is read as YAML, so "null", "true", "5s"
-# and "[0, 1, 3]" work) < command-line flags (--server, --mode, ...).
-# `specgov config show` prints the effective result and where each value came
-# from. SPECGOV_* variables without a double underscore (SPECGOV_SPOOL_DIR,
-# SPECGOV_SHARED_DATA, ...) belong to other parts of specgov and are not
-# config overrides.
-#
-# Durations (keys ending in _s) take a number of seconds or a number with a
-# unit: "250ms", "30s", "5m", "1h". Relative paths are relative to the
-# daemon's working directory; a leading "~" is the user's home directory.
-#
-# Secrets never go in this file: it names the environment variables that hold
-# them (server.api_key_env, control.token_env), and specgov never prints their
-# values.
-
-# The SGLang server this daemon governs.
-server:
-  # Base URL of SGLang's HTTP server (http or https, no credentials, query or
-  # fragment). 30000 is SGLang's default --port.
-  url: http://127.0.0.1:30000
-  # NAME of the environment variable holding the key SGLang was started with
-  # (--api-key), sent as a Bearer token. Variable unset or empty: no key is
-  # sent. null: never send one.
-  api_key_env: SPECGOV_SGLANG_API_KEY
-  # Timeout of one HTTP request to the server (seconds). A timeout is a
-  # temporary error: the daemon backs off and retries.
-  timeout_s: 5
-
-# The spool directory: the file channel between the daemon and the in-engine
-# plugin (step tables one way, per-tier statistics the other).
-spool:
-  # Directory shared with SGLang: its processes must see the same directory as
-  # SPECGOV_SPOOL_DIR (in a pod, a volume mounted in both containers). Its
-  # files are short-lived (tables carry a TTL), so a temporary directory is fine.
-  # null: no plugin; the daemon observes through HTTP only (observe mode only).
-  dir: /tmp/specgov-spool
-
-# The slow control loop.
-loop:
-  # observe: decide and record every decision, publish nothing (start here and
-  # read `specgov decisions`); plugin: also publish step tables that the
-  # in-engine plugin follows.
-  mode: observe
-  # How often to scrape the server's /metrics, /server_info and /v1/loads
-  # (seconds).
-  scrape_interval_s: 1
-  # How often the policy decides (seconds). Must stay below
-  # guardrails.table_ttl_s * (1 - guardrails.keepalive_fraction), so that a
-  # published table is re-issued before its TTL runs out.
-  decide_interval_s: 5
-
-# Which policy decides the step table.
-policy:
-  # A policy spec, the syntax `specgov policy set` takes: goodput[:key=value,...]
-  # (the model-based policy), bandit[:...], static:K, batch-table:1=5,8=3,32=0,
-  # none (no speculation) or sglang-ema (leave SGLang's own controller in
-  # charge). `specgov policy list` describes them and their keys.
-  spec: goodput
-
-# Operator limits every decision respects (null: no limit of that kind).
-budget:
-  # GPU memory per GPU that SGLang may use (GiB); restart recommendations never
-  # propose a shape that needs more.
-  vram_gib: null
-  # Median time-per-output-token SLO (milliseconds).
-  slo_tpot_ms: null
-  # 99th-percentile inter-token latency SLO (milliseconds).
-  slo_itl_p99_ms: null
-  # 99th-percentile time-to-first-token SLO (milliseconds).
-  slo_ttft_p99_ms: null
-  # Draft step counts a decision may use, strictly increasing, e.g. [0, 1, 3, 5]
-  # (0 = no speculation for that slot); null: all the engine's candidates.
-  allowed_steps: null
-  # Whether a decision may make speculation lossy (accept thresholds below 1.0
-  # change the output distribution). Keep false unless outputs may change.
-  allow_lossy: false
-
-# Guardrails between the policy and the server: they hold, damp, clamp and roll
-# back what the policy proposes. Times in seconds, gains and thresholds as
-# fractions (0.02 = 2 %).
-guardrails:
-  # TTL stamped on every published table (seconds); the in-engine plugin
-  # ignores an expired table and falls back to SGLang's own controller.
-  table_ttl_s: 30
-  # Re-issue an unchanged table once its age passes this fraction of its TTL.
-  keepalive_fraction: 0.5
-  # While frozen on bad telemetry, keep re-issuing the held table this long
-  # after the last fresh telemetry, then let it expire (seconds; 0: never).
-  frozen_keepalive_s: 120
-  # Observation fields that must be known for the policy to act; when one is
-  # unknown the guardrails freeze the table.
-  required_fields: [slot_candidates, staleness_s, tier_stats, window_s, generation_tokens]
-  # Scraped metrics older than this are stale (seconds).
-  max_staleness_s: 10
-  # Plugin statistics whose window ended longer ago than this are stale (seconds).
-  max_tier_stats_age_s: 15
-  # Tolerance band: a change predicted to gain less than this fraction is held.
-  min_gain: 0.02
-  # A slot keeps its step at least this long after a change; doubles with each
-  # flap (seconds).
-  min_dwell_s: 30
-  # Cap on the flap-damped dwell time (seconds).
-  max_dwell_s: 1800
-  # Half-life of a slot's flap penalty (seconds; +1 per reversal A->B->A).
-  flap_half_life_s: 3600
-  # Rate limit window (seconds) ...
-  rate_window_s: 60
-  # ... and the most table changes allowed in any such window.
-  max_changes_per_window: 3
-  # Roll back a change that measurably hurt goodput or broke an SLO.
-  rollback_enabled: true
-  # Relative goodput drop (per running request) that counts as a regression.
-  rollback_threshold: 0.1
-  # Seconds of data compared after a change (at least half as much before it).
-  rollback_window_s: 20
-  # Skip this long after a change while the engine picks it up (seconds).
-  rollback_settle_s: 2
-  # Generated tokens each side of a change needs for a verdict.
-  rollback_min_tokens: 500
-  # A change not judged within this long is kept as inconclusive (seconds).
-  rollback_max_wait_s: 120
-  # Mean running requests differing by more than this factor before and after a
-  # change: inconclusive, kept.
-  rollback_max_load_ratio: 2.0
-  # An SLO counts as broken above slo * (1 + this margin).
-  rollback_slo_margin: 0.05
-  # A rolled-back move is blocked this long (seconds).
-  rollback_cooldown_s: 600
-  # A drop is a regression only beyond this many standard deviations of the
-  # per-window goodput before the change (measurement noise is not a regression).
-  rollback_noise_z: 2.0
-
-# The daemon's own state: decision audit log, overrides, learned estimators,
-# the last published table.
-state:
-  # SQLite database file (WAL mode; the directory is created if missing).
-  # Keep it on persistent storage so learned state and overrides survive a
-  # restart.
-  db_path: ~/.local/state/specgov/state.db
-
-# The daemon's own Prometheus metrics.
-metrics:
-  # HOST:PORT for GET /metrics. 127.0.0.1 keeps it on this machine; use
-  # 0.0.0.0:9464 (or the pod IP) for a scraper elsewhere. 9464 is
-  # OpenTelemetry's default Prometheus exporter port.
-  listen: 127.0.0.1:9464
-
-# The control API that `specgov status`, `override`, `policy` and `decisions`
-# talk to.
-control:
-  # HOST:PORT it listens on; other commands connect here unless given
-  # --control-addr. Loopback (127.0.0.1, ::1, localhost) by default.
-  listen: 127.0.0.1:9465
-  # NAME of the environment variable holding the API's bearer token (a long
-  # random string). Required, and the variable must be set, whenever listen is
-  # not a loopback address; clients read the same variable.
-  token_env: SPECGOV_CONTROL_TOKEN
-
-# Restart recommendations for what SGLang cannot change live (tree width, draft
-# tokens, candidate steps, speculation on/off), found by replaying the recent
-# traffic through the simulator.
-recommend:
-  # Compute recommendations at all.
-  enabled: true
-  # How often to compute one (seconds; a replay costs some CPU, so hours are
-  # typical).
-  interval_s: 1h
-  # Command run to apply a recommendation, as an argument list (no shell is
-  # involved), e.g. ["/usr/local/bin/restart-sglang", "--from-specgov"].
-  # null: only show it in `specgov status` and `specgov recommend`.
-  apply_command: null
-
-# What the restart-loop simulator assumes the deployment is: names from the
-# simulator's catalog (simulator/data/gpus.yaml, models.yaml, drafters.yaml),
-# checked by the daemon when it first replays traffic.
-deployment:
-  # GPU model of the server.
-  gpu: h100
-  # Target model served by SGLang.
-  model: llama-3.1-8b
-  # Draft model or method (eagle3, ngram, ...).
-  drafter: eagle3
-
-# Logging of the daemon (to stderr).
-log:
-  # text: human-readable lines; json: one JSON object per line, for collectors.
-  format: text
-  # Least severe level logged: debug, info, warning, error or critical.
-  level: info
-"""

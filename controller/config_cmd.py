@@ -44,9 +44,9 @@ def _display(value: Any) -> str:
 def config_group() -> None:
     """Check and inspect the daemon's configuration.
 
-    Sources, lowest to highest precedence: the packaged defaults (the repository's
-    config.yaml), the --config FILE, environment variables SPECGOV_<GROUP>__<KEY>,
-    command-line flags of `specgov run`.
+    Sources, lowest to highest precedence: the packaged defaults (documented key by
+    key in the repository's config.yaml), the --config FILE, environment variables
+    SPECGOV_<GROUP>__<KEY>, command-line flags of `specgov run`.
     """
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +13,15 @@ import yaml
 from click.testing import CliRunner
 
 from specgov.controller.config import (
-    DEFAULT_CONFIG_YAML,
     DEFAULTS_LABEL,
+    NO_BUDGET_LIMITS,
     ConfigError,
     ListenAddress,
     SpecgovConfig,
+    StateConfig,
     check_secrets,
     config_keys,
+    default_groups,
     effective_config_dict,
     load_config,
     parse_duration,
@@ -59,7 +62,7 @@ def test_defaults_load_with_the_documented_values() -> None:
     assert (cfg.loop.scrape_interval_s, cfg.loop.decide_interval_s) == (1.0, 5.0)
     assert cfg.policy.spec == "goodput"
     assert cfg.policy.parsed() == parse_policy_spec("goodput")
-    assert cfg.budget == Budget(None, None, None, None, None, allow_lossy=False)
+    assert cfg.budget == Budget(None, None, None, None, None) == NO_BUDGET_LIMITS
     assert cfg.metrics.listen == ListenAddress("127.0.0.1", 9464)
     assert cfg.control.listen == ListenAddress("127.0.0.1", 9465)
     assert cfg.control.token_env == "SPECGOV_CONTROL_TOKEN"
@@ -78,10 +81,32 @@ def test_defaults_load_with_the_documented_values() -> None:
     assert set(cfg.sources.values()) == {DEFAULTS_LABEL}
 
 
-def test_packaged_defaults_are_the_repository_config_yaml() -> None:
-    # The wheel carries only the embedded copy; keep it identical to the file.
-    assert CONFIG_YAML.read_text(encoding="utf-8") == DEFAULT_CONFIG_YAML
-    assert load_config(CONFIG_YAML, env=NO_ENV) == load_config(None, env=NO_ENV)
+def test_config_yaml_is_exactly_the_built_in_defaults() -> None:
+    # The defaults are the typed groups' (controller/config.py); config.yaml is their
+    # commented copy: every key, no other, and the same value for each.
+    raw = yaml.safe_load(CONFIG_YAML.read_text(encoding="utf-8"))
+    assert {group: tuple(keys) for group, keys in raw.items()} == config_keys()
+    from_file = load_config(CONFIG_YAML, env=NO_ENV)
+    built_in = load_config(None, env=NO_ENV)
+    assert from_file == built_in
+    assert effective_config_dict(from_file) == effective_config_dict(built_in)
+    # Every value came from the file (none filled in from the defaults).
+    assert all(origin.startswith(f"{CONFIG_YAML}:") for origin in from_file.sources.values())
+    assert len(from_file.sources) == sum(len(keys) for keys in config_keys().values())
+
+
+def test_the_defaults_are_the_typed_groups_field_defaults() -> None:
+    cfg = load_config(None, env=NO_ENV)
+    for group, default in default_groups().items():
+        names = {f.name for f in fields(type(default))}
+        # Budget.allow_lossy is being removed (issue 8): the config never exposes it.
+        assert set(config_keys()[group]) == names - {"allow_lossy"}, group
+        if group == "guardrails":
+            assert cfg.guardrail_config() == default
+        elif group == "state":
+            assert cfg.state == StateConfig(StateConfig().db_path.expanduser())
+        else:
+            assert getattr(cfg, group) == default, group
 
 
 def _yaml_keys(text: str) -> list[tuple[int, str, str]]:
@@ -163,7 +188,6 @@ budget:
   slo_itl_p99_ms: 120.5
   slo_ttft_p99_ms: 2000
   allowed_steps: [0, 1, 3, 5]
-  allow_lossy: true
 guardrails:
   min_gain: 0.05
   min_dwell_s: 1m
@@ -197,7 +221,7 @@ def test_custom_values_are_typed(tmp_path: Path) -> None:
     assert cfg.server.timeout_s == pytest.approx(0.25)
     assert cfg.spool.dir is None
     assert cfg.policy.spec == "static:3"
-    assert cfg.budget == Budget(80.0, 40.0, 120.5, 2000.0, (0, 1, 3, 5), allow_lossy=True)
+    assert cfg.budget == Budget(80.0, 40.0, 120.5, 2000.0, (0, 1, 3, 5))
     guard = cfg.guardrail_config()
     assert (guard.min_gain, guard.min_dwell_s, guard.max_dwell_s) == (0.05, 60.0, 7200.0)
     assert guard.required_fields == ("slot_candidates", "tier_stats")
@@ -253,7 +277,6 @@ def _error(tmp_path: Path, text: str, **kwargs: Any) -> str:
         ("budget:\n  allowed_steps: [3, 1]\n", "budget.allowed_steps: expected null or a"),
         ("budget:\n  allowed_steps: []\n", "strictly increasing ints >= 0"),
         ("budget:\n  allowed_steps: [true]\n", "strictly increasing ints >= 0"),
-        ("budget:\n  allow_lossy: maybe\n", "budget.allow_lossy: expected true or false"),
         ("metrics:\n  listen: 9464\n", "metrics.listen: expected 'HOST:PORT'"),
         ("metrics:\n  listen: ':9464'\n", "metrics.listen: expected 'HOST:PORT'"),
         ("metrics:\n  listen: 127.0.0.1:70000\n", "(port out of range), got"),
@@ -306,6 +329,17 @@ def test_bad_values_name_file_line_key_value_and_form(
 )
 def test_structure_and_syntax_errors(tmp_path: Path, text: str, pattern: str) -> None:
     assert re.search(pattern, _error(tmp_path, text))
+
+
+def test_budget_allow_lossy_is_not_a_key(tmp_path: Path) -> None:
+    # The knob was dead (nothing applied it): a file, variable or flag naming it fails.
+    expected = "unknown key budget.allow_lossy; valid keys of budget: vram_gib, "
+    assert f"cfg.yaml:2: {expected}" in _error(tmp_path, "budget:\n  allow_lossy: false\n")
+    with pytest.raises(ConfigError, match=r"^env SPECGOV_BUDGET__ALLOW_LOSSY: .*allow_lossy"):
+        load_config(None, env={"SPECGOV_BUDGET__ALLOW_LOSSY": "true"})
+    with pytest.raises(ConfigError, match=r"^command line: override 'budget\.allow_lossy'"):
+        load_config(None, env=NO_ENV, overrides={"budget.allow_lossy": True})
+    assert "allow_lossy" not in effective_config_dict(load_config(None, env=NO_ENV))["budget"]
 
 
 def test_unreadable_files_are_config_errors(tmp_path: Path) -> None:
