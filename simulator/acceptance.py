@@ -201,7 +201,18 @@ class AcceptanceSampler:
     profile. ``draw(0)`` never consumes randomness.
     """
 
-    __slots__ = ("_acc", "_innov", "_n_acc", "_pos", "_rho", "_rng", "_tables", "_z")
+    __slots__ = (
+        "_acc",
+        "_innov",
+        "_n_acc",
+        "_next_u",
+        "_next_z",
+        "_pos",
+        "_rho",
+        "_rng",
+        "_tables",
+        "_z",
+    )
 
     def __init__(
         self,
@@ -219,6 +230,9 @@ class AcceptanceSampler:
         self._acc = acc_len
         self._n_acc = len(acc_len) if acc_len is not None else 0
         self._pos = 0
+        # The next verify's uniform (and AR state), drawn early by ``peek``; -1: none yet.
+        self._next_u = -1.0
+        self._next_z = 0.0
 
     @property
     def position(self) -> int:
@@ -237,14 +251,63 @@ class AcceptanceSampler:
             self._pos = pos + n + 1
             return n
         if steps == 0:
+            if self._next_u >= 0.0:
+                # A peeked uniform belongs to this verify (see peek): spend it.
+                self._next_u = -1.0
+                self._z = self._next_z
             return 0
-        rho = self._rho
-        if rho > 0.0:
-            z = rho * self._z + self._innov * self._rng.gauss(0.0, 1.0)
-            self._z = z
-            u = 0.5 * (1.0 + math.erf(z * _INV_SQRT2))
+        u = self._next_u
+        if u >= 0.0:
+            # peek() already drew this verify's uniform: consume that one.
+            self._next_u = -1.0
+            self._z = self._next_z
         else:
-            u = self._rng.random()
+            rho = self._rho
+            if rho > 0.0:
+                z = rho * self._z + self._innov * self._rng.gauss(0.0, 1.0)
+                self._z = z
+                u = 0.5 * (1.0 + math.erf(z * _INV_SQRT2))
+            else:
+                u = self._rng.random()
+        surv = self._tables[steps]
+        n = 0
+        while n < steps and u < surv[n]:
+            n += 1
+        return n
+
+    def peek(self, steps: int) -> int:
+        """What the next ``draw(steps)`` will return, without consuming anything.
+
+        For the clairvoyant oracle (``specgov.simulator.oracle``). The verify's uniform
+        does not depend on ``steps``, so it is drawn once, kept, and used by the next
+        ``draw``: ``draw(k)`` returns what ``peek(k)`` said, and a peeked sampler draws
+        the same uniforms in the same order as one never peeked.
+
+        One difference, only for a sampler that is peeked: a verify at steps 0 spends
+        the peeked uniform (each verify is one step of the predictability process),
+        where an unpeeked ``draw(0)`` consumes nothing. Without it a clairvoyant chooser
+        that saw a bad draw and verified without drafts would face that same draw at
+        every later verify and never draft again. Samplers that are never peeked (every
+        policy but the oracle) behave exactly as before.
+        """
+        if steps < 0 or steps > MAX_STEPS:
+            raise AcceptanceError(f"steps must be in 0..{MAX_STEPS}, got {steps!r}")
+        pos = self._pos
+        if pos < self._n_acc:
+            n: int = self._acc[pos] - 1  # type: ignore[index]
+            return n if n < steps else steps
+        if steps == 0:
+            return 0
+        u = self._next_u
+        if u < 0.0:
+            rho = self._rho
+            if rho > 0.0:
+                z = rho * self._z + self._innov * self._rng.gauss(0.0, 1.0)
+                self._next_z = z
+                u = 0.5 * (1.0 + math.erf(z * _INV_SQRT2))
+            else:
+                u = self._rng.random()
+            self._next_u = u
         surv = self._tables[steps]
         n = 0
         while n < steps and u < surv[n]:

@@ -33,7 +33,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from specgov.policies.protocol import AdaptiveSpecPolicy
@@ -67,6 +67,35 @@ class StepCost(Protocol):
 
 class Sampler(Protocol):
     def draw(self, steps: int) -> int: ...
+
+
+@runtime_checkable
+class PeekableSampler(Protocol):
+    """A sampler that can tell its next draw without consuming it (for the oracle)."""
+
+    def draw(self, steps: int) -> int: ...
+
+    def peek(self, steps: int) -> int: ...
+
+
+@runtime_checkable
+class BatchOracle(Protocol):
+    """An in-engine policy allowed to see each running request's true next acceptance.
+
+    Benchmarks only (``specgov.simulator.oracle``): the engine binds its cost model and
+    config once, then before every ``get_steps_for_batch`` hands over, per running
+    request, ``peek(steps)`` (the accepted drafts its next verify would get) and the
+    output tokens it still has to generate, plus the KV tokens in use.
+    """
+
+    def bind_engine(self, cost: StepCost, config: EngineConfig) -> None: ...
+
+    def observe_batch(
+        self,
+        peeks: Sequence[Callable[[int], int]],
+        remaining_tokens: Sequence[int],
+        kv_used_tokens: int,
+    ) -> None: ...
 
 
 class SamplerFactory(Protocol):
@@ -183,6 +212,7 @@ class _Req:
         "kv_tokens",
         "last_token_s",
         "output_tokens",
+        "peek",
         "prefill_target",
         "prefilled",
         "retracted",
@@ -196,6 +226,7 @@ class _Req:
         self.output_tokens = request.output_tokens
         self.domain = request.domain
         self.draw = draw
+        self.peek: Callable[[int], int] | None = None
         self.generated = 0
         self.kv_tokens = 0
         self.prefilled = 0
@@ -294,6 +325,9 @@ class Engine:
             if config.cuda_graph_max_bs is not None
             else None
         )
+        self.oracle: BatchOracle | None = policy if isinstance(policy, BatchOracle) else None
+        if self.oracle is not None:
+            self.oracle.bind_engine(cost, config)
         if policy is not None:
             # AdaptiveController.init_states: graphs first, then the initial state.
             policy.set_cuda_graph_bs(self.cuda_graph_bs)
@@ -348,6 +382,7 @@ class Engine:
         record = cfg.record_events
         events: list[tuple[float, str, int, int]] = []
         vclock = self.clock
+        oracle = self.oracle
 
         n_total = len(requests)
         if concurrency is not None:
@@ -488,9 +523,17 @@ class Engine:
         def make_req(i: int) -> _Req:
             req = requests[i]
             draw = None
+            sampler = None
             if acceptance is not None:
-                draw = acceptance.sampler(i, req.domain, req.acc_len).draw
+                sampler = acceptance.sampler(i, req.domain, req.acc_len)
+                draw = sampler.draw
             state = _Req(i, req, draw)
+            if oracle is not None:
+                if not isinstance(sampler, PeekableSampler):
+                    raise EngineConfigError(
+                        "the oracle policy needs an acceptance model whose samplers have peek()"
+                    )
+                state.peek = sampler.peek
             state.arrival_s = arrivals[i]
             return state
 
@@ -624,6 +667,12 @@ class Engine:
             # ---- decode ----
             bsz = len(running)
             vclock.now_s = now
+            if oracle is not None:
+                oracle.observe_batch(
+                    [r.peek for r in running],  # type: ignore[misc]
+                    [r.output_tokens - r.generated for r in running],
+                    kv_used,
+                )
             if policy is not None:
                 target = policy.get_steps_for_batch(bsz)
                 if target != current_steps:
@@ -661,6 +710,12 @@ class Engine:
                     mx += q.output_tokens
                 new_token_ratio = min(1.0, (dec + RETRACT_DECODE_STEPS * len(running)) / (mx + 1))
                 bsz = len(running)
+                if oracle is not None:
+                    oracle.observe_batch(
+                        [r.peek for r in running],  # type: ignore[misc]
+                        [r.output_tokens - r.generated for r in running],
+                        kv_used,
+                    )
                 if policy is not None:
                     target = policy.get_steps_for_batch(bsz)
                     if target != current_steps:

@@ -92,17 +92,31 @@ class InEnginePolicy:
 OBSERVED_DOMAINS = ("sharegpt", "instructcoder", "cnn", "gsm8k", "mtbench")
 
 KNOWN_POLICIES = (
-    "in-engine: none, static:K (K >= 0), sglang-ema; "
+    "in-engine: none, static:K (K >= 0), sglang-ema, oracle (clairvoyant, benchmarks); "
     "daemon (closed loop): batch-table:..., goodput[:...], bandit[:...]"
 )
-IN_ENGINE_KINDS = ("none", "static", "sglang-ema")
+IN_ENGINE_KINDS = ("none", "static", "sglang-ema", "oracle")
 
 
 def parse_policy(text: str) -> InEnginePolicy:
-    """Parse a replay policy name: ``none``, ``static:K`` or ``sglang-ema``."""
+    """Parse a replay policy name: ``none``, ``static:K``, ``sglang-ema`` or ``oracle``."""
     raw = text.strip()
     kind, _, arg = raw.partition(":")
     kind = kind.strip().lower()
+    if kind == "oracle":
+        # Clairvoyant yardstick (specgov.simulator.oracle): per batch, the step with the
+        # most tokens per second given the true acceptance; the daemon policies' steps.
+        from specgov.simulator.oracle import ClairvoyantOracle
+
+        if arg:
+            raise PolicySpecError(f"policy {raw!r}: 'oracle' takes no argument")
+        steps = tuple(sorted({k for ks in SPECGOV_SLOT_CANDIDATES.values() for k in ks}))
+        return InEnginePolicy(
+            "oracle",
+            True,
+            steps,
+            lambda initial: ClairvoyantOracle(steps, initial if initial in steps else None),
+        )
     if kind == "none":
         if arg:
             raise PolicySpecError(f"policy {raw!r}: 'none' takes no argument")
