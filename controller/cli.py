@@ -46,8 +46,9 @@ def _register_subcommands() -> None:
     # Each command module imports only click at load time; its work is lazy.
     from specgov.controller.config_cmd import config_group
     from specgov.controller.daemon_cmds import COMMANDS
-    from specgov.controller.demo import demo_cmd, sim_server_cmd
+    from specgov.controller.demo import demo_cmd
     from specgov.controller.sglang_args_cmd import sglang_args
+    from specgov.simulator.sim_cli import sim_server_cmd  # imports only click at load
 
     main.add_command(sglang_args)
     main.add_command(config_group)
@@ -201,23 +202,31 @@ def _run_replay(
     output: str,
     plot: Path | None,
     concurrency: int | None,
+    prior_scale: float = 1.0,
+    prior_gpu: str | None = None,
 ) -> None:
     from specgov.simulator.metrics import Slo
+    from specgov.simulator.priors import PriorOptionError
     from specgov.simulator.replay import ServerSpec, replay
 
-    server = ServerSpec(
-        gpu=gpu,
-        model=model,
-        drafter=drafter,
-        spec_steps=spec_steps,
-        topk=topk,
-        num_draft_tokens=num_draft_tokens,
-        acceptance_profile=acceptance_profile,
-        burstiness=burstiness,
-        max_running_requests=max_running_requests,
-        mem_fraction_static=mem_fraction_static,
-        catalog_files=tuple(catalog),
-    )
+    try:
+        server = ServerSpec(
+            gpu=gpu,
+            model=model,
+            drafter=drafter,
+            spec_steps=spec_steps,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
+            acceptance_profile=acceptance_profile,
+            burstiness=burstiness,
+            max_running_requests=max_running_requests,
+            mem_fraction_static=mem_fraction_static,
+            catalog_files=tuple(catalog),
+            prior_scale=prior_scale,
+            prior_gpu=prior_gpu,
+        )
+    except PriorOptionError as exc:  # a bad option value: usage error (exit 2)
+        raise click.UsageError(str(exc)) from None
     progress, stop = _progress_factory() if output == "table" else (None, lambda: None)
     try:
         report = replay(
@@ -339,6 +348,20 @@ def _with_server_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     default=None,
     help="Replay as N closed-loop users (each sends its next request when answered).",
 )
+@click.option(
+    "--prior-scale",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Daemon policies' step-cost prior believes every step costs this many times "
+    "what the simulated GPU takes (a wrong prior on purpose; the truth is unchanged).",
+)
+@click.option(
+    "--prior-gpu",
+    default=None,
+    help="Build the daemon policies' step-cost prior for this catalog GPU instead of "
+    "--gpu (same model and drafter): a wrong knee, not only a wrong scale.",
+)
 @_with_server_options
 def replay(
     trace: str,
@@ -350,6 +373,8 @@ def replay(
     sample: float | None,
     max_requests: int | None,
     concurrency: int | None,
+    prior_scale: float,
+    prior_gpu: str | None,
     **server: Any,
 ) -> None:
     """Replay TRACE (a file, or `synthetic[:key=value,...]`) once per --policy."""
@@ -364,7 +389,14 @@ def replay(
             max_requests=max_requests,
             seed=server["seed"],
         )
-        _run_replay(loaded, policies or DEFAULT_REPLAY_POLICIES, concurrency=concurrency, **server)
+        _run_replay(
+            loaded,
+            policies or DEFAULT_REPLAY_POLICIES,
+            concurrency=concurrency,
+            prior_scale=prior_scale,
+            prior_gpu=prior_gpu,
+            **server,
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,5 +1,9 @@
 """Step-cost model of a (speculative) SGLang decode/prefill step, in seconds.
 
+The decode-step formula is defined once, in ``specgov.policies.roofline`` (the
+policies' step-cost prior predicts with the same code); this module derives its
+coefficients from the catalog, documents their calibration, and adds prefill.
+
 One target forward over ``n`` batched tokens that reads ``kv`` cached tokens costs::
 
     fixed + smoothmax(weights_read, n * compute_per_token) + kv * kv_read_per_token
@@ -51,97 +55,51 @@ Tensor parallelism (an estimate, no source measured here): weights, FLOPs and KV
 split evenly over the ranks, plus two all-reduces per layer per forward at
 6 µs latency each and 300 GB/s achieved link bandwidth.
 
-Performance: ``decode_step_s``, ``prefill_s`` and ``target_forward_s`` are on the
-engine's hot path (~400k calls per replay) and are plain float arithmetic on
-values precomputed in ``__init__``.
+Performance: ``decode_step_s``, ``prefill_s`` and ``target_forward_s`` (the first
+and last inherited from ``Roofline``) are on the engine's hot path (~400k calls per
+replay) and are plain float arithmetic on values precomputed in ``__init__``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from specgov.policies.roofline import (
+    DEFAULT_ROOFLINE_EXPONENT,
+    MAX_STEPS,
+    Roofline,
+    RooflineCoefficients,
+    RooflineError,
+)
 from specgov.simulator.catalog import DrafterSpec, GpuSpec, ModelSpec
 
-__all__ = ["MAX_STEPS", "CostCoefficients", "CostModel", "CostModelError"]
+__all__ = [
+    "DEFAULT_ROOFLINE_EXPONENT",
+    "MAX_STEPS",
+    "CostCoefficients",
+    "CostModel",
+    "CostModelError",
+]
 
-# Largest draft step count a cost model answers for (tables are precomputed).
-MAX_STEPS = 64
+# The coefficients and their errors are the policies' roofline types: one definition,
+# shared with the step-cost estimator's prior (policies/roofline.py).
+CostCoefficients = RooflineCoefficients
+CostModelError = RooflineError
 
 # Per-forward engine overhead (launch, sampling, scheduling), seconds; see module doc.
 DEFAULT_FIXED_OVERHEAD_S = 1.0e-3
-DEFAULT_ROOFLINE_EXPONENT = 2.0
 # Tensor-parallel all-reduce (estimate): latency per all-reduce, achieved link bytes/s.
 TP_ALLREDUCE_LATENCY_S = 6e-6
 TP_LINK_BYTES_S = 300e9
 ACTIVATION_BYTES = 2  # bf16 activations travel in the all-reduces
 
 
-class CostModelError(ValueError):
-    """A cost-model setting is invalid; the message names it and the valid form."""
-
-
-@dataclass(frozen=True)
-class CostCoefficients:
-    """All cost coefficients, in seconds (per token / per forward as named).
-
-    ``roofline_exponent`` is the one unitless entry (p of the smooth max).
-    """
-
-    fixed_overhead_s: float
-    weight_read_s: float
-    compute_per_token_s: float
-    kv_read_per_token_s: float
-    attention_per_token_pair_s: float
-    tp_comm_fixed_s: float = 0.0
-    tp_comm_per_token_s: float = 0.0
-    draft_weight_read_s: float = 0.0
-    draft_compute_per_token_s: float = 0.0
-    draft_kv_read_per_token_s: float = 0.0
-    draft_step_overhead_s: float = 0.0
-    draft_extend_overhead_s: float = 0.0
-    spec_verify_overhead_s: float = 0.0
-    spec_verify_per_token_s: float = 0.0
-    draft_per_request_s: float = 0.0
-    roofline_exponent: float = DEFAULT_ROOFLINE_EXPONENT
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise CostModelError(f"cost coefficient {f.name} must be a number, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise CostModelError(
-                    f"cost coefficient {f.name} must be finite and >= 0, got {value!r}"
-                )
-        if self.roofline_exponent < 1.0:
-            raise CostModelError(
-                f"cost coefficient roofline_exponent must be >= 1, got {self.roofline_exponent!r}"
-            )
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in dataclasses.fields(cls))
-
-    def with_overrides(self, overrides: Mapping[str, float] | None) -> CostCoefficients:
-        """A copy with fitted coefficients replaced by field name."""
-        if not overrides:
-            return self
-        valid = self.field_names()
-        unknown = sorted(k for k in overrides if k not in valid)
-        if unknown:
-            raise CostModelError(
-                f"unknown cost coefficient(s) {', '.join(map(repr, unknown))}; "
-                f"valid: {', '.join(valid)}"
-            )
-        return dataclasses.replace(self, **{k: float(v) for k, v in overrides.items()})
-
-
-class CostModel:
+class CostModel(Roofline):
     """Seconds per target forward, per decode step and per prefill, for one shape.
 
+    The decode step and the target forward are :class:`~specgov.policies.roofline.Roofline`'s
+    (the same code the step-cost prior predicts with); this class adds the catalog
+    builder and the prefill cost, which only the simulator charges.
     ``speculative`` is True when a drafter is configured (even at steps 0). The
     tree shape is fixed at construction: ``topk == 1`` is a chain (verify k+1 tokens
     per request), ``topk > 1`` a tree verifying ``min(num_draft_tokens, 1+k*topk)``.
@@ -149,87 +107,21 @@ class CostModel:
     running requests' cached tokens).
     """
 
-    __slots__ = (
-        "_attn",
-        "_coef",
-        "_dcomp",
-        "_dext_o",
-        "_dkv",
-        "_draft_fixed",
-        "_dstep_o",
-        "_dw_p",
-        "_fixed",
-        "_ip",
-        "_kv",
-        "_p",
-        "_per_req",
-        "_tc",
-        "_topk",
-        "_tp_tok",
-        "_vt_o",
-        "_vtok",
-        "_w_p",
-        "num_draft_tokens",
-        "speculative",
-        "topk",
-    )
+    __slots__ = ("_attn", "_dext_o")
 
     def __init__(
         self,
-        coefficients: CostCoefficients,
+        coefficients: RooflineCoefficients,
         *,
         speculative: bool,
         topk: int = 1,
         num_draft_tokens: int | None = None,
     ) -> None:
-        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-            raise CostModelError(f"topk must be an integer >= 1, got {topk!r}")
-        if topk > 1:
-            if num_draft_tokens is None:
-                raise CostModelError(
-                    f"a tree (topk={topk}) needs num_draft_tokens (an integer >= 2)"
-                )
-            if (
-                isinstance(num_draft_tokens, bool)
-                or not isinstance(num_draft_tokens, int)
-                or num_draft_tokens < 2
-            ):
-                raise CostModelError(
-                    f"num_draft_tokens must be an integer >= 2, got {num_draft_tokens!r}"
-                )
-        else:
-            num_draft_tokens = None  # chains verify steps+1 tokens, whatever was passed
-        if topk > 1 and not speculative:
-            raise CostModelError("a tree shape (topk > 1) needs a drafter")
-        c = coefficients
-        self._coef = c
-        self.speculative = speculative
-        self.topk = topk
-        self.num_draft_tokens = num_draft_tokens
-        p = c.roofline_exponent
-        self._p = p
-        self._ip = 1.0 / p
-        self._w_p = c.weight_read_s**p
-        self._tc = c.compute_per_token_s
-        self._kv = c.kv_read_per_token_s
-        self._attn = c.attention_per_token_pair_s
-        self._fixed = c.fixed_overhead_s + c.tp_comm_fixed_s
-        self._tp_tok = c.tp_comm_per_token_s
-        self._dw_p = c.draft_weight_read_s**p
-        self._dcomp = c.draft_compute_per_token_s
-        self._dkv = c.draft_kv_read_per_token_s
-        self._dstep_o = c.draft_step_overhead_s
-        self._draft_fixed = c.draft_extend_overhead_s + c.spec_verify_overhead_s
-        self._per_req = c.draft_per_request_s
-        self._dext_o = c.draft_extend_overhead_s
-        self._vt_o = c.spec_verify_per_token_s
-        self._topk = topk
-        # Tokens per request verified (and re-run by draft-extend) at each step count.
-        vtok = [1]
-        for s in range(1, MAX_STEPS + 1):
-            v = s + 1 if num_draft_tokens is None else min(num_draft_tokens, 1 + s * topk)
-            vtok.append(v)
-        self._vtok = vtok
+        super().__init__(
+            coefficients, speculative=speculative, topk=topk, num_draft_tokens=num_draft_tokens
+        )
+        self._attn = coefficients.attention_per_token_pair_s
+        self._dext_o = coefficients.draft_extend_overhead_s
 
     # ------------------------------------------------------------------ builders
 
@@ -307,73 +199,7 @@ class CostModel:
             num_draft_tokens=self.num_draft_tokens,
         )
 
-    @property
-    def coefficients(self) -> CostCoefficients:
-        return self._coef
-
-    def verify_tokens_per_request(self, steps: int) -> int:
-        """Target tokens verified per request at *steps* (1 without speculation)."""
-        if not self.speculative:
-            return 1
-        self._check_steps(steps)
-        return self._vtok[steps]
-
-    def _check_steps(self, steps: int) -> None:
-        if steps < 0 or steps > MAX_STEPS:
-            raise CostModelError(f"steps must be in 0..{MAX_STEPS}, got {steps!r}")
-
     # ------------------------------------------------------------------ hot path
-
-    def target_forward_s(self, n_tokens: int, kv_tokens: int) -> float:
-        """HOT. One target forward over *n_tokens* batched tokens reading *kv_tokens*."""
-        p = self._p
-        t: float = (
-            self._fixed
-            + (self._w_p + (n_tokens * self._tc) ** p) ** self._ip
-            + kv_tokens * self._kv
-            + n_tokens * self._tp_tok
-        )
-        return t
-
-    def decode_step_s(self, batch_size: int, steps: int, kv_tokens: int) -> float:
-        """HOT. One decode step (drafts + verify + draft-extend) for the whole batch."""
-        p = self._p
-        ip = self._ip
-        t: float
-        if not self.speculative:
-            t = (
-                self._fixed
-                + (self._w_p + (batch_size * self._tc) ** p) ** ip
-                + kv_tokens * self._kv
-                + batch_size * self._tp_tok
-            )
-            return t
-        if steps < 0 or steps > MAX_STEPS:
-            self._check_steps(steps)
-        n = batch_size * self._vtok[steps]
-        # Target verify.
-        t = (
-            self._fixed
-            + (self._w_p + (n * self._tc) ** p) ** ip
-            + kv_tokens * self._kv
-            + n * (self._tp_tok + self._vt_o)
-        )
-        dkv = kv_tokens * self._dkv
-        dcomp = self._dcomp
-        dw_p = self._dw_p
-        # Draft-extend over the verified tokens, plus per-verify and per-request work.
-        t += (dw_p + (n * dcomp) ** p) ** ip + dkv + self._draft_fixed
-        t += batch_size * self._per_req
-        if steps > 0:
-            first: float = (dw_p + (batch_size * dcomp) ** p) ** ip + dkv + self._dstep_o
-            if self._topk == 1 or steps == 1:
-                t += steps * first
-            else:
-                wide: float = (
-                    (dw_p + (batch_size * self._topk * dcomp) ** p) ** ip + dkv + self._dstep_o
-                )
-                t += first + (steps - 1) * wide
-        return t
 
     def prefill_s(self, new_tokens: int, prefix_kv_tokens: int) -> float:
         """HOT. One prefill forward of *new_tokens* on top of *prefix_kv_tokens* cached.

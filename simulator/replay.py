@@ -38,7 +38,7 @@ from specgov.simulator.cost import CostModel
 from specgov.simulator.engine import Engine, EngineConfig, EngineResult, VirtualClock
 from specgov.simulator.memory import MemoryPlan, plan_memory
 from specgov.simulator.metrics import Slo, summarise
-from specgov.simulator.priors import step_cost_prior
+from specgov.simulator.priors import check_prior_options, replay_step_cost_prior
 from specgov.simulator.sim_metrics import SimMetrics
 from specgov.simulator.traces import Request, Trace
 
@@ -198,6 +198,14 @@ class ServerSpec:
     chunked_prefill_size: int | None = None
     cuda_graph_max_bs: int | None = None
     catalog_files: tuple[Path, ...] = ()
+    # Wrong priors on purpose (honest evaluation; the simulated GPU stays the catalog's):
+    # the daemon policy's step-cost prior believes every step costs prior_scale x the
+    # truth, and is built for prior_gpu (None: the simulated gpu) - a wrong knee.
+    prior_scale: float = 1.0
+    prior_gpu: str | None = None
+
+    def __post_init__(self) -> None:
+        check_prior_options(self.prior_scale, self.prior_gpu, self.catalog_files)
 
 
 @dataclass
@@ -352,7 +360,14 @@ def prepare_run(
         metrics = SimMetrics(model_name=b.model.name, kv_capacity_tokens=memory.kv_token_capacity)
         loop = _closed_loop(
             policy.daemon_spec,
-            prior=step_cost_prior(cost),
+            prior=replay_step_cost_prior(
+                cost,
+                model=server.model,
+                drafter=server.drafter,
+                prior_scale=server.prior_scale,
+                prior_gpu=server.prior_gpu,
+                catalog_files=server.catalog_files,
+            ),
             clock=clock,
             metrics=metrics,
             kv_capacity=memory.kv_token_capacity,
@@ -483,6 +498,7 @@ def replay(
             "topk": server.topk,
             "num_draft_tokens": server.num_draft_tokens,
             "acceptance_profile": server.acceptance_profile or built.drafter.acceptance_profile,
+            "prior": {"gpu": server.prior_gpu or built.gpu.name, "scale": server.prior_scale},
         },
         seed=seed,
         slo=slo,

@@ -26,6 +26,7 @@ from specgov.policies.estimators.step_cost import (
     update_step_cost,
     verify_knee_tokens,
 )
+from specgov.policies.roofline import RooflineCoefficients
 from specgov.policies.types import PolicyTypeError, TierStat, TierStatsSnapshot
 from specgov.simulator.catalog import Catalog
 from specgov.simulator.cost import CostModel
@@ -286,4 +287,4 @@ def test_bad_inputs_name_the_argument() -> None:
     with pytest.raises(PolicyTypeError, match="max_samples"):
         StepCostConfig(max_samples=0)
     with pytest.raises(PolicyTypeError, match="num_draft_tokens"):
-        StepCostPrior(1e-3, 5e-3, 2e-5, 5e-8, topk=4)
+        StepCostPrior(RooflineCoefficients(1e-3, 5e-3, 2e-5, 5e-8), topk=4)

@@ -1,10 +1,12 @@
 """Step wall time as a function of batch size, draft steps and context, learned online.
 
 Prior
-    :class:`StepCostPrior` is the roofline model of ``specgov.simulator.cost.CostModel``
-    in plain floats (``simulator/priors.py`` builds one from a cost model; the daemon
-    builds one from the catalog). One speculative decode step of ``B`` requests with
-    ``k`` draft steps reading ``kv`` cached tokens (batch total) costs::
+    :class:`StepCostPrior` holds the roofline coefficients the simulator's
+    ``CostModel`` charges with and predicts with the same code
+    (:class:`specgov.policies.roofline.Roofline`: one definition; ``simulator/priors.py``
+    builds a prior from a cost model, the daemon from the catalog). One speculative
+    decode step of ``B`` requests with ``k`` draft steps reading ``kv`` cached tokens
+    (batch total) costs::
 
         fixed + smoothmax(weight read, n * compute) + kv * kv_read + n * per_token
               + draft_extend(n) + k draft forwards + bookkeeping,    n = B * (k + 1)
@@ -44,13 +46,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
 from sklearn.linear_model import LinearRegression
 
 from specgov.policies.estimators._common import check_keys, is_int, is_real
+from specgov.policies.roofline import Roofline, RooflineCoefficients, RooflineError
 from specgov.policies.types import PolicyTypeError, TierStatsSnapshot
 
 __all__ = [
@@ -97,45 +100,29 @@ N_FEATURES: Final = len(FEATURE_NAMES)
 
 @dataclass(frozen=True, slots=True)
 class StepCostPrior:
-    """Roofline step-cost coefficients in seconds (mirrors simulator/cost.py).
+    """The roofline step cost of one deployment: shared coefficients plus the step shape.
 
-    ``fixed_overhead_s`` includes any tensor-parallel fixed all-reduce latency.
+    ``coefficients`` is the :class:`~specgov.policies.roofline.RooflineCoefficients`
+    object itself (``simulator/priors.py`` hands over the simulator cost model's), and
+    :meth:`predict_s` is :meth:`Roofline.decode_step_s`: no second implementation.
     ``speculative`` is False for a server without a drafter (steps are then ignored).
     ``topk == 1`` is a chain; a tree (``topk > 1``) needs ``num_draft_tokens``.
     """
 
-    fixed_overhead_s: float
-    weight_read_s: float
-    compute_per_token_s: float
-    kv_read_per_token_s: float
-    tp_comm_per_token_s: float = 0.0
+    coefficients: RooflineCoefficients
     speculative: bool = True
-    draft_weight_read_s: float = 0.0
-    draft_compute_per_token_s: float = 0.0
-    draft_kv_read_per_token_s: float = 0.0
-    draft_step_overhead_s: float = 0.0
-    draft_extend_overhead_s: float = 0.0
-    spec_verify_overhead_s: float = 0.0
-    spec_verify_per_token_s: float = 0.0
-    draft_per_request_s: float = 0.0
-    roofline_exponent: float = 2.0
     topk: int = 1
     num_draft_tokens: int | None = None
+    _roofline: Roofline = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            if f.name in ("speculative", "topk", "num_draft_tokens"):
-                continue
-            value = getattr(self, f.name)
-            if not is_real(value) or value < 0:
-                raise PolicyTypeError(
-                    f"StepCostPrior.{f.name}: expected a finite number >= 0, got {value!r}"
-                )
-        if self.roofline_exponent < 1.0:
+        if not isinstance(self.coefficients, RooflineCoefficients):
             raise PolicyTypeError(
-                f"StepCostPrior.roofline_exponent: expected >= 1, got {self.roofline_exponent!r}"
+                f"StepCostPrior.coefficients: expected RooflineCoefficients, "
+                f"got {type(self.coefficients).__name__}"
             )
-        if self.weight_read_s <= 0 and self.compute_per_token_s <= 0:
+        c = self.coefficients
+        if c.weight_read_s <= 0 and c.compute_per_token_s <= 0:
             raise PolicyTypeError(
                 "StepCostPrior.weight_read_s/compute_per_token_s: expected at least one > 0"
             )
@@ -158,94 +145,110 @@ class StepCostPrior:
                 f"StepCostPrior.num_draft_tokens: expected None for a chain (topk=1), "
                 f"got {self.num_draft_tokens!r}"
             )
+        roofline = Roofline(
+            c,
+            speculative=self.speculative,
+            topk=self.topk,
+            num_draft_tokens=self.num_draft_tokens,
+        )
+        object.__setattr__(self, "_roofline", roofline)
 
     # ------------------------------------------------------------------ model
 
+    @property
+    def roofline(self) -> Roofline:
+        """The shared step-cost formula for this prior's coefficients and shape."""
+        return self._roofline
+
     def verify_tokens_per_request(self, steps: int) -> int:
         """Target tokens verified per request at ``steps`` (1 without a drafter)."""
-        if not self.speculative:
-            return 1
-        if self.num_draft_tokens is None:
-            return steps + 1
-        return min(self.num_draft_tokens, 1 + steps * self.topk)
+        return self._roofline.verify_tokens_per_request(steps)
 
     def features(self, batch_size: float, steps: int, kv_tokens: float) -> tuple[float, ...]:
-        """The model's components (see :data:`FEATURE_NAMES`) for one decode step."""
-        p = self.roofline_exponent
-        ip = 1.0 / p
-        w_p = self.weight_read_s**p
-        c = self.compute_per_token_s
-        k = steps if self.speculative else 0
-        n = batch_size * self.verify_tokens_per_request(k)
-        roof_half = (w_p + (n * c * 2.0) ** p) ** ip  # knee at half the tokens
-        roof = (w_p + (n * c) ** p) ** ip
-        roof_double = (w_p + (n * c * 0.5) ** p) ** ip  # knee at twice the tokens
-        if not self.speculative:
-            return (1.0 * _MS, roof_half, roof, roof_double, n * _US, batch_size * _US,
-                    kv_tokens * _NS, 0.0, 0.0, 0.0)  # fmt: skip
-        dw_p = self.draft_weight_read_s**p
-        dc = self.draft_compute_per_token_s
-        draft = (dw_p + (n * dc) ** p) ** ip  # draft-extend over the verified tokens
-        if k > 0:
-            first = (dw_p + (batch_size * dc) ** p) ** ip
-            if self.topk == 1 or k == 1:
-                draft += k * first
-            else:
-                wide = (dw_p + (batch_size * self.topk * dc) ** p) ** ip
-                draft += first + (k - 1) * wide
+        """The model's components (see :data:`FEATURE_NAMES`) for one decode step.
+
+        The roofline's own terms (:meth:`Roofline.decode_step_terms`) in the units of
+        :data:`FEATURE_NAMES`, plus the two moved-knee variants of the target roofline.
+        """
+        rl = self._roofline
+        one, roof, n, requests, kv, draft_kv, draft, k = rl.decode_step_terms(
+            batch_size, steps, kv_tokens
+        )
         return (
-            1.0 * _MS,
-            roof_half,
+            one * _MS,
+            rl.target_roofline_s(n, 2.0),  # knee at half the tokens
             roof,
-            roof_double,
+            rl.target_roofline_s(n, 0.5),  # knee at twice the tokens
             n * _US,
-            batch_size * _US,
-            kv_tokens * _NS,
-            kv_tokens * (1 + k) * _NS,
+            requests * _US,
+            kv * _NS,
+            draft_kv * _NS,
             draft,
             k * _MS,
         )
 
     def prior_coefficients(self) -> tuple[float, ...]:
         """Coefficients of :meth:`features` that reproduce this prior exactly."""
-        if self.speculative:
-            fixed = (
-                self.fixed_overhead_s + self.draft_extend_overhead_s + self.spec_verify_overhead_s
-            )
-            per_token = self.tp_comm_per_token_s + self.spec_verify_per_token_s
-            draft_kv = self.draft_kv_read_per_token_s / _NS
-            draft = 1.0
-        else:
-            fixed = self.fixed_overhead_s
-            per_token = self.tp_comm_per_token_s
-            draft_kv = draft = 0.0
+        fixed, roof, per_token, per_request, kv, draft_kv, draft, per_step = (
+            self._roofline.term_weights
+        )
         return (
             fixed / _MS,
             0.0,
-            1.0,
+            roof,
             0.0,
             per_token / _US,
-            (self.draft_per_request_s if self.speculative else 0.0) / _US,
-            self.kv_read_per_token_s / _NS,
-            draft_kv,
+            per_request / _US,
+            kv / _NS,
+            draft_kv / _NS,
             draft,
-            (self.draft_step_overhead_s if self.speculative else 0.0) / _MS,
+            per_step / _MS,
         )
 
     def predict_s(self, batch_size: float, steps: int, kv_tokens: float) -> float:
         """Seconds per decode step of ``batch_size`` requests reading ``kv_tokens`` (total)."""
         _check_point(batch_size, steps, kv_tokens)
-        return _dot(self.prior_coefficients(), self.features(batch_size, steps, kv_tokens))
+        return self._roofline.decode_step_s(batch_size, steps, kv_tokens)
 
     # -------------------------------------------------------------- serialise
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Flat: the coefficient fields, then ``speculative``, ``topk``, ``num_draft_tokens``."""
+        out: dict[str, Any] = {
+            name: getattr(self.coefficients, name) for name in RooflineCoefficients.field_names()
+        }
+        out.update(
+            speculative=self.speculative, topk=self.topk, num_draft_tokens=self.num_draft_tokens
+        )
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepCostPrior:
-        check_keys("StepCostPrior", data, [f.name for f in fields(cls)])
-        return cls(**dict(data))
+        if isinstance(data, Mapping):
+            # States saved before the roofline was shared lack these two (both were 0:
+            # the fixed TP latency was folded into fixed_overhead_s, prefill unused).
+            data = {name: 0.0 for name in _LEGACY_OPTIONAL_KEYS if name not in data} | dict(data)
+        check_keys("StepCostPrior", data, _PRIOR_KEYS)
+        shape = ("speculative", "topk", "num_draft_tokens")
+        try:
+            coefficients = RooflineCoefficients(**{k: v for k, v in data.items() if k not in shape})
+        except RooflineError as exc:
+            raise PolicyTypeError(f"StepCostPrior.from_dict: {exc}") from None
+        return cls(
+            coefficients=coefficients,
+            speculative=data["speculative"],
+            topk=data["topk"],
+            num_draft_tokens=data["num_draft_tokens"],
+        )
+
+
+_PRIOR_KEYS: Final = (
+    *RooflineCoefficients.field_names(),
+    "speculative",
+    "topk",
+    "num_draft_tokens",
+)
+_LEGACY_OPTIONAL_KEYS: Final = ("attention_per_token_pair_s", "tp_comm_fixed_s")
 
 
 def _dot(a: Iterable[float], b: Iterable[float]) -> float:
@@ -267,13 +270,12 @@ def default_step_cost_prior() -> StepCostPrior:
     Used when the operator names no hardware; tests/test_step_cost_estimator.py checks
     it against ``simulator.priors.step_cost_prior`` of the catalog cost model.
     """
-    return StepCostPrior(
+    coefficients = RooflineCoefficients(
         fixed_overhead_s=1.0e-3,
         weight_read_s=5.992537313432835e-3,
         compute_per_token_s=2.2553645657791255e-05,
         kv_read_per_token_s=4.8907462686567165e-08,
         tp_comm_per_token_s=0.0,
-        speculative=True,
         draft_weight_read_s=3.134328358208955e-04,
         draft_compute_per_token_s=1.1796427367711493e-06,
         draft_kv_read_per_token_s=1.528358208955224e-09,
@@ -284,6 +286,7 @@ def default_step_cost_prior() -> StepCostPrior:
         draft_per_request_s=0.0,
         roofline_exponent=2.0,
     )
+    return StepCostPrior(coefficients, speculative=True)
 
 
 # --------------------------------------------------------------------------- config
