@@ -1,4 +1,4 @@
-"""`specgov demo` and `specgov sim-server`: the whole system on one machine, no GPU.
+"""`specgov demo`: the whole system on one machine, no GPU.
 
 The demo starts a simulated SGLang server (accelerated real time, SGLang's
 endpoints and metric names, specgov's in-engine plugin on a spool directory) on a
@@ -6,7 +6,8 @@ free loopback port, starts the daemon against it in plugin mode with its control
 API on the usual address (so `specgov status`, `specgov override set ...` and
 `specgov decisions` work from another terminal), shows a live view, and ends
 with a side-by-side summary: the live run against SGLang's built-in EMA replayed
-on the same trace in the simulator.
+on the same trace in the simulator. (`specgov sim-server`, the simulated server on its
+own, is specgov.simulator.sim_cli.)
 """
 
 from __future__ import annotations
@@ -28,81 +29,6 @@ def _free_port(host: str = "127.0.0.1") -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
-
-
-@click.command("sim-server")
-@click.option("--port", type=click.IntRange(0, 65535), default=30000, show_default=True)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option(
-    "--spool-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Run specgov's in-engine plugin on this spool (default: SGLang's own EMA).",
-)
-@click.option(
-    "--trace",
-    default="synthetic:demo",
-    show_default=True,
-    help="A trace file or synthetic[:key=value,...].",
-)
-@click.option(
-    "--speed",
-    type=click.FloatRange(min=0.0, min_open=True),
-    default=1.0,
-    show_default=True,
-    help="Simulated seconds per wall second.",
-)
-@click.option("--loop", "loop_trace", is_flag=True, help="Replay the trace forever.")
-@click.option("--gpu", default="h100", show_default=True)
-@click.option("--model", default="llama-3.1-8b", show_default=True)
-@click.option("--drafter", default="eagle3", show_default=True)
-@click.option(
-    "--acceptance-profile", default=None, help="Acceptance profile (default: the drafter's)."
-)
-@click.option("--seed", type=int, default=0, show_default=True)
-def sim_server_cmd(
-    port: int,
-    host: str,
-    spool_dir: Path | None,
-    trace: str,
-    speed: float,
-    loop_trace: bool,
-    gpu: str,
-    model: str,
-    drafter: str,
-    acceptance_profile: str | None,
-    seed: int,
-) -> None:
-    """A simulated SGLang 0.5.23 server (the daemon cannot tell it from SGLang
-    except by /model_info). Ctrl-C stops it."""
-    from specgov.simulator.replay import ServerSpec
-    from specgov.simulator.sim_server import SimServer, load_trace_arg, serve
-
-    try:
-        loaded = load_trace_arg(trace, seed=seed)
-        sim = SimServer(
-            loaded,
-            ServerSpec(
-                gpu=gpu, model=model, drafter=drafter, acceptance_profile=acceptance_profile
-            ),
-            speed=speed,
-            spool_dir=spool_dir,
-            host=host,
-            port=port,
-            seed=seed,
-            loop_trace=loop_trace,
-        )
-    except (ValueError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-
-    def ready(s: SimServer) -> None:
-        click.echo(f"simulated SGLang server on {s.url} ({s.policy_name}); Ctrl-C to stop")
-
-    try:
-        code = serve(sim, on_ready=ready)
-    except (ValueError, OSError) as exc:  # e.g. the port is taken
-        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
-    raise SystemExit(code)
 
 
 # ------------------------------------------------------------------- the demo

@@ -6,6 +6,12 @@ like outages, and stop() leaves nothing running."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from click.testing import CliRunner
 
 from specgov.adapters.observation_builder import (
     ObservationBuilder,
@@ -26,8 +33,9 @@ from specgov.policies.adaptive_config import AdaptiveConfigError, candidate_step
 from specgov.policies.types import Observation, StepTable
 from specgov.simulator import sim_endpoints as ep
 from specgov.simulator.replay import SPECGOV_SLOT_CANDIDATES, ServerSpec, specgov_adaptive_config
-from specgov.simulator.sim_server import SimServer, SimServerError, serve
-from specgov.simulator.synthetic import SyntheticSpec, generate_trace
+from specgov.simulator.sim_cli import serve, sim_server_cmd
+from specgov.simulator.sim_server import SimServer, SimServerError
+from specgov.simulator.synthetic import SyntheticSpec, generate_trace, parse_synthetic_spec
 from specgov.simulator.traces import Request, Trace
 
 LOADS_INCLUDE = {"include": "core,memory,spec,queues"}
@@ -482,3 +490,179 @@ def test_bad_settings_are_refused_with_the_setting_named(tmp_path: Path) -> None
         sim.restart()
     with pytest.raises(SimServerError, match="mode"):
         sim.pause(1.0, mode="sometimes")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------- `specgov sim-server`
+
+CLI_TRACE = "synthetic:duration=20,rate=3,seed=5"
+READY_TIMEOUT_S = 90.0  # a child process importing the simulator on a busy machine
+
+
+def _specgov_argv() -> list[str]:
+    exe = Path(sys.executable).with_name("specgov")
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "specgov.controller.cli"]
+
+
+class _SimServerProcess:
+    """`specgov sim-server ARGS` in a child process; stopped with SIGTERM."""
+
+    def __init__(self, args: list[str], log_path: Path) -> None:
+        # No SPECGOV_* variables: click reads SPECGOV_SIM_SERVER_<OPTION> auto-envvars.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
+        self.log_path = log_path
+        self._log = log_path.open("wb")
+        self.proc = subprocess.Popen(
+            [*_specgov_argv(), "sim-server", *args],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self) -> str:
+        """The URL from the ready line."""
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while True:
+            match = re.search(r"simulated SGLang server on (\S+) \((\S+)\)", self.log())
+            if match:
+                return match[1]
+            if self.proc.poll() is not None:
+                raise AssertionError(f"sim-server exited ({self.proc.returncode}):\n{self.log()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"sim-server not ready:\n{self.log()}")
+            time.sleep(0.05)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(30.0)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self._log.close()
+
+
+@pytest.fixture
+def sim_process(tmp_path: Path) -> Iterator[Callable[[list[str]], _SimServerProcess]]:
+    started: list[_SimServerProcess] = []
+
+    def start(args: list[str]) -> _SimServerProcess:
+        proc = _SimServerProcess(args, tmp_path / f"sim-{len(started)}.log")
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_every_sim_server_option_changes_the_server(
+    sim_process: Callable[[list[str]], _SimServerProcess], tmp_path: Path
+) -> None:
+    spool = tmp_path / "spool"
+    host = "127.0.0.2"  # loopback, but not the default address
+    port = _free_port(host)
+    sim = sim_process(
+        ["--port", str(port), "--host", host, "--spool-dir", str(spool), "--trace", CLI_TRACE]
+        + ["--speed", "40", "--loop", "--gpu", "h200", "--model", "qwen3-8b"]
+        + ["--spec-steps", "2", "--acceptance-profile", "ngram", "--seed", "7"]
+    )
+    url = sim.wait_ready()
+    assert url == f"http://{host}:{port}"
+    with httpx.Client(base_url=url, timeout=5.0) as client:
+        state = client.get("/specgov-sim/state").json()
+        info = client.get("/server_info").json()
+        model_info = client.get("/model_info").json()
+        # --port, --host: where it listens and what it reports.
+        assert (info["host"], info["port"]) == (host, port)
+        # --speed, --loop, --trace, --seed.
+        assert state["speed"] == 40.0 and "--speed 40" in info["launch_command"]
+        assert state["loop_trace"] is True
+        expected = generate_trace(parse_synthetic_spec(CLI_TRACE))
+        assert state["trace_requests"] == len(expected.requests)
+        assert state["seed"] == 7
+        # --gpu, --model, --spec-steps, --acceptance-profile.
+        assert state["server"]["gpu"] == "h200"
+        assert model_info["model_path"] == "specgov-sim:qwen3-8b"
+        assert state["server"]["spec_steps"] == info["speculative_num_steps"] == 2
+        assert state["server"]["acceptance_profile"] == "ngram"
+        # --spool-dir: specgov's plugin runs on it and writes tier statistics there.
+        assert state["policy"] == "specgov-plugin" and state["spool_dir"] == str(spool)
+        assert Path(state["adaptive_config"]).parent == spool.resolve()
+        _wait_for(lambda: read_tier_stats(spool).records, "tier statistics in the spool", 60.0)
+    assert sim.stop() == 0
+
+
+def test_sim_server_defaults_and_drafter(
+    sim_process: Callable[[list[str]], _SimServerProcess],
+) -> None:
+    # --drafter ngram: SGLang cannot adapt n-gram speculation, so static steps run.
+    sim = sim_process(["--port", "0", "--drafter", "ngram", "--trace", CLI_TRACE])
+    url = sim.wait_ready()
+    with httpx.Client(base_url=url, timeout=5.0) as client:
+        state = client.get("/specgov-sim/state").json()
+        info = client.get("/server_info").json()
+        assert client.get("/model_info").json()["model_path"] == "specgov-sim:llama-3.1-8b"
+    assert info["host"] == "127.0.0.1" and info["port"] == int(url.rsplit(":", 1)[1])
+    assert state["server"]["drafter"] == "ngram" and info["speculative_algorithm"] == "NGRAM"
+    assert state["policy"] == "static:3" and state["spool_dir"] is None
+    assert (state["speed"], state["loop_trace"], state["seed"]) == (1.0, False, 0)
+    assert state["server"]["gpu"] == "h100"
+    assert sim.stop() == 0
+
+
+def test_sim_server_option_defaults_are_the_server_specs() -> None:
+    defaults = {p.name: p.default for p in sim_server_cmd.params}
+    spec = ServerSpec()
+    for name in ("gpu", "model", "drafter", "spec_steps", "acceptance_profile"):
+        assert defaults[name] == getattr(spec, name), name
+    assert defaults["port"] == 30000  # SGLang's default --port
+    assert defaults["trace"] == "synthetic:demo" and defaults["speed"] == 1.0
+    # The module entry runs the same command.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
+    out = subprocess.run(
+        [sys.executable, "-m", "specgov.simulator.sim_cli", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.startswith("Usage: specgov sim-server [OPTIONS]")
+    assert "--spec-steps" in out.stdout and "--acceptance-profile" in out.stdout
+
+
+def test_sim_server_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
+    runner = CliRunner()
+    for args, needle in (
+        (["--speed", "0"], "--speed"),
+        (["--port", "70000"], "--port"),
+        (["--spec-steps", "0"], "--spec-steps"),
+    ):
+        result = runner.invoke(sim_server_cmd, args)
+        assert result.exit_code == 2 and needle in result.output, (args, result.output)
+    for args, needle in (
+        (["--gpu", "nope", "--trace", CLI_TRACE], "nope"),
+        (["--trace", str(tmp_path / "missing.jsonl")], "missing.jsonl"),
+    ):
+        result = runner.invoke(sim_server_cmd, args)
+        assert result.exit_code == 1 and needle in result.output, (args, result.output)
+        assert result.output.startswith("Error: ") and result.output.count("\n") == 1
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = runner.invoke(sim_server_cmd, ["--port", str(port), "--trace", CLI_TRACE])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: cannot serve on 127.0.0.1:{port}: ")
