@@ -11,6 +11,8 @@ line (``specgov sim-server``): :mod:`~specgov.simulator.sim_cli`.
 
 This module assembles one server and owns its lifecycle. The parts:
 
+* :mod:`~specgov.simulator.sim_launch`: what the launch fixes (deployment, adaptive
+  config file, in-engine policy) and how each (re)start is built;
 * :mod:`~specgov.simulator.sim_driver`: the engine thread of one (re)start
   (:class:`~specgov.simulator.sim_driver.Generation`), the trace feed and the
   simulated/wall time map;
@@ -20,21 +22,8 @@ This module assembles one server and owns its lifecycle. The parts:
 * :mod:`~specgov.simulator.sim_controls`: the fault controls over HTTP
   (``/specgov-sim/...``), :class:`SimServerError`.
 
-In-engine policy. With a ``spool_dir`` the engine runs specgov's SGLang plugin class,
-:class:`~specgov.adapters.sglang_plugin.SpecgovAdaptiveParams`, exactly as SGLang would
-construct it (``initial_steps``, ``cfg_path`` of an adaptive config written into the
-spool, ``sglang_adaptive_config.json``, as a real launch with
-``--speculative-adaptive-config`` would have one), on the spool protocol: it follows
-``step_table.json`` and falls back to SGLang's EMA; it writes tier statistics with the
-spool's :class:`~specgov.adapters.spool.BackgroundStatsWriter` about once per wall
-second (``stats_interval_s``, the plugin's flush interval, on the wall-mapped clock: a
-daemon polls in wall time, and one window per simulated second at speed 100 would flood
-the spool). The adaptive config defaults to
-:func:`~specgov.simulator.replay.specgov_adaptive_config`. Without a spool the engine
-runs SGLang's own controller (:class:`~specgov.policies.ema.EmaPolicy`, no plugin) on
-SGLang's default config unless ``adaptive_config`` is given: the baseline. Drafters
-SGLang cannot adapt (not EAGLE/EAGLE3, or topk > 1) run the static ``spec_steps``, and a
-spool is then unused.
+Which in-engine policy the engine runs (specgov's plugin on a spool, SGLang's EMA, or
+static steps) is decided by the launch (:mod:`~specgov.simulator.sim_launch`).
 
 Lifecycle. :meth:`SimServer.start` binds the port (``/health`` answers 503 until the
 engine runs), :meth:`~SimServer.wait_ready`, :meth:`~SimServer.stop` (joins every
@@ -56,41 +45,20 @@ restart the restart sequence.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
-import json
 import logging
 import math
 import os
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final
+from typing import Any
 
 from aiohttp import web
 
-from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
-from specgov.adapters.spool import BackgroundStatsWriter, atomic_write_bytes, default_writer_id
-from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.adaptive_config import (
-    DEFAULT_ADAPTIVE_CONFIG,
-    AdaptiveConfig,
-    parse_adaptive_config,
-)
-from specgov.policies.ema import EmaPolicy
-from specgov.policies.types import TierStatsSnapshot
 from specgov.simulator import sim_endpoints as ep
-from specgov.simulator.engine import EngineResult, VirtualClock
-from specgov.simulator.replay import (
-    ADAPTIVE_ALGORITHMS,
-    InEnginePolicy,
-    ServerSpec,
-    parse_policy,
-    prepare_run,
-    resolve,
-    specgov_adaptive_config,
-)
+from specgov.simulator.engine import EngineResult
+from specgov.simulator.replay import ServerSpec
 from specgov.simulator.sim_controls import (
     OutageMode,
     SimServerError,
@@ -99,16 +67,14 @@ from specgov.simulator.sim_controls import (
 )
 from specgov.simulator.sim_driver import ENGINE_JOIN_TIMEOUT_S, Generation, RealTime, TraceFeed
 from specgov.simulator.sim_http_front import HttpFront
+from specgov.simulator.sim_launch import Launch
 from specgov.simulator.sim_routes import make_app
 from specgov.simulator.sim_served_metrics import ServedMetrics
 from specgov.simulator.traces import Request, Trace
 
-__all__ = ["ADAPTIVE_CONFIG_FILENAME", "DEFAULT_PORT", "SimServer", "SimServerError"]
+__all__ = ["SimServer", "SimServerError"]  # SimServerError: the error its methods raise
 
 logger = logging.getLogger(__name__)
-
-ADAPTIVE_CONFIG_FILENAME: Final = "sglang_adaptive_config.json"
-DEFAULT_PORT: Final = 30000  # SGLang's default --port
 
 
 class SimServer:
@@ -176,40 +142,15 @@ class SimServer:
         self._feed = TraceFeed(requests, loop=loop_trace)
         self._clock = RealTime(self.speed, self._feed.first_arrival_s)
 
-        self._built = resolve(self.server)
-        algorithm = self._built.drafter.algorithm.upper()
-        self._algorithm = algorithm
-        self._adaptive = algorithm in ADAPTIVE_ALGORITHMS and self.server.topk == 1
-        self._adaptive_cfg: AdaptiveConfig | None = None
-        self._adaptive_raw: dict[str, Any] | None = None
-        if self._adaptive:
-            if adaptive_config is None and self.spool_dir is not None:
-                adaptive_config = specgov_adaptive_config()
-            if adaptive_config is not None:
-                self._adaptive_cfg = parse_adaptive_config(
-                    adaptive_config, source="SimServer adaptive_config"
-                )
-                # A private copy, written as the launch's --speculative-adaptive-config.
-                self._adaptive_raw = json.loads(json.dumps(adaptive_config))
-            else:
-                self._adaptive_cfg = parse_adaptive_config(
-                    DEFAULT_ADAPTIVE_CONFIG, source="SGLang's default adaptive config"
-                )
-        elif self.spool_dir is not None:
-            logger.warning(
-                "specgov sim-server: %s with topk=%d has no adaptive speculation in SGLang; "
-                "the engine runs %d static steps and the spool %s is not used",
-                algorithm,
-                self.server.topk,
-                self.server.spec_steps,
-                self.spool_dir,
-            )
-        if self.spool_dir is not None and self._adaptive:
-            self.policy_name = "specgov-plugin"
-        elif self._adaptive:
-            self.policy_name = "sglang-ema"
-        else:
-            self.policy_name = f"static:{self.server.spec_steps}"
+        self._launch = Launch(
+            self.server,
+            spool_dir=self.spool_dir,
+            adaptive_config=adaptive_config,
+            seed=seed,
+            speed=self.speed,
+            stats_interval_s=self.stats_interval_s,
+        )
+        self.policy_name = self._launch.policy_name
 
         self._http = HttpFront(self._make_app, host, port)
         self._lifecycle = threading.Lock()
@@ -218,8 +159,6 @@ class SimServer:
         self._done_generations: list[Generation] = []
         self._generations = 0
         self._restart_thread: threading.Thread | None = None
-        self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
-        self._config_path: Path | None = None
         self._started = False
         self._stopped = False
         self._fatal: str | None = None
@@ -251,7 +190,7 @@ class SimServer:
     @property
     def adaptive_config_path(self) -> Path | None:
         """The ``--speculative-adaptive-config`` file the engine was launched with."""
-        return self._config_path
+        return self._launch.config_path
 
     @property
     def generation(self) -> int:
@@ -282,19 +221,19 @@ class SimServer:
                 raise SimServerError("SimServer.start: already started")
             self._started = True
             try:
-                self._write_adaptive_config()
+                self._launch.write_adaptive_config()
                 gen = self._new_generation()
                 self._gen = gen
                 self._http.start()
             except OSError as exc:
                 self._stopped = True
-                self._cleanup_files()
+                self._launch.cleanup()
                 raise SimServerError(
                     f"sim-server on {self.host}:{self._http.port} cannot start: {exc}"
                 ) from exc
             except BaseException:
                 self._stopped = True
-                self._cleanup_files()
+                self._launch.cleanup()
                 raise
             gen.launch = self._launch_info(gen)
             self._clock.anchor_now()
@@ -348,7 +287,7 @@ class SimServer:
         if gen is not None:
             gen.stop()
         self._http.stop()
-        self._cleanup_files()
+        self._launch.cleanup()
 
     def restart(self, *, down_s: float = 0.0, starting_s: float = 0.0, wait: bool = True) -> None:
         """Restart the simulated server: stop the engine (in-flight requests are lost),
@@ -397,6 +336,7 @@ class SimServer:
         """What the simulated server is doing (``GET /specgov-sim/state``)."""
         gen = self._gen
         clock = self._clock
+        path = self._launch.config_path
         return {
             "url": self.url,
             "generation": None if gen is None else gen.index,
@@ -415,26 +355,11 @@ class SimServer:
             "outage": self._http.outage_mode,
             "outage_until_s": self._http.outage_until_s,
             "policy": self.policy_name,
-            "server": self._server_summary(),
+            "server": self._launch.summary(),
             "seed": self.seed,
             "spool_dir": None if self.spool_dir is None else str(self.spool_dir),
-            "adaptive_config": None if self._config_path is None else str(self._config_path),
+            "adaptive_config": None if path is None else str(path),
             "plugin": None if gen is None else gen.plugin_state(),
-        }
-
-    def _server_summary(self) -> dict[str, Any]:
-        """The simulated deployment, catalog names resolved (as a replay report has it)."""
-        built = self._built
-        return {
-            "gpu": built.gpu.name,
-            "model": built.model.name,
-            "drafter": built.drafter.name,
-            "algorithm": self._algorithm,
-            "spec_steps": self.server.spec_steps,
-            "topk": self.server.topk,
-            "acceptance_profile": (
-                self.server.acceptance_profile or built.drafter.acceptance_profile
-            ),
         }
 
     def wall_of(self, sim_s: float) -> float:
@@ -455,139 +380,14 @@ class SimServer:
 
     # ------------------------------------------------------------ generations
 
-    def _write_adaptive_config(self) -> None:
-        if not self._adaptive or self._adaptive_raw is None:
-            return  # SGLang's default config: no file, speculative_adaptive_config null
-        if self.spool_dir is not None:
-            folder = self.spool_dir
-            folder.mkdir(parents=True, exist_ok=True)
-        else:
-            self._tmpdir = tempfile.TemporaryDirectory(prefix="specgov-sim-")
-            folder = Path(self._tmpdir.name)
-        path = folder.resolve() / ADAPTIVE_CONFIG_FILENAME
-        data = json.dumps(self._adaptive_raw, indent=2, sort_keys=True).encode() + b"\n"
-        atomic_write_bytes(path, data)
-        self._config_path = path
-
-    def _cleanup_files(self) -> None:
-        if self._tmpdir is not None:
-            self._tmpdir.cleanup()
-            self._tmpdir = None
-
-    def _writer_id(self, index: int) -> str:
-        # A restarted server is a new process to the daemon: a new statistics writer.
-        return f"{default_writer_id()[:48]}-g{index}"
-
-    def _scaled_sink(self, writer: BackgroundStatsWriter) -> Callable[[TierStatsSnapshot], object]:
-        speed = self.speed
-
-        def submit(snapshot: TierStatsSnapshot) -> bool:
-            # The plugin timed each step on the wall-mapped clock (sim_dt / speed).
-            tiers = tuple(
-                dataclasses.replace(t, step_time_sum_s=t.step_time_sum_s * speed)
-                for t in snapshot.tiers
-            )
-            return writer.submit(dataclasses.replace(snapshot, tiers=tiers))
-
-        return submit
-
     def _new_generation(self) -> Generation:
         index = self._generations
         self._generations += 1
-        clocks: list[VirtualClock] = []
-
-        def plugin_clock() -> float:
-            return self._clock.wall_of(clocks[0].now_s) if clocks else time.time()
-
-        plugin: SpecgovAdaptiveParams | None = None
-        writer: BackgroundStatsWriter | None = None
-        policy: InEnginePolicy
-        if self.policy_name == "specgov-plugin":
-            assert self.spool_dir is not None and self._config_path is not None
-            writer = BackgroundStatsWriter(self.spool_dir, writer_id=self._writer_id(index))
-            plugin = SpecgovAdaptiveParams(
-                self.server.spec_steps,
-                str(self._config_path),
-                spool_dir=self.spool_dir,
-                original=None,
-                channel_factory=LocalChannel,
-                clock=plugin_clock,
-                flush_interval_s=self.stats_interval_s,
-                stats_writer=self._scaled_sink(writer),
-            )
-            if plugin.disabled_reason is not None:
-                raise SimServerError(
-                    f"the specgov plugin disabled itself: {plugin.disabled_reason}"
-                )
-            built_plugin = plugin
-            policy = InEnginePolicy(
-                "specgov-plugin",
-                True,
-                tuple(plugin.candidate_steps),
-                lambda _initial: built_plugin,
-                adaptive=True,
-            )
-        elif self.policy_name == "sglang-ema":
-            cfg = self._adaptive_cfg
-            assert cfg is not None
-            policy = InEnginePolicy(
-                "sglang-ema",
-                True,
-                tuple(cfg.candidate_steps),
-                lambda initial: EmaPolicy(initial, cfg),
-                adaptive=True,
-            )
-        else:
-            policy = parse_policy(self.policy_name)
-        prepared = prepare_run(self.server, policy, seed=self.seed, built=self._built)
-        clocks.append(prepared.engine.clock)
-        ndt = self._num_draft_tokens()
-        metrics = ServedMetrics(
-            model_name=f"{ep.SIM_MODEL_PREFIX}{self._built.model.name}",
-            kv_capacity_tokens=prepared.memory.kv_token_capacity,
-            wall_of=self._clock.wall_of,
-            draft_per_round=(ndt - 1) if ndt else self.server.spec_steps,
-        )
-        return Generation(index, prepared, metrics, plugin, writer)
-
-    def _num_draft_tokens(self) -> int:
-        if self.server.topk == 1 or self.server.num_draft_tokens is None:
-            return self.server.spec_steps + 1
-        return self.server.num_draft_tokens
+        return self._launch.new_generation(index, self._clock)
 
     def _launch_info(self, gen: Generation) -> ep.LaunchInfo:
-        mem = gen.prepared.memory
-        cfg = gen.engine.config
-        graph_bs = gen.engine.cuda_graph_bs
-        spool = "" if self.spool_dir is None else f" --spool-dir {self.spool_dir}"
-        return ep.LaunchInfo(
-            model=self._built.model.name,
-            gpu=self._built.gpu.name,
-            host=self.host,
-            port=self.port,
-            kv_capacity_tokens=mem.kv_token_capacity,
-            effective_max_running_requests=cfg.running_cap,
-            chunked_prefill_size=cfg.chunked_prefill_size,
-            mem_fraction_static=mem.mem_fraction_static,
-            weight_gib=mem.target_weights_gib,
-            kv_cache_gib=mem.kv_pool_gib,
-            graph_gib=mem.cuda_graph_total_gib,
-            total_gib=mem.total_gib,
-            drafter=self._built.drafter.name,
-            speculative_algorithm=self._algorithm,
-            speculative_num_steps=self.server.spec_steps,
-            speculative_eagle_topk=self.server.topk,
-            speculative_num_draft_tokens=self._num_draft_tokens(),
-            speculative_adaptive=self._adaptive,
-            speculative_adaptive_config=(
-                None if self._config_path is None else str(self._config_path)
-            ),
-            max_running_requests=self.server.max_running_requests,
-            cuda_graph_max_bs=cfg.cuda_graph_max_bs,
-            decode_cuda_graph_bs=None if graph_bs is None else tuple(graph_bs),
-            launch_command=f"specgov sim-server --port {self.port} --speed {self.speed:g}{spool}",
-            api_key_set=self._api_key is not None,
-            startup_time={"load_weight": 0.0, "kv_cache_allocation": 0.0},
+        return self._launch.launch_info(
+            gen, host=self.host, port=self.port, api_key_set=self._api_key is not None
         )
 
     def _restart_sequence(self, down_s: float, starting_s: float) -> None:
