@@ -1,9 +1,9 @@
 """SGLang 0.5.23-shaped JSON bodies for the simulated server (pure functions, no IO).
 
-The simulated server (:mod:`specgov.simulator.sim_server`) answers the endpoints a
-specgov daemon reads from SGLang with the bodies built here, from two value objects:
-:class:`LaunchInfo` (what a launch fixes: server args, memory plan, CUDA-graph sizes) and
-:class:`LiveState` (what the scheduler publishes while it runs). Shapes follow the
+The simulated server's routes (:mod:`specgov.simulator.sim_routes`) answer the
+endpoints a specgov daemon reads from SGLang with the bodies built here, from two value
+objects: :class:`LaunchInfo` (what a launch fixes: server args, memory plan, CUDA-graph
+sizes) and :class:`LiveState` (what the scheduler publishes while it runs). Shapes follow the
 released wheel (``sglang/srt/...``):
 
 * ``/server_info`` (and the deprecated ``/get_server_info``): ``build_server_info`` — the
