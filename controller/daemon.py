@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import random
 import signal
 import time
@@ -40,7 +39,16 @@ from specgov.adapters.spool import read_tier_stats, write_step_table
 from specgov.controller.config import SpecgovConfig
 from specgov.controller.own_metrics import DaemonMetrics
 from specgov.controller.state_store import StateStore, StoreUnavailable
-from specgov.policies.daemon import DaemonPolicy
+from specgov.policies.control_core import (
+    AuditRecord,
+    ControlCore,
+    ControlInputs,
+    CoreState,
+    Publish,
+    control_step,
+    inputs_summary,
+    policy_builder,
+)
 from specgov.policies.estimators.step_cost import StepCostPrior
 from specgov.policies.guardrails import (
     GuardedPolicy,
@@ -48,15 +56,13 @@ from specgov.policies.guardrails import (
     GuardrailConfig,
     Override,
     active_overrides,
-    clear_overrides,
-    remove_override,
-    set_override,
+    with_override,
+    without_overrides,
 )
-from specgov.policies.spec import KNOWN_KINDS, build_daemon_policy, parse_policy_spec
+from specgov.policies.spec import KNOWN_KINDS
 from specgov.policies.types import (
-    Budget,
-    Decision,
     Observation,
+    RestartRecommendation,
     StepTable,
     TierStatsSnapshot,
 )
@@ -67,17 +73,6 @@ MAX_OVERRIDE_TTL_S = 7 * 24 * 3600.0
 # A recommendation is handed to the apply command only above this predicted gain.
 APPLY_MIN_GAIN = 0.05
 SERVER_INFO_REFRESH_S = 30.0
-
-
-class DaemonError(Exception):
-    """The daemon cannot start (bad config, unusable paths); the message says why."""
-
-
-def merge_snapshots(snapshots: list[TierStatsSnapshot]) -> TierStatsSnapshot | None:
-    # One implementation of the window merge, shared with closed-loop replay.
-    from specgov.simulator.closed_loop import merge_tier_snapshots
-
-    return merge_tier_snapshots(snapshots)
 
 
 @dataclass
@@ -134,12 +129,14 @@ class Daemon:
         # for the restart loop's workload summary.
         self._totals: list[tuple[float, float, float, float]] = []
         self._memory_decisions: list[dict[str, Any]] = []  # when the store is unavailable
-        self._override_ids: dict[str, Override] = {}
+        # The operator's overrides by id: a cache of the store (the truth), re-read at
+        # every decision; it carries on alone only while the store is unavailable.
+        self._overrides: dict[str, Override] = {}
         self._override_seq = 0
-        self.policy_spec = self._initial_policy_spec()
-        self.policy: GuardedPolicy[Any] = self._build_policy(self.policy_spec)
-        self.state: GuardedState[Any] = self._restore_state()
-        self._table: StepTable | None = self._restore_table()
+        self._applied: tuple[str, float] | None = None  # (recommendation key, when applied)
+        self._background: set[asyncio.Task[None]] = set()
+        self.core = self._make_core(config)
+        self.core_state: CoreState = self._restore_state(self._initial_policy_spec())
         self._stop = asyncio.Event()
         self.exit_code = 0
 
@@ -155,51 +152,67 @@ class Daemon:
                 self._store_failed(exc)
         return self.config.policy.spec
 
-    def _build_policy(self, spec_text: str) -> GuardedPolicy[Any]:
-        spec = parse_policy_spec(spec_text)
-        inner = build_daemon_policy(spec, prior=self._prior)
-        if inner is None:
-            # sglang-ema: SGLang's built-in controller decides; the daemon only
-            # observes and keeps the tables away (a None policy never publishes).
-            from specgov.policies.simple import NonePolicy
+    def _make_core(self, config: SpecgovConfig) -> ControlCore:
+        guard_cfg = GuardrailConfig.from_dict(dict(config.guardrails), where="guardrails")
+        return ControlCore(
+            policy_builder(prior=self._prior, guardrails=guard_cfg),
+            config.budget,
+            config.loop.mode,
+        )
 
-            inner = _ObserveOnly(NonePolicy(), spec_text)
-        guard_cfg = GuardrailConfig.from_dict(dict(self.config.guardrails), where="guardrails")
-        return GuardedPolicy(inner, guard_cfg)
+    @property
+    def policy(self) -> GuardedPolicy[Any]:
+        """The policy running now (the configured one, or an operator's pin)."""
+        return self.core.policy(self.core_state.policy_spec)
 
-    def _restore_state(self) -> GuardedState[Any]:
-        state = self.policy.initial_state()
-        if self.store is None:
-            return state
-        try:
-            saved = self.store.load_policy_state(self.policy.name)
-            if saved is not None:
-                state = self.policy.state_from_dict(saved)
-                log.info("restored learned state of %s", self.policy.name)
-            for rec in self.store.list_overrides(self._clock()):
-                state = set_override(state, rec.override)
-                self._override_ids[rec.id] = rec.override
-        except StoreUnavailable as exc:
-            self._store_failed(exc)
-        except ValueError as exc:
-            self.status_info.notes.append(f"saved state ignored: {exc}")
-            log.warning("saved policy state ignored: %s", exc)
+    @property
+    def policy_spec(self) -> str:
+        return self.core_state.configured_spec
+
+    @property
+    def state(self) -> GuardedState[Any]:
+        return self.core_state.guard
+
+    def _restore_state(self, spec: str) -> CoreState:
+        """The saved guard state and table of ``spec``, and the overrides — each on its own:
+        a policy state that cannot be loaded does not cost the overrides."""
+        policy = self.core.policy(spec)
+        guard: GuardedState[Any] | None = None
+        table: StepTable | None = None
+        if self.store is not None:
+            try:
+                saved = self.store.load_policy_state(policy.name)
+                if saved is not None:
+                    guard = policy.state_from_dict(saved)
+                    log.info("restored learned state of %s", policy.name)
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+            except ValueError as exc:
+                self.status_info.notes.append(f"saved state ignored: {exc}")
+                log.warning("saved policy state ignored: %s", exc)
+            self._refresh_overrides()
+            try:
+                data = self.store.last_table()
+                table = None if data is None else StepTable.from_dict(data)
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+            except ValueError as exc:
+                log.warning("saved table ignored: %s", exc)
+        state = self.core.initial_state(spec, guard)
+        if table is not None:
+            state = replace(state, table=table)
         return state
 
-    def _restore_table(self) -> StepTable | None:
+    def _refresh_overrides(self) -> None:
+        """Re-read the overrides from the store; keep the cached ones while it is down."""
         if self.store is None:
-            return None
+            return
         try:
-            data = self.store.last_table()
+            records = self.store.list_overrides(self._clock())
         except StoreUnavailable as exc:
             self._store_failed(exc)
-            return None
-        if data is None:
-            return None
-        try:
-            return StepTable.from_dict(data)
-        except ValueError:
-            return None
+            return
+        self._overrides = {r.id: r.override for r in records}
 
     def _store_failed(self, exc: BaseException) -> None:
         message = f"state store unavailable, controlling from memory: {exc}"
@@ -311,7 +324,7 @@ class Daemon:
         )
 
     async def recommend_once(self) -> dict[str, Any] | None:
-        """Replay the recent workload over candidate shapes (in a thread); record the best."""
+        """Replay the recent workload over candidate shapes (in a thread); surface the best."""
         from specgov.controller.recommend import RecommendError, recommend
 
         workload = self.workload_summary()
@@ -332,29 +345,49 @@ class Daemon:
         except (RecommendError, ValueError) as exc:
             self.status_info.recommendation = {"recommendation": None, "message": str(exc)}
             return None
-        data = rec.to_dict()
-        data["time_s"] = self._clock()
+        data = self.surface_recommendation(rec.structured(), self._clock(), rec.to_dict())
+        await self._maybe_apply(data)
+        return data
+
+    def surface_recommendation(
+        self,
+        rec: RestartRecommendation,
+        time_s: float,
+        details: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """One place for every restart recommendation, from a policy or the restart loop:
+        status, store, metric and log; the apply hook runs from here (see _maybe_apply)."""
+        from specgov.controller.recommend import recommendation_document
+
+        data = recommendation_document(rec, time_s, details)
+        previous = self.status_info.recommendation or {}
         self.status_info.recommendation = data
+        self.metrics.set_restart_recommendation(
+            rec.source, rec.shape.algorithm, rec.shape.num_steps, rec.predicted_gain
+        )
         if self.store is not None:
             try:
                 self.store.set_setting("recommendation", data)
             except StoreUnavailable as exc:
                 self._store_failed(exc)
-        log.info(
-            "restart recommendation: %s (predicted %+.1f%% goodput vs %s)",
-            rec.label,
-            100 * rec.predicted_gain,
-            rec.current_label,
-        )
-        await self._maybe_apply(data)
+        if previous.get("key") != data["key"]:
+            log.info("restart recommendation (%s): %s", rec.source, rec.summary)
         return data
 
     async def _maybe_apply(self, data: dict[str, Any]) -> None:
-        """Run the operator's apply command (an argument list, never a shell string)."""
+        """Run the operator's apply command (an argument list, never a shell string)
+        once per recommendation and at most once per recommend.interval_s."""
         argv = self.config.recommend.apply_command
         gain = data.get("predicted_gain")
         if not argv or not isinstance(gain, float) or gain < APPLY_MIN_GAIN:
             return
+        now = self._clock()
+        if self._applied is not None and (
+            self._applied[0] == data["key"]
+            or now - self._applied[1] < self.config.recommend.interval_s
+        ):
+            return
+        self._applied = (str(data["key"]), now)
         import json
         import os
 
@@ -419,77 +452,45 @@ class Daemon:
 
     # ------------------------------------------------------------- deciding
 
-    def observation_now(self) -> Observation:
-        """The latest observation, aged to now, with the plugin's statistics merged."""
+    def _inputs(self) -> ControlInputs:
         now = self._clock()
         self._read_stats()
-        stats = merge_snapshots(self._stats_pending)
-        self._stats_pending = []
-        base = self._observation or Observation(time_s=now)
-        age = now - base.time_s
-        staleness = max(base.staleness_s or 0.0, age) if self._observation else None
-        return replace(base, time_s=now, staleness_s=staleness, tier_stats=stats, table=self._table)
+        stats, self._stats_pending = tuple(self._stats_pending), []
+        self._refresh_overrides()
+        return ControlInputs(
+            now_s=now,
+            observation=self._observation,
+            tier_stats=stats,
+            overrides=tuple(self._overrides.values()),
+            blocked=self.status_info.permanent_error,
+        )
 
-    def decide_once(self) -> Decision:
-        """One decision: run the guarded policy, record it, publish it (plugin mode)."""
-        observation = self.observation_now()
-        budget = self.config.budget
-        started = self._cpu_clock()
-        state_before = self.state
-        decision, self.state = self.policy.decide(observation, self.state, budget)
-        decide_s = self._cpu_clock() - started
-        before = self._table
-        published = False
-        acting = self.status_info.permanent_error is None
-        if decision.table is not None and acting and self.config.loop.mode == "plugin":
-            published = self._publish(decision.table, observation)
-            if not published:
-                # The guard must not believe a table is in force that never reached the
-                # spool: keep the table it had (its other bookkeeping advances).
-                self.state = replace(
-                    self.state,
-                    table=state_before.table,
-                    table_since_s=state_before.table_since_s,
-                )
-        if decision.table is not None and (published or self.config.loop.mode == "observe"):
-            # In observe mode the table is what the daemon *would* run.
-            self._table = decision.table
-        self.metrics.on_decision(self.policy.name, str(decision.reason), decide_s, self._table)
-        record = {
-            "time_s": observation.time_s,
-            "policy": self.policy.name,
-            "reason": str(decision.reason),
-            "message": decision.message,
-            "limited_by": list(decision.limited_by),
-            "expected_gain": decision.expected_gain,
-            "inputs_summary": _inputs_summary(observation),
-            "table_before": before.to_dict() if before is not None else None,
-            "table_after": decision.table.to_dict() if decision.table is not None else None,
-            "published": published,
-        }
-        self.status_info.decisions += 1
-        self.status_info.last_decision = record
-        self._persist(record)
-        return decision
+    def decide_once(self) -> AuditRecord:
+        """One decision through the control core; its effects carried out here."""
+        record, self.core_state = control_step(
+            self.core, self.core_state, self._inputs(), _Effects(self), self._cpu_clock
+        )
+        self._save_policy_state(record.time_s)
+        return record
 
-    def _publish(self, table: StepTable, observation: Observation) -> bool:
+    def _save_policy_state(self, time_s: float) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.save_policy_state(self.policy.name, self.state.to_dict(), time_s)
+        except StoreUnavailable as exc:
+            self._store_failed(exc)
+
+    # The core's effects, carried out for real (through _Effects).
+
+    def _publish_table(self, publish: Publish) -> bool:
         spool = self.config.spool.dir
         if spool is None:
             self.status_info.spool_error = "plugin mode needs spool.dir"
             return False
-        # The engine's candidate set, echoed in the spool file: from live telemetry, else
-        # the slot layout the guard remembers (e.g. right after a daemon restart).
-        layout = observation.slot_candidates or self.state.last_candidates or ()
-        candidates = sorted(
-            {k for _, steps in layout for k in steps}
-            or (observation.shape.candidate_steps if observation.shape else ())
-        )
-        if not candidates:
-            self.status_info.spool_error = "engine candidate steps unknown; not publishing"
-            return False
         try:
             Path(spool).mkdir(parents=True, exist_ok=True)
-            write_step_table(spool, table, candidates)
+            write_step_table(spool, publish.table, list(publish.candidates))
         except OSError as exc:
             self.status_info.spool_error = f"cannot write {spool}: {exc}"
             log.error("cannot publish step table: %s", exc)
@@ -497,6 +498,16 @@ class Daemon:
         self.status_info.spool_error = None
         self.status_info.tables_published += 1
         return True
+
+    def _record(self, record: AuditRecord) -> None:
+        decide_s = (record.decide_ms or 0.0) / 1e3
+        self.metrics.on_decision(record.policy, record.reason, decide_s, record.table_in_force)
+        active = active_overrides(tuple(self._overrides.values()), record.time_s)
+        self.metrics.set_override_active(len(active))
+        row = record.to_store()
+        self.status_info.decisions += 1
+        self.status_info.last_decision = row
+        self._persist(row)
 
     def _persist(self, record: dict[str, Any]) -> None:
         if self.store is None:
@@ -507,7 +518,6 @@ class Daemon:
             self.store.record_decision(**record)
             if record["published"] and record["table_after"] is not None:
                 self.store.save_table(record["table_after"])
-            self.store.save_policy_state(self.policy.name, self.state.to_dict(), record["time_s"])
             self.status_info.store_error = None
         except StoreUnavailable as exc:
             self._store_failed(exc)
@@ -519,9 +529,11 @@ class Daemon:
     def status(self) -> dict[str, Any]:
         s = self.status_info
         now = self._clock()
-        table = self._table
+        table = self.core_state.table
         return {
             "policy": self.policy.name,
+            "configured_policy": self.core_state.configured_spec,
+            "pinned": self.core_state.policy_spec != self.core_state.configured_spec,
             "mode": self.config.loop.mode,
             "server": self.config.server.url,
             "uptime_s": now - s.started_at_s,
@@ -535,9 +547,10 @@ class Daemon:
             "tables_published": s.tables_published,
             "table": table.to_dict() if table is not None else None,
             "table_age_s": None if table is None else now - table.produced_at_s,
+            "slots": self._slot_layout(),
             "last_decision": s.last_decision,
             "overrides": self.list_overrides(),
-            "observation": _inputs_summary(self._observation) if self._observation else None,
+            "observation": inputs_summary(self._observation) if self._observation else None,
             "recommendation": s.recommendation,
             "notes": list(s.notes),
         }
@@ -553,8 +566,41 @@ class Daemon:
 
     def list_overrides(self) -> list[dict[str, Any]]:
         now = self._clock()
-        ids = {id(o): oid for oid, o in self._override_ids.items()}
-        return [{"id": ids.get(id(o)), **o.to_dict()} for o in active_overrides(self.state, now)]
+        return [
+            {"id": oid, **o.to_dict()}
+            for oid, o in sorted(self._overrides.items(), key=lambda kv: kv[1].created_at_s)
+            if o.is_active(now)
+        ]
+
+    def _slot_layout(self) -> list[list[Any]] | None:
+        """The engine's slots and their candidate steps, as the daemon knows them."""
+        obs = self._observation
+        layout = (obs.slot_candidates if obs is not None else None) or self.state.last_candidates
+        if not layout:
+            return None
+        return [[bound, list(steps)] for bound, steps in layout]
+
+    def _check_override_target(self, slot: int | None, steps: int | None) -> None:
+        """Refuse a slot the engine lacks or steps outside a slot's candidates, naming
+        the valid set (a ValueError: 400 from the API, exit 2 from the CLI)."""
+        layout = self._slot_layout()
+        if layout is None:
+            raise ValueError(
+                "the engine's slots are not known yet (no telemetry from the server); "
+                "retry once `specgov status` shows slots"
+            )
+        by_slot = {int(b): [int(k) for k in ks] for b, ks in layout}
+        if slot is not None and slot not in by_slot:
+            raise ValueError(f"slot {slot} is not an engine slot; valid slots: {sorted(by_slot)}")
+        if steps is None:
+            return
+        targets = [slot] if slot is not None else sorted(by_slot)
+        bad = [b for b in targets if steps not in by_slot[b]]
+        if bad:
+            valid = {b: by_slot[b] for b in bad}
+            raise ValueError(
+                f"steps {steps} is not a candidate of slot(s) {bad}; candidates: {valid}"
+            )
 
     def set_override(
         self,
@@ -568,7 +614,9 @@ class Daemon:
         if not 0 < ttl_s <= MAX_OVERRIDE_TTL_S:
             raise ValueError(f"ttl must be > 0 and <= {MAX_OVERRIDE_TTL_S:.0f} s, got {ttl_s}")
         if pin_policy is not None:
-            parse_policy_spec(pin_policy)  # fail early, naming the bad part
+            self.core.policy(pin_policy)  # fail early, naming the bad part
+        else:
+            self._check_override_target(slot, 0 if disable else steps)
         now = self._clock()
         override = Override(
             slot=slot,
@@ -579,12 +627,13 @@ class Daemon:
             expires_at_s=now + ttl_s,
             reason=reason,
         )
-        self.state = set_override(self.state, override)
         # The daemon names the override, so it has an id even while the store is down.
         self._override_seq += 1
         override_id = f"ov-{int(now * 1000)}-{self._override_seq}"
-        self._override_ids[override_id] = override
         data = {"id": override_id, **override.to_dict()}
+        kept = with_override(tuple(self._overrides.values()), override)
+        self._overrides = {k: v for k, v in self._overrides.items() if v in kept}
+        self._overrides[override_id] = override
         if self.store is not None:
             try:
                 self.store.put_override(data)
@@ -595,44 +644,43 @@ class Daemon:
 
     def clear_override(self, override_id: str | None, slot: int | None) -> int:
         now = self._clock()
-        before = len(active_overrides(self.state, now))
+        before = {k for k, o in self._overrides.items() if o.is_active(now)}
         if override_id is not None:
-            target = self._override_ids.pop(override_id, None)
-            if target is not None:
-                self.state = remove_override(self.state, target)
+            self._overrides.pop(override_id, None)
         else:
-            self.state = clear_overrides(self.state, slot=slot)
-        after = len(active_overrides(self.state, now))
+            kept = without_overrides(tuple(self._overrides.values()), slot=slot)
+            self._overrides = {k: v for k, v in self._overrides.items() if v in kept}
+        cleared = len(before - set(self._overrides))
         if self.store is not None:
             try:
                 if override_id is not None:
-                    self.store.clear_override(override_id=override_id, now_s=now)
+                    cleared = max(
+                        cleared, self.store.clear_override(override_id=override_id, now_s=now)
+                    )
                 elif slot is not None:
                     self.store.clear_override(slot=slot, now_s=now)
                 else:
                     self.store.clear_override(all=True, now_s=now)
             except StoreUnavailable as exc:
                 self._store_failed(exc)
-        return before - after
+        return cleared
 
     def set_policy(self, spec: str) -> dict[str, Any]:
-        new_policy = self._build_policy(spec)  # raises ValueError naming the bad part
-        # Keep the guard bookkeeping (table, overrides, dwell history); start the inner
-        # policy fresh unless the store has learned state for it.
-        inner_state = new_policy.inner.initial_state()
+        policy = self.core.policy(spec)  # raises ValueError naming the bad part
+        # Keep the guard bookkeeping (table, dwell history); start the inner policy fresh
+        # unless the store has learned state for it.
+        inner_state = None
         if self.store is not None:
             try:
-                saved = self.store.load_policy_state(new_policy.name)
+                saved = self.store.load_policy_state(policy.name)
                 if saved is not None:
-                    inner_state = new_policy.state_from_dict(saved).inner
+                    inner_state = policy.state_from_dict(saved).inner
                 self.store.set_setting("policy_spec", spec)
             except (StoreUnavailable, ValueError) as exc:
                 log.warning("policy switch: saved state not used: %s", exc)
-        self.state = replace(self.state, inner=inner_state)
-        self.policy = new_policy
-        self.policy_spec = spec
-        log.info("policy switched to %s", new_policy.name)
-        return {"policy": new_policy.name}
+        self.core_state = self.core.configure(self.core_state, spec, inner_state)
+        log.info("policy switched to %s", policy.name)
+        return {"policy": policy.name}
 
     def policies(self) -> dict[str, Any]:
         return {"current": self.policy.name, "kinds": list(KNOWN_KINDS)}
@@ -675,14 +723,16 @@ class Daemon:
             return
         try:
             new = self._config_loader()
-            if new.policy.spec != self.config.policy.spec:
-                self._build_policy(new.policy.spec)  # validate before switching
+            core = self._make_core(new)  # guardrails, Budget and mode take effect
+            core.policy(new.policy.spec)  # validate before switching
+            core.policy(self.core_state.policy_spec)
         except (ValueError, OSError) as exc:
             log.error("config reload rejected, keeping the running config: %s", exc)
             self.status_info.notes.append(f"reload rejected: {exc}")
             return
         old_spec = self.config.policy.spec
         self.config = new
+        self.core = core
         if new.policy.spec != old_spec:
             self.set_policy(new.policy.spec)
         log.info("configuration reloaded")
@@ -743,56 +793,27 @@ class Daemon:
             await self._client.aclose()
 
 
-class _ObserveOnly:
-    """sglang-ema under the daemon: never publishes, so SGLang's own EMA decides."""
+class _Effects:
+    """The control core's effects, carried out by the daemon (ControlEffects)."""
 
-    def __init__(self, inner: DaemonPolicy[Any], name: str) -> None:
-        self._inner = inner
-        self._name = name
+    def __init__(self, daemon: Daemon) -> None:
+        self._daemon = daemon
 
-    @property
-    def name(self) -> str:
-        return self._name
+    def publish(self, publish: Publish) -> bool:
+        return self._daemon._publish_table(publish)
 
-    def initial_state(self) -> Any:
-        return self._inner.initial_state()
+    def record(self, record: AuditRecord) -> None:
+        self._daemon._record(record)
 
-    def decide(self, observation: Observation, state: Any, budget: Budget) -> tuple[Decision, Any]:
-        from specgov.policies.types import ReasonCode
-
-        return (
-            Decision(
-                table=None,
-                reason=ReasonCode.HELD_NO_CHANGE,
-                message="sglang-ema: SGLang's built-in controller decides; nothing published",
-                expected_gain=None,
-            ),
-            state,
-        )
-
-    def state_from_dict(self, data: Mapping[str, Any]) -> Any:
-        return self._inner.state_from_dict(data)
-
-
-def _inputs_summary(obs: Observation | None) -> dict[str, Any]:
-    if obs is None:
-        return {}
-
-    def q(v: Any) -> float | None:
-        return None if v is None else v.p50_ms
-
-    def finite(x: float | None) -> float | None:
-        return None if x is None or not math.isfinite(x) else round(x, 4)
-
-    return {
-        "running": obs.running_requests,
-        "queued": obs.queued_requests,
-        "token_usage": finite(obs.token_usage),
-        "gen_throughput_tok_s": finite(obs.gen_throughput_tok_s),
-        "accept_length": finite(obs.accept_length),
-        "tpot_p50_ms": finite(q(obs.tpot_ms)),
-        "itl_p99_ms": finite(None if obs.itl_ms is None else obs.itl_ms.p99_ms),
-        "spec_num_steps": obs.spec_num_steps,
-        "staleness_s": finite(obs.staleness_s),
-        "tier_windows": None if obs.tier_stats is None else len(obs.tier_stats.tiers),
-    }
+    def recommend(self, recommendation: RestartRecommendation, record: AuditRecord) -> None:
+        data = self._daemon.surface_recommendation(recommendation, record.time_s)
+        if not self._daemon.config.recommend.apply_command:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # decided outside the daemon's loop (a test): no hook
+        # The hook is a subprocess: run it beside the loop, never inside the decision.
+        task = loop.create_task(self._daemon._maybe_apply(data))
+        self._daemon._background.add(task)
+        task.add_done_callback(self._daemon._background.discard)

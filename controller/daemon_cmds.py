@@ -132,19 +132,13 @@ async def serve_daemon(
 
 
 def _prior_for(config: Any) -> Any:
-    """The step-cost prior from the catalog entry of the deployment (best effort)."""
-    try:
-        from specgov.simulator.catalog import Catalog
-        from specgov.simulator.cost import CostModel
-        from specgov.simulator.priors import step_cost_prior
+    """The step-cost prior from the catalog entry of the deployment."""
+    from specgov.controller.recommend import deployment_prior
 
-        catalog = Catalog.load()
-        cost = CostModel.from_catalog(
-            catalog.gpu(config.deployment.gpu),
-            catalog.model(config.deployment.model),
-            catalog.drafter(config.deployment.drafter),
+    try:
+        return deployment_prior(
+            config.deployment.gpu, config.deployment.model, config.deployment.drafter
         )
-        return step_cost_prior(cost)
     except ValueError as exc:
         _fail(f"deployment: {exc}", EXIT_USAGE)
 

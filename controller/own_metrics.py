@@ -47,7 +47,7 @@ from importlib import metadata
 from typing import Final
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import (
     GaugeMetricFamily,
     InfoMetricFamily,
@@ -264,6 +264,15 @@ class DaemonMetrics:
         )
         for kind in scrape_error_kinds:
             self._scrape_errors.labels(kind=kind)
+        self._restart = Gauge(
+            f"{NAMESPACE}_restart_recommended_gain_ratio",
+            "Predicted relative goodput gain of the restart recommendation in force "
+            "(0.1 = +10 %), by who concluded it and the algorithm to restart with; "
+            "absent when there is none.",
+            ["source", "algorithm", "num_steps"],
+            registry=registry,
+        )
+        self._restart_labels: tuple[str, str, str] | None = None
 
         # Recorded state: the derived series' source when no snapshot callable is given.
         self._table: StepTable | None = None
@@ -322,6 +331,19 @@ class DaemonMetrics:
             else:
                 logger.warning("own metrics: accept length %r for slot %r ignored", length, bound)
         self._accept = accept
+
+    def set_restart_recommendation(
+        self, source: str | None, algorithm: str | None, num_steps: int | None, gain: float | None
+    ) -> None:
+        """The restart recommendation in force (``source=None``: none)."""
+        if self._restart_labels is not None:
+            self._restart.remove(*self._restart_labels)
+            self._restart_labels = None
+        if source is None:
+            return
+        labels = (str(source), str(algorithm), str(num_steps))
+        self._restart.labels(*labels).set(_finite_or_none(gain) or 0.0)
+        self._restart_labels = labels
 
     def set_override_active(self, count: int) -> None:
         """Number of operator overrides in force."""

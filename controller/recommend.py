@@ -18,11 +18,12 @@ operator configured an apply command.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specgov.policies.types import SpecShape
+from specgov.policies.estimators.step_cost import StepCostPrior
+from specgov.policies.types import RestartRecommendation, SpecShape
 
 # Candidate shapes replayed for a recommendation: (label, policy, topk, draft tokens).
 CANDIDATES: tuple[tuple[str, str, int, int | None], ...] = (
@@ -77,6 +78,23 @@ class Recommendation:
     workload: WorkloadSummary
     notes: tuple[str, ...] = field(default=())
 
+    def structured(self) -> RestartRecommendation:
+        """The replay's conclusion in the one structured form every recommendation has."""
+        evidence = [
+            ("predicted_goodput_tok_s", self.predicted_goodput_tok_s),
+            ("current_goodput_tok_s", self.current_goodput_tok_s),
+            ("window_s", self.workload.window_s),
+            ("request_rate_rps", self.workload.request_rate_rps),
+        ]
+        gain = self.predicted_gain if math.isfinite(self.predicted_gain) else None
+        return RestartRecommendation(
+            shape=self.shape,
+            source="replay",
+            summary=f"{self.label} (replay of the recent workload; now: {self.current_label})",
+            predicted_gain=gain,
+            evidence=tuple((k, float(v)) for k, v in evidence if math.isfinite(v)),
+        )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "recommendation": self.label,
@@ -123,7 +141,6 @@ def recommend(
     candidates: Sequence[tuple[str, str, int, int | None]] = CANDIDATES,
 ) -> Recommendation:
     """Replay a trace synthesised from *workload* over candidate shapes; pick the best."""
-    from specgov.adapters.launch_config import LaunchConfigError, build_launch_config
     from specgov.simulator.memory import DoesNotFitError
     from specgov.simulator.metrics import Slo
     from specgov.simulator.replay import ServerSpec, parse_policy, replay
@@ -197,15 +214,11 @@ def recommend(
     current_label, current_goodput = _current_row(current, rows)
     gain = goodput / current_goodput - 1.0 if current_goodput > 0 else math.inf
     shape = _shape_of(policy, topk, ndt, drafter_algorithm=_algorithm(drafter))
-    argv: tuple[str, ...] = ()
-    adaptive: dict[str, Any] | None = None
-    try:
-        if shape.algorithm != "NONE":
-            launch = build_launch_config(shape, rationale=f"specgov recommend: {label}")
-            argv = tuple(launch.to_argv())
-            adaptive = launch.adaptive_config_json()
-    except LaunchConfigError as exc:
-        notes.append(f"launch flags not produced: {exc}")
+    launch = launch_for(shape, rationale=f"specgov recommend: {label}")
+    argv = tuple(launch["argv"])
+    adaptive = launch["adaptive_config"]
+    if launch["error"]:
+        notes.append(f"launch flags not produced: {launch['error']}")
     return Recommendation(
         label=label,
         policy=policy,
@@ -254,3 +267,55 @@ def _current_row(current: SpecShape | None, rows: Sequence[dict[str, Any]]) -> t
         if r.get("policy") == wanted:
             return str(r["candidate"]), float(r["goodput_tok_s"])
     return "unknown (not among the candidates)", 0.0
+
+
+def launch_for(shape: SpecShape, *, rationale: str) -> dict[str, Any]:
+    """SGLang launch flags and adaptive JSON for ``shape`` (the one place a recommendation
+    becomes flags): ``{"argv", "adaptive_config", "error"}``. No speculation needs no
+    speculative flags (argv empty)."""
+    from specgov.adapters.launch_config import LaunchConfigError, build_launch_config
+
+    if shape.algorithm == "NONE":
+        return {"argv": [], "adaptive_config": None, "error": None}
+    try:
+        launch = build_launch_config(shape, rationale=rationale)
+    except LaunchConfigError as exc:
+        return {"argv": [], "adaptive_config": None, "error": str(exc)}
+    return {
+        "argv": list(launch.to_argv()),
+        "adaptive_config": launch.adaptive_config_json(),
+        "error": None,
+    }
+
+
+def recommendation_document(
+    rec: RestartRecommendation, time_s: float, details: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """What status, the store, `specgov recommend` and the apply hook see of ``rec``."""
+    launch = launch_for(rec.shape, rationale=f"specgov {rec.source}: {rec.summary}")
+    return {
+        "recommendation": rec.summary,
+        **rec.to_dict(),
+        "key": f"{rec.source}:{rec.shape.algorithm}:{rec.shape.num_steps}:{rec.shape.topk}:"
+        f"{rec.shape.num_draft_tokens}:{list(rec.shape.candidate_steps)}",
+        "launch": launch,
+        "argv": launch["argv"],
+        "time_s": time_s,
+        "details": None if details is None else dict(details),
+    }
+
+
+def deployment_prior(gpu: str, model: str, drafter: str) -> StepCostPrior:
+    """The daemon's step-cost prior: the catalog's roofline for the deployment.
+
+    The daemon reaches the simulator only through this module (an import-linter
+    contract names it): the catalog and the roofline are the simulator's physics.
+    Raises ValueError naming an unknown GPU, model or drafter.
+    """
+    from specgov.simulator.catalog import Catalog
+    from specgov.simulator.cost import CostModel
+    from specgov.simulator.priors import step_cost_prior
+
+    catalog = Catalog.load()
+    cost = CostModel.from_catalog(catalog.gpu(gpu), catalog.model(model), catalog.drafter(drafter))
+    return step_cost_prior(cost)

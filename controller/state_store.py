@@ -171,6 +171,11 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             )""",
         ),
     ),
+    Migration(
+        version=3,
+        description="decisions.restart_recommendation (structured, JSON)",
+        steps=("ALTER TABLE decisions ADD COLUMN restart_recommendation TEXT",),
+    ),
 )
 
 LATEST_SCHEMA_VERSION: Final = MIGRATIONS[-1].version
@@ -207,7 +212,7 @@ _CORRUPT_MARKERS: Final = ("malformed", "not a database")
 _OVERRIDE_ID: Final = re.compile(r"[\x21-\x7e]{1,100}")
 _DECISION_COLUMNS: Final = (
     "id, time_s, policy, reason, message, limited_by, expected_gain, inputs_summary, "
-    "table_before, table_after, published"
+    "table_before, table_after, published, restart_recommendation"
 )
 _OVERRIDE_COLUMNS: Final = (
     "seq, id, slot, steps, disable_speculation, pin_policy, created_at_s, expires_at_s, "
@@ -261,6 +266,7 @@ class DecisionRecord:
     table_before: Mapping[str, Any] | None
     table_after: Mapping[str, Any] | None
     published: bool
+    restart_recommendation: Mapping[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -275,6 +281,9 @@ class DecisionRecord:
             "table_before": None if self.table_before is None else dict(self.table_before),
             "table_after": None if self.table_after is None else dict(self.table_after),
             "published": self.published,
+            "restart_recommendation": None
+            if self.restart_recommendation is None
+            else dict(self.restart_recommendation),
         }
 
 
@@ -607,6 +616,7 @@ class StateStore:
         table_before: Mapping[str, Any] | None = None,
         table_after: Mapping[str, Any] | None = None,
         published: bool = False,
+        restart_recommendation: Mapping[str, Any] | None = None,
     ) -> int:
         """Append one decision to the audit log; returns its id (ids only grow)."""
         where = "record_decision"
@@ -624,6 +634,11 @@ class StateStore:
         summary = _mapping(f"{where}.inputs_summary", inputs_summary or {})
         before = None if table_before is None else _mapping(f"{where}.table_before", table_before)
         after = None if table_after is None else _mapping(f"{where}.table_after", table_after)
+        restart = (
+            None
+            if restart_recommendation is None
+            else _mapping(f"{where}.restart_recommendation", restart_recommendation)
+        )
         row = (
             t,
             policy,
@@ -635,13 +650,14 @@ class StateStore:
             None if before is None else _dumps(f"{where}.table_before", before),
             None if after is None else _dumps(f"{where}.table_after", after),
             int(published),
+            None if restart is None else _dumps(f"{where}.restart_recommendation", restart),
         )
 
         def insert(conn: sqlite3.Connection) -> int:
             cur = conn.execute(
                 "INSERT INTO decisions (time_s, policy, reason, message, limited_by, "
-                "expected_gain, inputs_summary, table_before, table_after, published) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "expected_gain, inputs_summary, table_before, table_after, published, "
+                "restart_recommendation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 row,
             )
             new_id = cur.lastrowid
@@ -1009,7 +1025,8 @@ def _rollback(conn: sqlite3.Connection) -> None:
 
 
 def _decision_from_row(row: Sequence[Any]) -> DecisionRecord:
-    (row_id, t, policy, reason, message, limited, gain, summary, before, after, published) = row
+    row_id, t, policy, reason, message, limited, gain, summary, before, after = row[:10]
+    published, rec = row[10], row[11]
     limited_by = _loads("limited_by", limited, list)
     if not all(isinstance(x, str) for x in limited_by):
         raise _BadRow(f"column limited_by: expected a list of str, got {limited_by!r:.80}")
@@ -1025,6 +1042,7 @@ def _decision_from_row(row: Sequence[Any]) -> DecisionRecord:
         table_before=_opt_loads("table_before", before),
         table_after=_opt_loads("table_after", after),
         published=bool(published),
+        restart_recommendation=_opt_loads("restart_recommendation", rec),
     )
 
 

@@ -120,6 +120,7 @@ from specgov.policies.types import (
     Observation,
     PolicyTypeError,
     ReasonCode,
+    RestartRecommendation,
     SpecShape,
     StepTable,
     TierStat,
@@ -730,6 +731,23 @@ class _Restart:
     gain: float  # predicted, no drafter vs the best table (SLO-sense goodput)
     overhead: float  # share of a step-0 step the drafter costs
 
+    def recommendation(self) -> RestartRecommendation:
+        """The structured form the daemon records, shows, exports and may apply."""
+        slots = ", ".join(f"{b}:{k}" for b, k in zip(self.slots, self.steps, strict=True))
+        return RestartRecommendation(
+            shape=SpecShape("NONE", 0, 0, 0, ()),
+            source="policy",
+            summary=(
+                f"no speculation: predicted {self.gain:+.1%} goodput over the best table "
+                f"in the busy slots ({slots}) for {self.held_s:.0f} s"
+            ),
+            predicted_gain=self.gain,
+            evidence=(
+                ("held_s", self.held_s),
+                ("drafter_share_of_step0", self.overhead),
+            ),
+        )
+
     def describe(self) -> str:
         slots = ", ".join(f"{b}:{k}" for b, k in zip(self.slots, self.steps, strict=True))
         return (
@@ -1320,7 +1338,7 @@ class GoodputPolicy:
         summary = "; ".join(_describe(p) for p in plans)
         recommendation = None
         if restart is not None:
-            recommendation = SpecShape("NONE", 0, 0, 0, ())
+            recommendation = restart.recommendation()
             summary += "; " + restart.describe()
         if "slo_tpot_ms" in limited:
             reason = ReasonCode.LIMITED_BY_SLO

@@ -17,12 +17,14 @@ each a small pure function ``(context, proposal, state, config) -> (proposal, st
    unchanged table is re-issued before its TTL runs out for up to ``frozen_keepalive_s``
    after the last fresh telemetry (indefinitely while an override is active), after
    which it is left to expire so the engine falls back to its own policy.
-2. :func:`apply_overrides` — expired overrides are dropped (the message says so); an
-   active one replaces the steps of its slots (a slot's own override beats an
-   all-slots one, the newest wins). Override slots bypass steps 3-5 and 7 but not the
-   clamp: an override is always clamped. When an override ends, its slots return to the
-   policy's table directly (also bypassing 3-5). A policy pin is recorded, reported in
-   the message and left to the daemon (:func:`pinned_policy`). Code: ``OVERRIDE_ACTIVE``.
+2. :func:`apply_overrides` — the operator's overrides are an input of every decision
+   (``GuardedPolicy.decide(..., overrides=...)``; the daemon's store holds them, the
+   guard keeps no copy): an active one replaces the steps of its slots (a slot's own
+   override beats an all-slots one, the newest wins). Override slots bypass steps 3-5
+   and 7 but not the clamp: an override is always clamped. When an override ends
+   (expired or cleared), its slots return to the policy's table directly (also
+   bypassing 3-5); the guard remembers only which slots were overridden. A policy pin
+   is run by the control core (:func:`pinned_policy`). Code: ``OVERRIDE_ACTIVE``.
 3. :func:`tolerance_band` — a policy change whose ``expected_gain`` (relative, 0.02 = +2 %)
    is below ``min_gain`` is held; a change without a prediction (``None``) passes.
    Code: ``HELD_TOLERANCE_BAND``.
@@ -82,7 +84,8 @@ from specgov.policies.types import (
     StepTable,
 )
 
-GUARD_STATE_VERSION: Final = 1
+GUARD_STATE_VERSION: Final = 2
+_V1_ONLY_KEYS: Final = frozenset({"overrides", "released_slots", "release_all"})
 OVERRIDE_VERSION: Final = 1
 
 S = TypeVar("S", bound=PolicyState)
@@ -821,10 +824,9 @@ class GuardedState(Generic[S]):
     samples: tuple[WindowSample, ...] = ()
     trial: ChangeTrial | None = None
     blocks: tuple[RollbackBlock, ...] = ()
-    overrides: tuple[Override, ...] = ()
-    # Slots whose step override ended and that return to the policy's table directly.
-    released_slots: tuple[int, ...] = ()
-    release_all: bool = False
+    # Slots a step override held at the last decision: when one is no longer overridden
+    # it returns to the policy's table directly (derived from the overrides, not a copy).
+    override_slots: tuple[int, ...] = ()
 
     def history(self, slot: int) -> SlotHistory | None:
         for h in self.slots:
@@ -850,9 +852,7 @@ class GuardedState(Generic[S]):
             "samples": [s.to_dict() for s in self.samples],
             "trial": None if self.trial is None else self.trial.to_dict(),
             "blocks": [b.to_dict() for b in self.blocks],
-            "overrides": [o.to_dict() for o in self.overrides],
-            "released_slots": list(self.released_slots),
-            "release_all": self.release_all,
+            "override_slots": list(self.override_slots),
         }
 
     @staticmethod
@@ -880,10 +880,13 @@ class GuardedState(Generic[S]):
             "samples",
             "trial",
             "blocks",
-            "overrides",
-            "released_slots",
-            "release_all",
+            "override_slots",
         ]
+        if isinstance(data, Mapping) and data.get("version") == 1:
+            # Version 1 kept a copy of the overrides in the state; the store is their only
+            # home now, so the copy is dropped (overrides are restored from the store).
+            data = {k: v for k, v in data.items() if k not in _V1_ONLY_KEYS}
+            data["version"], data["override_slots"] = GUARD_STATE_VERSION, []
         d = _keys(w, data, keys)
         if not _is_int(d["version"]) or d["version"] != GUARD_STATE_VERSION:
             raise GuardrailError(
@@ -893,9 +896,6 @@ class GuardedState(Generic[S]):
             raise GuardrailError(f"{w}: key 'inner_name': expected a str, got {d['inner_name']!r}")
         try:
             table = None if d["table"] is None else StepTable.from_dict(d["table"])
-            overrides = tuple(
-                Override.from_dict(o) for o in _list(f"{w}: key 'overrides'", d["overrides"])
-            )
         except GuardrailError:
             raise
         except (PolicyTypeError, TypeError) as exc:
@@ -928,66 +928,47 @@ class GuardedState(Generic[S]):
                 RollbackBlock.from_dict(b, f"{w}.blocks[{i}]")
                 for i, b in enumerate(_list(f"{w}.blocks", d["blocks"]))
             ),
-            overrides=overrides,
-            released_slots=tuple(
-                _int(f"{w}.released_slots[{i}]", s, minimum=1)
-                for i, s in enumerate(_list(f"{w}.released_slots", d["released_slots"]))
+            override_slots=tuple(
+                _int(f"{w}.override_slots[{i}]", s, minimum=1)
+                for i, s in enumerate(_list(f"{w}.override_slots", d["override_slots"]))
             ),
-            release_all=_bool(f"{w}.release_all", d["release_all"]),
         )
 
 
 # ------------------------------------------------------------------ override helpers
 
 
-def set_override(state: GuardedState[S], override: Override) -> GuardedState[S]:
-    """Add ``override``, replacing any earlier one of the same kind for the same slot."""
+def with_override(overrides: Sequence[Override], override: Override) -> tuple[Override, ...]:
+    """``overrides`` plus ``override``, replacing an earlier one of the same kind for the
+    same slot (the rule the daemon's store applies when an override is set)."""
     if not isinstance(override, Override):
-        raise GuardrailError(f"set_override: expected an Override, got {override!r}")
-    kept = tuple(o for o in state.overrides if (o.slot, o.kind) != (override.slot, override.kind))
-    return replace(state, overrides=(*kept, override))
+        raise GuardrailError(f"with_override: expected an Override, got {override!r}")
+    kept = tuple(o for o in overrides if (o.slot, o.kind) != (override.slot, override.kind))
+    return (*kept, override)
 
 
-def clear_overrides(state: GuardedState[S], slot: int | None = None) -> GuardedState[S]:
-    """Drop every override (``slot=None``) or those of one slot; their slots go back to the
-    policy's table at the next decision (without tolerance band, dwell or rate limit)."""
+def without_overrides(
+    overrides: Sequence[Override], slot: int | None = None
+) -> tuple[Override, ...]:
+    """``overrides`` less every one (``slot=None``) or those of one slot (all-slot
+    overrides stay when a slot is named, as the store clears them)."""
     if slot is not None:
-        _int("clear_overrides.slot", slot, minimum=1)
-    gone = tuple(o for o in state.overrides if slot is None or o.slot == slot)
-    if not gone:
-        return state
-    kept = tuple(o for o in state.overrides if o not in gone)
-    return _mark_released(replace(state, overrides=kept), gone)
+        _int("without_overrides.slot", slot, minimum=1)
+        return tuple(o for o in overrides if o.slot != slot)
+    return ()
 
 
-def remove_override(state: GuardedState[S], override: Override) -> GuardedState[S]:
-    """Drop one override (e.g. cleared by its id); its slots go back as with clear_overrides."""
-    if override not in state.overrides:
-        return state
-    kept = tuple(o for o in state.overrides if o != override)
-    return _mark_released(replace(state, overrides=kept), (override,))
+def active_overrides(overrides: Sequence[Override], now_s: float) -> tuple[Override, ...]:
+    """Overrides in force at ``now_s``."""
+    return tuple(o for o in overrides if o.is_active(now_s))
 
 
-def active_overrides(state: GuardedState[Any], now_s: float) -> tuple[Override, ...]:
-    """Overrides in force at ``now_s`` (expired ones are dropped at the next decision)."""
-    return tuple(o for o in state.overrides if o.is_active(now_s))
-
-
-def pinned_policy(state: GuardedState[Any], now_s: float) -> str | None:
+def pinned_policy(overrides: Sequence[Override], now_s: float) -> str | None:
     """The policy spec an active operator pin asks for (newest wins), else None."""
-    pins = [o for o in active_overrides(state, now_s) if o.pin_policy is not None]
+    pins = [o for o in active_overrides(overrides, now_s) if o.pin_policy is not None]
     if not pins:
         return None
     return max(pins, key=lambda o: o.created_at_s).pin_policy
-
-
-def _mark_released(state: GuardedState[S], ended: Iterable[Override]) -> GuardedState[S]:
-    step_ended = [o for o in ended if o.kind == "steps"]
-    if not step_ended:
-        return state
-    release_all = state.release_all or any(o.slot is None for o in step_ended)
-    slots = set(state.released_slots) | {o.slot for o in step_ended if o.slot is not None}
-    return replace(state, released_slots=tuple(sorted(slots)), release_all=release_all)
 
 
 # ------------------------------------------------------------------ context, proposal
@@ -1006,6 +987,8 @@ class GuardContext:
     current: Slots | None
     # The inner policy's table (or the one it stands by) on those slots.
     wanted: Wanted | None
+    # The operator's overrides in force at this decision (the store's, passed in).
+    overrides: tuple[Override, ...] = ()
 
     @property
     def now_s(self) -> float:
@@ -1151,26 +1134,17 @@ def freeze_on_unknown_telemetry(
 def apply_overrides(
     ctx: GuardContext, p: Proposal, state: GuardedState[Any], config: GuardrailConfig
 ) -> tuple[Proposal, GuardedState[Any]]:
-    """Step 2: drop expired overrides; apply active ones to their slots."""
-    now = ctx.now_s
-    expired = [o for o in state.overrides if not o.is_active(now)]
-    if expired:
-        state = _mark_released(
-            replace(state, overrides=tuple(o for o in state.overrides if o.is_active(now))),
-            expired,
-        )
-        for o in expired:
-            p = p.note(f"override expired: {o.describe()}")
-    pin = pinned_policy(state, now)
+    """Step 2: apply the active step overrides to their slots; release ended ones."""
+    pin = pinned_policy(ctx.overrides, ctx.now_s)
     if pin is not None:
-        p = p.note(f"operator pinned policy {pin!r} (applied by the daemon)")
+        p = p.note(f"operator pinned policy {pin!r}")
     cands = ctx.candidates
+    step_overrides = [o for o in ctx.overrides if o.kind == "steps"]
     if cands is None:
-        if state.overrides:
+        if step_overrides:
             p = p.note("overrides not applied: the engine's slot candidates are unknown")
         return p, state
     bounds = [b for b, _ in cands]
-    step_overrides = [o for o in state.overrides if o.kind == "steps"]
     winners: dict[int, Override] = {}
     for b in bounds:
         mine = [o for o in step_overrides if o.slot == b] or [
@@ -1181,13 +1155,15 @@ def apply_overrides(
     for o in step_overrides:
         if o.slot is not None and o.slot not in bounds:
             p = p.note(f"override ignored: slot {o.slot} is not an engine slot {bounds}")
-    if not p.frozen and (state.release_all or state.released_slots):
-        released = {b for b in bounds if state.release_all or b in state.released_slots} - set(
-            winners
-        )
-        if released:
-            p = replace(p, release_slots=frozenset(released)).note(
-                f"override ended: slots {sorted(released)} return to the policy's table"
+    ended = {b for b in state.override_slots if b in bounds} - set(winners)
+    if p.frozen:
+        # Held slots stay as they are; an ended override releases once telemetry is back.
+        state = replace(state, override_slots=tuple(sorted(set(winners) | ended)))
+    else:
+        state = replace(state, override_slots=tuple(sorted(winners)))
+        if ended:
+            p = replace(p, release_slots=frozenset(ended)).note(
+                f"override ended: slots {sorted(ended)} return to the policy's table"
             )
     if not winners:
         return p, state
@@ -1557,8 +1533,17 @@ class GuardedPolicy(Generic[S]):
         return state
 
     def decide(
-        self, observation: Observation, state: GuardedState[S], budget: Budget
+        self,
+        observation: Observation,
+        state: GuardedState[S],
+        budget: Budget,
+        overrides: Sequence[Override] = (),
     ) -> tuple[Decision, GuardedState[S]]:
+        """One guarded decision; ``overrides`` are the operator's (inactive ones ignored).
+
+        The returned state assumes a published table reaches the engine; when it does
+        not, :func:`on_publish_result` takes the change back.
+        """
         inner_decision, inner_state = self._inner.decide(observation, state.inner, budget)
         cands = engine_layout(observation.slot_candidates) or state.last_candidates
         st: GuardedState[Any] = replace(state, inner=inner_state, last_candidates=cands)
@@ -1572,7 +1557,8 @@ class GuardedPolicy(Generic[S]):
                 layout_note = f"engine slots changed from {list(bounds)} to {[b for b, _ in cands]}"
         # Stored at commit unless frozen: a table made from unknown telemetry is dropped.
         wanted = _wanted(inner_decision, st.wanted, cands)
-        ctx = GuardContext(observation, budget, inner_decision, cands, current, wanted)
+        active = active_overrides(overrides, observation.time_s)
+        ctx = GuardContext(observation, budget, inner_decision, cands, current, wanted, active)
         p = Proposal(steps=current)
         if layout_note:
             p = p.note(layout_note)
@@ -1586,6 +1572,30 @@ class GuardedPolicy(Generic[S]):
             p, st = step(ctx, p, st, self._config)
         decision, st = _commit(ctx, p, st, self._config, self._inner.name)
         return decision, st
+
+
+def on_publish_result(before: GuardedState[S], after: GuardedState[S], ok: bool) -> GuardedState[S]:
+    """The guard learns whether the table of the decision that took ``before`` to
+    ``after`` reached the engine.
+
+    On success ``after`` stands. On failure the change never happened for the engine:
+    the table in force, when it took effect, the slots' change history (dwell, flap
+    penalty), the rate-limit window and the rollback trial go back to ``before``, so the
+    next decision retries the same change at once with nothing charged for it. What the
+    decision learned (inner policy state, telemetry samples, the policy's wanted table)
+    is kept, and the version counter never goes back (a version is never reused).
+    """
+    if ok or after.table is before.table:
+        return after
+    return replace(
+        after,
+        table=before.table,
+        table_since_s=before.table_since_s,
+        slots=before.slots,
+        change_times_s=before.change_times_s,
+        trial=before.trial,
+        blocks=before.blocks,
+    )
 
 
 def _wanted(decision: Decision, previous: Wanted | None, cands: Candidates | None) -> Wanted | None:
@@ -1675,8 +1685,6 @@ def _commit(
         headline = "no table published yet"
     if not p.frozen:
         state = replace(state, wanted=ctx.wanted)
-        if ctx.candidates is not None:
-            state = replace(state, released_slots=(), release_all=False)
     if ctx.inner_decision.message:
         notes.append(
             f"policy {inner_name}: {ctx.inner_decision.reason.value}: {ctx.inner_decision.message}"

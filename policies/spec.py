@@ -5,19 +5,22 @@ Grammar (whitespace around items is ignored)::
     spec   := kind | kind ":" item ("," item)*
     item   := key "=" value
     static:K[,key=value...]        the bare first item is the step count
-    batch-table:N=K,N=K,...[,ttl_s=S]
+    batch-table:N=K,N=K,...
                                    batch size N (ascending, the first 1) -> steps K
 
 Kinds and their keys:
 
-* ``none`` — no speculation (``ttl_s``);
-* ``static:K`` — K steps everywhere (``steps`` = the bare K, ``ttl_s``);
+* ``none`` — no speculation (no keys);
+* ``static:K`` — K steps everywhere (``steps`` = the bare K);
 * ``sglang-ema`` — SGLang's built-in controller, in-engine only: no daemon policy, no keys;
-* ``batch-table:1=5,8=3,32=1,64=0`` — a fixed schedule (``ttl_s``);
+* ``batch-table:1=5,8=3,32=1,64=0`` — a fixed schedule (no other keys);
 * ``goodput[:...]`` — the model-based policy; keys are the fields of
   :class:`~specgov.policies.goodput.GoodputConfig` (e.g. ``slo_tpot_ms=40,explore=0.05``);
 * ``bandit[:...]`` — keys are the fields of :class:`~specgov.policies.bandit.BanditConfig`
   (e.g. ``algo=thompson,seed=1,window_s=60``).
+
+No kind takes ``ttl_s``: every published table is stamped by the guardrails, whose
+``table_ttl_s`` (config ``guardrails.table_ttl_s``) is the one TTL knob.
 
 Values are typed by their key: ints (``3``), numbers (``40``, ``0.05``, ``1e-3``; finite),
 booleans (``true``/``false``), words (``thompson``), and ``none`` for optional keys.
@@ -42,7 +45,6 @@ from typing import TYPE_CHECKING, Any, Final
 from specgov.policies.bandit import BanditConfig, BanditPolicy
 from specgov.policies.daemon import DaemonPolicy
 from specgov.policies.simple import (
-    DEFAULT_TTL_S,
     BatchTablePolicy,
     NonePolicy,
     StaticPolicy,
@@ -86,13 +88,15 @@ class _KeyType:
         return text + (" or none" if self.optional else "")
 
 
-_TTL: Final = {"ttl_s": _KeyType(float)}
 _FIXED_SCHEMAS: Final[dict[str, dict[str, _KeyType]]] = {
-    "none": dict(_TTL),
-    "static": {"steps": _KeyType(int), **_TTL},
+    "none": {},
+    "static": {"steps": _KeyType(int)},
     "sglang-ema": {},
-    "batch-table": dict(_TTL),
+    "batch-table": {},
 }
+# Config fields that are not spec keys: the guardrails stamp every published table with
+# their own TTL (guardrails.table_ttl_s), so a policy's would have no effect.
+_NOT_SPEC_KEYS: Final = frozenset({"ttl_s"})
 
 
 def _config_schema(cls: type) -> dict[str, _KeyType]:
@@ -100,7 +104,7 @@ def _config_schema(cls: type) -> dict[str, _KeyType]:
     hints = typing.get_type_hints(cls)
     out: dict[str, _KeyType] = {}
     for f in dataclasses.fields(cls):
-        if not f.init or f.name.startswith("_"):
+        if not f.init or f.name.startswith("_") or f.name in _NOT_SPEC_KEYS:
             continue
         hint = hints[f.name]
         optional = False
@@ -382,19 +386,17 @@ def parse_policy_spec(text: str) -> PolicySpec:
 def _build(
     kind: str, params: Mapping[str, ParamValue], *, prior: StepCostPrior | None
 ) -> DaemonPolicy[Any] | None:
-    ttl = params.get("ttl_s", DEFAULT_TTL_S)
-    ttl_s = float(ttl) if isinstance(ttl, int | float) else DEFAULT_TTL_S
     if kind == "sglang-ema":
         return None
     if kind == "none":
-        return NonePolicy(ttl_s=ttl_s)
+        return NonePolicy()
     if kind == "static":
         steps = params["steps"]
         assert isinstance(steps, int)  # _check_semantics ran first
-        return StaticPolicy(steps, ttl_s=ttl_s)
+        return StaticPolicy(steps)
     if kind == "batch-table":
         schedule = [(int(k), v) for k, v in params.items() if k.isdigit()]
-        return BatchTablePolicy(sorted(schedule), ttl_s=ttl_s)  # type: ignore[arg-type]
+        return BatchTablePolicy(sorted(schedule))  # type: ignore[arg-type]
     if kind == "bandit":
         return BanditPolicy(BanditConfig(**params))  # type: ignore[arg-type]
     goodput = _goodput_module()

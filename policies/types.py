@@ -638,6 +638,73 @@ class ReasonCode(StrEnum):
     STATIC_POLICY = "static_policy"
 
 
+RESTART_SOURCES: Final = ("policy", "replay")
+
+
+@dataclass(frozen=True, slots=True)
+class RestartRecommendation:
+    """Restart the server with ``shape``: something a step table cannot do.
+
+    ``source`` says who concluded it: ``policy`` (a live policy from its estimators, e.g.
+    goodput when no table beats the server without the drafter) or ``replay`` (the
+    restart loop replaying the recent workload over candidate shapes). ``predicted_gain``
+    is relative (0.1 = +10 % goodput) against what runs now; ``evidence`` holds the
+    numbers behind it by name. Launch flags are derived from ``shape`` in one place
+    (``adapters.launch_config``), never stored here in a second form.
+    """
+
+    shape: SpecShape
+    source: str
+    summary: str
+    predicted_gain: float | None
+    evidence: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        _check_type("RestartRecommendation.shape", self.shape, SpecShape, "expected a SpecShape")
+        if self.source not in RESTART_SOURCES:
+            raise _fail("RestartRecommendation.source", f"one of {RESTART_SOURCES}", self.source)
+        if not isinstance(self.summary, str) or not self.summary.strip():
+            raise _fail("RestartRecommendation.summary", "expected a non-empty str", self.summary)
+        if self.predicted_gain is not None:
+            _check_real("RestartRecommendation.predicted_gain", self.predicted_gain)
+        if not isinstance(self.evidence, tuple):
+            raise _fail(
+                "RestartRecommendation.evidence", "a tuple of (name, number)", self.evidence
+            )
+        for i, item in enumerate(self.evidence):
+            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)):
+                raise _fail(f"RestartRecommendation.evidence[{i}]", "a (name, number) pair", item)
+            _check_real(f"RestartRecommendation.evidence[{i}]", item[1])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "shape": self.shape.to_dict(),
+            "source": self.source,
+            "summary": self.summary,
+            "predicted_gain": self.predicted_gain,
+            "evidence": dict(self.evidence),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RestartRecommendation:
+        w = "RestartRecommendation.from_dict"
+        if not isinstance(data, Mapping):
+            raise _fail(w, "expected an object", data)
+        missing = [k for k in ("shape", "source", "summary", "predicted_gain") if k not in data]
+        if missing:
+            raise _fail(w, f"keys {missing}", sorted(data))
+        evidence = data.get("evidence", {})
+        if not isinstance(evidence, Mapping):
+            raise _fail(f"{w}: key 'evidence'", "an object of name -> number", evidence)
+        return cls(
+            shape=SpecShape.from_dict(data["shape"]),
+            source=data["source"],
+            summary=data["summary"],
+            predicted_gain=data["predicted_gain"],
+            evidence=tuple((str(k), v) for k, v in evidence.items()),
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """A policy's answer: a new table and/or a restart recommendation, explained."""
@@ -647,7 +714,7 @@ class Decision:
     message: str
     expected_gain: float | None
     limited_by: tuple[str, ...] = ()
-    restart_recommendation: SpecShape | None = None
+    restart_recommendation: RestartRecommendation | None = None
 
     def __post_init__(self) -> None:
         if self.table is not None and not isinstance(self.table, StepTable):
@@ -662,10 +729,10 @@ class Decision:
         ):
             raise _fail("Decision.limited_by", "expected a tuple of non-empty str", self.limited_by)
         if self.restart_recommendation is not None and not isinstance(
-            self.restart_recommendation, SpecShape
+            self.restart_recommendation, RestartRecommendation
         ):
             raise _fail(
                 "Decision.restart_recommendation",
-                "expected None or a SpecShape",
+                "expected None or a RestartRecommendation",
                 self.restart_recommendation,
             )

@@ -1,14 +1,16 @@
 """Closed-loop replay: the daemon's control loop in virtual time.
 
 Every ``interval_s`` simulated seconds the loop does what ``specgov run`` does
-against a live SGLang server:
+against a live SGLang server, through the same control core
+(:mod:`specgov.policies.control_core`, :func:`control_step`):
 
 1. scrape: render the simulated server's ``/metrics`` (SGLang's names and update
    moments, :mod:`specgov.simulator.sim_metrics`) and parse it with the daemon's own
    telemetry code into an :class:`Observation` (windowed counters, histogram
-   quantiles, aged gauges), adding the per-tier statistics the in-engine
+   quantiles, aged gauges); the core adds the per-tier statistics the in-engine
    ``TablePolicy`` flushed (about once a second) since the last decision;
-2. decide: run the (guarded) daemon policy, timing its CPU cost;
+2. decide: the core runs the guarded policy (CPU time measured) with the operator's
+   overrides and pins, exactly as in the daemon;
 3. publish: the new table reaches the in-engine ``TablePolicy`` after
    ``publish_delay_s`` and is picked up at its next poll (every
    ``poll_every_batches`` decode batches), as through the spool directory.
@@ -25,13 +27,19 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from specgov.policies.daemon import DaemonPolicy
+from specgov.policies.control_core import (
+    AuditRecord,
+    ControlCore,
+    ControlInputs,
+    CoreState,
+    Publish,
+    control_step,
+)
+from specgov.policies.guardrails import GuardedPolicy, Override
 from specgov.policies.types import (
-    Budget,
-    Decision,
     Observation,
+    RestartRecommendation,
     StepTable,
-    TierStat,
     TierStatsSnapshot,
 )
 
@@ -70,11 +78,13 @@ class DecisionRecord:
     changed: bool
     decide_ms: float
     table: dict[str, Any] | None
+    published: bool = False
 
 
 @dataclass
 class ClosedLoopLog:
     decisions: list[DecisionRecord] = field(default_factory=list)
+    restart_recommendations: list[tuple[float, RestartRecommendation]] = field(default_factory=list)
 
     @property
     def table_changes(self) -> int:
@@ -87,82 +97,53 @@ class ClosedLoopLog:
         return sum(d.decide_ms for d in self.decisions) / len(self.decisions)
 
 
-def merge_tier_snapshots(snapshots: Sequence[TierStatsSnapshot]) -> TierStatsSnapshot | None:
-    """Sum several consecutive windows into one (what the daemon reads per decision)."""
-    if not snapshots:
-        return None
-    acc: dict[tuple[int, int], list[Any]] = {}
-    for snap in snapshots:
-        for t in snap.tiers:
-            cur = acc.get((t.slot, t.steps))
-            if cur is None:
-                acc[(t.slot, t.steps)] = [
-                    t.verify_calls,
-                    t.requests,
-                    list(t.accepted_hist),
-                    t.step_time_sum_s,
-                    t.step_time_count,
-                    t.batch_size_sum,
-                ]
-            else:
-                cur[0] += t.verify_calls
-                cur[1] += t.requests
-                cur[2] = [a + b for a, b in zip(cur[2], t.accepted_hist, strict=True)]
-                cur[3] += t.step_time_sum_s
-                cur[4] += t.step_time_count
-                cur[5] += t.batch_size_sum
-    tiers = tuple(
-        TierStat(
-            slot=slot,
-            steps=steps,
-            verify_calls=v[0],
-            requests=v[1],
-            accepted_hist=tuple(v[2]),
-            step_time_sum_s=v[3],
-            step_time_count=v[4],
-            batch_size_sum=v[5],
-        )
-        for (slot, steps), v in sorted(acc.items())
-    )
-    return TierStatsSnapshot(
-        window_start_s=snapshots[0].window_start_s,
-        window_end_s=snapshots[-1].window_end_s,
-        tiers=tiers,
-    )
-
-
-ObserveFn = Callable[[float, TierStatsSnapshot | None, StepTable | None], Observation]
+ObserveFn = Callable[[float], Observation | None]
+# Tests script publish failures: (virtual time, table) -> whether the write succeeds.
+PublishHook = Callable[[float, StepTable], bool]
 
 
 class ClosedLoop:
-    """The daemon loop wired to one simulated engine (see the module docstring).
+    """The daemon's control core wired to one simulated engine (module docstring).
 
-    ``observe(now_s, tier_stats, table_in_force)`` builds the Observation the
-    policy sees; ``replay`` wires it to the daemon's telemetry parser over the
-    simulated /metrics.
+    Only what is specific to virtual time lives here: the publish delay, the plugin's
+    poll and statistics cadence. Every decision is :func:`control_step` of the same
+    :class:`ControlCore` the daemon runs. ``observe(now_s)`` returns the scrape (None for
+    a telemetry gap); ``replay`` wires it to the daemon's parser over the simulated
+    /metrics.
     """
 
     def __init__(
         self,
         *,
-        policy: DaemonPolicy[Any],
-        budget: Budget,
+        core: ControlCore,
+        policy_spec: str,
         observe: ObserveFn,
         clock: Callable[[], float],
         config: ControlLoopConfig | None = None,
         cpu_clock: Callable[[], float] = time.perf_counter,
+        overrides: Callable[[float], Sequence[Override]] | None = None,
+        blocked: Callable[[float], str | None] | None = None,
+        publish_hook: PublishHook | None = None,
     ) -> None:
-        self.policy = policy
-        self.budget = budget
+        self.core = core
         self.config = config or ControlLoopConfig()
         self._observe = observe
         self._clock = clock  # the engine's virtual time
         self._cpu_clock = cpu_clock
-        self.state: Any = policy.initial_state()
+        self._overrides = overrides
+        self._blocked = blocked
+        self._publish_hook = publish_hook
+        self.state: CoreState = core.initial_state(policy_spec)
         self.log = ClosedLoopLog()
+        self.records: list[AuditRecord] = []
+        self._last_obs: Observation | None = None
         self._published: StepTable | None = None  # visible to the plugin
         self._pending: tuple[float, StepTable] | None = None  # written, not yet visible
         self._stats: list[TierStatsSnapshot] = []
+
+    @property
+    def policy(self) -> GuardedPolicy[Any]:
+        return self.core.policy(self.state.policy_spec)
 
     # The in-engine TablePolicy's collaborators -------------------------------
 
@@ -176,32 +157,48 @@ class ClosedLoop:
     def stats_sink(self, snapshot: TierStatsSnapshot) -> None:
         self._stats.append(snapshot)
 
+    # The effects, in virtual time ------------------------------------------------
+
+    def publish(self, publish: Publish) -> bool:
+        now = self._clock()
+        if self._publish_hook is not None and not self._publish_hook(now, publish.table):
+            return False
+        self._pending = (now + self.config.publish_delay_s, publish.table)
+        return True
+
+    def record(self, record: AuditRecord) -> None:
+        self.records.append(record)
+        self.log.decisions.append(
+            DecisionRecord(
+                time_s=record.time_s,
+                reason=record.reason,
+                message=record.message,
+                changed=record.changed,
+                decide_ms=record.decide_ms or 0.0,
+                table=None if record.table_after is None else record.table_after.to_dict(),
+                published=record.published,
+            )
+        )
+
+    def recommend(self, recommendation: RestartRecommendation, record: AuditRecord) -> None:
+        self.log.restart_recommendations.append((record.time_s, recommendation))
+
     # The daemon tick -----------------------------------------------------------
 
     def on_tick(self, now_s: float) -> None:
-        stats = merge_tier_snapshots(self._stats)
+        stats = tuple(self._stats)
         self._stats = []
-        in_force = self._pending[1] if self._pending is not None else self._published
-        observation = self._observe(now_s, stats, in_force)
-        started = self._cpu_clock()
-        decision, self.state = self.policy.decide(observation, self.state, self.budget)
-        decide_ms = (self._cpu_clock() - started) * 1e3
-        changed = False
-        if decision.table is not None:
-            changed = in_force is None or decision.table.slots != in_force.slots
-            self._pending = (now_s + self.config.publish_delay_s, decision.table)
-        self.log.decisions.append(_record(now_s, decision, changed, decide_ms))
-
-
-def _record(now_s: float, decision: Decision, changed: bool, decide_ms: float) -> DecisionRecord:
-    return DecisionRecord(
-        time_s=now_s,
-        reason=str(decision.reason),
-        message=decision.message,
-        changed=changed,
-        decide_ms=decide_ms,
-        table=decision.table.to_dict() if decision.table is not None else None,
-    )
+        observation = self._observe(now_s)
+        if observation is not None:
+            self._last_obs = observation
+        inputs = ControlInputs(
+            now_s=now_s,
+            observation=self._last_obs,
+            tier_stats=stats,
+            overrides=tuple(self._overrides(now_s)) if self._overrides is not None else (),
+            blocked=self._blocked(now_s) if self._blocked is not None else None,
+        )
+        _, self.state = control_step(self.core, self.state, inputs, self, self._cpu_clock)
 
 
 SlotCandidates = tuple[tuple[int, tuple[int, ...]], ...]

@@ -17,20 +17,20 @@ from typing import Any
 
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.prometheus_text import parse_metrics
+from specgov.policies.control_core import ControlCore, policy_builder
 from specgov.policies.ema import EmaPolicy
 from specgov.policies.estimators.step_cost import StepCostPrior
 from specgov.policies.fixed import FixedStepPolicy
-from specgov.policies.guardrails import GuardedPolicy, GuardrailConfig
+from specgov.policies.guardrails import GuardrailConfig
 from specgov.policies.protocol import AdaptiveSpecPolicy
 from specgov.policies.spec import (
     PolicySpec,
-    build_daemon_policy,
     format_policy_spec,
     parse_policy_spec,
 )
 from specgov.policies.spec import PolicySpecError as DaemonSpecError
 from specgov.policies.table import TablePolicy
-from specgov.policies.types import Budget, Observation, StepTable, TierStatsSnapshot
+from specgov.policies.types import Budget, Observation
 from specgov.simulator.acceptance import AcceptanceModel
 from specgov.simulator.catalog import Catalog, DrafterSpec, GpuSpec, ModelSpec
 from specgov.simulator.closed_loop import ClosedLoop, ControlLoopConfig, slot_candidates_of
@@ -412,38 +412,37 @@ def _closed_loop(
     loop_config: ControlLoopConfig | None,
     guardrails: GuardrailConfig | None,
 ) -> ClosedLoop:
-    """The daemon side: policy behind guardrails, observing the simulated /metrics."""
-    inner = build_daemon_policy(spec, prior=prior)
-    if inner is None:  # pragma: no cover - sglang-ema is handled as in-engine
-        raise PolicySpecError(f"policy {spec.kind!r} has no daemon side")
-    guarded = GuardedPolicy(inner, guardrails or GuardrailConfig())
+    """The daemon side: the daemon's control core, observing the simulated /metrics."""
+    core = ControlCore(
+        policy_builder(prior=prior, guardrails=guardrails),
+        Budget(
+            vram_gib=None,
+            slo_tpot_ms=slo.tpot_ms,
+            slo_itl_p99_ms=None,
+            slo_ttft_p99_ms=slo.ttft_ms,
+            allowed_steps=None,
+        ),
+        "plugin",
+    )
     builder = ObservationBuilder(adaptive_config=specgov_adaptive_config())
     slots = slot_candidates_of(SPECGOV_SLOT_CANDIDATES)
 
-    def observe(
-        now_s: float, tier_stats: TierStatsSnapshot | None, table: StepTable | None
-    ) -> Observation:
+    def observe(now_s: float) -> Observation:
         snapshot = parse_metrics(metrics.render().decode(), source="simulated /metrics")
         obs = builder.feed(now_s, snapshot)
-        # What the daemon knows from /server_info and its own spool: the KV pool,
-        # the captured slots, the table it published, the plugin's tier statistics.
+        # What the daemon knows from /server_info: the KV pool and the captured slots.
         return replace(
             obs,
             kv_capacity_tokens=obs.kv_capacity_tokens or kv_capacity,
             slot_candidates=obs.slot_candidates or slots,
-            tier_stats=tier_stats,
-            table=table,
         )
 
-    budget = Budget(
-        vram_gib=None,
-        slo_tpot_ms=slo.tpot_ms,
-        slo_itl_p99_ms=None,
-        slo_ttft_p99_ms=slo.ttft_ms,
-        allowed_steps=None,
-    )
     return ClosedLoop(
-        policy=guarded, budget=budget, observe=observe, clock=clock, config=loop_config
+        core=core,
+        policy_spec=format_policy_spec(spec),
+        observe=observe,
+        clock=clock,
+        config=loop_config,
     )
 
 

@@ -506,8 +506,14 @@ def test_recommends_a_restart_without_the_drafter_when_no_table_beats_it() -> No
     recs = [i for i, d in enumerate(result.decisions) if d.restart_recommendation is not None]
     assert recs, "no restart recommendation"
     first = result.decisions[recs[0]]
-    assert first.restart_recommendation == SpecShape("NONE", 0, 0, 0, ())
+    rec = first.restart_recommendation
+    assert rec is not None and rec.shape == SpecShape("NONE", 0, 0, 0, ())
+    assert rec.source == "policy" and "no speculation" in rec.summary
     assert "restart recommended without speculation" in first.message
+    # The structured gain is the one the message states.
+    assert rec.predicted_gain is not None
+    assert rec.predicted_gain == pytest.approx(true_gain - 1.0, rel=0.3)
+    assert dict(rec.evidence)["held_s"] >= pol.config.restart_after_s
     # Sustained: not before restart_after_s, and every decision after the first says so.
     assert recs[0] * world.window_s >= pol.config.restart_after_s
     assert recs == list(range(recs[0], len(result.decisions)))

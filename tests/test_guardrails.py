@@ -28,15 +28,16 @@ from specgov.policies.guardrails import (
     active_overrides,
     clamp_step,
     clamp_to_candidates_and_budget,
-    clear_overrides,
     effective_dwell_s,
     evaluate_trial,
     freeze_on_unknown_telemetry,
     min_dwell,
+    on_publish_result,
     pinned_policy,
     rate_limit,
-    set_override,
     tolerance_band,
+    with_override,
+    without_overrides,
 )
 from specgov.policies.types import (
     Budget,
@@ -44,6 +45,7 @@ from specgov.policies.types import (
     LatencyQuantiles,
     Observation,
     ReasonCode,
+    RestartRecommendation,
     SpecShape,
     StepTable,
     TierStatsSnapshot,
@@ -92,7 +94,7 @@ class Scripted:
         cyclic: bool = False,
         reason: ReasonCode = H.CHANGED_PREDICTED_GAIN,
         limited_by: tuple[str, ...] = (),
-        restart: SpecShape | None = None,
+        restart: RestartRecommendation | None = None,
         name: str = "scripted",
     ) -> None:
         self._script = list(script)
@@ -179,13 +181,14 @@ def drive(
     state: GuardedState[Any] | None = None,
     budget: Budget = OPEN,
     between: Callable[[float, GuardedState[Any]], GuardedState[Any]] | None = None,
+    overrides: Sequence[Override] = (),
 ) -> Run:
     st = policy.initial_state() if state is None else state
     out: Run = []
     for t in times:
         if between is not None:
             st = between(t, st)
-        decision, st = policy.decide(make(t), st, budget)
+        decision, st = policy.decide(make(t), st, budget, overrides=overrides)
         out.append((t, decision, st))
     return out
 
@@ -589,7 +592,9 @@ def test_proposal_equal_to_the_table_after_clamping_is_no_change() -> None:
 
 
 def test_inner_limited_by_and_restart_recommendation_pass_through() -> None:
-    shape = SpecShape("EAGLE3", 3, 1, 4, (0, 1, 3))
+    shape = RestartRecommendation(
+        SpecShape("EAGLE3", 3, 1, 4, (0, 1, 3)), "policy", "restart with 3 steps", 0.12
+    )
     inner = Scripted(
         [(((1, 9), (8, 3), (32, 1), (64, 0)), 0.1)], limited_by=("limited_by_slo",), restart=shape
     )
@@ -620,9 +625,11 @@ def ov(**kwargs: Any) -> Override:
 def test_override_applies_at_once_clamped_and_expires() -> None:
     policy = GuardedPolicy(const(A))
     start = drive(policy, [0.0])[-1][2]
-    st = set_override(start, ov(slot=8, steps=0, expires_at_s=40.0))
-    st = set_override(st, ov(slot=1, disable_speculation=True, expires_at_s=40.0))
-    run = drive(policy, every(5.0, 50.0), state=st)
+    ovs = (
+        ov(slot=8, steps=0, expires_at_s=40.0),
+        ov(slot=1, disable_speculation=True, expires_at_s=40.0),
+    )
+    run = drive(policy, every(5.0, 50.0), state=start, overrides=ovs)
     d5 = run[0][1]
     assert d5.reason == H.OVERRIDE_ACTIVE and d5.table is not None
     # Slot 1 cannot run without speculation (its candidates are 1, 3, 5, 7): clamped.
@@ -630,19 +637,19 @@ def test_override_applies_at_once_clamped_and_expires() -> None:
     assert {"override_active", "limited_by_candidates"} <= set(d5.limited_by)
     assert "operator test" in d5.message
     d40 = next(d for t, d, _ in run if t == 40.0)
-    assert "override expired" in d40.message and d40.table is not None
+    assert "override ended" in d40.message and d40.table is not None
     assert d40.table.slots == A and d40.reason == H.CHANGED_PREDICTED_GAIN
-    assert active_overrides(run[-1][2], 50.0) == () and run[-1][2].overrides == ()
+    assert active_overrides(ovs, 50.0) == () and run[-1][2].override_slots == ()
 
 
 def test_slot_override_beats_all_slots_override_and_set_replaces() -> None:
     policy = GuardedPolicy(const(A))
     st = drive(policy, [0.0])[-1][2]
-    st = set_override(st, ov(disable_speculation=True, created_at_s=1.0))
-    st = set_override(st, ov(slot=8, steps=3, created_at_s=0.5))
-    st = set_override(st, ov(slot=8, steps=1, created_at_s=0.7))  # replaces slot 8 steps=3
-    assert len(st.overrides) == 2
-    decision = drive(policy, [5.0], state=st)[0][1]
+    ovs = with_override((), ov(disable_speculation=True, created_at_s=1.0))
+    ovs = with_override(ovs, ov(slot=8, steps=3, created_at_s=0.5))
+    ovs = with_override(ovs, ov(slot=8, steps=1, created_at_s=0.7))  # replaces slot 8 steps=3
+    assert len(ovs) == 2
+    decision = drive(policy, [5.0], state=st, overrides=ovs)[0][1]
     assert decision.table is not None
     assert decision.table.slots == ((1, 1), (8, 1), (32, 0), (64, 0))
 
@@ -651,13 +658,13 @@ def test_clear_overrides_returns_slots_to_the_policy_directly() -> None:
     # Dwell would hold slot 8 for 30 s after the override moved it; the return bypasses it.
     policy = GuardedPolicy(const(A))
     st = drive(policy, every(0.0, 60.0))[-1][2]
-    st = set_override(st, ov(slot=8, steps=0, expires_at_s=1000.0))
-    st = drive(policy, [65.0], state=st)[-1][2]
+    ovs = (ov(slot=8, steps=0, expires_at_s=1000.0),)
+    st = drive(policy, [65.0], state=st, overrides=ovs)[-1][2]
     assert st.table is not None and dict(st.table.slots)[8] == 0
-    st = clear_overrides(st, slot=32)  # nothing for slot 32: unchanged
-    assert len(st.overrides) == 1
-    st = clear_overrides(st)
-    decision, st = policy.decide(obs(70.0), st, OPEN)
+    assert st.override_slots == (8,)
+    assert without_overrides(ovs, slot=32) == ovs  # nothing for slot 32: unchanged
+    ovs = without_overrides(ovs)
+    decision, st = policy.decide(obs(70.0), st, OPEN, overrides=ovs)
     assert decision.table is not None and decision.table.slots == A
     assert "return to the policy" in decision.message
 
@@ -665,36 +672,62 @@ def test_clear_overrides_returns_slots_to_the_policy_directly() -> None:
 def test_override_applies_under_unknown_telemetry_and_pin_is_recorded() -> None:
     policy = GuardedPolicy(const(A))
     st = drive(policy, [0.0])[-1][2]
-    st = set_override(st, ov(slot=32, steps=0))
-    st = set_override(st, ov(pin_policy="static:1"))
-    decision, st = policy.decide(obs(5.0, tokens=None, cands=None), st, OPEN)
+    ovs = (ov(slot=32, steps=0), ov(pin_policy="static:1"))
+    decision, st = policy.decide(obs(5.0, tokens=None, cands=None), st, OPEN, overrides=ovs)
     # Candidates unknown now but seen before: the override is applied, clamped.
     assert decision.reason == H.OVERRIDE_ACTIVE and decision.table is not None
     assert dict(decision.table.slots)[32] == 0 and "held_unknown_telemetry" in decision.limited_by
-    assert "static:1" in decision.message and pinned_policy(st, 5.0) == "static:1"
-    assert pinned_policy(st, 200.0) is None
+    assert "static:1" in decision.message and pinned_policy(ovs, 5.0) == "static:1"
+    assert pinned_policy(ovs, 200.0) is None
 
 
 def test_override_ending_while_frozen_waits_for_fresh_telemetry() -> None:
     policy = GuardedPolicy(const(A))
-    st = set_override(drive(policy, [0.0])[-1][2], ov(slot=8, steps=0, expires_at_s=20.0))
+    st = drive(policy, [0.0])[-1][2]
     run = drive(
-        policy, every(5.0, 40.0), lambda t: obs(t, staleness_s=99.0 if t < 35 else 0.5), state=st
+        policy,
+        every(5.0, 40.0),
+        lambda t: obs(t, staleness_s=99.0 if t < 35 else 0.5),
+        state=st,
+        overrides=(ov(slot=8, steps=0, expires_at_s=20.0),),
     )
     by_t = {t: (d, s) for t, d, s in run}
     assert by_t[5.0][0].reason == H.OVERRIDE_ACTIVE and dict(by_t[5.0][1].table.slots)[8] == 0
     # Expired at 20 while frozen: the table stays as it is ...
-    assert "override expired" in by_t[20.0][0].message
     assert all(dict(by_t[t][1].table.slots)[8] == 0 for t in (20.0, 25.0, 30.0))
+    assert by_t[30.0][1].override_slots == (8,)
     # ... and slot 8 returns to the policy as soon as telemetry is fresh again.
     assert by_t[35.0][0].table is not None and by_t[35.0][0].table.slots == A
+    assert "override ended" in by_t[35.0][0].message
 
 
 def test_override_for_an_unknown_slot_is_ignored_and_said() -> None:
     policy = GuardedPolicy(const(A))
-    st = set_override(drive(policy, [0.0])[-1][2], ov(slot=5, steps=0))
-    decision = drive(policy, [5.0], state=st)[0][1]
+    st = drive(policy, [0.0])[-1][2]
+    decision = drive(policy, [5.0], state=st, overrides=(ov(slot=5, steps=0),))[0][1]
     assert "slot 5 is not an engine slot" in decision.message and decision.table is None
+
+
+def test_a_failed_publish_is_retried_at_once_with_nothing_charged() -> None:
+    # Dwell 30 s and one change per window: a change the engine never saw must not use
+    # either, so the retry comes at the very next decision.
+    config = GuardrailConfig(max_changes_per_window=2, rollback_enabled=False)
+    policy = GuardedPolicy(Scripted([(A, None)] * 8 + [(B, 0.2)] * 20), config)
+    run = drive(policy, every(0.0, 35.0))
+    before = run[-1][2]
+    decision, after = policy.decide(obs(40.0), before, OPEN)
+    assert decision.table is not None and decision.table.slots == B
+    failed = on_publish_result(before, after, ok=False)
+    assert failed.table == before.table and failed.change_times_s == before.change_times_s
+    assert failed.slots == before.slots
+    retry, again = policy.decide(obs(45.0), failed, OPEN)
+    assert retry.table is not None and retry.table.slots == B
+    assert retry.table.version > decision.table.version  # a version is never reused
+    ok = on_publish_result(failed, again, ok=True)
+    assert ok.table == retry.table and len(ok.change_times_s) == len(before.change_times_s) + 1
+    # Had it been charged, the second change would now be held by dwell and rate limit.
+    held, _ = policy.decide(obs(50.0), on_publish_result(before, after, ok=True), OPEN)
+    assert held.table is None or held.table.slots == B
 
 
 # ------------------------------------------------------------------- rollback
@@ -827,7 +860,7 @@ def test_state_round_trips_mid_run_and_continues_identically() -> None:
         return obs(t, tokens=3500 if t > 42.0 else 5000)
 
     run = drive(policy, every(0.0, 50.0), make)
-    st = set_override(run[-1][2], ov(slot=64, steps=0, expires_at_s=500.0))
+    st = run[-1][2]
     assert st.trial is not None and st.samples
     restored = policy.state_from_dict(json.loads(json.dumps(st.to_dict())))
     assert restored == st
@@ -843,7 +876,7 @@ def test_state_from_dict_names_bad_keys_and_other_policies() -> None:
     policy = GuardedPolicy(const(A))
     data = drive(policy, [0.0])[-1][2].to_dict()
     with pytest.raises(GuardrailError, match="key 'version'"):
-        policy.state_from_dict({**data, "version": 2})
+        policy.state_from_dict({**data, "version": 3})
     with pytest.raises(GuardrailError, match=r"missing key\(s\) \['trial'\]"):
         policy.state_from_dict({k: v for k, v in data.items() if k != "trial"})
     with pytest.raises(GuardrailError, match="change_times_s"):
@@ -863,23 +896,15 @@ def test_guarded_policy_is_a_daemon_policy_named_like_its_inner() -> None:
         GuardedPolicy(const(A), config={"min_gain": 0.1})  # type: ignore[arg-type]
 
 
-def test_remove_override_drops_only_that_override() -> None:
-    from specgov.policies.guardrails import (
-        GuardedPolicy,
-        Override,
-        active_overrides,
-        remove_override,
-        set_override,
+def test_version_1_state_loads_without_its_copy_of_the_overrides() -> None:
+    policy = GuardedPolicy(const(A))
+    data = drive(policy, [0.0])[-1][2].to_dict()
+    old = {k: v for k, v in data.items() if k != "override_slots"}
+    old.update(
+        version=1, overrides=[ov(slot=8, steps=0).to_dict()], released_slots=[], release_all=False
     )
-    from specgov.policies.simple import NonePolicy
-
-    state = GuardedPolicy(NonePolicy()).initial_state()
-    a = Override(slot=1, steps=0, expires_at_s=100.0, reason="a", created_at_s=0.0)
-    b = Override(slot=8, steps=1, expires_at_s=100.0, reason="b", created_at_s=0.0)
-    state = set_override(set_override(state, a), b)
-    state = remove_override(state, a)
-    assert active_overrides(state, 1.0) == (b,)
-    assert remove_override(state, a) is state
+    st = policy.state_from_dict(old)
+    assert st.override_slots == () and st.table is not None
 
 
 def test_rollback_ignores_a_drop_within_the_measured_noise() -> None:

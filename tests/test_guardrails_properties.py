@@ -9,6 +9,7 @@ policy proposes (any steps, even ones no slot has) with what gain, and operator 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +23,8 @@ from specgov.policies.guardrails import (
     GuardrailConfig,
     Override,
     clamp_step,
-    clear_overrides,
-    set_override,
+    with_override,
+    without_overrides,
 )
 from specgov.policies.types import (
     Budget,
@@ -153,12 +154,14 @@ def observation(s: Scenario, r: Round, t: float) -> Observation:
     )
 
 
-def apply_op(state: GuardedState[Any], op: tuple[str, Any] | None, t: float) -> GuardedState[Any]:
+def apply_op(
+    overrides: tuple[Override, ...], op: tuple[str, Any] | None, t: float
+) -> tuple[Override, ...]:
     if op is None:
-        return state
+        return overrides
     kind, arg = op
     if kind == "clear":
-        return clear_overrides(state, arg)
+        return without_overrides(overrides, arg)
     (slot, steps, disable, pin), ttl = arg
     o = Override(
         slot=slot,
@@ -169,30 +172,33 @@ def apply_op(state: GuardedState[Any], op: tuple[str, Any] | None, t: float) -> 
         reason="property test",
         created_at_s=t,
     )
-    return set_override(state, o)
+    return with_override(overrides, o)
 
 
-def winning_override(state: GuardedState[Any], slot: int, t: float) -> Override | None:
-    live = [o for o in state.overrides if o.kind == "steps" and o.is_active(t)]
+def winning_override(overrides: Sequence[Override], slot: int, t: float) -> Override | None:
+    live = [o for o in overrides if o.kind == "steps" and o.is_active(t)]
     mine = [o for o in live if o.slot == slot] or [o for o in live if o.slot is None]
     return max(mine, key=lambda o: o.created_at_s) if mine else None
 
 
-Trace = list[tuple[float, Observation, GuardedState[Any], Any, GuardedState[Any]]]
+Trace = list[
+    tuple[float, Observation, GuardedState[Any], Any, GuardedState[Any], tuple[Override, ...]]
+]
 
 
 def run(s: Scenario) -> Trace:
     script: list[Step] = [r.proposal for r in s.rounds]
     policy = GuardedPolicy(Scripted(script), s.config)
     state = policy.initial_state()
+    overrides: tuple[Override, ...] = ()
     t = 0.0
     out: Trace = []
     for r in s.rounds:
         t += r.dt_s
-        state = apply_op(state, r.op, t)
+        overrides = apply_op(overrides, r.op, t)
         o = observation(s, r, t)
-        decision, new = policy.decide(o, state, s.budget)
-        out.append((t, o, state, decision, new))
+        decision, new = policy.decide(o, state, s.budget, overrides=overrides)
+        out.append((t, o, state, decision, new, overrides))
         state = new
     return out
 
@@ -222,7 +228,7 @@ def test_every_published_step_is_a_candidate_within_budget_and_overrides_are_cla
     cands = dict(s.layout)
     allowed = s.budget.allowed_steps
     last_version = 0
-    for t, _, before, decision, after in run(s):
+    for t, _, before, decision, after, ovs in run(s):
         # Every decision explains itself.
         assert isinstance(decision.reason, ReasonCode) and decision.message.strip()
         assert all(isinstance(x, str) and x for x in decision.limited_by)
@@ -238,7 +244,7 @@ def test_every_published_step_is_a_candidate_within_budget_and_overrides_are_cla
             playable = [c for c in cands[b] if allowed is None or c in allowed]
             if playable:
                 assert k in playable
-            o = winning_override(before, b, t)
+            o = winning_override(ovs, b, t)
             if o is not None:
                 assert o.target_steps is not None
                 assert k == clamp_step(o.target_steps, cands[b], allowed)[0]
@@ -247,10 +253,10 @@ def test_every_published_step_is_a_candidate_within_budget_and_overrides_are_cla
 @PROPS
 @given(scenarios(operators=True))
 def test_unknown_telemetry_never_changes_the_table(s: Scenario) -> None:
-    for t, o, before, decision, after in run(s):
+    for t, o, before, decision, after, ovs in run(s):
         if not frozen(o, s.config):
             continue
-        if any(ov.kind == "steps" and ov.is_active(t) for ov in before.overrides):
+        if any(ov.kind == "steps" and ov.is_active(t) for ov in ovs):
             continue  # an operator override may act on a frozen table (clamped)
         assert steps_of(after.table) == steps_of(before.table)
         if decision.table is not None:
@@ -267,7 +273,7 @@ def test_rate_limit_and_dwell_hold_in_any_window(s: Scenario) -> None:
     config = s.config
     change_times: list[float] = []
     slot_changed: dict[int, float] = {}
-    for t, _, before, decision, _ in run(s):
+    for t, _, before, decision, _, _ in run(s):
         if decision.table is None:
             continue
         old = steps_of(before.table)
@@ -295,5 +301,5 @@ def test_rate_limit_and_dwell_hold_in_any_window(s: Scenario) -> None:
 @given(scenarios(operators=True))
 def test_state_serialises_at_every_round(s: Scenario) -> None:
     policy = GuardedPolicy(Scripted([r.proposal for r in s.rounds]), s.config)
-    for _, _, _, _, after in run(s):
+    for _, _, _, _, after, _ in run(s):
         assert policy.state_from_dict(json.loads(json.dumps(after.to_dict()))) == after

@@ -31,7 +31,7 @@ HAVE_GOODPUT = importlib.util.find_spec("specgov.policies.goodput") is not None
     [
         ("none", "none", {}, "none"),
         ("static:3", "static", {"steps": 3}, "static:3"),
-        (" static : 3 , ttl_s = 20 ", "static", {"steps": 3, "ttl_s": 20.0}, "static:3,ttl_s=20"),
+        (" static : 3 ", "static", {"steps": 3}, "static:3"),
         ("static:steps=0", "static", {"steps": 0}, "static:0"),
         ("sglang-ema", "sglang-ema", {}, "sglang-ema"),
         (
@@ -41,10 +41,10 @@ HAVE_GOODPUT = importlib.util.find_spec("specgov.policies.goodput") is not None
             "batch-table:1=5,8=3,32=1,64=0",
         ),
         (
-            "batch-table:ttl_s=5,1=2,16=0",
+            "batch-table: 1=2 , 16=0",
             "batch-table",
-            {"1": 2, "16": 0, "ttl_s": 5.0},
-            "batch-table:1=2,16=0,ttl_s=5",
+            {"1": 2, "16": 0},
+            "batch-table:1=2,16=0",
         ),
         ("goodput", "goodput", {}, "goodput"),
         ("bandit", "bandit", {}, "bandit"),
@@ -96,7 +96,7 @@ def test_goodput_keys_come_from_its_config() -> None:
         ("batch-table:1=two", "steps for batch size 1 must be an int >= 0, got 'two'"),
         ("batch-table:1=5,junk", "item 'junk' is not N=K"),
         ("batch-table", "batch-table needs a schedule"),
-        ("batch-table:ttl_s=3", "batch-table needs a schedule"),
+        ("batch-table:1=2,ttl_s=3", "key 'ttl_s' is not a batch size"),
         ("turbo", "unknown policy kind 'turbo'; valid kinds: " + ", ".join(KNOWN_KINDS)),
         ("Static:3", "unknown policy kind 'Static'"),
         ("", "empty policy spec; expected one of none, static"),
@@ -106,8 +106,11 @@ def test_goodput_keys_come_from_its_config() -> None:
         ("static:3,4", "item '4' is not key=value"),
         ("static:3,steps=4", "duplicate key 'steps'"),
         ("static:", "nothing after ':'"),
-        ("none:ttl_s=0", "NonePolicy.ttl_s: expected a finite number > 0"),
-        ("none:ttl=3", "unknown parameter 'ttl' for none; valid keys: ttl_s"),
+        # No kind takes a TTL: the guardrails' table_ttl_s stamps every published table.
+        ("none:ttl_s=5", "unknown parameter 'ttl_s' for none; valid keys: (none"),
+        ("static:3,ttl_s=12", "unknown parameter 'ttl_s' for static; valid keys: steps"),
+        ("goodput:ttl_s=12", "unknown parameter 'ttl_s' for goodput"),
+        ("bandit:ttl_s=12", "unknown parameter 'ttl_s' for bandit"),
         ("sglang-ema:alpha=1", "unknown parameter 'alpha' for sglang-ema; valid keys: (none"),
         ("bandit:algo=exp3", "BanditConfig.algo: expected one of ucb, thompson, thompson-beta"),
         ("bandit:seed=1,seed=2", "duplicate key 'seed'"),
@@ -141,9 +144,9 @@ def test_goodput_errors_name_the_key() -> None:
 def test_builds_the_fixed_policies() -> None:
     none = build_daemon_policy(parse_policy_spec("none"))
     assert isinstance(none, NonePolicy)
-    static = build_daemon_policy(parse_policy_spec("static:3,ttl_s=12"))
+    static = build_daemon_policy(parse_policy_spec("static:3"))
     assert isinstance(static, StaticPolicy)
-    assert (static.steps, static.ttl_s, static.name) == (3, 12.0, "static:3,ttl_s=12")
+    assert (static.steps, static.name) == (3, "static:3")
     table = build_daemon_policy("batch-table:1=5,8=3,32=1,64=0")
     assert isinstance(table, BatchTablePolicy)
     assert table.schedule == ((1, 5), (8, 3), (32, 1), (64, 0))
@@ -218,10 +221,9 @@ _bandit_params = st.fixed_dictionaries(
         "switch_margin": st.floats(min_value=0.0, max_value=1.0),
         "full_weight_calls": st.integers(min_value=1, max_value=10_000),
         "reward": st.sampled_from(["goodput", "per-request"]),
-        "ttl_s": st.floats(min_value=1e-3, max_value=1e5),
     },
 )
-_ttl = st.fixed_dictionaries({}, optional={"ttl_s": st.floats(min_value=1e-3, max_value=1e5)})
+_ttl = st.just({})  # no kind takes a TTL any more
 
 
 @st.composite

@@ -67,6 +67,7 @@ def _decision(i: int, **extra: Any) -> dict[str, Any]:
         "table_before": {"slots": [[1, 3]], "version": i},
         "table_after": {"slots": [[1, 2]], "version": i + 1},
         "published": i % 2 == 0,
+        "restart_recommendation": None,
     }
     data.update(extra)
     return data
@@ -375,7 +376,7 @@ INSERT INTO overrides (id, slot, steps, disable_speculation, pin_policy, created
 
 
 def test_fresh_file_records_every_migration(store: StateStore, db: Path) -> None:
-    assert store.schema_version() == LATEST_SCHEMA_VERSION == 2
+    assert store.schema_version() == LATEST_SCHEMA_VERSION == 3
     assert store.integrity_check() == ["ok"]
     with _raw(db) as raw:
         versions = [r[0] for r in raw.execute("SELECT version FROM schema_version ORDER BY 1")]
@@ -387,20 +388,23 @@ def test_migrates_a_v1_file(db: Path) -> None:
     with _raw(db) as raw:
         raw.executescript(V1_DDL)
     with StateStore(db) as s:
-        assert s.schema_version() == 2
+        assert s.schema_version() == 3
         (old,) = s.decisions()
         assert (old.message, old.published, old.inputs_summary) == (
             "from v1",
             False,
             {"running": 3},
         )
-        assert old.table_after == {"version": 1}
+        assert old.table_after == {"version": 1} and old.restart_recommendation is None
         assert [r.id for r in s.list_overrides(now_s=10.0)] == ["old"]
         s.set_setting("policy_spec", "goodput")  # a table v2 added
         new_id = s.record_decision(**_decision(1))
         assert new_id > old.id
+        rec = {"shape": {"algorithm": "NONE"}, "source": "policy", "summary": "x"}
+        rec_id = s.record_decision(**_decision(2, restart_recommendation=rec))
+        assert s.decisions(limit=1)[0].restart_recommendation == rec and rec_id > new_id
     with StateStore(db) as s:  # reopening does not migrate again
-        assert s.schema_version() == 2
+        assert s.schema_version() == 3
         assert s.get_setting("policy_spec") == "goodput"
 
 
@@ -409,16 +413,16 @@ def test_a_failing_migration_leaves_the_file_at_the_previous_version(
 ) -> None:
     StateStore(db).close()
     broken = Migration(
-        version=3,
+        version=4,
         description="broken",
         steps=("CREATE TABLE extra (x INTEGER)", "ALTER TABLE missing ADD COLUMN y"),
     )
     monkeypatch.setattr(ss, "MIGRATIONS", (*ss.MIGRATIONS, broken))
-    monkeypatch.setattr(ss, "LATEST_SCHEMA_VERSION", 3)
+    monkeypatch.setattr(ss, "LATEST_SCHEMA_VERSION", 4)
     with pytest.raises(sqlite3.OperationalError, match="missing"):
         StateStore(db)
     with _raw(db) as raw:
-        assert raw.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 2
+        assert raw.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 3
         names = {r[0] for r in raw.execute("SELECT name FROM sqlite_master")}
     assert "extra" not in names
 
