@@ -323,7 +323,6 @@ class Budget:
     slo_itl_p99_ms: float | None
     slo_ttft_p99_ms: float | None
     allowed_steps: tuple[int, ...] | None
-    allow_lossy: bool = False
 
     def __post_init__(self) -> None:
         for name in ("vram_gib", "slo_tpot_ms", "slo_itl_p99_ms", "slo_ttft_p99_ms"):
@@ -332,7 +331,6 @@ class Budget:
             _check_steps_tuple("Budget.allowed_steps", self.allowed_steps)
             if not self.allowed_steps:
                 raise _fail("Budget.allowed_steps", "expected None or a non-empty tuple", ())
-        _check_type("Budget.allow_lossy", self.allow_lossy, bool, "expected a bool")
 
 
 # ------------------------------------------------------------------------ TierStats

@@ -216,7 +216,8 @@ def test_budget() -> None:
         slo_ttft_p99_ms=None,
         allowed_steps=(0, 1, 3),
     )
-    assert b.allow_lossy is False
+    # No lossy knob: speculation stays lossless (SGLang's accept thresholds are never set).
+    assert not hasattr(b, "allow_lossy")
     with pytest.raises(PolicyTypeError, match=r"^Budget\.vram_gib: expected a finite number > 0"):
         Budget(0.0, None, None, None, None)
     with pytest.raises(PolicyTypeError, match=r"^Budget\.slo_ttft_p99_ms"):
@@ -225,8 +226,6 @@ def test_budget() -> None:
         Budget(None, None, None, None, (3, 1))
     with pytest.raises(PolicyTypeError, match=r"^Budget\.allowed_steps"):
         Budget(None, None, None, None, ())
-    with pytest.raises(PolicyTypeError, match=r"^Budget\.allow_lossy"):
-        Budget(None, None, None, None, None, allow_lossy=1)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------ TierStats

@@ -68,11 +68,6 @@ from specgov.adapters.launch_config import (
     sglang_num_steps_not_candidate,
     shape_from_flags,
 )
-from specgov.adapters.lossy_guard import (
-    SET_INTERNAL_STATE_METHOD,
-    SET_INTERNAL_STATE_PATH,
-    THRESHOLD_KEYS,
-)
 from specgov.policies.types import SpecShape
 
 from .sglang_loader import load_adaptive_spec_params
@@ -594,29 +589,3 @@ def test_slot_candidates_json_shape_is_sglangs(sglang_src: Path, tmp_path: Path)
     real = asp.AdaptiveStepSlot(initial_steps=3, cfg=slot.to_json())
     for knob, value in slot.knobs:
         assert getattr(real, knob) == value
-
-
-# ------------------------------------------------------------ the lossy knob
-
-
-def test_lossy_request_matches_sglang_endpoint(sglang_src: Path) -> None:
-    http = (sglang_src / SRT / "entrypoints/http_server.py").read_text()
-    assert (
-        f'@app.api_route("{SET_INTERNAL_STATE_PATH}", methods=["{SET_INTERNAL_STATE_METHOD}", '
-        in http
-    )
-    state = (sglang_src / SRT / "managers/scheduler_components/internal_state.py").read_text()
-    tree = ast.parse(state)
-    handlers = next(
-        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_update_handlers"
-    )
-    keys = {
-        k.value
-        for n in ast.walk(handlers)
-        if isinstance(n, ast.Dict)
-        for k in n.keys
-        if isinstance(k, ast.Constant)
-    }
-    assert set(THRESHOLD_KEYS) <= keys
-    io = (sglang_src / SRT / "managers/io_struct.py").read_text()
-    assert "server_args: Dict[str, Union[int, float]]" in io
