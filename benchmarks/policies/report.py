@@ -13,11 +13,23 @@ derived after the fact from the static:1..7 runs:
   oracle-static. Without phases it equals oracle-static.
 
 Ratios ``*_vs_ema`` divide by the sglang-ema row of the same scenario.
+
+The clairvoyant ``oracle`` run (``specgov.simulator.oracle``) is the physical limit:
+``oracle_share`` = (policy - none) / (oracle - none) on goodput (the headline metric),
+``oracle_share_throughput`` the same on throughput (what the oracle maximises per batch).
+Left empty where the oracle gains less than ``MIN_ORACLE_GAIN`` over ``none``: there is
+no gain to share (an unsaturated server serves every arrival whatever the steps).
+
+Wrong priors: a daemon policy run with a step-cost or acceptance prior other than the
+truth is labelled ``policy@variant`` (``goodput@x0.7``, ``goodput@gpu``,
+``goodput@accept0.3``). The targets are computed per variant and, as the headline, for
+the worst prior: per scenario, the worst value over all of the policy's variants.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -33,6 +45,7 @@ import numpy as np
 from matplotlib.colors import TwoSlopeNorm
 
 from benchmarks.policies.scenarios import (
+    CLAIRVOYANT,
     DAEMON_POLICIES,
     EMA,
     POLICY_LABELS,
@@ -45,6 +58,8 @@ from specgov.simulator.plots import write_plots
 ORACLE = "oracle-static"
 PHASE_ORACLE = "oracle-per-phase"
 TARGET_POLICY = "goodput"
+# Below this relative gain of the oracle over none, shares of it are not reported.
+MIN_ORACLE_GAIN = 0.01
 
 CSV_COLUMNS: tuple[str, ...] = (
     "scenario",
@@ -52,6 +67,8 @@ CSV_COLUMNS: tuple[str, ...] = (
     "gpu",
     "profile",
     "policy",
+    "family",
+    "prior",
     "resolved",
     "throughput_tok_s",
     "goodput_tok_s",
@@ -61,10 +78,14 @@ CSV_COLUMNS: tuple[str, ...] = (
     "slo_attainment",
     "throughput_vs_ema",
     "goodput_vs_ema",
+    "oracle_share",
+    "oracle_share_throughput",
     "completed_requests",
     "duration_s",
     "mean_accept_length",
     "mean_decode_batch_size",
+    "kv_token_capacity",
+    "retractions",
     "decisions",
     "table_changes",
     "table_changes_per_min",
@@ -106,6 +127,10 @@ class TargetResult:
     passed: int
     total: int
     values: tuple[tuple[str, float], ...]  # (scenario id, value) over the scope
+    policy: str = TARGET_POLICY  # the policy family the target is about
+    worst_prior: str = ""  # the variant label behind the worst value
+    # (scenario id, variant label whose value is the one in ``values``): the worst prior.
+    priors: tuple[tuple[str, str], ...] = ()
 
 
 # ----------------------------------------------------------------------------------- rows
@@ -133,6 +158,8 @@ def _row(scenario: Scenario, label: str, run: RunResult) -> dict[str, Any]:
         "gpu": scenario.gpu,
         "profile": scenario.profile,
         "policy": label,
+        "family": label.split("@", 1)[0],
+        "prior": s.get("prior", "exact"),
         "resolved": s.get("name", label),
         "throughput_tok_s": s.get("throughput_tok_s"),
         "goodput_tok_s": s.get("goodput_tok_s"),
@@ -146,6 +173,8 @@ def _row(scenario: Scenario, label: str, run: RunResult) -> dict[str, Any]:
         "duration_s": duration,
         "mean_accept_length": s.get("mean_accept_length"),
         "mean_decode_batch_size": s.get("mean_decode_batch_size"),
+        "kv_token_capacity": s.get("kv_token_capacity"),
+        "retractions": s.get("retractions"),
         "decisions": s.get("decisions"),
         "table_changes": changes,
         "table_changes_per_min": (
@@ -181,19 +210,24 @@ def per_phase_oracle(
     return total, choice
 
 
-def build_rows(scenarios: Sequence[Scenario], results: Sequence[RunResult]) -> list[dict[str, Any]]:
-    """Table rows in scenario order, policies in POLICIES order, oracle rows after the statics."""
+def build_rows(
+    scenarios: Sequence[Scenario],
+    results: Sequence[RunResult],
+    labels: Sequence[str] = POLICY_LABELS,
+) -> list[dict[str, Any]]:
+    """Table rows in scenario order, policies in ``labels`` order (others after, by name),
+    the two hindsight rows after the statics."""
     by_scenario: dict[str, dict[str, RunResult]] = {}
     for r in results:
         by_scenario.setdefault(r.scenario_id, {})[r.policy] = r
     rows: list[dict[str, Any]] = []
+    order = {p: i for i, p in enumerate(labels)}
     for sc in scenarios:
         runs = by_scenario.get(sc.id)
         if not runs:
             continue
-        order = {p: i for i, p in enumerate(POLICY_LABELS)}
-        labels = sorted(runs, key=lambda p: (order.get(p, len(order)), p))
-        sc_rows = [_row(sc, label, runs[label]) for label in labels]
+        ordered = sorted(runs, key=lambda p: (order.get(p, len(order)), p))
+        sc_rows = [_row(sc, label, runs[label]) for label in ordered]
         oracle = _oracle_rows(sc, runs)
         if oracle:
             last = max(i for i, r in enumerate(sc_rows) if r["policy"] in STATIC_POLICIES)
@@ -208,10 +242,13 @@ def _oracle_rows(sc: Scenario, runs: Mapping[str, RunResult]) -> list[dict[str, 
         return []
     oracle = _row(sc, ORACLE, runs[best])
     oracle["resolved"] = best
+    oracle["family"] = ORACLE
     oracle["wall_s"] = None
     phase = per_phase_oracle(sc, runs)
     if phase is None:
-        per_phase = dict(oracle, policy=PHASE_ORACLE, resolved=f"{best} (no phases)")
+        per_phase = dict(
+            oracle, policy=PHASE_ORACLE, family=PHASE_ORACLE, resolved=f"{best} (no phases)"
+        )
     else:
         good_tokens, choice = phase
         duration = float(runs[best].summary["duration_s"])
@@ -222,6 +259,8 @@ def _oracle_rows(sc: Scenario, runs: Mapping[str, RunResult]) -> list[dict[str, 
             gpu=sc.gpu,
             profile=sc.profile,
             policy=PHASE_ORACLE,
+            family=PHASE_ORACLE,
+            prior="exact",
             resolved=" ".join(f"{ph}={p}" for ph, p in choice.items()),
             goodput_tok_s=good_tokens / duration if duration > 0 else None,
             duration_s=duration,
@@ -229,12 +268,30 @@ def _oracle_rows(sc: Scenario, runs: Mapping[str, RunResult]) -> list[dict[str, 
     return [oracle, per_phase]
 
 
+def oracle_share(value: Any, none: Any, oracle: Any) -> float | None:
+    """(value - none) / (oracle - none); None without a gain of MIN_ORACLE_GAIN to share."""
+    if value is None or none is None or oracle is None or not none:
+        return None
+    gain = float(oracle) - float(none)
+    if gain < MIN_ORACLE_GAIN * float(none):
+        return None
+    return (float(value) - float(none)) / gain
+
+
 def _with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ema = next((r for r in rows if r["policy"] == EMA), None)
+    none = next((r for r in rows if r["policy"] == "none"), None)
+    clair = next((r for r in rows if r["policy"] == CLAIRVOYANT), None)
     for r in rows:
         if ema is not None:
             r["throughput_vs_ema"] = _ratio(r["throughput_tok_s"], ema["throughput_tok_s"])
             r["goodput_vs_ema"] = _ratio(r["goodput_tok_s"], ema["goodput_tok_s"])
+        if none is not None and clair is not None:
+            for col, metric in (
+                ("oracle_share", "goodput_tok_s"),
+                ("oracle_share_throughput", "throughput_tok_s"),
+            ):
+                r[col] = oracle_share(r[metric], none[metric], clair[metric])
     return rows
 
 
@@ -340,55 +397,242 @@ def _changes(policy: str) -> Callable[[Mapping[str, dict[str, Any]]], float | No
 MAX_CHANGES_PER_MIN = 6.0
 
 
+@dataclass(frozen=True)
+class TargetDef:
+    """One target: the ratio of ``family``'s goodput to ``reference``'s (or its table
+    changes per minute when ``reference`` is None) over the scenarios tagged ``tags``."""
+
+    key: str
+    description: str
+    threshold: float
+    family: str
+    reference: str | None
+    tags: frozenset[str] | None
+    higher_is_better: bool = True
+    fmt: str = "{:.3f}"
+
+    def value(self, label: str) -> Callable[[Mapping[str, dict[str, Any]]], float | None]:
+        if self.reference is None:
+            return _changes(label)
+        return _vs(label, self.reference)
+
+
+TARGETS: tuple[TargetDef, ...] = (
+    TargetDef(
+        "vs_ema_all",
+        "goodput ratio vs sglang-ema, every scenario",
+        0.99,
+        TARGET_POLICY,
+        EMA,
+        None,
+    ),
+    TargetDef(
+        "vs_ema_phase_high_load",
+        "goodput ratio vs sglang-ema, phase-shift and high-load scenarios",
+        1.10,
+        TARGET_POLICY,
+        EMA,
+        frozenset({"phase_shift", "high_load"}),
+    ),
+    TargetDef(
+        "vs_per_phase_oracle",
+        "goodput ratio vs per-phase best static in hindsight, every scenario",
+        0.97,
+        TARGET_POLICY,
+        PHASE_ORACLE,
+        None,
+    ),
+    TargetDef(
+        "vs_none_saturation",
+        "goodput ratio vs none (no speculation), saturation scenarios",
+        0.98,
+        TARGET_POLICY,
+        "none",
+        frozenset({"saturation"}),
+    ),
+    TargetDef(
+        "vs_best_static_one_user",
+        "goodput ratio vs best static in hindsight, one user",
+        0.98,
+        TARGET_POLICY,
+        ORACLE,
+        frozenset({"one_user"}),
+    ),
+    *(
+        TargetDef(
+            f"changes_per_min_steady_{policy}",
+            f"{policy}: table changes per simulated minute, steady load",
+            MAX_CHANGES_PER_MIN,
+            policy,
+            None,
+            frozenset({"steady"}),
+            higher_is_better=False,
+            fmt="{:.2f}",
+        )
+        for policy in ("goodput", "bandit")
+    ),
+)
+
+
+def variants_of(rows: Sequence[dict[str, Any]], family: str) -> list[str]:
+    """Labels of ``family``'s runs in the rows (``goodput``, ``goodput@x0.7``, ...)."""
+    return list(dict.fromkeys(r["policy"] for r in rows if r.get("family") == family))
+
+
+def _evaluate(
+    t: TargetDef,
+    rows: Sequence[dict[str, Any]],
+    scenarios: Sequence[Scenario],
+    labels: Sequence[str],
+) -> TargetResult:
+    """``t`` with, per scenario, the worst value over ``labels`` (the worst prior)."""
+    worst: dict[str, tuple[float, str]] = {}
+    for label in labels:
+        for sc_id, v in _scope_values(rows, scenarios, label, t.value(label), t.tags):
+            cur = worst.get(sc_id)
+            if cur is None or (v < cur[0] if t.higher_is_better else v > cur[0]):
+                worst[sc_id] = (v, label)
+    order = [sc.id for sc in scenarios if sc.id in worst]
+    base = _target(
+        t.key,
+        t.description,
+        t.threshold,
+        [(sc_id, worst[sc_id][0]) for sc_id in order],
+        higher_is_better=t.higher_is_better,
+        fmt=t.fmt,
+    )
+    priors = tuple((sc_id, worst[sc_id][1]) for sc_id in order)
+    return dataclasses.replace(
+        base,
+        policy=t.family,
+        worst_prior=worst[base.worst][1] if base.worst else "",
+        priors=priors,
+    )
+
+
 def evaluate_targets(
     rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]
 ) -> list[TargetResult]:
-    """Issue 3's targets for the goodput policy, each PASS/MISS with the worst value."""
-    p = TARGET_POLICY
-    targets = [
-        _target(
-            "vs_ema_all",
-            "goodput ratio vs sglang-ema, every scenario",
-            0.99,
-            _scope_values(rows, scenarios, p, _vs(p, EMA), None),
-        ),
-        _target(
-            "vs_ema_phase_high_load",
-            "goodput ratio vs sglang-ema, phase-shift and high-load scenarios",
-            1.10,
-            _scope_values(rows, scenarios, p, _vs(p, EMA), frozenset({"phase_shift", "high_load"})),
-        ),
-        _target(
-            "vs_per_phase_oracle",
-            "goodput ratio vs per-phase best static in hindsight, every scenario",
-            0.97,
-            _scope_values(rows, scenarios, p, _vs(p, PHASE_ORACLE), None),
-        ),
-        _target(
-            "vs_none_saturation",
-            "goodput ratio vs none (no speculation), saturation scenarios",
-            0.98,
-            _scope_values(rows, scenarios, p, _vs(p, "none"), frozenset({"saturation"})),
-        ),
-        _target(
-            "vs_best_static_one_user",
-            "goodput ratio vs best static in hindsight, one user",
-            0.98,
-            _scope_values(rows, scenarios, p, _vs(p, ORACLE), frozenset({"one_user"})),
-        ),
-    ]
-    for policy in ("goodput", "bandit"):
-        targets.append(
-            _target(
-                f"changes_per_min_steady_{policy}",
-                f"{policy}: table changes per simulated minute, steady load",
-                MAX_CHANGES_PER_MIN,
-                _scope_values(rows, scenarios, policy, _changes(policy), frozenset({"steady"})),
-                higher_is_better=False,
-                fmt="{:.2f}",
-            )
+    """The targets for the worst prior: per scenario, the worst value over every variant
+    of the target's policy in the rows (exact, wrong step-cost and acceptance priors)."""
+    return [_evaluate(t, rows, scenarios, variants_of(rows, t.family)) for t in TARGETS]
+
+
+def targets_per_prior(
+    rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]
+) -> dict[str, list[TargetResult]]:
+    """Variant suffix ("exact", "x0.7", ...) -> the targets for that one variant."""
+    out: dict[str, list[TargetResult]] = {}
+    for label in variants_of(rows, TARGET_POLICY):
+        suffix = label.split("@", 1)[1] if "@" in label else "exact"
+        results = []
+        for t in TARGETS:
+            own = f"{t.family}@{suffix}" if suffix != "exact" else t.family
+            results.append(_evaluate(t, rows, scenarios, [own]))
+        out[suffix] = results
+    return out
+
+
+# The reference row of each target, for the causes of a miss.
+_REFERENCE_OF = {t.key: t.reference for t in TARGETS}
+
+
+def _cause(
+    t: TargetResult,
+    table: Mapping[str, dict[str, Any]],
+    label: str,
+    threshold: float,
+) -> str:
+    """A computed diagnosis of one miss (several may apply; the first is the main one)."""
+    row = table[label]
+    ref_name = _REFERENCE_OF.get(t.key)
+    causes: list[str] = []
+    if ref_name is None:
+        minutes = (row.get("duration_s") or 0.0) / 60.0
+        return (
+            f"churn: {row.get('table_changes')} table changes in {minutes:.1f} simulated min "
+            f"({row.get('decisions')} decisions)"
         )
-    return targets
+    ema = table.get(EMA, {}).get("goodput_tok_s")
+    clair = table.get(CLAIRVOYANT, {}).get("goodput_tok_s")
+    if ref_name == EMA:
+        phase = _ratio(table.get(PHASE_ORACLE, {}).get("goodput_tok_s"), ema)
+        clair_vs = _ratio(clair, ema)
+        if clair_vs is not None and clair_vs < threshold:
+            causes.append(f"no headroom: the clairvoyant oracle reaches only {clair_vs:.3f}x")
+        elif phase is not None and phase < threshold:
+            causes.append(
+                f"little headroom for a step table: per-phase best static {phase:.3f}x"
+                + (f" (clairvoyant {clair_vs:.3f}x)" if clair_vs is not None else "")
+            )
+    exact = table.get(t.policy)
+    if label != t.policy and exact is not None:
+        v_exact = _ratio(exact["goodput_tok_s"], table.get(ref_name, {}).get("goodput_tok_s"))
+        if v_exact is not None and v_exact >= threshold:
+            causes.append(f"wrong prior {row.get('prior')}: the exact prior gives {v_exact:.3f}")
+        elif v_exact is not None:
+            causes.append(f"misses with the exact prior too ({v_exact:.3f})")
+    ref = table.get(ref_name, {})
+    kv, kv_ref = row.get("kv_token_capacity"), ref.get("kv_token_capacity")
+    retr, retr_ref = row.get("retractions") or 0, ref.get("retractions") or 0
+    ttft, ttft_ref = row.get("ttft_p99_ms"), ref.get("ttft_p99_ms")
+    queued = retr > retr_ref or (ttft and ttft_ref and ttft > 1.1 * ttft_ref)
+    if kv and kv_ref and kv < 0.97 * kv_ref and queued:
+        causes.append(
+            f"smaller KV pool (8 captured step graphs): {kv:,} vs {kv_ref:,} tokens, "
+            f"{row.get('retractions')} vs {ref.get('retractions')} retractions"
+        )
+    tpot, tpot_ref = row.get("tpot_p50_ms"), ref.get("tpot_p50_ms")
+    if tpot and tpot_ref and tpot > 1.03 * tpot_ref:
+        causes.append(f"slower decode: TPOT p50 {tpot:.2f} vs {tpot_ref:.2f} ms")
+    att, att_ref = row.get("slo_attainment"), ref.get("slo_attainment")
+    if att is not None and att_ref is not None and att < att_ref - 0.01:
+        causes.append(f"SLO attainment {att:.3f} vs {att_ref:.3f}")
+    # Always: how the steps differed (accept length rises with the steps used).
+    acc, acc_ref = row.get("mean_accept_length"), ref.get("mean_accept_length")
+    causes.append(
+        f"accept length {_fmt(acc, 2)} vs {_fmt(acc_ref, 2)} ({ref_name}), "
+        f"mean decode batch {_fmt(row.get('mean_decode_batch_size'))} vs "
+        f"{_fmt(ref.get('mean_decode_batch_size'))}"
+    )
+    return "; ".join(causes)
+
+
+def misses(
+    rows: Sequence[dict[str, Any]],
+    scenarios: Sequence[Scenario],
+    targets: Sequence[TargetResult],
+) -> list[dict[str, Any]]:
+    """Every (target, scenario) the worst prior misses, with the variant and a cause."""
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["scenario"], {})[r["policy"]] = r
+    defs = {t.key: t for t in TARGETS}
+    out: list[dict[str, Any]] = []
+    for t in targets:
+        d = defs.get(t.key)
+        if d is None:
+            continue
+        prior_of = dict(t.priors)
+        for sc_id, v in t.values:
+            ok = v >= d.threshold if d.higher_is_better else v <= d.threshold
+            if ok:
+                continue
+            label = prior_of.get(sc_id, d.family)
+            table = by[sc_id]
+            out.append(
+                {
+                    "target": t.key,
+                    "description": t.description,
+                    "threshold": t.threshold,
+                    "scenario": sc_id,
+                    "value": v,
+                    "worst_prior": label,
+                    "prior": table[label].get("prior"),
+                    "cause": _cause(t, table, label, d.threshold),
+                }
+            )
+    return out
 
 
 # ------------------------------------------------------------------------------- markdown
@@ -412,18 +656,122 @@ def render_targets(targets: Sequence[TargetResult]) -> list[str]:
     body = []
     for t in targets:
         digits = 2 if t.key.startswith("changes") else 3
+        where = ", ".join(x for x in (t.worst, t.worst_prior) if x)
         body.append(
             [
                 t.description,
                 t.threshold,
-                _fmt(t.measured, digits) + (f" ({t.worst})" if t.worst else ""),
+                _fmt(t.measured, digits) + (f" ({where})" if where else ""),
                 f"{t.passed}/{t.total}",
                 f"**{t.status}**",
             ]
         )
     return _table(
-        ["target", "threshold", "measured (worst, where)", "scenarios met", "result"], body
+        ["target", "threshold", "measured (worst; where, prior)", "scenarios met", "result"],
+        body,
     )
+
+
+def render_targets_per_prior(per_prior: Mapping[str, Sequence[TargetResult]]) -> list[str]:
+    """Targets (rows) x prior variant (columns): the worst value and PASS/MISS."""
+    if not per_prior:
+        return []
+    names = list(per_prior)
+    keys = [t.key for t in next(iter(per_prior.values()))]
+    body = []
+    for i, key in enumerate(keys):
+        first = per_prior[names[0]][i]
+        cells = [f"{first.description} ({first.threshold})"]
+        for n in names:
+            t = per_prior[n][i]
+            digits = 2 if key.startswith("changes") else 3
+            cells.append("-" if t.status == "N/A" else f"{_fmt(t.measured, digits)} {t.status}")
+        body.append(cells)
+    return _table(["target", *names], body)
+
+
+# Policies whose oracle share is tabulated (the worst-prior goodput is added).
+SHARE_POLICIES = (EMA, ORACLE, PHASE_ORACLE, "batch-table", "goodput", "bandit")
+
+
+def render_oracle_shares(
+    rows: Sequence[dict[str, Any]],
+    scenarios: Sequence[Scenario],
+    targets: Sequence[TargetResult],
+) -> list[str]:
+    """Per scenario: the oracle's gain over none, and each policy's share of it."""
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["scenario"], {})[r["policy"]] = r
+    ran = [s for s in scenarios if s.id in by and CLAIRVOYANT in by[s.id]]
+    if not ran:
+        return []
+    worst_prior = {}
+    head = next((t for t in targets if t.key == "vs_ema_all"), None)
+    if head is not None:
+        worst_prior = dict(head.priors)
+    pols = [p for p in SHARE_POLICIES if any(p in by[s.id] for s in ran)]
+    shares: dict[str, list[float]] = {p: [] for p in [*pols, "goodput (worst prior)"]}
+    body = []
+    for sc in ran:
+        t = by[sc.id]
+        gain = _ratio(t[CLAIRVOYANT]["goodput_tok_s"], t.get("none", {}).get("goodput_tok_s"))
+        cells = [sc.id, _fmt(gain, 3)]
+        for p in pols:
+            v = t.get(p, {}).get("oracle_share")
+            cells.append(_fmt(v, 2))
+            if v is not None:
+                shares[p].append(v)
+        label = worst_prior.get(sc.id)
+        v = t.get(label, {}).get("oracle_share") if label else None
+        cells.append(_fmt(v, 2) + (f" ({label})" if label else ""))
+        if v is not None:
+            shares["goodput (worst prior)"].append(v)
+        body.append(cells)
+    for name, fn in (("median", np.median), ("min", np.min)):
+        body.append(
+            [
+                f"**{name}**",
+                "",
+                *(_fmt(float(fn(v)), 2) if v else "-" for v in shares.values()),
+            ]
+        )
+    return _table(["scenario", "oracle / none", *pols, "goodput (worst prior)"], body)
+
+
+def prior_sensitivity(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Family -> (scenarios where every wrong-prior run equals the exact run, scenarios
+    with variants): a policy the prior does not reach shows n/n."""
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("family") in DAEMON_POLICIES:
+            by.setdefault((r["scenario"], r["family"]), []).append(r)
+    out: dict[str, tuple[int, int]] = {}
+    keys = ("throughput_tok_s", "goodput_tok_s", "table_changes", "tpot_p50_ms")
+    for (_, family), group in by.items():
+        if len(group) < 2:
+            continue
+        same = len({tuple(r.get(k) for k in keys) for r in group}) == 1
+        a, b = out.get(family, (0, 0))
+        out[family] = (a + int(same), b + 1)
+    return out
+
+
+def render_misses(missed: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not missed:
+        return ["No target missed."]
+    body = [
+        [
+            m["target"],
+            m["scenario"],
+            _fmt(m["value"], 2 if m["target"].startswith("changes") else 3),
+            m["threshold"],
+            f"{m['worst_prior']} ({m['prior']})",
+            m["cause"],
+        ]
+        for m in missed
+    ]
+    return _table(["target", "scenario", "value", "threshold", "worst prior", "cause"], body)
 
 
 def render_markdown(
@@ -432,11 +780,48 @@ def render_markdown(
     scenarios: Sequence[Scenario],
     meta: Mapping[str, str],
     phase_table: Sequence[dict[str, Any]] = (),
+    *,
+    per_prior: Mapping[str, Sequence[TargetResult]] | None = None,
+    misses: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     lines = ["# Policy benchmark", ""]
     lines += [f"- {k}: {v}" for k, v in meta.items()]
-    lines += ["", "## Targets", ""]
+    lines += [
+        "",
+        "## Targets (worst prior)",
+        "",
+        "Per scenario the worst value over every prior variant the policy ran with "
+        "(exact, wrong step-cost priors, other acceptance priors); the variant behind the "
+        "worst value is named.",
+        "",
+    ]
     lines += render_targets(targets)
+    if per_prior:
+        lines += ["", "## Targets per prior", ""]
+        lines += render_targets_per_prior(per_prior)
+    sens = prior_sensitivity(rows)
+    if sens:
+        lines += [
+            "",
+            "Runs identical to the exact prior under every prior variant (the prior does "
+            "not reach the policy where this is all scenarios): "
+            + ", ".join(f"{f} {a}/{b} scenarios" for f, (a, b) in sorted(sens.items()))
+            + ".",
+        ]
+    lines += ["", "## Misses (worst prior) and their causes", ""]
+    lines += render_misses(misses)
+    shares = render_oracle_shares(rows, scenarios, targets)
+    if shares:
+        lines += [
+            "",
+            "## Share of the clairvoyant oracle's gain over none (goodput)",
+            "",
+            "(policy - none) / (oracle - none) on goodput; '-' where the oracle gains less "
+            f"than {MIN_ORACLE_GAIN:.0%} over none. The oracle maximises tokens per second "
+            "per batch, not goodput, so a share can exceed 1.",
+            "",
+        ]
+        lines += shares
     lines += [
         "",
         "Per-scenario values behind the targets: goodput policy's goodput ratios, and the "
@@ -496,7 +881,7 @@ def render_markdown(
         ],
     )
 
-    daemon = [p for p in policies if p in DAEMON_POLICIES]
+    daemon = [p for p in policies if p.split("@", 1)[0] in DAEMON_POLICIES]
     if daemon:
         lines += ["", "## Daemon policies: table changes per minute / mean decide ms", ""]
         lines += _table(

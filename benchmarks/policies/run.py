@@ -30,15 +30,20 @@ import numpy as np
 
 from benchmarks.policies import report
 from benchmarks.policies.scenarios import (
+    ACCEPT_PRIORS,
+    CLAIRVOYANT,
+    DAEMON_POLICIES,
     POLICIES,
+    PRIORS_BY_NAME,
     STATIC_POLICIES,
+    PolicyRun,
     Scenario,
     ScenarioError,
     build_requests,
     default_data_dir,
     missing_inputs,
-    policy_label,
     select,
+    suite_runs,
 )
 from specgov.simulator.metrics import Slo, slo_mask, summarise
 from specgov.simulator.replay import parse_policy, prepare_run
@@ -49,7 +54,7 @@ DEFAULT_OUT = Path("out/policies")
 @dataclass(frozen=True)
 class Job:
     scenario: Scenario
-    policy: str
+    run: PolicyRun
     data_dir: Path
     seed: int
     slo: Slo
@@ -60,13 +65,15 @@ def run_job(job: Job) -> report.RunResult:
     """Replay one scenario under one policy (a worker process calls this)."""
     sc = job.scenario
     requests = build_requests(sc.workload, job.data_dir)
-    policy = parse_policy(job.policy)
-    prepared = prepare_run(sc.server(), policy, seed=job.seed, slo=job.slo)
+    policy = parse_policy(job.run.spec)
+    server = job.run.prior.apply(sc.server())
+    prepared = prepare_run(server, policy, seed=job.seed, slo=job.slo)
     started = time.perf_counter()
     result = prepared.run(requests, concurrency=sc.workload.concurrency)
     wall = time.perf_counter() - started
     summary = summarise(policy.name, result, job.slo)
     summary["wall_s"] = wall
+    summary["prior"] = _prior_text(job.run, server)
     reasons: dict[str, int] = {}
     changes: list[dict[str, Any]] = []
     if prepared.loop is not None:
@@ -95,13 +102,22 @@ def run_job(job: Job) -> report.RunResult:
             phase_tokens[ph.name] = int(tokens[in_phase].sum())
     return report.RunResult(
         scenario_id=sc.id,
-        policy=policy_label(job.policy),
+        policy=job.run.label,
         summary=summary,
         phase_good_tokens=phase_tokens,
         reason_counts=reasons,
         changes=changes,
         series=result.series if job.keep_series else None,
     )
+
+
+def _prior_text(run: PolicyRun, server: Any) -> str:
+    """What the run's policy was told: "exact", "x0.7", "gpu=l40s", "prior_mean=0.3"."""
+    if run.variant.startswith("accept"):
+        return "prior_mean=" + run.spec.split(":prior_mean=", 1)[1]
+    if run.prior.other_gpu:
+        return f"gpu={getattr(server, 'prior_gpu', '?')}"
+    return run.prior.name
 
 
 def _cost(job: Job) -> float:
@@ -112,8 +128,9 @@ def _cost(job: Job) -> float:
         n *= 1.5
     if job.scenario.gpu != "h100":
         n *= 1.3
-    daemon = parse_policy(job.policy).daemon_spec is not None
-    return n * (4.0 if daemon else 1.0)
+    daemon = parse_policy(job.run.spec).daemon_spec is not None
+    oracle = job.run.spec == CLAIRVOYANT
+    return n * (4.0 if daemon else 2.5 if oracle else 1.0)
 
 
 def plot_scenario(scenarios: Sequence[Scenario]) -> Scenario | None:
@@ -142,18 +159,36 @@ def run_suite(
     seed: int = 0,
     slo: Slo | None = None,
     policies: Sequence[str] = POLICIES,
+    priors: Sequence[str] = tuple(PRIORS_BY_NAME),
+    accept_priors: Sequence[float] = ACCEPT_PRIORS,
+    oracle: bool = True,
+    prior_families: Sequence[str] = DAEMON_POLICIES,
     command: str | None = None,
     progress: bool = True,
 ) -> SuiteOutput:
-    """Run every policy on every scenario, then write the tables, targets and plots."""
+    """Run every policy on every scenario, then write the tables, targets and plots.
+
+    Daemon policies run once per step-cost prior variant in ``priors`` (names of
+    ``scenarios.PRIORS``), goodput once more per acceptance prior in ``accept_priors``,
+    and ``oracle`` adds the clairvoyant oracle.
+    """
     started = time.perf_counter()
     slo = slo or Slo()
     data = data_dir or default_data_dir()
-    for p in policies:
-        parse_policy(p)  # fail before any simulation on a bad policy
+    runs = suite_runs(
+        policies,
+        priors=priors,
+        accept_priors=accept_priors,
+        oracle=oracle,
+        prior_families=prior_families,
+    )
+    for r in runs:
+        parse_policy(r.spec)  # fail before any simulation on a bad policy
     plotted = plot_scenario(scenarios)
     work = [
-        Job(sc, p, data, seed, slo, keep_series=sc == plotted) for sc in scenarios for p in policies
+        Job(sc, r, data, seed, slo, keep_series=sc == plotted and r.variant == "exact")
+        for sc in scenarios
+        for r in runs
     ]
     work.sort(key=_cost, reverse=True)
     results: list[report.RunResult] = []
@@ -169,12 +204,14 @@ def run_suite(
 
     # Scenario order, then policy order: tables read the same whatever finished first.
     sc_order = {s.id: i for i, s in enumerate(scenarios)}
-    p_order = {policy_label(p): i for i, p in enumerate(policies)}
+    p_order = {r.label: i for i, r in enumerate(runs)}
     results.sort(key=lambda r: (sc_order[r.scenario_id], p_order[r.policy]))
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = report.build_rows(scenarios, results)
+    rows = report.build_rows(scenarios, results, [r.label for r in runs])
     phase_table = report.phase_rows(scenarios, results)
     targets = report.evaluate_targets(rows, scenarios)
+    per_prior = report.targets_per_prior(rows, scenarios)
+    missed = report.misses(rows, scenarios, targets)
     wall = time.perf_counter() - started
     meta = {
         "command": f"`{command}`" if command else "run_suite(...)",
@@ -182,10 +219,18 @@ def run_suite(
         "SLO": f"TPOT <= {slo.tpot_ms} ms" + (f", TTFT <= {slo.ttft_ms} ms" if slo.ttft_ms else ""),
         "seed": str(seed),
         "wall time": f"{wall:.0f} s with {jobs} job(s)",
-        "targets apply to": report.TARGET_POLICY,
+        "targets apply to": f"{report.TARGET_POLICY}, worst over its prior variants "
+        f"({', '.join(report.variants_of(rows, report.TARGET_POLICY))})",
         "batch-table": next((p for p in policies if p.startswith("batch-table")), "-"),
+        "wrong step-cost priors": ", ".join(
+            f"{PRIORS_BY_NAME[p].name}: {PRIORS_BY_NAME[p].description}" for p in priors
+        )
+        or "-",
+        "acceptance priors (goodput prior_mean)": ", ".join(f"{m:g}" for m in accept_priors) or "-",
     }
-    markdown = report.render_markdown(rows, targets, scenarios, meta, phase_table)
+    markdown = report.render_markdown(
+        rows, targets, scenarios, meta, phase_table, per_prior=per_prior, misses=missed
+    )
     files = [
         report.write_csv(rows, report.CSV_COLUMNS, out_dir / "results.csv"),
         report.write_csv(phase_table, report.PHASE_CSV_COLUMNS, out_dir / "phases.csv"),
@@ -199,6 +244,8 @@ def run_suite(
             {
                 "meta": meta,
                 "targets": [t.__dict__ for t in targets],
+                "targets_per_prior": {k: [t.__dict__ for t in v] for k, v in per_prior.items()},
+                "misses": missed,
                 "runs": [
                     {
                         "scenario": r.scenario_id,
@@ -226,7 +273,7 @@ def run_suite(
 
 
 # Time series plotted for the phase scenario (plus its best static in hindsight).
-SERIES_POLICIES = ("none", "sglang-ema", "batch-table", "goodput", "bandit")
+SERIES_POLICIES = ("none", "sglang-ema", "batch-table", "goodput", "bandit", "oracle")
 
 
 def _plot_series(
@@ -276,6 +323,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         "'phase/h100/*'",
     )
     parser.add_argument("--data-dir", type=Path, default=None, help="holds traces/azure-llm-2023")
+    parser.add_argument(
+        "--priors",
+        nargs="+",
+        metavar="NAME",
+        default=list(PRIORS_BY_NAME),
+        help=f"step-cost prior variants of the daemon policies (default all: "
+        f"{' '.join(PRIORS_BY_NAME)}); 'exact' alone runs no wrong prior",
+    )
+    parser.add_argument(
+        "--accept-priors",
+        nargs="*",
+        type=float,
+        metavar="MEAN",
+        default=list(ACCEPT_PRIORS),
+        help="goodput acceptance priors (prior_mean) to run besides the default "
+        f"(default: {' '.join(f'{m:g}' for m in ACCEPT_PRIORS)}; none: give the flag alone)",
+    )
+    parser.add_argument(
+        "--prior-families",
+        nargs="+",
+        metavar="POLICY",
+        default=list(DAEMON_POLICIES),
+        help="daemon policies run under the wrong step-cost priors (default all: "
+        f"{' '.join(DAEMON_POLICIES)})",
+    )
+    parser.add_argument("--no-oracle", action="store_true", help="skip the clairvoyant oracle")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slo-tpot-ms", type=float, default=50.0)
     parser.add_argument("--slo-ttft-ms", type=float, default=None)
@@ -285,6 +358,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         slo = Slo(tpot_ms=args.slo_tpot_ms, ttft_ms=args.slo_ttft_ms)
         scenarios = select(args.scenarios, quick=args.quick)
+        # Validate the names before anything runs.
+        suite_runs(
+            priors=args.priors,
+            accept_priors=args.accept_priors,
+            prior_families=args.prior_families,
+        )
+        for m in args.accept_priors:
+            if not 0.0 < m < 1.0:
+                raise ScenarioError(f"--accept-priors: prior_mean must be in (0, 1), got {m:g}")
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -309,6 +391,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             data_dir=data_dir,
             seed=args.seed,
             slo=slo,
+            priors=args.priors,
+            accept_priors=args.accept_priors,
+            oracle=not args.no_oracle,
+            prior_families=args.prior_families,
             command=command,
         )
     except ScenarioError as exc:

@@ -15,6 +15,12 @@ Tags drive the targets in ``report.py``:
 * ``saturation``: goodput must stay within 2 % of no speculation;
 * ``phase_shift``: the content-phase trace (+10 % and the per-phase oracle);
 * ``one_user``: a single closed-loop user (within 2 % of the best static).
+
+Wrong priors. The daemon policies also run with a step-cost prior that is wrong while the
+simulated truth stays the catalog's (``PRIORS``: every step believed 0.7x or 1.4x as
+costly, or the prior of another GPU of the catalog, ``PRIOR_GPU``: a wrong knee, not only
+a wrong scale), and goodput with an acceptance prior (``prior_mean``) far from the
+simulated rates (``ACCEPT_PRIORS``). Each such run is labelled ``policy@variant``.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import fnmatch
 import functools
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from specgov.simulator.replay import ServerSpec
@@ -75,6 +81,112 @@ def policy_label(spec: str) -> str:
 
 POLICY_LABELS: tuple[str, ...] = tuple(policy_label(p) for p in POLICIES)
 DAEMON_POLICIES: tuple[str, ...] = ("batch-table", "goodput", "bandit")
+# The clairvoyant oracle (specgov.simulator.oracle): per batch the step with the most
+# tokens/s given the true acceptance; the physical limit every policy is measured against.
+CLAIRVOYANT = "oracle"
+
+# Another GPU of the catalog whose step-cost prior a daemon policy gets in the "gpu"
+# variant: a slower, smaller-knee GPU for the H100 (the issue's L40S example), a faster
+# one for the A100, so both directions of a wrong knee are covered.
+PRIOR_GPU: dict[str, str] = {"h100": "l40s", "a100-80g": "h100"}
+
+
+@dataclass(frozen=True)
+class PriorVariant:
+    """How the daemon policy's step-cost prior differs from the simulated truth."""
+
+    name: str  # label suffix: policy@name ("exact" runs keep the plain label)
+    description: str
+    scale: float = 1.0  # ServerSpec.prior_scale
+    other_gpu: bool = False  # ServerSpec.prior_gpu = PRIOR_GPU[scenario gpu]
+
+    def apply(self, server: ServerSpec) -> ServerSpec:
+        """*server* with this prior (the simulated GPU, model and drafter unchanged)."""
+        if self.scale == 1.0 and not self.other_gpu:
+            return server
+        names = {f.name for f in fields(ServerSpec)}
+        if not {"prior_scale", "prior_gpu"} <= names:
+            raise ScenarioError(
+                f"prior variant {self.name!r} needs ServerSpec.prior_scale / prior_gpu "
+                "(simulator/replay.py without --prior-scale / --prior-gpu support)"
+            )
+        if self.other_gpu and server.gpu not in PRIOR_GPU:
+            raise ScenarioError(
+                f"prior variant {self.name!r}: no other GPU listed for {server.gpu!r} in "
+                f"PRIOR_GPU ({', '.join(sorted(PRIOR_GPU))})"
+            )
+        changes: dict[str, object] = {"prior_scale": self.scale}
+        if self.other_gpu:
+            changes["prior_gpu"] = PRIOR_GPU[server.gpu]
+        return replace(server, **changes)  # type: ignore[arg-type]
+
+
+EXACT_PRIOR = PriorVariant("exact", "the simulated GPU's own cost model (the truth)")
+PRIORS: tuple[PriorVariant, ...] = (
+    EXACT_PRIOR,
+    PriorVariant("x0.7", "every step believed 0.7x as costly as simulated", scale=0.7),
+    PriorVariant("x1.4", "every step believed 1.4x as costly as simulated", scale=1.4),
+    PriorVariant("gpu", "the prior of another GPU of the catalog (PRIOR_GPU)", other_gpu=True),
+)
+PRIORS_BY_NAME: dict[str, PriorVariant] = {p.name: p for p in PRIORS}
+# goodput with an acceptance prior (GoodputConfig.prior_mean, default 0.6) far below and
+# far above the simulated rates (EAGLE-3 ~0.65-0.8, n-gram 0.16-0.96), exact cost prior.
+ACCEPT_PRIORS: tuple[float, ...] = (0.3, 0.9)
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    """One policy run of the suite: the spec, its step-cost prior, the label it goes by."""
+
+    spec: str
+    prior: PriorVariant = EXACT_PRIOR
+    variant: str = "exact"  # label suffix; "exact" for the plain run
+
+    @property
+    def label(self) -> str:
+        base = policy_label(self.spec.split(":prior_mean=")[0])
+        return base if self.variant == "exact" else f"{base}@{self.variant}"
+
+    @property
+    def family(self) -> str:
+        """The policy the variant belongs to ("goodput" for goodput@x0.7)."""
+        return self.label.split("@", 1)[0]
+
+
+def suite_runs(
+    policies: Sequence[str] = POLICIES,
+    *,
+    priors: Sequence[str] = tuple(PRIORS_BY_NAME),
+    accept_priors: Sequence[float] = ACCEPT_PRIORS,
+    oracle: bool = True,
+    prior_families: Sequence[str] = DAEMON_POLICIES,
+) -> list[PolicyRun]:
+    """Every run per scenario: each policy with the exact prior, each daemon policy in
+    ``prior_families`` with every other prior variant, goodput with each acceptance prior,
+    and the oracle."""
+    unknown = [p for p in priors if p not in PRIORS_BY_NAME]
+    if unknown:
+        raise ScenarioError(
+            f"unknown prior variant(s) {', '.join(unknown)}; valid: {', '.join(PRIORS_BY_NAME)}"
+        )
+    bad = [f for f in prior_families if f not in DAEMON_POLICIES]
+    if bad:
+        raise ScenarioError(
+            f"unknown prior family {', '.join(bad)}; valid: {', '.join(DAEMON_POLICIES)}"
+        )
+    runs = [PolicyRun(p) for p in policies]
+    if oracle:
+        runs.append(PolicyRun(CLAIRVOYANT))
+    for name in priors:
+        if name == EXACT_PRIOR.name:
+            continue
+        variant = PRIORS_BY_NAME[name]
+        runs += [PolicyRun(p, variant, name) for p in policies if policy_label(p) in prior_families]
+    if any(policy_label(p) == "goodput" for p in policies):
+        runs += [
+            PolicyRun(f"goodput:prior_mean={m:g}", variant=f"accept{m:g}") for m in accept_priors
+        ]
+    return runs
 
 
 class ScenarioError(ValueError):
