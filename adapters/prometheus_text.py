@@ -31,11 +31,13 @@ and read as missing, i.e. unknown — never as 0.
 from __future__ import annotations
 
 import math
+import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Final, TypeVar
+from functools import lru_cache
+from typing import Any, Final, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -48,6 +50,7 @@ PRIORITY_LABEL: Final = "priority"
 EXPECTED_FORMAT: Final = "Prometheus text exposition format 0.0.4 (SGLang /metrics)"
 
 DPRank = str | None  # the dp_rank label value; None when the server exports none (DP=1)
+Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 _T = TypeVar("_T")
 
 
@@ -131,6 +134,15 @@ class MetricsSnapshot:
     histograms: Mapping[SeriesKey, HistogramSeries] = field(default_factory=dict)
     types: Mapping[str, str] = field(default_factory=dict)
     unknown: tuple[UnknownValue, ...] = ()
+    # DP groups of scheduler series in families a filtered parse left out (so that
+    # dp_groups() does not depend on which families were kept).
+    other_dp_groups: frozenset[DPRank] = frozenset()
+    # Answers of the *_by_dp selectors and a by-name index of the series, filled on first
+    # use: the builder asks the same questions of a scrape twice (as the end of one
+    # window, then as the start of the next). Not part of the value.
+    _memo: dict[tuple[str, str, Labels], Any] = field(
+        default_factory=dict, init=False, repr=False, compare=False, hash=False
+    )
 
     def has_metric(self, name: str) -> bool:
         """True if any series (or an unknown value) of ``name`` was exported."""
@@ -149,14 +161,21 @@ class MetricsSnapshot:
             *self.histograms,
             *(u.key for u in self.unknown),
         )
-        return frozenset(k.get(DP_LABEL) for k in keys if k.get("tp_rank") is not None)
+        seen = frozenset(k.get(DP_LABEL) for k in keys if k.get("tp_rank") is not None)
+        return seen | self.other_dp_groups
 
 
 # ------------------------------------------------------------------------ parsing
 
+# The metric-family selection a caller passes (``families=``) names series the way a
+# snapshot keys them: counters by sample name (``..._total``), gauges by name,
+# histograms by base name.
+Families = Collection[str]
 
-def _finite(value: float) -> bool:
-    return not (math.isnan(value) or math.isinf(value))
+# One sample as the assembler sees it: sample name, sorted label pairs, value.
+_Sample = tuple[str, Labels, float]
+# One metric family: declared name, prometheus_client type, samples.
+_Family = tuple[str, str, list[_Sample]]
 
 
 def _parse_le(raw: str, key: SeriesKey, source: str) -> float:
@@ -168,104 +187,395 @@ def _parse_le(raw: str, key: SeriesKey, source: str) -> float:
         ) from None
 
 
-def parse_metrics(text: str, *, source: str = "<metrics text>") -> MetricsSnapshot:
-    """Parse a ``/metrics`` body. Raises :class:`ResponseFormatError` naming ``source``."""
-    try:
-        families = list(text_string_to_metric_families(text))
-    except (ValueError, IndexError, KeyError, TypeError) as exc:
-        raise ResponseFormatError(source, EXPECTED_FORMAT, f"unparseable: {exc}") from None
+def _snapshot_name(family: str, typ: str) -> str:
+    """The name a snapshot keys a family's series by (prometheus_client's parser
+    appends ``_total`` to the samples of a counter declared without it)."""
+    if typ == "counter" and not family.endswith("_total"):
+        return family + "_total"
+    return family
 
-    counters: dict[SeriesKey, float] = {}
-    gauges: dict[SeriesKey, float] = {}
+
+@lru_cache(maxsize=4096)
+def _split_le(labels: Labels) -> tuple[Labels, str | None]:
+    """A bucket's labels without ``le``, and the raw ``le`` value (None if absent)."""
+    raw: str | None = None
+    rest: list[tuple[str, str]] = []
+    for pair in labels:
+        if pair[0] == "le":
+            raw = pair[1]
+        else:
+            rest.append(pair)
+    return tuple(rest), raw
+
+
+def _assemble(
+    families: Iterable[_Family], source: str, other_dp_groups: frozenset[DPRank] = frozenset()
+) -> MetricsSnapshot:
+    """Typed snapshot from parsed families (shared by the reference and the fast lexer,
+    so both apply the same rules: duplicates, illegal values, histogram assembly)."""
+    # Plain (name, labels) tuples as keys while assembling: hashed in C, where
+    # SeriesKey's generated __hash__ runs Python code per lookup.
+    counters: dict[tuple[str, Labels], float] = {}
+    gauges: dict[tuple[str, Labels], float] = {}
     types: dict[str, str] = {}
     unknown: list[UnknownValue] = []
-    # histogram base key -> (le -> cumulative), sums, counts
-    buckets: dict[SeriesKey, dict[float, float]] = defaultdict(dict)
-    sums: dict[SeriesKey, float] = {}
-    counts: dict[SeriesKey, float] = {}
-    seen: set[SeriesKey] = set()
+    # histogram base (name, labels) -> (le -> cumulative), sums, counts
+    buckets: dict[tuple[str, Labels], dict[float, float]] = defaultdict(dict)
+    sums: dict[tuple[str, Labels], float] = {}
+    counts: dict[tuple[str, Labels], float] = {}
+    seen: set[tuple[str, Labels]] = set()
+    isfinite = math.isfinite
 
-    def once(key: SeriesKey) -> None:
+    def twice(key: tuple[str, Labels]) -> ResponseFormatError:
         # The format forbids a series twice; a repeat means a broken exporter or proxy.
-        if key in seen:
-            raise ResponseFormatError(source, EXPECTED_FORMAT, f"series {key} appears twice")
-        seen.add(key)
+        return ResponseFormatError(
+            source, EXPECTED_FORMAT, f"series {SeriesKey(*key)} appears twice"
+        )
 
-    for family in families:
-        if family.type == "counter":
-            for sample in family.samples:
-                if sample.name.endswith("_created"):
+    for name, typ, samples in families:
+        if typ == "counter":
+            for sample_name, labels, value in samples:
+                if sample_name.endswith("_created"):
                     continue
-                key = SeriesKey.of(sample.name, sample.labels)
-                once(key)
-                types[sample.name] = "counter"
-                value = float(sample.value)
-                if not _finite(value) or value < 0:
-                    unknown.append(UnknownValue(key, "counter", f"illegal counter value {value}"))
+                key = (sample_name, labels)
+                if key in seen:
+                    raise twice(key)
+                seen.add(key)
+                types[sample_name] = "counter"
+                if not isfinite(value) or value < 0:
+                    unknown.append(
+                        UnknownValue(SeriesKey(*key), "counter", f"illegal counter value {value}")
+                    )
                 else:
                     counters[key] = value
-        elif family.type == "gauge":
-            types[family.name] = "gauge"
-            for sample in family.samples:
-                key = SeriesKey.of(sample.name, sample.labels)
-                once(key)
-                value = float(sample.value)
-                if not _finite(value):
-                    unknown.append(UnknownValue(key, "gauge", f"gauge value {value}"))
+        elif typ == "gauge":
+            types[name] = "gauge"
+            for sample_name, labels, value in samples:
+                key = (sample_name, labels)
+                if key in seen:
+                    raise twice(key)
+                seen.add(key)
+                if not isfinite(value):
+                    unknown.append(UnknownValue(SeriesKey(*key), "gauge", f"gauge value {value}"))
                 else:
                     gauges[key] = value
-        elif family.type == "histogram":
-            types[family.name] = "histogram"
-            for sample in family.samples:
-                labels = dict(sample.labels)
-                suffix = sample.name[len(family.name) :]
+        elif typ == "histogram":
+            types[name] = "histogram"
+            n = len(name)
+            for sample_name, labels, value in samples:
+                suffix = sample_name[n:]
                 if suffix == "_bucket":
-                    raw_le = labels.pop("le", None)
-                    base = SeriesKey.of(family.name, labels)
+                    rest, raw_le = _split_le(labels)
+                    base = (name, rest)
                     if raw_le is None:
                         raise ResponseFormatError(
-                            source, EXPECTED_FORMAT, f"{base}: _bucket sample without 'le'"
+                            source,
+                            EXPECTED_FORMAT,
+                            f"{SeriesKey(*base)}: _bucket sample without 'le'",
                         )
-                    le = _parse_le(raw_le, base, source)
-                    once(SeriesKey.of(sample.name, sample.labels))
-                    buckets[base][le] = float(sample.value)
-                elif suffix == "_sum":
-                    base = SeriesKey.of(family.name, labels)
-                    once(SeriesKey.of(sample.name, labels))
-                    sums[base] = float(sample.value)
-                elif suffix == "_count":
-                    base = SeriesKey.of(family.name, labels)
-                    once(SeriesKey.of(sample.name, labels))
-                    counts[base] = float(sample.value)
+                    le = _parse_le(raw_le, SeriesKey(*base), source)
+                    key = (sample_name, labels)
+                    if key in seen:
+                        raise twice(key)
+                    seen.add(key)
+                    buckets[base][le] = value
+                elif suffix == "_sum" or suffix == "_count":
+                    key = (sample_name, labels)
+                    if key in seen:
+                        raise twice(key)
+                    seen.add(key)
+                    (sums if suffix == "_sum" else counts)[(name, labels)] = value
                 # _created and anything else: not used.
         else:
-            # summary, info, stateset, untyped: SGLang's series of interest are none of these.
-            types.setdefault(family.name, family.type)
+            # summary, info, stateset, unknown: SGLang's series of interest are none of these.
+            types.setdefault(name, typ)
 
     histograms: dict[SeriesKey, HistogramSeries] = {}
     for base in sorted(set(buckets) | set(sums) | set(counts)):
         by_le = buckets.get(base, {})
         bounds = tuple(sorted(by_le))
         cumulative = tuple(by_le[b] for b in bounds)
-        if any(not _finite(c) or c < 0 for c in cumulative):
-            unknown.append(UnknownValue(base, "histogram", f"illegal bucket count in {cumulative}"))
+        if any(not isfinite(c) or c < 0 for c in cumulative):
+            unknown.append(
+                UnknownValue(SeriesKey(*base), "histogram", f"illegal bucket count in {cumulative}")
+            )
             continue
         total_sum = sums.get(base)
         total_count = counts.get(base)
-        histograms[base] = HistogramSeries(
+        histograms[SeriesKey(*base)] = HistogramSeries(
             bounds=bounds,
             cumulative=cumulative,
-            sum=total_sum if total_sum is not None and _finite(total_sum) else None,
-            count=total_count if total_count is not None and _finite(total_count) else None,
+            sum=total_sum if total_sum is not None and isfinite(total_sum) else None,
+            count=total_count if total_count is not None and isfinite(total_count) else None,
         )
 
     return MetricsSnapshot(
-        counters=counters,
-        gauges=gauges,
+        counters={SeriesKey(*k): v for k, v in counters.items()},
+        gauges={SeriesKey(*k): v for k, v in gauges.items()},
         histograms=histograms,
         types=types,
         unknown=tuple(unknown),
+        other_dp_groups=other_dp_groups,
     )
+
+
+def _reference_families(text: str, source: str) -> list[_Family]:
+    """prometheus_client's parser over the whole text (the reference semantics)."""
+    try:
+        out: list[_Family] = []
+        for family in text_string_to_metric_families(text):
+            samples = [
+                (s.name, tuple(sorted(s.labels.items())), float(s.value)) for s in family.samples
+            ]
+            out.append((family.name, family.type, samples))
+        return out
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError) as exc:
+        raise ResponseFormatError(source, EXPECTED_FORMAT, f"unparseable: {exc}") from None
+
+
+def parse_metrics(
+    text: str, *, source: str = "<metrics text>", families: Families | None = None
+) -> MetricsSnapshot:
+    """Parse a ``/metrics`` body. Raises :class:`ResponseFormatError` naming ``source``.
+
+    ``families=None`` parses every family with prometheus_client's parser. Given a set
+    of names (snapshot names: see :data:`Families`), only those families are kept and a
+    line lexer built for the text prometheus_client and SGLang write does the work (an
+    order of magnitude faster); the result equals :func:`restrict` of the full parse to
+    those names. Lines of the other families are only scanned for their family
+    boundaries and DP groups, not validated. Anything the lexer does not model (quoted
+    UTF-8 names, ``__name__`` labels, odd separators, any malformed kept line) is handed
+    to the full parse, so the answer, or the error, is always the reference one.
+    """
+    if families is None:
+        return _assemble(_reference_families(text, source), source)
+    wanted = families if isinstance(families, frozenset) else frozenset(families)
+    try:
+        fams, other_dp = _lex_families(text, wanted)
+    except _Unmodelled:
+        return restrict(parse_metrics(text, source=source), wanted)
+    try:
+        return _assemble(fams, source, other_dp)
+    except ResponseFormatError:
+        # Re-raise the reference's own error for the same text.
+        return restrict(parse_metrics(text, source=source), wanted)
+
+
+def restrict(snapshot: MetricsSnapshot, families: Families) -> MetricsSnapshot:
+    """The part of ``snapshot`` that ``parse_metrics(text, families=...)`` keeps."""
+    keep = families if isinstance(families, frozenset) else frozenset(families)
+    left_out: Iterable[SeriesKey] = (
+        *(k for k in snapshot.counters if k.name not in keep),
+        *(k for k in snapshot.gauges if k.name not in keep),
+        *(k for k in snapshot.histograms if k.name not in keep),
+        *(u.key for u in snapshot.unknown if u.key.name not in keep),
+    )
+    other = frozenset(k.get(DP_LABEL) for k in left_out if k.get("tp_rank") is not None)
+    return MetricsSnapshot(
+        counters={k: v for k, v in snapshot.counters.items() if k.name in keep},
+        gauges={k: v for k, v in snapshot.gauges.items() if k.name in keep},
+        histograms={k: v for k, v in snapshot.histograms.items() if k.name in keep},
+        types={k: v for k, v in snapshot.types.items() if k in keep},
+        unknown=tuple(u for u in snapshot.unknown if u.key.name in keep),
+        other_dp_groups=other | snapshot.other_dp_groups,
+    )
+
+
+# ------------------------------------------------------------- the fast line lexer
+#
+# It reproduces prometheus_client 0.26's text parser (parser.py:
+# text_fd_to_metric_families) for the lines it keeps: a family starts at a HELP or TYPE
+# line naming a new metric, or at a sample whose name the current family does not allow
+# (that sample is an untyped family of its own); counters declared without ``_total``
+# get it appended to their samples; label values unescape ``\\``, ``\"`` and ``\n``;
+# a value is int() else float() of the first token, "_" refused; a second token is a
+# timestamp (validated, ignored). tests/test_prometheus_fast.py checks it against
+# prometheus_client with generated exposition text.
+
+
+class _Unmodelled(Exception):
+    """The lexer met something it does not model: the reference parser decides."""
+
+
+_METRIC_TYPES: Final = frozenset(
+    {"counter", "gauge", "summary", "histogram", "gaugehistogram", "unknown", "info", "stateset"}
+)
+_ALLOWED_SUFFIXES: Final = {
+    "counter": ("",),
+    "gauge": ("",),
+    "summary": ("_count", "_sum", ""),
+    "histogram": ("_count", "_sum", "_bucket"),
+}
+_NAME_RE: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+# prometheus_client splits comment lines on string.whitespace.
+_META_SPLIT_RE: Final = re.compile(r"[ \t\n\r\x0b\x0c]+")
+_LABEL: Final = r'[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"(?:[^"\\]|\\.)*"[ \t]*'
+_SERIES_RE: Final = re.compile(
+    r"[a-zA-Z_:][a-zA-Z0-9_:]*\{(?:" + _LABEL + r",)*(?:" + _LABEL + r")?[ \t]*\}"
+)
+_LABEL_PAIR_RE: Final = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"')
+_ESCAPE_RE: Final = re.compile(r'\\[\\n"]')
+_ESCAPES: Final = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
+_SERIES_CACHE_MAX: Final = 65_536
+
+# Series text (``name{...}``) -> its sorted label pairs. The same series come back in
+# every scrape, so label parsing runs once per series, not once per line.
+_series_cache: dict[str, tuple[tuple[str, str], ...]] = {}
+
+
+def _unescape(match: re.Match[str]) -> str:
+    return _ESCAPES[match.group(0)]
+
+
+def _series_labels(series: str, name_end: int) -> tuple[tuple[str, str], ...]:
+    cached = _series_cache.get(series)
+    if cached is not None:
+        return cached
+    if _SERIES_RE.fullmatch(series) is None:
+        raise _Unmodelled
+    pairs: dict[str, str] = {}
+    for m in _LABEL_PAIR_RE.finditer(series, name_end + 1):
+        label, value = m.group(1), m.group(2)
+        if label.startswith("__") or label in pairs:
+            raise _Unmodelled  # reserved / __name__ / duplicate: the reference decides
+        pairs[label] = _ESCAPE_RE.sub(_unescape, value) if "\\" in value else value
+    labels = tuple(sorted(pairs.items()))
+    if len(_series_cache) >= _SERIES_CACHE_MAX:
+        _series_cache.clear()
+    _series_cache[series] = labels
+    return labels
+
+
+def _number(token: str) -> float:
+    # prometheus_client: int(token), else float(token); "_" refused (float() takes it).
+    if "_" in token:
+        raise _Unmodelled
+    try:
+        value = float(token)
+    except ValueError:
+        raise _Unmodelled from None
+    if math.isinf(value):
+        try:
+            int(token)
+        except ValueError:
+            return value
+        raise _Unmodelled  # an integer too large for a float: the reference errs
+    return value
+
+
+def _value(rest: str) -> float:
+    s = rest.lstrip()
+    if " " not in s and "\t" not in s:
+        if not s:
+            raise _Unmodelled
+        return _number(s)
+    sep = " " if " " in s else "\t"
+    tokens = [t.strip() for t in s.split(sep) if t.strip()]
+    if not tokens:
+        raise _Unmodelled
+    if len(tokens) > 1:
+        _number(tokens[-1])  # the timestamp must parse too
+    return _number(tokens[0])
+
+
+def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], frozenset[DPRank]]:
+    """The kept families of ``text`` and the DP groups of the others' scheduler series."""
+    out: list[_Family] = []
+    other_dp: set[DPRank] = set()
+    # The family being read: its name, type, allowed sample names, buffered samples
+    # (name, labels, value text) if it may be kept, DP groups seen if not.
+    name = ""
+    typ = "untyped"
+    allowed: tuple[str, ...] = ()
+    maybe_kept = False
+    buffered: list[tuple[str, tuple[tuple[str, str], ...], str]] = []
+    dps: set[DPRank] = set()
+
+    def close() -> None:
+        if name == "":
+            return
+        kind = "unknown" if typ == "untyped" else typ
+        if kind not in _METRIC_TYPES:
+            raise _Unmodelled  # the reference refuses the type when it builds the family
+        if maybe_kept and _snapshot_name(name, kind) in wanted:
+            rename = kind == "counter" and not name.endswith("_total")
+            samples = [
+                (s + "_total" if rename else s, labels, _value(rest))
+                for s, labels, rest in buffered
+            ]
+            out.append((name, kind, samples))
+        elif kind in ("counter", "gauge", "histogram"):
+            other_dp.update(dps)
+
+    for raw in text.split("\n"):
+        line = raw.strip()
+        if not line:
+            continue
+        if line[0] == "#":
+            parts = _META_SPLIT_RE.split(line, 3)
+            if '"' in line and any('"' in p for p in parts[:3]):
+                raise _Unmodelled  # quotes change where prometheus_client splits
+            if len(parts) < 3:
+                if len(parts) == 2 and parts[1] in ("HELP", "TYPE"):
+                    raise _Unmodelled
+                continue
+            if parts[1] != "HELP" and parts[1] != "TYPE":
+                continue
+            candidate = parts[2]
+            if _NAME_RE.fullmatch(candidate) is None:
+                raise _Unmodelled
+            if parts[1] == "HELP":
+                if candidate != name:
+                    close()
+                    name, typ, allowed = candidate, "untyped", (candidate,)
+                    buffered, dps = [], set()
+                    maybe_kept = candidate in wanted or candidate + "_total" in wanted
+                continue
+            if len(parts) < 4:
+                raise _Unmodelled
+            if candidate != name:
+                close()
+                name = candidate
+                buffered, dps = [], set()
+                maybe_kept = candidate in wanted or candidate + "_total" in wanted
+            typ = parts[3]
+            allowed = tuple(name + s for s in _ALLOWED_SUFFIXES.get(typ, ("",)))
+            continue
+        m = _NAME_RE.match(line)
+        if m is None:
+            raise _Unmodelled
+        end = m.end()
+        if end == len(line):
+            raise _Unmodelled
+        sample = m.group()
+        if line[end] == "{":
+            close_at = line.rfind("}")
+            series = line[: close_at + 1]
+            rest = line[close_at + 1 :]
+            has_labels = True
+        elif line[end] in " \t" and "{" not in line and '"' not in line:
+            series, rest, has_labels = sample, line[end:], False
+        else:
+            raise _Unmodelled
+        if sample not in allowed:
+            # prometheus_client: the family ends; this sample is an untyped family.
+            close()
+            name, typ, allowed, maybe_kept = "", "untyped", (), False
+            buffered, dps = [], set()
+            if sample in wanted:
+                labels = _series_labels(series, end) if has_labels else ()
+                out.append((sample, "unknown", [(sample, labels, _value(rest))]))
+            continue
+        if maybe_kept:
+            labels = _series_labels(series, end) if has_labels else ()
+            buffered.append((sample, labels, rest))
+        elif has_labels and "tp_rank" in series:
+            labels = _series_labels(series, end)
+            pairs = dict(labels)
+            if "tp_rank" in pairs:
+                dps.add(pairs.get(DP_LABEL))
+    close()
+    return out, frozenset(other_dp)
 
 
 # ---------------------------------------------------------------------- selection
@@ -315,14 +625,36 @@ class RankValue:
     keys: tuple[SeriesKey, ...]
 
 
+def _named(snapshot: MetricsSnapshot, kind: str, name: str) -> Mapping[SeriesKey, Any]:
+    """The ``kind`` ("counters" | "gauges" | "histograms") series named ``name``."""
+    memo = snapshot._memo
+    index: dict[str, dict[SeriesKey, Any]] | None = memo.get(("index", kind, ()))
+    if index is None:
+        index = defaultdict(dict)
+        series: Mapping[SeriesKey, Any] = getattr(snapshot, kind)
+        for key, value in series.items():
+            index[key.name][key] = value
+        memo[("index", kind, ())] = index
+    return index.get(name, {})
+
+
+def _memo_key(selector: str, name: str, match: Mapping[str, str] | None) -> tuple[str, str, Labels]:
+    return (selector, name, tuple(sorted(match.items())) if match else ())
+
+
 def counter_by_dp(
     snapshot: MetricsSnapshot, name: str, *, match: Mapping[str, str] | None = None
 ) -> dict[DPRank, RankValue]:
     """Per DP group, the sum of the counter's series (matching ``match``) of one replica."""
-    return {
-        dp: RankValue(dp, math.fsum(v for _, v in kvs), tuple(k for k, _ in kvs))
-        for dp, kvs in _pick_replicas(snapshot.counters, name, match).items()
-    }
+    key = _memo_key("counter", name, match)
+    cached: dict[DPRank, RankValue] | None = snapshot._memo.get(key)
+    if cached is None:
+        cached = {
+            dp: RankValue(dp, math.fsum(v for _, v in kvs), tuple(k for k, _ in kvs))
+            for dp, kvs in _pick_replicas(_named(snapshot, "counters", name), name, match).items()
+        }
+        snapshot._memo[key] = cached
+    return dict(cached)
 
 
 def gauge_by_dp(
@@ -333,13 +665,21 @@ def gauge_by_dp(
     A group whose replica exports several candidate series (labels ``match`` does not
     pin down) is left out: which one is meant cannot be told, so it is unknown.
     """
-    totals = {k: v for k, v in snapshot.gauges.items() if (k.get(PRIORITY_LABEL) or "") == ""}
-    out: dict[DPRank, RankValue] = {}
-    for dp, kvs in _pick_replicas(totals, name, match).items():
-        if len(kvs) == 1:
-            key, value = kvs[0]
-            out[dp] = RankValue(dp, value, (key,))
-    return out
+    memo_key = _memo_key("gauge", name, match)
+    cached: dict[DPRank, RankValue] | None = snapshot._memo.get(memo_key)
+    if cached is None:
+        totals = {
+            k: v
+            for k, v in _named(snapshot, "gauges", name).items()
+            if (k.get(PRIORITY_LABEL) or "") == ""
+        }
+        cached = {}
+        for dp, kvs in _pick_replicas(totals, name, match).items():
+            if len(kvs) == 1:
+                key, value = kvs[0]
+                cached[dp] = RankValue(dp, value, (key,))
+        snapshot._memo[memo_key] = cached
+    return dict(cached)
 
 
 def sum_histograms(hists: Iterable[HistogramSeries], *, what: str) -> HistogramSeries | None:
@@ -379,12 +719,17 @@ def histogram_by_dp(
     snapshot: MetricsSnapshot, name: str, *, match: Mapping[str, str] | None = None
 ) -> dict[DPRank, RankHistogram]:
     """Per DP group, the bucket-wise sum of the histogram's series of one replica."""
-    out: dict[DPRank, RankHistogram] = {}
-    for dp, kvs in _pick_replicas(snapshot.histograms, name, match).items():
-        summed = sum_histograms((h for _, h in kvs), what=name)
-        if summed is not None:
-            out[dp] = RankHistogram(dp, summed, tuple(k for k, _ in kvs))
-    return out
+    memo_key = _memo_key("histogram", name, match)
+    cached: dict[DPRank, RankHistogram] | None = snapshot._memo.get(memo_key)
+    if cached is None:
+        cached = {}
+        series = _named(snapshot, "histograms", name)
+        for dp, kvs in _pick_replicas(series, name, match).items():
+            summed = sum_histograms((h for _, h in kvs), what=name)
+            if summed is not None:
+                cached[dp] = RankHistogram(dp, summed, tuple(k for k, _ in kvs))
+        snapshot._memo[memo_key] = cached
+    return dict(cached)
 
 
 class Aggregation(StrEnum):

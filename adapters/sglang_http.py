@@ -24,7 +24,7 @@ import asyncio
 import json
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from types import TracebackType
@@ -39,6 +39,7 @@ from specgov.adapters.errors import (
     TemporaryScrapeError,
 )
 from specgov.adapters.prometheus_text import EXPECTED_FORMAT, MetricsSnapshot, parse_metrics
+from specgov.adapters.telemetry import METRICS_READ
 
 METRICS_PATH: Final = "/metrics"
 HEALTH_PATH: Final = "/health"
@@ -183,15 +184,22 @@ class SGLangClient:
 
     # ---------------------------------------------------------------- endpoints
 
-    async def scrape_metrics(self) -> MetricsScrape:
-        """``GET /metrics``, parsed. Raises TemporaryScrapeError / PermanentScrapeError."""
+    async def scrape_metrics(
+        self, *, families: Collection[str] | None = METRICS_READ
+    ) -> MetricsScrape:
+        """``GET /metrics``, parsed. Raises TemporaryScrapeError / PermanentScrapeError.
+
+        ``families``: the metric families kept in the snapshot (default: the ones
+        telemetry reads, parsed by the fast lexer; None: every family, with
+        prometheus_client's parser). ``text`` always holds the whole body.
+        """
         start = self._clock()
         resp = await self._get(
             METRICS_PATH, expected=EXPECTED_FORMAT, headers={"Accept": _METRICS_ACCEPT}
         )
         arrived = self._clock()
         text = resp.text
-        snapshot = parse_metrics(text, source=str(resp.request.url))
+        snapshot = parse_metrics(text, source=str(resp.request.url), families=families)
         return MetricsScrape(
             time_s=arrived, latency_s=max(arrived - start, 0.0), snapshot=snapshot, text=text
         )

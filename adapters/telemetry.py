@@ -30,6 +30,7 @@ from specgov.adapters.prometheus_text import (
     SeriesKey,
     counter_by_dp,
     histogram_by_dp,
+    parse_metrics,
     sum_histograms,
 )
 
@@ -84,7 +85,10 @@ LOG_STATS_GAUGES: Final = frozenset(
     }
 )
 
-# Every metric name the telemetry adapters read (checked against the wheel).
+# Every metric name the telemetry adapters read (checked against the wheel): the
+# window counters and histograms, the gauges the ObservationBuilder reads and every
+# gauge GaugeAger uses as refresh evidence, the daemon's workload totals. It is also
+# the family filter of parse_read_metrics: a scrape parses these families and no other.
 METRICS_READ: Final = frozenset(
     {
         GENERATION_TOKENS,
@@ -102,6 +106,18 @@ METRICS_READ: Final = frozenset(
     }
     | LOG_STATS_GAUGES
 )
+
+
+def parse_read_metrics(text: str, *, source: str = "<metrics text>") -> MetricsSnapshot:
+    """``/metrics`` text parsed for telemetry: only the :data:`METRICS_READ` families.
+
+    What the daemon's scrape and replay's simulated scrape both call. The Observation
+    built from it equals the one built from the full parse (``parse_metrics(text)``);
+    tests/test_prometheus_fast.py checks that on the recorded fixtures and in replay.
+    """
+    return parse_metrics(text, source=source, families=METRICS_READ)
+
+
 # Every label name they read.
 LABELS_READ: Final = frozenset(
     {"dp_rank", "tp_rank", "pp_rank", "moe_ep_rank", "priority", "mode", "model_name"}

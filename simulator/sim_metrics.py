@@ -13,14 +13,38 @@ because the daemon's telemetry depends on it:
   spec steps) refresh only every ``decode_log_interval`` (40) decode iterations;
 * ``num_retracted_requests_total`` advances at each retraction.
 
-A fresh ``CollectorRegistry`` is used unless one is injected (no global registry).
+The engine calls the event hooks hundreds of thousands of times per replay, so the
+values live in plain Python cells and bucket lists (the same float arithmetic
+prometheus_client does, without its per-update lock). :meth:`SimMetrics.render`
+copies them into a prometheus_client ``CollectorRegistry`` (a fresh one unless one is
+injected; no global registry) and returns ``generate_latest`` of it: the full body the
+sim-server serves. :meth:`SimMetrics.render_families` writes the same text for a few
+families only, straight from the cells: what replay's simulated scrape asks for
+(tests/test_sim_metrics.py checks it is byte-for-byte the matching part of
+:meth:`render`).
 """
 
 from __future__ import annotations
 
 import bisect
+import math
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Protocol, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.utils import floatToGoString
+
+# generate_latest's number format (Go's, e.g. "1.7e+09", "+Inf"); the library leaves
+# it unannotated.
+_go_float = cast(Callable[[float], str], floatToGoString)
+
+
+class _Settable(Protocol):
+    """A prometheus_client value holder (MutexValue or the multiprocess one)."""
+
+    def set(self, value: float) -> None: ...
+
 
 DECODE_LOG_INTERVAL = 40
 
@@ -33,6 +57,73 @@ ITL_BUCKETS_S = (
     0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.030, 0.035, 0.040, 0.060,
     0.080, 0.100, 0.200, 0.400, 0.600, 0.800, 1.000, 2.000, 4.000, 6.000, 8.000,
 )  # fmt: skip
+
+
+class Cell:
+    """One counter or gauge series' value (the child prometheus_client would hold)."""
+
+    __slots__ = ("_counter", "value")
+
+    def __init__(self, *, counter: bool) -> None:
+        self.value = 0.0
+        self._counter = counter
+
+    def inc(self, amount: float = 1.0) -> None:
+        if self._counter and amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self.value += amount
+
+    def set(self, value: float) -> None:
+        if self._counter:
+            raise ValueError("a counter cannot be set")
+        self.value = float(value)
+
+
+class HistogramCell:
+    """One histogram series: per-bucket counts (upper bounds end with +Inf) and sum."""
+
+    __slots__ = ("bounds", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = (*(float(b) for b in bounds), math.inf)
+        self.counts = [0.0] * len(self.bounds)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        """prometheus_client's Histogram.observe: sum, then the first bound >= value."""
+        self.sum += value
+        if value == value:  # NaN lands in no bucket there either
+            self.counts[bisect.bisect_left(self.bounds, value)] += 1.0
+
+
+def _escape_label_value(value: str) -> str:
+    # generate_latest's escaping of label values (backslash, newline, double quote).
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _series_text(name: str, labels: dict[str, str]) -> str:
+    if not labels:
+        return name
+    inner = ",".join(f'{k}="{_escape_label_value(v)}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """One exported family: what its lines look like and which cells feed them."""
+
+    name: str  # as in the TYPE line (counters with _total)
+    header: str  # the HELP and TYPE lines
+    # Counters and gauges: (sample line prefix "name{labels} ", cell).
+    scalars: tuple[tuple[str, Cell], ...] = ()
+    # Histograms: (prefix, cell, which value of the cell it shows).
+    buckets: tuple[tuple[str, HistogramCell, int], ...] = ()
+
+
+# Which value of a HistogramCell a line shows: the cumulative count up to bucket i
+# (i >= 0), the total count, or the sum.
+_COUNT = -1
+_SUM = -2
 
 
 class SimMetrics:
@@ -49,113 +140,95 @@ class SimMetrics:
     ) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self.decode_log_interval = decode_log_interval
+        self._families: list[_Family] = []
+        # (prometheus_client value holder, cell) pairs, copied across at a full render.
+        self._sync_scalars: list[tuple[_Settable, Cell]] = []
+        self._sync_hists: list[tuple[list[_Settable], _Settable, HistogramCell]] = []
+        self._plans: dict[frozenset[str], tuple[_Family, ...]] = {}
         tok = {"model_name": model_name, "engine_type": "unified"}
         sched = {**tok, "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
         stream = {**tok, "is_streaming": "true" if streaming else "false"}
-        reg = self.registry
-        tok_names = list(tok)
-        stream_names = [*tok, "is_streaming"]
-        sched_names = list(sched)
 
-        def counter(name: str, doc: str, labels: dict[str, str]) -> Counter:
-            return Counter(name, doc, list(labels), registry=reg)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, sched_names, registry=reg)
-
-        self.prompt_tokens = counter(
-            "sglang:prompt_tokens_total", "Number of prefill tokens processed.", stream
-        ).labels(**stream)
-        self.generation_tokens = counter(
-            "sglang:generation_tokens_total", "Number of generation tokens processed.", stream
-        ).labels(**stream)
-        self.verify_calls = counter(
+        self.prompt_tokens = self._counter(
+            "sglang:prompt_tokens_total", "Number of prefill tokens processed.", [stream]
+        )[0]
+        self.generation_tokens = self._counter(
+            "sglang:generation_tokens_total", "Number of generation tokens processed.", [stream]
+        )[0]
+        self.verify_calls = self._counter(
             "sglang:spec_verify_calls_total",
             "Number of speculative decoding verification calls.",
-            tok,
-        ).labels(**tok)
-        self.requests = counter(
-            "sglang:num_requests_total", "Number of requests processed.", tok
-        ).labels(**tok)
-        self.retracted = counter(
-            "sglang:num_retracted_requests_total", "Total number of retracted requests.", sched
-        ).labels(**sched)
-        self.ttft = Histogram(
+            [tok],
+        )[0]
+        self.requests = self._counter(
+            "sglang:num_requests_total", "Number of requests processed.", [tok]
+        )[0]
+        self.retracted = self._counter(
+            "sglang:num_retracted_requests_total", "Total number of retracted requests.", [sched]
+        )[0]
+        self.ttft = self._histogram(
             "sglang:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
-            stream_names,
-            buckets=TTFT_BUCKETS_S,
-            registry=reg,
-        ).labels(**stream)
-        self.itl = Histogram(
+            stream,
+            TTFT_BUCKETS_S,
+        )
+        self.itl = self._histogram(
             "sglang:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
-            tok_names,
-            buckets=ITL_BUCKETS_S,
-            registry=reg,
-        ).labels(**tok)
-        self.tpot = Histogram(
+            tok,
+            ITL_BUCKETS_S,
+        )
+        self.tpot = self._histogram(
             "sglang:request_time_per_output_token_seconds",
             "Per-request TPOT in seconds: (finished_time - first_token_time) / "
             "(completion_tokens - 1).",
-            stream_names,
-            buckets=ITL_BUCKETS_S,
-            registry=reg,
-        ).labels(**stream)
-        self.e2e = Histogram(
+            stream,
+            ITL_BUCKETS_S,
+        )
+        self.e2e = self._histogram(
             "sglang:e2e_request_latency_seconds",
             "Histogram of End-to-end request latency in seconds",
-            stream_names,
-            buckets=E2E_BUCKETS_S,
-            registry=reg,
-        ).labels(**stream)
-        self.queue_time = Histogram(
+            stream,
+            E2E_BUCKETS_S,
+        )
+        self.queue_time = self._histogram(
             "sglang:queue_time_seconds",
             "Histogram of queueing time in seconds.",
-            sched_names,
-            buckets=E2E_BUCKETS_S,
-            registry=reg,
-        ).labels(**sched)
-        self.g_running = gauge("sglang:num_running_reqs", "The number of running requests.").labels(
-            **sched
+            sched,
+            E2E_BUCKETS_S,
         )
+
+        def gauge(name: str, doc: str) -> Cell:
+            return self._gauge(name, doc, sched)
+
+        self.g_running = gauge("sglang:num_running_reqs", "The number of running requests.")
         self.g_queue = gauge(
             "sglang:num_queue_reqs", "The number of requests in the waiting queue."
         )
-        self.g_queue = self.g_queue.labels(**sched)
-        self.g_token_usage = gauge("sglang:token_usage", "The token usage.").labels(**sched)
-        self.g_used_tokens = gauge("sglang:num_used_tokens", "The number of used tokens.").labels(
-            **sched
-        )
-        self.g_available = gauge(
-            "sglang:kv_available_tokens", "The number of available KV tokens."
-        ).labels(**sched)
+        self.g_token_usage = gauge("sglang:token_usage", "The token usage.")
+        self.g_used_tokens = gauge("sglang:num_used_tokens", "The number of used tokens.")
+        self.g_available = gauge("sglang:kv_available_tokens", "The number of available KV tokens.")
         self.g_gen_throughput = gauge(
             "sglang:gen_throughput", "The generation throughput (token/s)."
-        ).labels(**sched)
+        )
         self.g_accept_length = gauge(
             "sglang:spec_accept_length", "The average acceptance length of speculative decoding."
-        ).labels(**sched)
+        )
         self.g_num_steps = gauge(
             "sglang:spec_num_steps", "The current speculative num_steps (adaptive)."
-        ).labels(**sched)
-        self.g_retracted = gauge(
-            "sglang:num_retracted_reqs", "The number of retracted requests."
-        ).labels(**sched)
-        realtime = Counter(
+        )
+        self.g_retracted = gauge("sglang:num_retracted_reqs", "The number of retracted requests.")
+        self.realtime_decode, self.realtime_prefill = self._counter(
             "sglang:realtime_tokens_total",
             "Total number of tokens processed (updated on each log interval). "
             "mode: prefill_compute, prefill_cache, decode.",
-            [*sched_names, "mode"],
-            registry=reg,
+            [{**sched, "mode": "decode"}, {**sched, "mode": "prefill_compute"}],
         )
-        self.realtime_decode = realtime.labels(**sched, mode="decode")
-        self.realtime_prefill = realtime.labels(**sched, mode="prefill_compute")
         if kv_capacity_tokens is not None:
             gauge(
                 "sglang:max_total_num_tokens",
                 "Maximum total number of tokens in the KV cache pool.",
-            ).labels(**sched).set(kv_capacity_tokens)
+            ).set(kv_capacity_tokens)
         # Accumulators between gauge refreshes (SGLang's metrics_reporter does the same).
         self._decode_ct = 0
         self._iv_tokens = 0
@@ -164,10 +237,56 @@ class SimMetrics:
         self._iv_start_s: float | None = None
         self._iv_retracted = 0
         self._iv_prefill_tokens = 0
-        # ITL buckets: prometheus_client has no "observe n times"; SGLang bumps the
-        # bucket by n directly. We keep the same arithmetic via observe() n times only
-        # for the rare n > 1 path below, and bisect for the common case.
-        self._itl_bounds = ITL_BUCKETS_S
+        self._itl_counts = self.itl.counts
+        self._itl_bounds = self.itl.bounds
+
+    # ------------------------------------------------------------ construction
+
+    @staticmethod
+    def _header(name: str, doc: str, kind: str) -> str:
+        escaped = doc.replace("\\", r"\\").replace("\n", r"\n")
+        return f"# HELP {name} {escaped}\n# TYPE {name} {kind}\n"
+
+    def _counter(self, name: str, doc: str, children: list[dict[str, str]]) -> list[Cell]:
+        labelnames = list(children[0])
+        parent = Counter(name, doc, labelnames, registry=self.registry)
+        cells: list[Cell] = []
+        lines: list[tuple[str, Cell]] = []
+        for labels in children:
+            cell = Cell(counter=True)
+            child = parent.labels(**labels)
+            self._sync_scalars.append((cast(_Settable, child._value), cell))
+            lines.append((_series_text(name, labels) + " ", cell))
+            cells.append(cell)
+        self._families.append(_Family(name, self._header(name, doc, "counter"), tuple(lines)))
+        return cells
+
+    def _gauge(self, name: str, doc: str, labels: dict[str, str]) -> Cell:
+        parent = Gauge(name, doc, list(labels), registry=self.registry)
+        cell = Cell(counter=False)
+        self._sync_scalars.append((cast(_Settable, parent.labels(**labels)._value), cell))
+        line = (_series_text(name, labels) + " ", cell)
+        self._families.append(_Family(name, self._header(name, doc, "gauge"), (line,)))
+        return cell
+
+    def _histogram(
+        self, name: str, doc: str, labels: dict[str, str], buckets: tuple[float, ...]
+    ) -> HistogramCell:
+        parent = Histogram(name, doc, list(labels), buckets=buckets, registry=self.registry)
+        cell = HistogramCell(buckets)
+        child = parent.labels(**labels)
+        holders = cast(list[_Settable], child._buckets)
+        self._sync_hists.append((holders, cast(_Settable, child._sum), cell))
+        lines: list[tuple[str, HistogramCell, int]] = [
+            (_series_text(f"{name}_bucket", {**labels, "le": _go_float(b)}) + " ", cell, i)
+            for i, b in enumerate(cell.bounds)
+        ]
+        lines.append((_series_text(f"{name}_count", labels) + " ", cell, _COUNT))
+        lines.append((_series_text(f"{name}_sum", labels) + " ", cell, _SUM))
+        self._families.append(
+            _Family(name, self._header(name, doc, "histogram"), buckets=tuple(lines))
+        )
+        return cell
 
     # ------------------------------------------------------------------ events
 
@@ -179,12 +298,11 @@ class SimMetrics:
         """One output chunk of one request (SGLang's observe_inter_token_latency)."""
         if num_tokens <= 0:
             return
-        value = interval_s / num_tokens
-        hist = self.itl
-        # Same effect as SGLang's fast path: sum += interval, bucket(value) += n.
-        hist._sum.inc(interval_s)
-        idx = bisect.bisect_left(self._itl_bounds, value)
-        hist._buckets[idx].inc(num_tokens)
+        # SGLang's fast path: sum += interval, bucket(interval / n) += n.
+        self.itl.sum += interval_s
+        self._itl_counts[bisect.bisect_left(self._itl_bounds, interval_s / num_tokens)] += (
+            num_tokens
+        )
 
     def on_finish(
         self,
@@ -255,6 +373,46 @@ class SimMetrics:
 
     # ------------------------------------------------------------------ output
 
+    def _sync(self) -> None:
+        """Copy the cells into the prometheus_client children (set, not add: exact)."""
+        for holder, cell in self._sync_scalars:
+            holder.set(cell.value)
+        for buckets, total, hcell in self._sync_hists:
+            for holder, count in zip(buckets, hcell.counts, strict=True):
+                holder.set(count)
+            total.set(hcell.sum)
+
     def render(self) -> bytes:
-        """The /metrics body (Prometheus text exposition format)."""
+        """The /metrics body (Prometheus text exposition format): every family of the
+        registry, ``_created`` timestamps included."""
+        self._sync()
         return generate_latest(self.registry)
+
+    def render_families(self, families: Collection[str]) -> bytes:
+        """The part of :meth:`render` for ``families`` (snapshot names, as
+        ``parse_metrics(..., families=...)`` takes them: counters with ``_total``,
+        histograms by base name), in the same order and bytes, written from the cells.
+        Families this object does not export (and ``_created`` timestamps, and
+        collectors of an injected registry) are not written.
+        """
+        key = families if isinstance(families, frozenset) else frozenset(families)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = tuple(f for f in self._families if f.name in key)
+            self._plans[key] = plan
+        out: list[str] = []
+        fmt = _go_float
+        for family in plan:
+            out.append(family.header)
+            for prefix, cell in family.scalars:
+                out.append(f"{prefix}{fmt(cell.value)}\n")
+            acc = 0.0  # cumulative, as prometheus_client sums its buckets
+            for prefix, hcell, which in family.buckets:
+                if which >= 0:
+                    acc += hcell.counts[which]
+                    out.append(f"{prefix}{fmt(acc)}\n")
+                elif which == _COUNT:
+                    out.append(f"{prefix}{fmt(acc)}\n")
+                else:
+                    out.append(f"{prefix}{fmt(hcell.sum)}\n")
+        return "".join(out).encode()
