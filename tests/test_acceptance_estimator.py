@@ -25,6 +25,7 @@ from specgov.policies.estimators.acceptance import (
     update_acceptance,
 )
 from specgov.policies.types import PolicyTypeError, TierStat, TierStatsSnapshot
+from specgov.simulator.acceptance import PROFILES
 
 # REFERENCE.md §3, EAGLE-3 on Llama-3.1-8B: instructcoder (code) and sharegpt (chat);
 # n-gram drafter on the same: instructcoder and sharegpt.
@@ -278,3 +279,83 @@ def test_config_validation_names_the_field() -> None:
     with pytest.raises(PolicyTypeError, match="max_steps"):
         AcceptanceConfig(max_steps=0)
     assert math.isclose(AcceptanceConfig().lower_z, 1.2816)
+
+
+# Extrapolation past the observed positions, against the truth. Profiles: the
+# simulator's catalog (REFERENCE.md §3: falling gsm8k .72 -> .65, the MT-bench rates
+# derived from vLLM's accept lengths, rising code/chat, n-gram's low first position)
+# plus synthetic flat and steadily falling ones.
+FALLING_5PCT = (0.80, 0.76, 0.722, 0.686, 0.652, 0.619, 0.588)  # -5 % a position
+EXTRAPOLATION_PROFILES = {
+    **{f"{name}/{domain}": rates for name, d in PROFILES.items() for domain, rates in d.items()},
+    "flat .7": (0.7,) * 7,
+    "falling 5 %": FALLING_5PCT,
+}
+# Stated margins: E[L(k)] never more than 2 % above the truth; below it by at most
+# 20 % after k = 1 (12 % after k = 3), except n-gram profiles after k = 1, whose
+# first position (.16-.65) says little about the rest (.6-.96): at most 50 %.
+OVER_MARGIN = 0.02
+
+
+def _true_accept_length(rates: Sequence[float], k: int) -> float:
+    return 1.0 + sum(math.prod(rates[: i + 1]) for i in range(k))
+
+
+@pytest.mark.parametrize("ran_steps", [1, 3])
+@pytest.mark.parametrize("name", sorted(EXTRAPOLATION_PROFILES))
+def test_extrapolated_accept_length_is_conservative_against_the_truth(
+    name: str, ran_steps: int
+) -> None:
+    rates = EXTRAPOLATION_PROFILES[name]
+    rng = np.random.default_rng(10)
+    state = run(
+        initial_acceptance_state([1], CFG), CFG, rng, 30, 0.0, [(1, ran_steps, 2000, rates)]
+    )
+    est = acceptance_estimate(state, 1, CFG)
+    assert est.observed == ran_steps
+    ngram_first = ran_steps == 1 and name.startswith("ngram/")
+    floor = -0.5 if ngram_first else (-0.2 if ran_steps == 1 else -0.12)
+    for k in range(ran_steps + 1, 8):
+        truth = _true_accept_length(rates, k)
+        rel = est.expected_accept_length(k) / truth - 1.0
+        assert floor <= rel <= OVER_MARGIN, (name, k, rel)
+        assert est.expected_accept_length(k, conservative=True) <= est.expected_accept_length(k)
+    # Past the evidence the rates fall: never above the last observed lower bound,
+    # each at most extrapolation_decay times the one before.
+    last = est.lower[ran_steps - 1]
+    for i in range(ran_steps, 7):
+        assert est.mean[i] <= last + 1e-12
+        assert (
+            est.mean[i]
+            <= CFG.extrapolation_decay * (est.mean[i - 1] if i > ran_steps else last) + 1e-12
+        )
+        last = est.mean[i]
+
+
+def test_gsm8k_after_k1_is_no_longer_overstated() -> None:
+    # The review measured E[L(3)] +3.7 % and E[L(7)] +10 % with flat extrapolation.
+    gsm8k = PROFILES["eagle3-llama3.1-8b"]["gsm8k"]
+    rng = np.random.default_rng(11)
+    state = run(initial_acceptance_state([1], CFG), CFG, rng, 30, 0.0, [(1, 1, 2000, gsm8k)])
+    est = acceptance_estimate(state, 1, CFG)
+    for k in (3, 7):
+        assert est.expected_accept_length(k) <= _true_accept_length(gsm8k, k) * 1.01
+    flat = AcceptanceConfig(extrapolation_decay=1.0)  # the old behaviour, for contrast
+    old = acceptance_estimate(state, 1, flat)
+    assert old.expected_accept_length(7) > _true_accept_length(gsm8k, 7) * 1.08
+
+
+def test_an_observed_trend_falling_faster_than_the_default_is_followed() -> None:
+    steep = tuple(0.85 * 0.88**i for i in range(7))  # -12 % a position
+    rng = np.random.default_rng(12)
+    state = run(initial_acceptance_state([1], CFG), CFG, rng, 30, 0.0, [(1, 3, 4000, steep)])
+    est = acceptance_estimate(state, 1, CFG)
+    assert est.observed == 3
+    for i in range(3, 7):
+        assert est.mean[i] <= 0.9 * est.mean[i - 1]
+    for k in range(4, 8):
+        assert est.expected_accept_length(k) <= _true_accept_length(steep, k) * (1 + OVER_MARGIN)
+    with pytest.raises(PolicyTypeError, match="extrapolation_decay"):
+        AcceptanceConfig(extrapolation_decay=1.5)
+    with pytest.raises(PolicyTypeError, match="extrapolation_decay"):
+        AcceptanceConfig(extrapolation_decay=0.0)
