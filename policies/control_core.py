@@ -137,6 +137,8 @@ class CoreState:
     table: StepTable | None = None
     # Inner states of policies a pin displaced, by spec, to resume when the pin ends.
     parked: tuple[tuple[str, Any], ...] = ()
+    # The operator switched the running policy since the last decision.
+    switched: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,12 +309,16 @@ class ControlCore:
         observation = self.observation(running, inputs)
         started = timer() if timer is not None else None
         decision, guard = policy.decide(
-            observation, running.guard, self.budget, overrides=inputs.overrides
+            observation,
+            running.guard,
+            self.budget,
+            overrides=inputs.overrides,
+            policy_switched=running.switched,
         )
         decide_ms = None if timer is None or started is None else (timer() - started) * 1e3
         if notes:
             decision = replace(decision, message="; ".join([decision.message, *notes]))
-        after = replace(running, guard=guard)
+        after = replace(running, guard=guard, switched=False)
         publish: Publish | None = None
         why: str | None = None
         if decision.table is not None:
@@ -356,7 +362,9 @@ class ControlCore:
         why = step.not_published
         if step.publish is not None and not ok:
             why = "the spool write failed; the next decision retries the change"
-        state = replace(step.after, guard=guard, table=table)
+        # A switch whose first table never reached the engine is still a fresh switch.
+        switched = step.before.switched and step.publish is not None and not ok
+        state = replace(step.after, guard=guard, table=table, switched=switched)
         record = AuditRecord(
             time_s=step.observation.time_s,
             policy=step.policy_name,
@@ -386,7 +394,9 @@ class ControlCore:
         if inner is None:
             inner = fresh if fresh is not None else target.inner.initial_state()
         guard = replace(state.guard, inner=inner, inner_name=target.inner.name)
-        return replace(state, guard=guard, policy_spec=spec, parked=tuple(parked.items()))
+        return replace(
+            state, guard=guard, policy_spec=spec, parked=tuple(parked.items()), switched=True
+        )
 
 
 def _pin_running(state: CoreState) -> bool:

@@ -989,6 +989,9 @@ class GuardContext:
     wanted: Wanted | None
     # The operator's overrides in force at this decision (the store's, passed in).
     overrides: tuple[Override, ...] = ()
+    # The operator switched the policy (policy set, a pin starting or ending): every slot
+    # goes to the new policy's table directly, like the end of an override.
+    policy_switched: bool = False
 
     @property
     def now_s(self) -> float:
@@ -1156,6 +1159,8 @@ def apply_overrides(
         if o.slot is not None and o.slot not in bounds:
             p = p.note(f"override ignored: slot {o.slot} is not an engine slot {bounds}")
     ended = {b for b in state.override_slots if b in bounds} - set(winners)
+    if ctx.policy_switched:
+        ended |= set(bounds) - set(winners)
     if p.frozen:
         # Held slots stay as they are; an ended override releases once telemetry is back.
         state = replace(state, override_slots=tuple(sorted(set(winners) | ended)))
@@ -1538,8 +1543,11 @@ class GuardedPolicy(Generic[S]):
         state: GuardedState[S],
         budget: Budget,
         overrides: Sequence[Override] = (),
+        policy_switched: bool = False,
     ) -> tuple[Decision, GuardedState[S]]:
-        """One guarded decision; ``overrides`` are the operator's (inactive ones ignored).
+        """One guarded decision; ``overrides`` are the operator's (inactive ones ignored);
+        ``policy_switched``: the operator just switched to this policy (its table is taken
+        without tolerance band, dwell or rate limit, as when an override ends).
 
         The returned state assumes a published table reaches the engine; when it does
         not, :func:`on_publish_result` takes the change back.
@@ -1558,7 +1566,9 @@ class GuardedPolicy(Generic[S]):
         # Stored at commit unless frozen: a table made from unknown telemetry is dropped.
         wanted = _wanted(inner_decision, st.wanted, cands)
         active = active_overrides(overrides, observation.time_s)
-        ctx = GuardContext(observation, budget, inner_decision, cands, current, wanted, active)
+        ctx = GuardContext(
+            observation, budget, inner_decision, cands, current, wanted, active, policy_switched
+        )
         p = Proposal(steps=current)
         if layout_note:
             p = p.note(layout_note)

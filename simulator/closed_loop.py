@@ -127,12 +127,14 @@ class ClosedLoop:
     ) -> None:
         self.core = core
         self.config = config or ControlLoopConfig()
-        self._observe = observe
+        # What the executor feeds the core each tick; tests script faults through these
+        # (a telemetry gap: observe returns None; a permanent error: blocked says why).
+        self.observe = observe
+        self.overrides = overrides
+        self.blocked = blocked
+        self.publish_hook = publish_hook
         self._clock = clock  # the engine's virtual time
         self._cpu_clock = cpu_clock
-        self._overrides = overrides
-        self._blocked = blocked
-        self._publish_hook = publish_hook
         self.state: CoreState = core.initial_state(policy_spec)
         self.log = ClosedLoopLog()
         self.records: list[AuditRecord] = []
@@ -161,7 +163,7 @@ class ClosedLoop:
 
     def publish(self, publish: Publish) -> bool:
         now = self._clock()
-        if self._publish_hook is not None and not self._publish_hook(now, publish.table):
+        if self.publish_hook is not None and not self.publish_hook(now, publish.table):
             return False
         self._pending = (now + self.config.publish_delay_s, publish.table)
         return True
@@ -188,15 +190,15 @@ class ClosedLoop:
     def on_tick(self, now_s: float) -> None:
         stats = tuple(self._stats)
         self._stats = []
-        observation = self._observe(now_s)
+        observation = self.observe(now_s)
         if observation is not None:
             self._last_obs = observation
         inputs = ControlInputs(
             now_s=now_s,
             observation=self._last_obs,
             tier_stats=stats,
-            overrides=tuple(self._overrides(now_s)) if self._overrides is not None else (),
-            blocked=self._blocked(now_s) if self._blocked is not None else None,
+            overrides=tuple(self.overrides(now_s)) if self.overrides is not None else (),
+            blocked=self.blocked(now_s) if self.blocked is not None else None,
         )
         _, self.state = control_step(self.core, self.state, inputs, self, self._cpu_clock)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ from specgov.policies.table import TablePolicy
 from specgov.policies.types import Budget, Observation
 from specgov.simulator.acceptance import AcceptanceModel
 from specgov.simulator.catalog import Catalog, DrafterSpec, GpuSpec, ModelSpec
-from specgov.simulator.closed_loop import ClosedLoop, ControlLoopConfig, slot_candidates_of
+from specgov.simulator.closed_loop import ClosedLoop, ControlLoopConfig
 from specgov.simulator.cost import CostModel
 from specgov.simulator.engine import Engine, EngineConfig, EngineResult, VirtualClock
 from specgov.simulator.memory import MemoryPlan, plan_memory
@@ -60,6 +60,10 @@ SPECGOV_SLOT_CANDIDATES: dict[int, tuple[int, ...]] = {
     128: (0, 1, 2),
     256: (0, 1, 2),
 }
+
+
+# The file name the simulated server's /server_info reports for that config.
+SPECGOV_ADAPTIVE_CONFIG_NAME = "specgov-adaptive.json"
 
 
 def specgov_adaptive_config() -> dict[str, Any]:
@@ -374,6 +378,8 @@ def prepare_run(
             slo=slo or Slo(),
             loop_config=loop_config,
             guardrails=guardrails,
+            algorithm=b.drafter.algorithm.upper(),
+            spec_steps=server.spec_steps,
         )
         fallback = EmaPolicy(initial_steps=server.spec_steps, config=specgov_adaptive_config())
         in_engine = TablePolicy(
@@ -401,6 +407,21 @@ def prepare_run(
     return PreparedRun(policy=policy, engine=engine, memory=memory, loop=loop, metrics=metrics)
 
 
+def specgov_server_info(*, algorithm: str, spec_steps: int, kv_capacity: int) -> dict[str, Any]:
+    """The ``/server_info`` fields the daemon reads, as SGLang 0.5.23 reports them for a
+    server launched with specgov's adaptive config (``SPECGOV_SLOT_CANDIDATES``)."""
+    return {
+        "dp_size": 1,
+        "max_total_num_tokens": kv_capacity,
+        "speculative_algorithm": algorithm,
+        "speculative_adaptive": True,
+        "speculative_adaptive_config": SPECGOV_ADAPTIVE_CONFIG_NAME,
+        "speculative_num_steps": spec_steps,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": spec_steps + 1,
+    }
+
+
 def _closed_loop(
     spec: PolicySpec,
     *,
@@ -411,6 +432,8 @@ def _closed_loop(
     slo: Slo,
     loop_config: ControlLoopConfig | None,
     guardrails: GuardrailConfig | None,
+    algorithm: str,
+    spec_steps: int,
 ) -> ClosedLoop:
     """The daemon side: the daemon's control core, observing the simulated /metrics."""
     core = ControlCore(
@@ -425,17 +448,14 @@ def _closed_loop(
         "plugin",
     )
     builder = ObservationBuilder(adaptive_config=specgov_adaptive_config())
-    slots = slot_candidates_of(SPECGOV_SLOT_CANDIDATES)
+    info: list[dict[str, Any]] = [
+        specgov_server_info(algorithm=algorithm, spec_steps=spec_steps, kv_capacity=kv_capacity)
+    ]
 
     def observe(now_s: float) -> Observation:
+        # As the daemon: /metrics every poll, /server_info once (the builder keeps it).
         snapshot = parse_metrics(metrics.render().decode(), source="simulated /metrics")
-        obs = builder.feed(now_s, snapshot)
-        # What the daemon knows from /server_info: the KV pool and the captured slots.
-        return replace(
-            obs,
-            kv_capacity_tokens=obs.kv_capacity_tokens or kv_capacity,
-            slot_candidates=obs.slot_candidates or slots,
-        )
+        return builder.feed(now_s, snapshot, info.pop() if info else None)
 
     return ClosedLoop(
         core=core,

@@ -1,0 +1,405 @@
+"""One control core: the daemon and closed-loop replay decide alike from the same inputs.
+
+A closed-loop replay runs a goodput policy on a simulated server through a scripted
+sequence: two telemetry gaps, a failed publish, an operator override set and cleared,
+and a permanent telemetry error. Every tick's /metrics text and plugin windows are
+recorded. The real daemon then runs over exactly those inputs — the /metrics text
+served over (mock) HTTP to its own SGLang client, the plugin windows written into its
+spool, the step table written to a spool file that is made unwritable for the failed
+publish, the override set and cleared through its API methods, an HTTP 401 for the
+permanent error — and must make the same decisions: same reasons, same tables, same
+publish outcomes, in the same order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from specgov.adapters.sglang_http import SGLangClient
+from specgov.adapters.spool import write_tier_stats
+from specgov.controller.config import load_config
+from specgov.controller.daemon import Daemon
+from specgov.controller.state_store import StateStore
+from specgov.policies.control_core import (
+    NOT_PUBLISHED_OBSERVE,
+    AuditRecord,
+    ControlCore,
+    ControlInputs,
+    CoreState,
+    Publish,
+    control_step,
+    policy_builder,
+)
+from specgov.policies.guardrails import GuardrailConfig, Override
+from specgov.policies.types import (
+    Budget,
+    Observation,
+    ReasonCode,
+    RestartRecommendation,
+    StepTable,
+    TierStatsSnapshot,
+)
+from specgov.simulator.cost import CostModel
+from specgov.simulator.metrics import Slo
+from specgov.simulator.priors import step_cost_prior
+from specgov.simulator.replay import (
+    ServerSpec,
+    parse_policy,
+    prepare_run,
+    resolve,
+    specgov_adaptive_config,
+    specgov_server_info,
+)
+from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+
+INTERVAL_S = 5.0
+GAPS = {8, 9}  # telemetry unavailable (HTTP 503 for the daemon)
+FAILED_PUBLISH = {12, 13}  # the spool write fails (twice in a row)
+OVERRIDE_SET, OVERRIDE_CLEARED = 18, 24
+BLOCKED = {30, 31}  # permanent telemetry error (HTTP 401 for the daemon)
+TICKS = 40
+PERMANENT = "SGLang rejected the API key (HTTP 401)"
+
+
+@dataclass
+class Recording:
+    times: list[float] = field(default_factory=list)
+    texts: list[bytes | None] = field(default_factory=list)
+    stats: list[tuple[TierStatsSnapshot, ...]] = field(default_factory=list)
+    records: list[AuditRecord] = field(default_factory=list)
+    override: Override | None = None
+    kv_capacity: int = 0
+    spec_steps: int = 3
+    algorithm: str = "EAGLE3"
+
+
+def _tick_of(now_s: float) -> int:
+    return round(now_s / INTERVAL_S)
+
+
+def _record_replay() -> Recording:
+    server = ServerSpec(gpu="h100", model="llama-3.1-8b", drafter="eagle3")
+    run = prepare_run(server, parse_policy("goodput"), seed=3, slo=Slo())
+    loop, metrics = run.loop, run.metrics
+    assert loop is not None and metrics is not None
+    rec = Recording(kv_capacity=run.memory.kv_token_capacity, spec_steps=server.spec_steps)
+    observe = loop.observe
+    render = metrics.render
+    last_text: list[bytes] = []
+
+    def recording_render() -> bytes:
+        text = render()
+        last_text.append(text)
+        return text
+
+    metrics.render = recording_render  # type: ignore[method-assign]
+
+    def scripted_observe(now_s: float) -> Observation | None:
+        tick = _tick_of(now_s)
+        rec.times.append(now_s)
+        if tick in GAPS or tick in BLOCKED:
+            rec.texts.append(None)
+            return None
+        obs = observe(now_s)
+        rec.texts.append(last_text[-1])
+        return obs
+
+    def overrides(now_s: float) -> tuple[Override, ...]:
+        tick = _tick_of(now_s)
+        if not OVERRIDE_SET <= tick < OVERRIDE_CLEARED:
+            return ()
+        if rec.override is None:
+            rec.override = Override(
+                slot=1,
+                steps=0,
+                created_at_s=now_s,
+                expires_at_s=now_s + 600.0,
+                reason="differential test",
+            )
+        return (rec.override,)
+
+    decide = loop.core.decide
+
+    def recording_decide(state: CoreState, inputs: ControlInputs, timer: Any = None) -> Any:
+        rec.stats.append(inputs.tier_stats)  # the plugin windows this decision reads
+        return decide(state, inputs, timer)
+
+    loop.core.decide = recording_decide  # type: ignore[method-assign]
+    loop.observe = scripted_observe
+    loop.overrides = overrides
+    loop.blocked = lambda now_s: PERMANENT if _tick_of(now_s) in BLOCKED else None
+    loop.publish_hook = lambda now_s, _table: _tick_of(now_s) not in FAILED_PUBLISH
+    trace = generate_trace(parse_synthetic_spec("synthetic:duration=240,rate=6,seed=5"))
+    run.run(trace.requests)
+    rec.records = list(loop.records)
+    assert len(rec.records) >= TICKS, "the trace must outlast the script"
+    return rec
+
+
+@pytest.fixture(scope="module")
+def recording() -> Recording:
+    return _record_replay()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now_s = 0.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _daemon_decisions(rec: Recording, tmp: Path) -> list[AuditRecord]:
+    spool = tmp / "spool"
+    spool.mkdir()
+    adaptive = tmp / "adaptive.json"
+    adaptive.write_text(json.dumps(specgov_adaptive_config()))
+    info = specgov_server_info(
+        algorithm=rec.algorithm, spec_steps=rec.spec_steps, kv_capacity=rec.kv_capacity
+    )
+    info["speculative_adaptive_config"] = str(adaptive)
+    clock = Clock()
+    current: dict[str, Any] = {"text": None, "tick": 0}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        tick = current["tick"]
+        if tick in BLOCKED:
+            return httpx.Response(401, text="unauthorized")
+        if request.url.path == "/metrics":
+            if current["text"] is None:
+                return httpx.Response(503, text="unavailable")
+            return httpx.Response(
+                200, content=current["text"], headers={"Content-Type": "text/plain"}
+            )
+        if request.url.path == "/server_info":
+            return httpx.Response(200, json=info)
+        return httpx.Response(404, text="not found")
+
+    client = SGLangClient(
+        "http://sim.test",
+        rng=random.Random(0),
+        transport=httpx.MockTransport(handler),
+        retries=0,
+        clock=clock,
+    )
+    slo = Slo()
+    config = load_config(
+        None,
+        env={},
+        overrides={
+            "server.url": "http://sim.test",
+            "spool.dir": str(spool),
+            "state.db_path": str(tmp / "state.db"),
+            "loop.mode": "plugin",
+            "policy.spec": "goodput",
+            "budget.slo_tpot_ms": slo.tpot_ms,
+            "budget.slo_ttft_p99_ms": slo.ttft_ms,
+        },
+    )
+    catalog = resolve(ServerSpec())
+    prior = step_cost_prior(CostModel.from_catalog(catalog.gpu, catalog.model, catalog.drafter))
+    store = StateStore(config.state.db_path)
+    daemon = Daemon(config, store=store, client=client, clock=clock, prior=prior)
+    table_path = spool / "step_table.json"
+    out: list[AuditRecord] = []
+
+    async def go() -> None:
+        try:
+            for i, now in enumerate(rec.times[:TICKS]):
+                tick = _tick_of(now)
+                clock.now_s = now
+                current["tick"], current["text"] = tick, rec.texts[i]
+                for seq, snap in enumerate(rec.stats[i]):
+                    write_tier_stats(spool, snap, writer_id="rank0", seq=i * 1000 + seq)
+                if tick in FAILED_PUBLISH:
+                    if table_path.exists():
+                        table_path.unlink()
+                    table_path.mkdir()  # rename onto a directory fails: the write fails
+                await daemon.scrape_once()
+                if tick == OVERRIDE_SET:
+                    daemon.set_override(
+                        slot=1,
+                        steps=0,
+                        disable=False,
+                        pin_policy=None,
+                        ttl_s=600.0,
+                        reason="differential test",
+                    )
+                if tick == OVERRIDE_CLEARED:
+                    assert daemon.clear_override(None, None) == 1
+                out.append(daemon.decide_once())
+                if tick in FAILED_PUBLISH:
+                    shutil.rmtree(table_path)
+        finally:
+            await daemon.close()
+            store.close()
+
+    asyncio.run(go())
+    return out
+
+
+def _key(r: AuditRecord) -> tuple[Any, ...]:
+    after = None if r.table_after is None else (r.table_after.slots, r.table_after.version)
+    return (round(r.time_s, 6), r.reason, after, r.published, r.table_in_force)
+
+
+def test_daemon_and_replay_make_the_same_decisions(recording: Recording, tmp_path: Path) -> None:
+    replayed = recording.records[:TICKS]
+    live = _daemon_decisions(recording, tmp_path)
+    assert [_key(r) for r in live] == [_key(r) for r in replayed]
+    # The script exercised what it meant to: each event left its mark on the decisions.
+    by_tick = {_tick_of(r.time_s): r for r in replayed}
+    assert any(r.reason == "initial" and r.published for r in replayed)
+    assert by_tick[min(GAPS) + 1].reason in {"held_stale_telemetry", "held_unknown_telemetry"} or (
+        by_tick[min(GAPS) + 1].inputs_summary["staleness_s"] >= INTERVAL_S
+    )
+    failed = [by_tick[t] for t in sorted(FAILED_PUBLISH) if by_tick[t].table_after is not None]
+    for r in failed:
+        assert not r.published and r.table_in_force != r.table_after
+    # The first decision after the disk recovered publishes what the failed ones tried,
+    # at once (no dwell or rate limit charged for changes the engine never saw).
+    retry = by_tick[max(FAILED_PUBLISH) + 1]
+    assert failed and retry.published and retry.table_after is not None
+    assert retry.table_after.slots == failed[-1].table_after.slots  # type: ignore[union-attr]
+    assert by_tick[OVERRIDE_SET].reason == ReasonCode.OVERRIDE_ACTIVE
+    assert by_tick[OVERRIDE_SET].table_in_force is not None
+    assert dict(by_tick[OVERRIDE_SET].table_in_force.slots)[1] == 0
+    assert "override ended" in by_tick[OVERRIDE_CLEARED].message
+    for t in BLOCKED:
+        assert not by_tick[t].published
+
+
+def test_the_script_hits_a_failed_publish(recording: Recording) -> None:
+    # The failed-publish tick must carry a table for the retry check above to bite.
+    by_tick = {_tick_of(r.time_s): r for r in recording.records}
+    failed = [by_tick[t] for t in FAILED_PUBLISH]
+    assert any(r.table_after is not None and not r.published for r in failed)
+
+
+# ------------------------------------------------------------------ core unit tests
+
+
+class Effects:
+    def __init__(self, ok: bool = True) -> None:
+        self.ok = ok
+        self.published: list[Publish] = []
+        self.records: list[AuditRecord] = []
+        self.recs: list[RestartRecommendation] = []
+
+    def publish(self, publish: Publish) -> bool:
+        self.published.append(publish)
+        return self.ok
+
+    def record(self, record: AuditRecord) -> None:
+        self.records.append(record)
+
+    def recommend(self, recommendation: RestartRecommendation, record: AuditRecord) -> None:
+        self.recs.append(recommendation)
+
+
+CANDS = ((1, (0, 1, 2, 3)), (8, (0, 1, 2)), (32, (0, 1)))
+
+
+def _obs(t: float) -> Observation:
+    return Observation(
+        time_s=t,
+        running_requests=4,
+        queued_requests=0,
+        slot_candidates=CANDS,
+        staleness_s=0.5,
+        window_s=5.0,
+        generation_tokens=1000,
+    )
+
+
+def _core(mode: str = "plugin") -> ControlCore:
+    return ControlCore(
+        policy_builder(prior=None, guardrails=GuardrailConfig()),
+        Budget(None, None, None, None, None),
+        mode,  # type: ignore[arg-type]
+    )
+
+
+def _windows(t: float) -> tuple[TierStatsSnapshot, ...]:
+    return (TierStatsSnapshot(t - 1.0, t, ()),)
+
+
+def _step(
+    core: ControlCore, state: CoreState, t: float, effects: Effects, **kw: Any
+) -> tuple[AuditRecord, CoreState]:
+    inputs = ControlInputs(now_s=t, observation=_obs(t), tier_stats=_windows(t), **kw)
+    return control_step(core, state, inputs, effects)
+
+
+def test_pin_runs_the_pinned_policy_and_expiry_returns_to_the_configured_one() -> None:
+    core = _core()
+    state = core.initial_state("static:2")
+    fx = Effects()
+    rec, state = _step(core, state, 0.0, fx)
+    assert rec.policy == "static:2" and rec.table_in_force is not None
+    pin = Override(pin_policy="static:1", created_at_s=1.0, expires_at_s=20.0, reason="try")
+    rec, state = _step(core, state, 5.0, fx, overrides=(pin,))
+    assert state.policy_spec == "static:1" and rec.policy == "static:1"
+    assert rec.table_in_force is not None and {k for _, k in rec.table_in_force.slots} == {1}
+    assert "operator pin" in rec.message
+    rec, state = _step(core, state, 25.0, fx, overrides=(pin,))  # expired
+    assert state.policy_spec == "static:2" and rec.policy == "static:2"
+    assert "pin ended" in rec.message
+
+
+def test_configure_under_a_pin_takes_effect_when_the_pin_ends() -> None:
+    core = _core()
+    state = core.initial_state("static:2")
+    fx = Effects()
+    pin = Override(pin_policy="static:1", created_at_s=0.0, expires_at_s=20.0, reason="try")
+    _, state = _step(core, state, 0.0, fx, overrides=(pin,))
+    state = core.configure(state, "static:0")
+    assert state.policy_spec == "static:1" and state.configured_spec == "static:0"
+    rec, state = _step(core, state, 30.0, fx, overrides=(pin,))
+    assert state.policy_spec == "static:0" and rec.policy == "static:0"
+
+
+def test_failed_publish_keeps_the_table_in_force_and_is_retried() -> None:
+    core = _core()
+    state = core.initial_state("static:2")
+    rec, state = _step(core, state, 0.0, Effects(ok=False))
+    assert not rec.published and rec.table_after is not None and state.table is None
+    assert "spool write failed" in rec.message
+    rec, state = _step(core, state, 5.0, Effects())
+    assert rec.published and rec.reason == "initial" and state.table == rec.table_after
+
+
+def test_blocked_and_observe_mode_never_publish() -> None:
+    core = _core()
+    fx = Effects()
+    rec, state = _step(core, core.initial_state("static:2"), 0.0, fx, blocked="401")
+    assert fx.published == [] and not rec.published and state.table is None
+    assert rec.not_published is not None and "401" in rec.not_published
+    observe = _core("observe")
+    fx = Effects()
+    rec, state = _step(observe, observe.initial_state("static:2"), 0.0, fx)
+    assert fx.published == [] and rec.not_published == NOT_PUBLISHED_OBSERVE
+    # In observe mode the table is what the daemon would run.
+    assert state.table == rec.table_after and rec.changed
+
+
+def test_observation_is_aged_and_carries_the_windows_and_the_table() -> None:
+    core = _core()
+    state = replace(
+        core.initial_state("static:2"),
+        table=StepTable(((1, 2), (8, 2), (32, 1)), version=3, produced_at_s=0.0, ttl_s=30.0),
+    )
+    obs = core.observation(
+        state, ControlInputs(now_s=12.0, observation=_obs(2.0), tier_stats=_windows(12.0))
+    )
+    assert obs.time_s == 12.0 and obs.staleness_s == pytest.approx(10.0)
+    assert obs.table == state.table and obs.tier_stats is not None
