@@ -49,8 +49,10 @@ Positions never observed
     gsm8k's E[L(7)] by 10 % after k = 1, the trend keeps E[L(k)] within 1 % above the
     truth on every catalog profile (tests/test_acceptance_estimator.py) at the price
     of under-stating rising profiles (up to 17 % at k = 7 after k = 1), which the
-    policy corrects by probing longer chains. With nothing observed at all, the
-    global prior (flat).
+    policy corrects by probing longer chains. The lower bound there keeps the flat
+    prior centred on position ``m``'s bound (as wide as before: it sets how far a
+    probe may jump), clipped to the mean. With nothing observed at all, the global
+    prior (flat).
 """
 
 from __future__ import annotations
@@ -603,6 +605,7 @@ def acceptance_estimate(
         # (strength prior_strength), updated with the few pooled trials there are, and
         # never above the trend: cap * ratio ** (i - observed + 1).
         cap, ratio = _extrapolation_start(mean[:observed], lower[:observed], cfg)
+        last_lower = lower[observed - 1]
         for i in range(observed, n):
             centre = cap * ratio ** (i - observed + 1)
             pr = pooled_r[i]
@@ -610,9 +613,16 @@ def acceptance_estimate(
             a = centre * cfg.prior_strength + pp
             b = (1.0 - centre) * cfg.prior_strength + (pr - pp)
             m = min(a / (a + b), centre)
-            sd = math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1.0)))
             mean[i] = m
-            lower[i] = min(m, max(0.0, m - cfg.lower_z * sd))
+            # The bound keeps the flat prior centred on the last observed bound (with
+            # prior_strength pseudo-trials it is far wider than the trend's fall; one
+            # falling with the trend would forbid every probe past the evidence), and
+            # never exceeds the mean.
+            a0 = last_lower * cfg.prior_strength + pp
+            b0 = (1.0 - last_lower) * cfg.prior_strength + (pr - pp)
+            m0 = min(a0 / (a0 + b0), last_lower)
+            sd0 = math.sqrt(a0 * b0 / ((a0 + b0) ** 2 * (a0 + b0 + 1.0)))
+            lower[i] = min(m, max(0.0, m0 - cfg.lower_z * sd0))
     else:
         for i in range(n):
             mean[i] = min(mean[i], cfg.prior_mean)
