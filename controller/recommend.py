@@ -22,8 +22,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specgov.adapters.launch_config import (
+    _DIGITS,
+    ADAPTIVE_ALGORITHMS,
+    DEFAULT_ADAPTIVE_CONFIG_PATH,
+    SGLANG_VERSION,
+    LaunchConfig,
+    LaunchConfigError,
+    SlotCandidates,
+    _is_int,
+    _is_real,
+    build_launch_config,
+    format_slots,
+    make_shape,
+    normalise_algorithm,
+)
 from specgov.policies.estimators.step_cost import StepCostPrior
-from specgov.policies.types import RestartRecommendation, SpecShape
+from specgov.policies.types import ALGORITHMS, RestartRecommendation, SpecShape
 
 # Candidate shapes replayed for a recommendation: (label, policy, topk, draft tokens).
 CANDIDATES: tuple[tuple[str, str, int, int | None], ...] = (
@@ -273,8 +288,6 @@ def launch_for(shape: SpecShape, *, rationale: str) -> dict[str, Any]:
     """SGLang launch flags and adaptive JSON for ``shape`` (the one place a recommendation
     becomes flags): ``{"argv", "adaptive_config", "error"}``. No speculation needs no
     speculative flags (argv empty)."""
-    from specgov.adapters.launch_config import LaunchConfigError, build_launch_config
-
     if shape.algorithm == "NONE":
         return {"argv": [], "adaptive_config": None, "error": None}
     try:
@@ -319,3 +332,289 @@ def deployment_prior(gpu: str, model: str, drafter: str) -> StepCostPrior:
     catalog = Catalog.load()
     cost = CostModel.from_catalog(catalog.gpu(gpu), catalog.model(model), catalog.drafter(drafter))
     return step_cost_prior(cost)
+
+
+# ------------------------------------------------- from a `specgov replay` report
+# (`specgov sglang-args --from-replay`): the offline one-off; the same module as the
+# restart loop, so every restart recommendation is made in one place.
+
+
+def _fail_report(where: str, expected: str, got: object) -> LaunchConfigError:
+    return LaunchConfigError(f"replay report: {where}: {expected}, got {got!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    name: str
+    goodput_tok_s: float
+    steps_per_slot: dict[int, dict[int, int]]
+
+
+def _read_runs(report: Mapping[str, Any]) -> list[_Run]:
+    if not isinstance(report, Mapping):
+        raise _fail_report("top level", "expected a JSON object", type(report).__name__)
+    policies = report.get("policies")
+    if not isinstance(policies, list) or not policies:
+        raise _fail_report(
+            "key 'policies'", "expected a non-empty list (specgov replay --output json)", policies
+        )
+    runs = []
+    for i, p in enumerate(policies):
+        where = f"policies[{i}]"
+        if not isinstance(p, Mapping):
+            raise _fail_report(where, "expected an object", p)
+        name = p.get("name")
+        if not isinstance(name, str) or not name:
+            raise _fail_report(f"{where}.name", "expected a policy name", name)
+        goodput = p.get("goodput_tok_s")
+        if not _is_real(goodput) or goodput < 0:
+            raise _fail_report(f"{where}.goodput_tok_s", "expected a number >= 0", goodput)
+        raw_hist = p.get("steps_per_slot", {})
+        if not isinstance(raw_hist, Mapping):
+            raise _fail_report(f"{where}.steps_per_slot", "expected an object", raw_hist)
+        hist: dict[int, dict[int, int]] = {}
+        for slot_key, per_step in raw_hist.items():
+            if not isinstance(slot_key, str) or not _DIGITS.fullmatch(slot_key):
+                raise _fail_report(f"{where}.steps_per_slot", "expected digit keys", slot_key)
+            if not isinstance(per_step, Mapping):
+                raise _fail_report(
+                    f"{where}.steps_per_slot[{slot_key!r}]", "expected an object", per_step
+                )
+            counts: dict[int, int] = {}
+            for step_key, n in per_step.items():
+                if not isinstance(step_key, str) or not _DIGITS.fullmatch(step_key):
+                    raise _fail_report(
+                        f"{where}.steps_per_slot[{slot_key!r}]", "expected digit keys", step_key
+                    )
+                if not _is_int(n) or n < 0:
+                    raise _fail_report(
+                        f"{where}.steps_per_slot[{slot_key!r}][{step_key!r}]",
+                        "expected a batch count >= 0",
+                        n,
+                    )
+                counts[int(step_key)] = n
+            hist[int(slot_key)] = counts
+        runs.append(_Run(name, float(goodput), hist))
+    return runs
+
+
+def _static_steps(name: str) -> int | None:
+    kind, sep, arg = name.partition(":")
+    if kind.strip().lower() == "static" and sep and _DIGITS.fullmatch(arg.strip()):
+        return int(arg)
+    return None
+
+
+def _report_algorithm(server: Mapping[str, Any], algorithm: str | None) -> str:
+    if algorithm is not None:
+        return normalise_algorithm(algorithm, "--algorithm")
+    declared = server.get("algorithm")
+    if declared is not None:
+        return normalise_algorithm(declared, "replay report: server.algorithm")
+    drafter = server.get("drafter")
+    guess = drafter.replace("-", "").upper() if isinstance(drafter, str) else None
+    if guess in ALGORITHMS and guess != "NONE":
+        return guess
+    raise LaunchConfigError(
+        f"replay report: server.drafter {drafter!r} does not name an SGLang "
+        "--speculative-algorithm; pass the algorithm explicitly (--algorithm)"
+    )
+
+
+def recommend_from_replay(
+    report: Mapping[str, Any],
+    *,
+    algorithm: str | None = None,
+    draft_model_path: str | None = None,
+    min_share: float = 0.05,
+    adaptive_config_path: str = DEFAULT_ADAPTIVE_CONFIG_PATH,
+) -> LaunchConfig:
+    """Recommend a launch configuration from a ``specgov replay --output json`` report.
+
+    * The best ``static:K`` run by goodput (ties: fewer steps) gives
+      ``--speculative-num-steps``.
+    * If the best adaptive run (any policy other than ``none``/``static:K`` with a
+      steps histogram) matches or beats it, each of its slots gets as candidates the
+      steps used in at least ``min_share`` of that slot's decode batches (the most
+      used one always). The best static step joins the busiest slot if no slot has it
+      (SGLang requires ``--speculative-num-steps`` among the candidates). If that
+      leaves a single step everywhere, adaptive speculation would only add start-up
+      cost, and the static shape is recommended instead.
+    * If ``none`` beats every speculative run, or the winner never drafts (0 steps:
+      SGLang would still run the draft-extend pass), no speculation is recommended.
+
+    The algorithm comes from ``algorithm``, else the report's ``server.algorithm``,
+    else its ``server.drafter`` when that names one (``eagle3`` -> EAGLE3). The
+    explanation is in ``rationale``. Raises :class:`LaunchConfigError`.
+    """
+    if not _is_real(min_share) or not 0.0 < min_share <= 1.0:
+        raise LaunchConfigError(f"min_share: expected a fraction in (0, 1], got {min_share!r}")
+    runs = _read_runs(report)
+    server = report.get("server", {})
+    if not isinstance(server, Mapping):
+        raise _fail_report("key 'server'", "expected an object", server)
+    trace = report.get("trace", {})
+    trace_name = trace.get("name", "?") if isinstance(trace, Mapping) else "?"
+    lines = [
+        f"replay of {trace_name!r} (seed {report.get('seed', '?')}, "
+        f"{server.get('gpu', '?')} {server.get('model', '?')} + {server.get('drafter', '?')}):"
+    ]
+
+    none_run = next((r for r in runs if r.name.strip().lower() == "none"), None)
+    statics = sorted(
+        ((k, r) for r in runs if (k := _static_steps(r.name)) is not None),
+        key=lambda kr: (-kr[1].goodput_tok_s, kr[0]),
+    )
+    adaptive_runs = sorted(
+        (
+            r
+            for r in runs
+            if r is not none_run
+            and _static_steps(r.name) is None
+            and any(sum(c.values()) > 0 for c in r.steps_per_slot.values())
+        ),
+        key=lambda r: (-r.goodput_tok_s, r.name),
+    )
+    if not statics and not adaptive_runs:
+        raise LaunchConfigError(
+            "replay report: no static:K and no adaptive run to recommend from "
+            f"(policies: {[r.name for r in runs]}); replay with e.g. --policy static:1 "
+            "--policy static:3 --policy sglang-ema"
+        )
+    best_static = statics[0] if statics else None
+    best_adaptive = adaptive_runs[0] if adaptive_runs else None
+    if best_static is not None:
+        others = ", ".join(f"{r.name} {r.goodput_tok_s:,.1f}" for _, r in statics[1:])
+        lines.append(
+            f"best static run {best_static[1].name} at {best_static[1].goodput_tok_s:,.1f} "
+            "goodput tok/s" + (f" (others: {others})" if others else "")
+        )
+    if best_adaptive is not None:
+        lines.append(
+            f"best adaptive run {best_adaptive.name} at "
+            f"{best_adaptive.goodput_tok_s:,.1f} goodput tok/s"
+        )
+
+    def no_speculation(why: str) -> LaunchConfig:
+        lines.append(why + ": launch without speculation")
+        return build_launch_config(
+            SpecShape("NONE", 0, 0, 0, ()),
+            rationale="\n".join(lines),
+            adaptive_config_path=adaptive_config_path,
+        )
+
+    best_spec = max(
+        [r.goodput_tok_s for _, r in statics[:1]] + [r.goodput_tok_s for r in adaptive_runs[:1]]
+    )
+    if none_run is not None and none_run.goodput_tok_s > best_spec:
+        return no_speculation(
+            f"no speculation ({none_run.goodput_tok_s:,.1f} tok/s) beats every speculative run"
+        )
+    algo = _report_algorithm(server, algorithm)
+    topk = server.get("topk", 1)
+    topk = 1 if topk is None else topk
+    if not _is_int(topk) or topk < 1:
+        raise _fail_report("server.topk", "expected an int >= 1", topk)
+
+    def shape_for(k: int) -> SpecShape:
+        if topk == 1:
+            return make_shape(algo, k, 1, k + 1, "replay report: server")
+        draft = server.get("num_draft_tokens")
+        if not _is_int(draft):
+            raise _fail_report("server.num_draft_tokens", f"expected an int for topk={topk}", draft)
+        return make_shape(algo, k, topk, draft, "replay report: server")
+
+    def static_config(k: int, source: str) -> LaunchConfig:
+        if k == 0:
+            return no_speculation(
+                f"{source} never drafts (0 steps still pays SGLang's draft-extend pass)"
+            )
+        lines.append(f"static speculation: --speculative-num-steps {k}, from {source}")
+        return build_launch_config(
+            shape_for(k),
+            rationale="\n".join(lines),
+            draft_model_path=draft_model_path,
+            adaptive_config_path=adaptive_config_path,
+        )
+
+    if best_adaptive is None or (
+        best_static is not None and best_adaptive.goodput_tok_s < best_static[1].goodput_tok_s
+    ):
+        assert best_static is not None
+        return static_config(best_static[0], best_static[1].name)
+    if algo not in ADAPTIVE_ALGORITHMS or topk != 1:
+        lines.append(f"adaptive speculation is not available for {algo} with topk {topk}")
+        if best_static is None:
+            raise LaunchConfigError(
+                "replay report: only adaptive runs, but SGLang "
+                f"{SGLANG_VERSION} cannot run adaptive speculation with {algo}, topk {topk}"
+            )
+        return static_config(best_static[0], best_static[1].name)
+
+    hist = best_adaptive.steps_per_slot
+    slots = _slots_from_histogram(hist, min_share)
+    union = sorted({s for slot in slots for s in slot.candidate_steps})
+    if best_static is not None and best_static[0] > 0:
+        num_steps = best_static[0]
+        steps_note = f"--speculative-num-steps {num_steps} = best static step"
+        if num_steps not in union:
+            busiest = max(hist, key=lambda b: (sum(hist[b].values()), -b))
+            slots = [
+                SlotCandidates.of(s.bound, (*s.candidate_steps, num_steps))
+                if s.bound == busiest
+                else s
+                for s in slots
+            ]
+            steps_note += (
+                f", added to the busiest slot {busiest} (SGLang requires it among the candidates)"
+            )
+            union = sorted({*union, num_steps})
+    else:
+        num_steps = _most_used_positive(hist, union)
+        steps_note = f"--speculative-num-steps {num_steps} = most used positive step"
+    share_note = f"steps used in >= {min_share:.0%} of a slot's decode batches"
+    if len(union) == 1:
+        lines.append(
+            f"{best_adaptive.name} settles on step {union[0]} in every slot ({share_note}), "
+            "so adaptive speculation would only add start-up cost"
+        )
+        return static_config(union[0], f"{best_adaptive.name}'s only step")
+    if num_steps == 0:
+        return no_speculation(f"{best_adaptive.name} never drafts")
+    lines.append(
+        f"adaptive speculation, per-slot candidates from {best_adaptive.name}'s {share_note}: "
+        f"--slots '{format_slots(slots)}'; {steps_note}"
+    )
+    return build_launch_config(
+        shape_for(num_steps),
+        slots,
+        rationale="\n".join(lines),
+        draft_model_path=draft_model_path,
+        adaptive_config_path=adaptive_config_path,
+    )
+
+
+def _slots_from_histogram(
+    hist: Mapping[int, Mapping[int, int]], min_share: float
+) -> list[SlotCandidates]:
+    slots = []
+    for bound in sorted(hist):
+        counts = hist[bound]
+        total = sum(counts.values())
+        if total == 0:
+            continue
+        top = max(counts, key=lambda s: (counts[s], -s))
+        chosen = {s for s, n in counts.items() if n / total >= min_share} | {top}
+        slots.append(SlotCandidates.of(bound, chosen))
+    return slots
+
+
+def _most_used_positive(hist: Mapping[int, Mapping[int, int]], union: Sequence[int]) -> int:
+    totals: dict[int, int] = {}
+    for counts in hist.values():
+        for step, n in counts.items():
+            if step > 0 and step in union:
+                totals[step] = totals.get(step, 0) + n
+    if not totals:
+        return 0
+    return max(totals, key=lambda s: (totals[s], -s))

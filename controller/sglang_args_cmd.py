@@ -67,9 +67,9 @@ def _build(
         build_launch_config,
         parse_shape,
         parse_slots,
-        recommend_from_replay,
         shape_from_flags,
     )
+    from specgov.controller.recommend import recommend_from_replay
 
     extras: dict[str, Any] = {
         "mem_fraction_static": mem_fraction_static,

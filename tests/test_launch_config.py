@@ -23,9 +23,9 @@ from specgov.adapters.launch_config import (
     format_slots,
     parse_shape,
     parse_slots,
-    recommend_from_replay,
     shape_from_flags,
 )
+from specgov.controller.recommend import recommend_from_replay
 from specgov.controller.sglang_args_cmd import sglang_args
 from specgov.policies.adaptive_config import DEFAULT_ADAPTIVE_CONFIG, parse_adaptive_config
 from specgov.policies.types import SpecShape
