@@ -99,8 +99,7 @@ def test_the_defaults_are_the_typed_groups_field_defaults() -> None:
     cfg = load_config(None, env=NO_ENV)
     for group, default in default_groups().items():
         names = {f.name for f in fields(type(default))}
-        # Budget.allow_lossy is being removed (issue 8): the config never exposes it.
-        assert set(config_keys()[group]) == names - {"allow_lossy"}, group
+        assert set(config_keys()[group]) == names, group
         if group == "guardrails":
             assert cfg.guardrail_config() == default
         elif group == "state":
