@@ -4,13 +4,20 @@ Every process is started from the installed console script next to ``sys.executa
 (``python -m specgov.controller.cli`` if it is missing), talks real HTTP on 127.0.0.1
 ports picked by binding port 0, and writes real files under ``tmp_path``. Each process
 logs to its own file; the ``e2e`` fixture kills every process it started (SIGTERM, then
-SIGKILL) at teardown and, when the test failed, prints the tail of each log. Every wait is
-bounded (``wait_until``), every CLI call has a timeout.
+SIGKILL) at teardown and, when the test failed, prints the tail of each log.
+
+Timing rules (the suite must hold on a loaded 2-core machine): no fixed sleeps. Every wait
+is on an observable event -- an audit row (control API), a spool table version, a metric,
+a sim-server admin answer or a connection refused -- polled with ``wait_until`` under a
+generous deadline, and assertions compare events by their causal order (an audit row's
+``time_s`` against the daemon-side time of an operator action, or against an interval in
+which the server was seen refusing connections), never against a wall-clock budget.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -32,9 +39,17 @@ T = TypeVar("T")
 
 HOST = "127.0.0.1"
 SPECGOV_EXE = Path(sys.executable).parent / "specgov"
-STARTUP_TIMEOUT_S = 30.0
-CLI_TIMEOUT_S = 20.0
-STOP_GRACE_S = 5.0
+# Deadlines, not expectations: a loaded machine can stall a process for seconds, and a
+# deadline only bounds how long a broken build takes to fail.
+EVENT_TIMEOUT_S = 90.0
+STARTUP_TIMEOUT_S = 90.0
+CLI_TIMEOUT_S = 60.0
+# SIGTERM to exit: the daemon's own shutdown grace is 10 s; leave room above it.
+STOP_GRACE_S = 30.0
+# How often a wait re-reads what it waits for (a poll period, not a wait for an effect).
+POLL_S = 0.25
+# How often the down-window watcher probes the sim-server (the bracket's resolution).
+PROBE_S = 0.1
 LOG_TAIL_CHARS = 4000
 
 # Fast loop for tests. decide_interval_s (1) < table_ttl_s * (1 - keepalive_fraction) (3),
@@ -90,9 +105,9 @@ def free_port() -> int:
 def wait_until(
     probe: Callable[[], T | None],
     *,
-    timeout_s: float,
     what: str,
-    interval_s: float = 0.25,
+    timeout_s: float = EVENT_TIMEOUT_S,
+    interval_s: float = POLL_S,
 ) -> T:
     """Poll ``probe`` until it returns something truthy; fail naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout_s
@@ -103,7 +118,7 @@ def wait_until(
             return last
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
+        time.sleep(interval_s)  # the poll period between two reads of the event
 
 
 def http_json(
@@ -145,6 +160,21 @@ def steps_for(table: Mapping[str, Any], batch_size: int) -> int:
 
 def slot_steps(table: Mapping[str, Any]) -> dict[int, int]:
     return {int(b): int(k) for b, k in table["slots"]}
+
+
+def brief(row: Mapping[str, Any]) -> str:
+    """One audit row in a line, for assertion messages."""
+    table = row.get("table_after")
+    slots = None if table is None else table["slots"]
+    staleness = (row.get("inputs_summary") or {}).get("staleness_s")
+    return (
+        f"t={row['time_s']:.3f} {row['reason']} published={row['published']} "
+        f"staleness_s={staleness} slots={slots} {row['message'][:120]!r}"
+    )
+
+
+def briefs(rows: Sequence[Mapping[str, Any]]) -> str:
+    return "\n".join(brief(r) for r in rows)
 
 
 def tables_in_force(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
@@ -197,7 +227,7 @@ class Proc:
         """SIGKILL, as an OOM killer or `kill -9` would; waits for the process to go."""
         if self.alive():
             os.kill(self.pid, signal.SIGKILL)
-        self.popen.wait(timeout=STOP_GRACE_S)
+        self.popen.wait(timeout=STOP_GRACE_S)  # bounded: SIGKILL cannot be ignored
 
     def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after a grace period; the exit status."""
@@ -232,6 +262,22 @@ class SimServerProc:
         except OSError:
             return False
         return status == 200
+
+    def probe(self) -> Probe:
+        """One GET /health: ``refused`` (the port is closed), the HTTP status, or
+        ``error`` (a timeout or a reset: says nothing about the port)."""
+        started = time.time()
+        try:
+            status, _ = http_json("GET", f"{self.url}/health", timeout_s=2.0)
+            outcome = str(status)
+        except urllib.error.URLError as exc:
+            refused = isinstance(exc.reason, ConnectionRefusedError)
+            outcome = "refused" if refused else "error"
+        except ConnectionRefusedError:
+            outcome = "refused"
+        except OSError:
+            outcome = "error"
+        return Probe(outcome, started, time.time())
 
     def wait_ready(self) -> None:
         def probe() -> bool:
@@ -270,6 +316,62 @@ class SimServerProc:
             return None
         table: dict[str, Any] = document["table"]
         return table
+
+    def spool_version(self) -> int:
+        """The version of the table in the spool (0 when there is none)."""
+        table = self.spool_table()
+        return 0 if table is None else int(table["version"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Probe:
+    outcome: str  # "refused", "error" or an HTTP status ("200", "503")
+    started_s: float
+    ended_s: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DownWindow:
+    """When a sim-server was seen refusing connections, from the test's probes.
+
+    The server refused at some instant of the first refused probe and at some instant of
+    the last, and a down window is one contiguous interval, so it was down throughout
+    ``[refused_from_s, refused_until_s]`` (the first probe's end, the last one's start).
+    ``back_s`` ends the first probe after it for which ``back`` held."""
+
+    refused_from_s: float
+    refused_until_s: float
+    back_s: float
+    probes: tuple[Probe, ...]
+
+
+def watch_down_window(
+    sim: SimServerProc,
+    *,
+    back: Callable[[], bool],
+    timeout_s: float,
+    while_down: Callable[[], None] = lambda: None,
+) -> DownWindow:
+    """Probe ``sim`` until it has refused connections and then ``back()`` holds; call
+    ``while_down`` between probes (checks that must hold throughout)."""
+    deadline = time.monotonic() + timeout_s
+    probes: list[Probe] = []
+    refused: list[Probe] = []
+    while True:
+        probe = sim.probe()
+        probes.append(probe)
+        if probe.outcome == "refused":
+            refused.append(probe)
+        elif len(refused) >= 2 and probe.outcome == "200" and back():
+            return DownWindow(refused[0].ended_s, refused[-1].started_s, time.time(), tuple(probes))
+        if time.monotonic() > deadline:
+            outcomes = [p.outcome for p in probes]
+            raise AssertionError(
+                f"timed out after {timeout_s:.0f} s watching the sim-server go down and "
+                f"come back; probes: {outcomes}"
+            )
+        while_down()
+        time.sleep(PROBE_S)  # the probing period (the bracket's resolution)
 
 
 class DaemonProc:
@@ -326,6 +428,32 @@ class DaemonProc:
         assert isinstance(rows, list)
         return list(reversed(rows))
 
+    def decisions_after(self, t_s: float) -> list[dict[str, Any]]:
+        """Audit rows with ``time_s`` strictly after ``t_s``, oldest first."""
+        return [r for r in self.api_decisions(since_s=t_s) if r["time_s"] > t_s]
+
+    def first_decision_after(
+        self, t_s: float, *, published: bool = False, what: str = ""
+    ) -> dict[str, Any]:
+        """The first decision (or published decision) made after ``t_s`` (daemon
+        clock), waiting for it."""
+
+        def probe() -> dict[str, Any] | None:
+            rows = [r for r in self.decisions_after(t_s) if r["published"] or not published]
+            return rows[0] if rows else None
+
+        kind = "a published table" if published else "a decision"
+        return wait_until(probe, what=what or f"{kind} after t={t_s:.3f}")
+
+    def wait_decisions_after(self, t_s: float, count: int, what: str) -> list[dict[str, Any]]:
+        """Wait until ``count`` decisions were made after ``t_s``; return them."""
+
+        def probe() -> list[dict[str, Any]] | None:
+            rows = self.decisions_after(t_s)
+            return rows if len(rows) >= count else None
+
+        return wait_until(probe, what=f"{count} decisions after t={t_s:.3f} ({what})")
+
     def metrics_text(self) -> str:
         return http_text(f"http://{self.metrics_addr}/metrics")
 
@@ -350,6 +478,15 @@ class DaemonProc:
         with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10.0)) as db:
             (count,) = db.execute(f"SELECT count(*) FROM {table} {where}").fetchone()
         return int(count)
+
+    def override_cleared_at(self, override_id: str) -> float | None:
+        """When the daemon cleared an override (its clock, from the store), or None."""
+        uri = f"file:{self.db_path}?mode=ro"
+        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=10.0)) as db:
+            row = db.execute(
+                "SELECT cleared_at_s FROM overrides WHERE id = ?", (override_id,)
+            ).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
 
 
 class E2E:

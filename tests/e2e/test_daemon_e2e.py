@@ -10,13 +10,19 @@ and the daemon's behaviour across `kill -9`, a server restart and a 30 s outage.
 The loop is fast (decide every 1 s, scrape every 0.5 s, tables live 6 s, stale after
 3 s; ``BASE_CONFIG`` in conftest.py), so the file takes about two minutes on two cores,
 most of it the 30 s outage.
+
+No test sleeps for a fixed time or bounds an effect by wall-clock time: each waits for the
+event it needs (an audit row, a spool version, the sim-server refusing or answering) and
+compares audit rows with the daemon-side time of an operator action (``created_at_s``,
+``expires_at_s``, the store's ``cleared_at_s``) or with an interval in which the server
+was seen refusing connections (conftest.py, ``watch_down_window``).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -25,13 +31,17 @@ from specgov.policies.types import ReasonCode
 
 from .conftest import (
     E2E,
+    EVENT_TIMEOUT_S,
     TELEMETRY_HOLDS,
     DaemonProc,
+    DownWindow,
     SimServerProc,
+    briefs,
     slot_steps,
     steps_for,
     tables_in_force,
     wait_until,
+    watch_down_window,
 )
 
 KNOWN_REASONS = frozenset(code.value for code in ReasonCode)
@@ -48,29 +58,13 @@ STEADY_SPEED = 10.0
 # Reasons of a decision while an override is active (a rollback verdict outranks it).
 OVERRIDE_REASONS = ("override_active", "rolled_back_regression")
 MAX_STALENESS_S = 3.0  # BASE_CONFIG guardrails.max_staleness_s
-# After the server is healthy again the daemon needs two scrapes (a counter window), a
-# statistics window from the plugin and one decision: a few seconds. 10 s is generous.
-RESUME_BOUND_S = 10.0
-
-
-def _decisions_after(daemon: DaemonProc, t_s: float) -> list[dict[str, Any]]:
-    return [r for r in daemon.api_decisions(since_s=t_s, limit=200) if r["time_s"] > t_s]
-
-
-def _first_decision_after(daemon: DaemonProc, t_s: float, timeout_s: float) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        rows = _decisions_after(daemon, t_s)
-        return rows[0] if rows else None
-
-    return wait_until(probe, timeout_s=timeout_s, what=f"a decision after {t_s:.1f}")
-
-
-def _first_published_after(daemon: DaemonProc, t_s: float, timeout_s: float) -> dict[str, Any]:
-    def probe() -> dict[str, Any] | None:
-        rows = [r for r in _decisions_after(daemon, t_s) if r["published"]]
-        return rows[0] if rows else None
-
-    return wait_until(probe, timeout_s=timeout_s, what=f"a table published after {t_s:.1f}")
+KEEPALIVE_AGE_S = 3.0  # BASE_CONFIG table_ttl_s * keepalive_fraction
+# A scrape in flight when the sim-server closes its port may still be answered: aiohttp's
+# runner drains handlers for up to its shutdown_timeout (1 s in sim_server.py).
+DRAIN_S = 1.0
+# How long an override set by the first test stays in force: long enough for several
+# decisions at 1 s (it is checked by count, not by time).
+OVERRIDE_TTL_S = 8.0
 
 
 def _plugin_follows_daemon(
@@ -129,8 +123,52 @@ def _metric_samples(text: str) -> dict[str, float]:
 def _start_steady(e2e: E2E) -> tuple[SimServerProc, DaemonProc, dict[str, Any]]:
     sim = e2e.start_sim(STEADY_TRACE, speed=STEADY_SPEED, loop=True)
     daemon = e2e.start_daemon(sim)
-    first = _first_published_after(daemon, 0.0, timeout_s=30)
+    first = daemon.first_decision_after(0.0, published=True, what="the first published table")
     return sim, daemon, first
+
+
+def _settle(sim: SimServerProc, daemon: DaemonProc, first: dict[str, Any]) -> None:
+    """The plugin follows a daemon table and the daemon made two more decisions."""
+    wait_until(
+        lambda: _plugin_follows_daemon(first["table_after"]["version"])(sim.state()),
+        what="the plugin following the daemon's first table",
+    )
+    daemon.wait_decisions_after(first["time_s"], 2, "steady control before the disturbance")
+
+
+def _in_window(
+    rows: Sequence[dict[str, Any]], start_s: float, end_s: float
+) -> list[tuple[dict[str, Any], dict[str, Any] | None]]:
+    """(row, table in force after it) for the decisions with start_s <= time_s <= end_s."""
+    pairs = zip(rows, tables_in_force(rows), strict=True)
+    return [(r, t) for r, t in pairs if start_s <= r["time_s"] <= end_s]
+
+
+def _check_frozen(
+    rows: list[dict[str, Any]], down: DownWindow, *, from_s: float, min_rows: int, min_stale: int
+) -> None:
+    """The table in force did not change from ``from_s`` until the server was last seen
+    refusing connections, and every decision in that span made more than max_staleness_s
+    after the port was seen closed (its telemetry is older than that) held for
+    stale/unknown telemetry."""
+    pairs = list(zip(rows, tables_in_force(rows), strict=True))
+    before = [t for r, t in pairs if r["time_s"] < from_s]
+    assert before and before[-1] is not None, briefs(rows)
+    held = before[-1]
+    window = _in_window(rows, from_s, down.refused_until_s)
+    context = (
+        f"server seen refusing {down.refused_from_s:.3f}..{down.refused_until_s:.3f}, "
+        f"checked from {from_s:.3f}; table in force before: v{held['version']} "
+        f"{held['slots']}\n{briefs(rows)}"
+    )
+    assert len(window) >= min_rows, context
+    for _row, table in window:
+        assert table is not None and table["slots"] == held["slots"], context
+    stale_from = down.refused_from_s + MAX_STALENESS_S + DRAIN_S
+    stale = [r for r, _ in window if r["time_s"] > stale_from]
+    assert len(stale) >= min_stale, context
+    for row in stale:
+        assert row["reason"] in TELEMETRY_HOLDS, context
 
 
 # --------------------------------------------------------------------------- 1. ramp
@@ -151,7 +189,8 @@ def test_load_ramp_zeroes_busy_high_slots_and_low_slots_speculate_again(e2e: E2E
         samples.append(state)
         return bool(state["sim_time_s"] >= 460 or state["status"] == "finished")
 
-    wait_until(trace_done, timeout_s=90, what="the ramp trace to play out", interval_s=0.5)
+    # 24 s at 20x on an idle machine; the sim slows down (re-anchors) when starved.
+    wait_until(trace_done, timeout_s=300, what="the ramp trace to play out", interval_s=0.5)
 
     rows = daemon.decisions()
     _check_rows(rows)
@@ -229,63 +268,79 @@ def test_override_applies_next_decision_expires_on_time_and_clears(e2e: E2E) -> 
     sim, daemon, table = _start_steady(e2e)
     assert slot_steps(table["table_after"])[1] > 0, f"slot 1 should speculate: {table}"
 
-    # Set: the very next decision publishes slot 1 = 0 with reason override_active.
+    # Set: the first decision after the daemon accepted it (its created_at_s, the daemon's
+    # clock, as the audit rows' time_s) publishes slot 1 = 0 with reason override_active.
     done = daemon.cli(
-        "override", "set", "--slot", "1", "--steps", "0", "--ttl", "6s", "--reason", "e2e",
-        "--output", "json",
+        "override", "set", "--slot", "1", "--steps", "0", "--ttl", f"{OVERRIDE_TTL_S:g}s",
+        "--reason", "e2e", "--output", "json",
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     override = json.loads(done.stdout)
     assert (override["slot"], override["steps"], override["reason"]) == (1, 0, "e2e")
     created = override["created_at_s"]
-    assert override["expires_at_s"] == pytest.approx(created + 6.0)
-    first = _first_decision_after(daemon, created, timeout_s=10)
+    expires = override["expires_at_s"]
+    assert expires == pytest.approx(created + OVERRIDE_TTL_S)
+    first = daemon.first_decision_after(created, what="the first decision after the override")
     # A rollback verdict on an earlier policy change would outrank the reason (the
     # override still applies to its slot).
     assert first["reason"] in OVERRIDE_REASONS, first
     assert first["published"] and slot_steps(first["table_after"])[1] == 0, first
-    # Within one decision interval (1 s), with slack for a busy machine.
-    assert first["time_s"] - created <= 2.0
-    listed = daemon.cli_json("override", "list")
-    assert [o["id"] for o in listed] == [override["id"]]
-    spool = sim.spool_table()
-    assert spool is not None and slot_steps(spool)[1] == 0
 
-    # Expiry: in force until expires_at_s, gone at the first decision after it.
-    expires = override["expires_at_s"]
-    after = _first_decision_after(daemon, expires, timeout_s=15)
+    # Expiry: in force for every decision before expires_at_s (daemon clock), gone at the
+    # first decision after it.
+    after = daemon.first_decision_after(expires, what="the first decision after the expiry")
     rows = daemon.decisions()
-    pairs = list(zip(rows, tables_in_force(rows), strict=True))
-    during = [(r, t) for r, t in pairs if first["time_s"] <= r["time_s"] < expires]
-    assert len(during) >= 4, [r["time_s"] for r, _ in during]
+    during = _in_window(rows, first["time_s"], expires - 1e-6)
+    assert len(during) >= 4, briefs([r for r, _ in during])
     for row, t in during:
         assert t is not None and slot_steps(t)[1] == 0, row
         assert row["reason"] in OVERRIDE_REASONS, row
     assert after["published"] and slot_steps(after["table_after"])[1] > 0, after
     assert "override expired" in after["message"], after["message"]
-    assert after["time_s"] - expires <= 2.0
     assert daemon.cli_json("override", "list") == []
 
-    # Clear: a long override, then `override clear --all` reverts at the next decision.
-    done = daemon.cli(
+    # Clear: a long override, then `override clear --all` reverts at the first decision
+    # after the daemon cleared it (the store's cleared_at_s, on the daemon's clock).
+    second = daemon.cli_json(
         "override", "set", "--slot", "1", "--steps", "0", "--ttl", "5m", "--reason", "e2e-clear",
     )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    wait_until(
-        lambda: (t := daemon.api("status")["table"]) and slot_steps(t)[1] == 0,
-        timeout_s=10,
-        what="the second override in the table",
+    applied = daemon.first_decision_after(
+        second["created_at_s"], what="the first decision after the second override"
     )
-    t_clear = time.time()
+    assert applied["published"] and slot_steps(applied["table_after"])[1] == 0, applied
+    # In force until cleared: listed, and every table in the spool since has slot 1 = 0.
+    listed = daemon.cli_json("override", "list")
+    assert [o["id"] for o in listed] == [second["id"]], listed
+    spool = sim.spool_table()
+    assert spool is not None and spool["version"] >= applied["table_after"]["version"], spool
+    assert slot_steps(spool)[1] == 0, spool
     done = daemon.cli("override", "clear", "--all")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["cleared:", "1"], done.stdout
-    reverted = _first_decision_after(daemon, t_clear, timeout_s=10)
-    assert reverted["published"] and slot_steps(reverted["table_after"])[1] > 0, reverted
+    cleared_at = daemon.override_cleared_at(second["id"])
+    assert cleared_at is not None and cleared_at > second["created_at_s"], cleared_at
+    reverted = daemon.first_decision_after(cleared_at, what="the first decision after the clear")
+    assert reverted["published"] and slot_steps(reverted["table_after"])[1] > 0, (
+        f"cleared at {cleared_at:.3f}\n" + briefs(daemon.decisions_after(applied["time_s"]))
+    )
     assert daemon.cli_json("override", "list") == []
 
-    # `specgov status --output json` and the daemon's /metrics, once.
-    status = daemon.status()
+    # `specgov status --output json` and the daemon's /metrics, read with no change of the
+    # steps in force between them (the daemon keeps deciding, and re-issuing its table
+    # under a new version every few seconds, while the test reads).
+    def slots_now() -> Any:
+        table = daemon.api("status")["table"]
+        return None if table is None else table["slots"]
+
+    def consistent_read() -> tuple[dict[str, Any], dict[str, float]] | None:
+        before = slots_now()
+        status = daemon.status()
+        samples = _metric_samples(daemon.metrics_text())
+        after = slots_now()
+        unchanged = status["table"] is not None and before == status["table"]["slots"] == after
+        return (status, samples) if unchanged else None
+
+    status, samples = wait_until(consistent_read, what="status and /metrics under one table")
     assert (status["mode"], status["policy"], status["server"]) == ("plugin", "goodput", sim.url)
     assert status["decisions"] >= len(rows) and status["tables_published"] >= 3
     assert status["permanent_error"] is None and status["store_error"] is None
@@ -293,7 +348,6 @@ def test_override_applies_next_decision_expires_on_time_and_clears(e2e: E2E) -> 
     assert status["table"] is not None and slot_steps(status["table"])[1] > 0
     assert status["overrides"] == []
     assert status["observation"]["running"] is not None
-    samples = _metric_samples(daemon.metrics_text())
     decided = 'specgov_decisions_total{policy="goodput",reason="%s"}'
     assert samples.get(decided % "override_active", 0) >= 5
     assert samples.get(decided % "initial") == 1
@@ -322,10 +376,15 @@ def test_kill_9_then_restart_keeps_audit_learned_state_and_override(e2e: E2E) ->
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     override = json.loads(done.stdout)
-    in_table = _first_published_after(daemon, override["created_at_s"], timeout_s=10)
+    in_table = daemon.first_decision_after(
+        override["created_at_s"], published=True, what="the override in a published table"
+    )
     assert slot_steps(in_table["table_after"])[4] == 1, in_table
-    time.sleep(2.5)  # a few more decisions
+    daemon.wait_decisions_after(in_table["time_s"], 3, "a few decisions under the override")
 
+    # Kill just after a table reaches the spool, so it has most of its TTL left.
+    version = sim.spool_version()
+    wait_until(lambda: sim.spool_version() > version, what="the next table in the spool")
     seen = daemon.cli_json("decisions", "--limit", "1000")
     before_kill = daemon.count_rows("decisions")
     assert before_kill >= len(seen) >= 3
@@ -352,7 +411,7 @@ def test_kill_9_then_restart_keeps_audit_learned_state_and_override(e2e: E2E) ->
             return None
         return sample
 
-    fallback = wait_until(fell_back, timeout_s=last["ttl_s"] + 10, what="the plugin's fallback")
+    fallback = wait_until(fell_back, what="the plugin's fallback")
     assert serving, "the plugin dropped the table at once after the kill"
     # (A table published just before the kill may reach the plugin a poll later.)
     assert all(s["table"]["version"] <= last["version"] for s in serving)
@@ -368,20 +427,20 @@ def test_kill_9_then_restart_keeps_audit_learned_state_and_override(e2e: E2E) ->
     restarted = e2e.start_daemon(sim, db_path=daemon.db_path)
     wait_until(
         lambda: "restored learned state of goodput" in restarted.proc.log_text(),
-        timeout_s=10,
         what="the 'restored learned state' log line",
     )
     listed = restarted.cli_json("override", "list")
     assert [o["id"] for o in listed] == [override["id"]], listed
     assert (listed[0]["slot"], listed[0]["steps"], listed[0]["reason"]) == (4, 1, "e2e-kill")
-    republished = _first_published_after(restarted, killed_at, timeout_s=15)
+    republished = restarted.first_decision_after(
+        killed_at, published=True, what="a table from the restarted daemon"
+    )
     assert republished["reason"] in OVERRIDE_REASONS, republished
     assert slot_steps(republished["table_after"])[4] == 1, republished
     # The guard state came back too: versions continue, no second `initial` table.
     assert republished["table_after"]["version"] > last["version"]
     wait_until(
         lambda: _plugin_follows_daemon(republished["table_after"]["version"])(sim.state()),
-        timeout_s=10,
         what="the plugin following the restarted daemon",
     )
     rows = restarted.decisions()
@@ -394,11 +453,16 @@ def test_kill_9_then_restart_keeps_audit_learned_state_and_override(e2e: E2E) ->
 def test_restarted_daemon_only_claims_tables_it_published(e2e: E2E) -> None:
     sim, daemon, _ = _start_steady(e2e)
     daemon.proc.stop()
-    # Older than keepalive_fraction * table_ttl_s (3 s): due for re-issue at restart.
-    time.sleep(3.5)
+    last = sim.spool_table()
+    assert last is not None
+    # Older than keepalive_fraction * table_ttl_s: due for re-issue at restart.
+    wait_until(
+        lambda: time.time() - last["produced_at_s"] > KEEPALIVE_AGE_S + 0.5,
+        what="the spool's table to be due for re-issue",
+    )
     t_restart = time.time()
     restarted = e2e.start_daemon(sim, db_path=daemon.db_path)
-    _first_published_after(restarted, t_restart, timeout_s=10)
+    restarted.first_decision_after(t_restart, published=True, what="the restarted daemon's table")
     rows = restarted.decisions()
     _check_rows(rows)
     _check_publish_claims(rows)
@@ -408,41 +472,29 @@ def test_restarted_daemon_only_claims_tables_it_published(e2e: E2E) -> None:
 
 
 def test_sim_server_restart_counter_reset_holds_then_resumes(e2e: E2E) -> None:
-    sim, daemon, _ = _start_steady(e2e)
-    time.sleep(2)
+    sim, daemon, first = _start_steady(e2e)
+    _settle(sim, daemon, first)
 
     # Connections refused for 6 s, /health 503 for 2 s more, then fresh counters.
-    t_restart = time.time()
     sim.restart(down_s=6, starting_s=2)
-    wait_until(
-        lambda: sim.healthy() and sim.state()["generation"] == 1,
-        timeout_s=20,
-        what="the restarted sim-server",
+    down = watch_down_window(
+        sim,
+        back=lambda: sim.state()["generation"] == 1,
+        timeout_s=6 + 2 + EVENT_TIMEOUT_S,
     )
-    t_up = time.time()
     assert daemon.proc.alive() and daemon.reachable()
 
-    # No table change while the server was away: only held decisions once telemetry went
-    # stale, and the steps in force stayed those from before the restart.
+    # No table change while the server was away: the steps in force stayed those from
+    # before it went down, and once its telemetry was stale every decision held.
     rows = daemon.decisions()
     _check_rows(rows)
-    pairs = list(zip(rows, tables_in_force(rows), strict=True))
-    before = [t for r, t in pairs if r["time_s"] <= t_restart]
-    assert before and before[-1] is not None
-    down = [(r, t) for r, t in pairs if t_restart < r["time_s"] <= t_restart + 6.0]
-    assert len(down) >= 4, [r["time_s"] for r, _ in down]
-    for row, t in down:
-        assert t is not None and t["slots"] == before[-1]["slots"], row
-        if row["time_s"] >= t_restart + MAX_STALENESS_S + 1.5:
-            assert row["reason"] in TELEMETRY_HOLDS, row
+    _check_frozen(rows, down, from_s=down.refused_from_s, min_rows=4, min_stale=1)
 
-    # Back up: the daemon publishes for the new server within a few seconds and its
-    # plugin follows the table; every decision that says it published, did.
-    published = _first_published_after(daemon, t_up, timeout_s=RESUME_BOUND_S)
-    assert published["time_s"] - t_up <= RESUME_BOUND_S
+    # Back up: the daemon publishes for the new server and its plugin follows the table;
+    # every decision that says it published, did.
+    daemon.first_decision_after(down.back_s, published=True, what="a table after the restart")
     wait_until(
         lambda: _plugin_follows_daemon()(sim.state()),
-        timeout_s=RESUME_BOUND_S,
         what="the restarted server's plugin following a daemon table",
     )
     rows = daemon.decisions()
@@ -453,28 +505,37 @@ def test_sim_server_restart_counter_reset_holds_then_resumes(e2e: E2E) -> None:
 
 @pytest.mark.slow
 def test_30s_outage_freezes_the_table_and_control_resumes(e2e: E2E) -> None:
-    sim, daemon, _ = _start_steady(e2e)
-    time.sleep(2)
+    sim, daemon, first = _start_steady(e2e)
+    _settle(sim, daemon, first)
 
     # 30 s of connection refused on every route; the engine keeps serving.
     fallback_before = sim.state()["plugin"]["fallback_batches"]
-    t_out = time.time()
-    sim.outage(30, "refuse")
-    while time.time() < t_out + 30:
+
+    def daemon_up() -> None:
         assert daemon.proc.alive(), daemon.proc.log_text()[-2000:]
         assert daemon.reachable()
-        time.sleep(1.0)
-    wait_until(sim.healthy, timeout_s=10, what="the sim-server after the outage")
-    t_back = time.time()
-    wait_until(
-        lambda: [r for r in _decisions_after(daemon, t_back) if r["reason"] not in TELEMETRY_HOLDS],
-        timeout_s=RESUME_BOUND_S,
+
+    sim.outage(30, "refuse")
+    down = watch_down_window(
+        sim, back=lambda: True, timeout_s=30 + EVENT_TIMEOUT_S, while_down=daemon_up
+    )
+    fresh = wait_until(
+        lambda: [
+            r for r in daemon.decisions_after(down.back_s) if r["reason"] not in TELEMETRY_HOLDS
+        ],
         what="a decision on fresh telemetry after the outage",
     )
-    status = daemon.status()
+    assert fresh[0]["inputs_summary"]["staleness_s"] <= MAX_STALENESS_S, fresh[0]
+    status = wait_until(
+        lambda: (
+            (s := daemon.status())["last_scrape_age_s"] is not None
+            and s["last_scrape_age_s"] < MAX_STALENESS_S
+            and s
+        ),
+        what="status showing a current scrape",
+    )
     assert status["last_scrape_error"] is None and status["permanent_error"] is None
     assert status["scrape_errors"] > 0
-    assert status["last_scrape_age_s"] is not None and status["last_scrape_age_s"] < 3
     # The plugin never fell back: the frozen table was re-issued before its TTL throughout.
     fallback_after = sim.state()["plugin"]["fallback_batches"]
     for reason in ("expired", "no_table"):
@@ -483,16 +544,11 @@ def test_30s_outage_freezes_the_table_and_control_resumes(e2e: E2E) -> None:
     rows = daemon.decisions()
     _check_rows(rows)
     _check_publish_claims(rows)
-    pairs = list(zip(rows, tables_in_force(rows), strict=True))
-    frozen = [
-        (r, t) for r, t in pairs if t_out + MAX_STALENESS_S + 1.5 <= r["time_s"] <= t_out + 30
-    ]
-    assert len(frozen) >= 20, len(frozen)
-    held = frozen[0][1]
-    assert held is not None
-    for row, t in frozen:
-        assert row["reason"] in TELEMETRY_HOLDS, row
-        assert t is not None and t["slots"] == held["slots"], row
+    # Frozen once the telemetry went stale (the engine keeps running and its plugin keeps
+    # writing statistics, so before that the daemon may still act).
+    frozen_from = down.refused_from_s + MAX_STALENESS_S + DRAIN_S
+    _check_frozen(rows, down, from_s=frozen_from, min_rows=20, min_stale=20)
+    frozen = _in_window(rows, frozen_from, down.refused_until_s)
     assert sum(r["published"] for r, _ in frozen) >= 5, "the held table was not kept alive"
     samples = _metric_samples(daemon.metrics_text())
     assert samples.get('specgov_scrape_errors_total{kind="temporary"}', 0) >= 10
