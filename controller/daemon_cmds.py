@@ -209,7 +209,9 @@ def _config_control_addr() -> str:
 
 def _call(fn: Callable[[], Any]) -> Any:
     from specgov.controller.control_client import (
+        ControlAuthError,
         ControlClientError,
+        ControlRequestError,
         DaemonUnreachableError,
     )
 
@@ -217,6 +219,12 @@ def _call(fn: Callable[[], Any]) -> Any:
         return fn()
     except DaemonUnreachableError as exc:
         _fail(str(exc), EXIT_UNREACHABLE)
+    except ControlAuthError as exc:
+        _fail(str(exc), EXIT_FAILED)
+    except ControlRequestError as exc:
+        # The daemon refused the request as given (400: a slot the engine lacks, steps
+        # outside a slot's candidates, a bad spec): bad usage.
+        _fail(str(exc), EXIT_USAGE)
     except ControlClientError as exc:
         _fail(str(exc), EXIT_FAILED)
 

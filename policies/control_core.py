@@ -59,6 +59,10 @@ MODES: Final = ("plugin", "observe")
 # Why a decision's table was not published (the audit row and status say so).
 NOT_PUBLISHED_OBSERVE: Final = "observe mode: the table is what the daemon would run"
 NOT_PUBLISHED_NO_CANDIDATES: Final = "engine candidate steps unknown; not publishing"
+# The guardrails' freeze codes (in Decision.limited_by when telemetry was unknown/stale).
+_FROZEN_CODES: Final = frozenset(
+    {ReasonCode.HELD_UNKNOWN_TELEMETRY.value, ReasonCode.HELD_STALE_TELEMETRY.value}
+)
 
 
 # ----------------------------------------------------------------------- tier statistics
@@ -362,9 +366,15 @@ class ControlCore:
         why = step.not_published
         if step.publish is not None and not ok:
             why = "the spool write failed; the next decision retries the change"
-        # A switch whose first table never reached the engine is still a fresh switch.
-        switched = step.before.switched and step.publish is not None and not ok
-        state = replace(step.after, guard=guard, table=table, switched=switched)
+        state = replace(step.after, guard=guard, table=table)
+        frozen = bool(_FROZEN_CODES & set(decision.limited_by))
+        took_effect = not frozen and (decision.table is None or ok or would_run)
+        if step.before.switched and not took_effect:
+            # The new policy's first table was dropped (frozen telemetry) or never reached
+            # the engine: it decides again from where it started, so a policy that only
+            # speaks on a change (static, batch-table) is not silenced by the drop.
+            start = replace(guard, inner=step.before.guard.inner)
+            state = replace(state, guard=start, switched=True)
         record = AuditRecord(
             time_s=step.observation.time_s,
             policy=step.policy_name,
@@ -393,7 +403,8 @@ class ControlCore:
         inner = parked.pop(spec, None)
         if inner is None:
             inner = fresh if fresh is not None else target.inner.initial_state()
-        guard = replace(state.guard, inner=inner, inner_name=target.inner.name)
+        # The last wanted table was the previous policy's: the new one speaks for itself.
+        guard = replace(state.guard, inner=inner, inner_name=target.inner.name, wanted=None)
         return replace(
             state, guard=guard, policy_spec=spec, parked=tuple(parked.items()), switched=True
         )

@@ -403,3 +403,19 @@ def test_observation_is_aged_and_carries_the_windows_and_the_table() -> None:
     )
     assert obs.time_s == 12.0 and obs.staleness_s == pytest.approx(10.0)
     assert obs.table == state.table and obs.tier_stats is not None
+
+
+def test_a_pin_that_starts_on_frozen_telemetry_still_takes_effect() -> None:
+    core = _core()
+    state = core.initial_state("static:2")
+    fx = Effects()
+    _, state = _step(core, state, 0.0, fx)
+    pin = Override(pin_policy="static:1", created_at_s=1.0, expires_at_s=100.0, reason="try")
+    frozen = ControlInputs(now_s=5.0, observation=_obs(5.0), overrides=(pin,))  # no windows
+    rec, state = control_step(core, state, frozen, fx)
+    assert "held_unknown_telemetry" in rec.limited_by and not rec.published
+    # static:1 speaks only when its table changes; the dropped first table must not
+    # silence it: the next fresh decision publishes it.
+    rec, state = _step(core, state, 10.0, fx, overrides=(pin,))
+    assert rec.published and rec.table_in_force is not None
+    assert {k for _, k in rec.table_in_force.slots} == {1}

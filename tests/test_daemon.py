@@ -228,3 +228,139 @@ def test_policy_switch_validates_the_spec(sim: SimServer, tmp_path: Path) -> Non
     assert daemon.set_policy("bandit:algo=thompson") == {"policy": daemon.policy.name}
     assert daemon.policy.name.startswith("bandit")
     asyncio.run(daemon.close())
+
+
+async def _until(daemon: Daemon, done: Any, max_rounds: int = 40) -> Any:
+    """Decide until a decision satisfies ``done`` (telemetry may be briefly unknown on
+    a busy machine); every decision on the way is kept in the audit log."""
+    for _ in range(max_rounds):
+        (decision,) = await _rounds(daemon, 1)
+        if done(decision):
+            return decision
+    raise AssertionError(f"no such decision in {max_rounds} rounds: {daemon.status()}")
+
+
+def _wait_plugin_table(sim: SimServer, version: int, deadline_s: float = 60.0) -> dict[str, Any]:
+    """The engine's plugin table once it has picked up ``version`` (or a later one)."""
+    import time
+
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        plugin = sim.state()["plugin"] or {}
+        table = plugin.get("table")
+        if table is not None and table["version"] >= version:
+            return dict(table)
+        time.sleep(0.05)  # polling an observable event, bounded by the deadline
+    raise AssertionError(f"the plugin never followed table v{version}: {sim.state()['plugin']}")
+
+
+def test_pinned_policy_runs_for_its_ttl_and_the_engine_follows_it(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    config = _config(sim, tmp_path)
+    store = StateStore(config.state.db_path)
+    daemon = Daemon(config, store=store)
+
+    async def go() -> tuple[Any, dict[str, Any], Any, dict[str, Any]]:
+        try:
+            await _until_published(daemon)
+            pin = daemon.set_override(
+                slot=None, steps=None, disable=False, pin_policy="static:1", ttl_s=600, reason="t"
+            )
+            pinned = await _until(daemon, lambda r: r.published)
+            during = daemon.status()
+            daemon.clear_override(pin["id"], None)
+            (back,) = await _rounds(daemon, 1)
+            return pinned, during, back, daemon.status()
+        finally:
+            await daemon.close()
+            store.close()
+
+    pinned, during, back, after = asyncio.run(go())
+    # status shows the pinned spec as the effective policy, the configured one beside it.
+    assert during["policy"] == "static:1" and during["pinned"] is True
+    assert during["configured_policy"] == "goodput"
+    assert pinned.policy == "static:1" and pinned.published and pinned.table_after is not None
+    # The published table is the pinned policy's: 1 step wherever the slot has it.
+    layout = {b: ks for b, ks in during["slots"]}
+    assert all(k == 1 for b, k in pinned.table_after.slots if 1 in layout[b])
+    engine = _wait_plugin_table(sim, pinned.table_after.version)
+    assert [tuple(s) for s in engine["slots"]] == list(pinned.table_after.slots)
+    # The pin ended: the configured policy is back.
+    assert after["policy"] == "goodput" and after["pinned"] is False
+    assert back.policy == "goodput" and "pin ended" in back.message
+
+
+def test_overrides_for_unknown_slots_or_steps_are_refused_with_the_valid_set(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    daemon = Daemon(_config(sim, tmp_path), store=None)
+
+    async def go() -> None:
+        try:
+            with pytest.raises(ValueError, match="slots are not known yet"):
+                daemon.set_override(
+                    slot=1, steps=0, disable=False, pin_policy=None, ttl_s=60, reason="x"
+                )
+            await daemon.scrape_once()
+            slots = dict((b, ks) for b, ks in daemon.status()["slots"])
+            with pytest.raises(ValueError, match=r"slot 5 is not an engine slot; valid slots"):
+                daemon.set_override(
+                    slot=5, steps=0, disable=False, pin_policy=None, ttl_s=60, reason="x"
+                )
+            last = max(slots)
+            with pytest.raises(
+                ValueError, match=rf"steps 9 is not a candidate of slot\(s\) \[{last}"
+            ):
+                daemon.set_override(
+                    slot=last, steps=9, disable=False, pin_policy=None, ttl_s=60, reason="x"
+                )
+            with pytest.raises(ValueError, match="valid kinds"):
+                daemon.set_override(
+                    slot=None, steps=None, disable=False, pin_policy="turbo", ttl_s=60, reason="x"
+                )
+            assert daemon.list_overrides() == []
+        finally:
+            await daemon.close()
+
+    asyncio.run(go())
+
+
+def test_overrides_survive_a_policy_switch_and_restart_and_a_clear_survives_a_kill(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    config = _config(sim, tmp_path)
+
+    async def first() -> str:
+        daemon = Daemon(config, store=StateStore(config.state.db_path))
+        try:
+            await _until_published(daemon)
+            ov = daemon.set_override(
+                slot=1, steps=0, disable=False, pin_policy=None, ttl_s=600, reason="keep"
+            )
+            daemon.set_policy("bandit")
+            await _rounds(daemon, 1)
+            return str(ov["id"])
+        finally:
+            await daemon.close()
+            assert daemon.store is not None
+            daemon.store.close()
+
+    ov_id = asyncio.run(first())
+
+    async def second() -> tuple[Any, list[dict[str, Any]]]:
+        daemon = Daemon(config, store=StateStore(config.state.db_path))
+        assert daemon.policy.name.startswith("bandit")  # the switch survived the restart
+        overrides = daemon.list_overrides()
+        (decision,) = await _rounds(daemon, 1)
+        # Cleared, then the process dies without closing anything (as kill -9 would).
+        assert daemon.clear_override(ov_id, None) == 1
+        return decision, overrides
+
+    decision, overrides = asyncio.run(second())
+    assert [o["id"] for o in overrides] == [ov_id]
+    assert decision.reason == "override_active"
+    assert decision.table_in_force is not None and dict(decision.table_in_force.slots)[1] == 0
+    third = Daemon(config, store=StateStore(config.state.db_path))
+    assert third.list_overrides() == []
+    asyncio.run(third.close())
