@@ -275,8 +275,12 @@ def status_cmd(control_addr: str | None, output: str) -> None:
     def render(s: dict[str, Any]) -> None:
         obs = s.get("observation") or {}
         last = s.get("last_decision") or {}
+        policy = s.get("policy")
+        if s.get("pinned"):
+            policy = f"{policy} (operator pin; configured: {s.get('configured_policy')})"
+        rec = s.get("recommendation") or {}
         rows: list[list[Any]] = [
-            ["policy", s.get("policy")],
+            ["policy", policy],
             ["mode", s.get("mode")],
             ["server", s.get("server")],
             ["table", _steps(s.get("table"))],
@@ -288,11 +292,20 @@ def status_cmd(control_addr: str | None, output: str) -> None:
             ["throughput tok/s", obs.get("gen_throughput_tok_s")],
             ["TPOT p50 ms", obs.get("tpot_p50_ms")],
             ["overrides", len(s.get("overrides") or [])],
+            ["restart recommendation", _recommendation_line(rec) if rec else "none"],
             ["errors", s.get("permanent_error") or s.get("last_scrape_error") or "none"],
         ]
         _table("specgov status", ["", "value"], rows)
 
     _emit(data, output, render)
+
+
+def _recommendation_line(rec: dict[str, Any]) -> str:
+    if rec.get("summary") is None:
+        return str(rec.get("message") or "none")
+    gain = rec.get("predicted_gain")
+    gain_text = f", predicted {gain:+.1%}" if isinstance(gain, float) else ""
+    return f"{rec['summary']} (from {rec.get('source')}{gain_text})"
 
 
 def _round(v: Any) -> Any:
@@ -458,7 +471,25 @@ def policy_set(control_addr: str | None, output: str, spec: str) -> None:
 def recommend_cmd(control_addr: str | None, output: str) -> None:
     """The latest restart recommendation (shape, candidates) with its predicted gain."""
     client = _client(control_addr)
-    _emit(_call(client.recommend), output, lambda d: click.echo(json.dumps(d, indent=2)))
+
+    def render(rec: dict[str, Any]) -> None:
+        shape = rec.get("shape") or {}
+        launch = rec.get("launch") or {}
+        rows: list[list[Any]] = [
+            ["recommendation", _recommendation_line(rec)],
+            ["algorithm", shape.get("algorithm")],
+            [
+                "steps / topk / draft tokens",
+                "/".join(str(shape.get(k)) for k in ("num_steps", "topk", "num_draft_tokens"))
+                if shape
+                else None,
+            ],
+            ["launch flags", " ".join(launch.get("argv") or []) or None],
+            ["applied", rec.get("applied") or "no"],
+        ]
+        _table("specgov recommend", ["", "value"], rows)
+
+    _emit(_call(client.recommend), output, render)
 
 
 COMMANDS = [

@@ -652,6 +652,20 @@ def _accept_moments(rates: Sequence[float], steps: int) -> tuple[float, float]:
     return mean, max(0.0, second - mean * mean)
 
 
+def _flat_past_evidence(est: AcceptanceEstimate) -> tuple[float, ...]:
+    """Rates with the positions past the evidence held at the last observed lower bound.
+
+    For the one candidate past the evidence that exploitation considers: running it
+    observes those positions within a window, so it is judged on the flat bound rather
+    than the estimator's falling extrapolation (which would keep it from ever running).
+    """
+    m = est.observed
+    if m == 0:
+        return est.mean
+    cap = est.lower[m - 1]
+    return est.mean[:m] + tuple(max(r, min(cap, est.mean[m - 1])) for r in est.mean[m:])
+
+
 def _optimistic_rates(est: AcceptanceEstimate) -> tuple[float, ...]:
     """Per-position rates for the optimistic side of a probe decision.
 
@@ -1162,7 +1176,11 @@ class GoodputPolicy:
                 eligible.append(min(beyond))
             if cur is not None and cur in allowed and cur not in eligible:
                 eligible.append(cur)
-            evals = {k: self._evaluate(est.mean, cost, batch, ctx, k, slo) for k in eligible}
+            flat = _flat_past_evidence(est)
+            evals = {
+                k: self._evaluate(est.mean if k <= est.observed else flat, cost, batch, ctx, k, slo)
+                for k in eligible
+            }
             best, slo_limited = self._choose(evals, cur, slo_ms, slo)
             share = weights.get(bound, 0.0) / total_w if total_w > 0 else 0.0
             work.append(

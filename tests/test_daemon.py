@@ -364,3 +364,103 @@ def test_overrides_survive_a_policy_switch_and_restart_and_a_clear_survives_a_ki
     third = Daemon(config, store=StateStore(config.state.db_path))
     assert third.list_overrides() == []
     asyncio.run(third.close())
+
+
+class _RecommendingPolicy:
+    """A daemon policy that holds the table and recommends a restart without the drafter."""
+
+    name = "recommender"
+
+    def initial_state(self) -> Any:
+        from specgov.policies.simple import NonePolicy
+
+        return NonePolicy().initial_state()
+
+    def state_from_dict(self, data: Any) -> Any:
+        from specgov.policies.simple import NonePolicy
+
+        return NonePolicy().state_from_dict(data)
+
+    def decide(self, observation: Any, state: Any, budget: Any) -> tuple[Any, Any]:
+        from specgov.policies.types import (
+            Decision,
+            ReasonCode,
+            RestartRecommendation,
+            SpecShape,
+        )
+
+        rec = RestartRecommendation(
+            SpecShape("NONE", 0, 0, 0, ()),
+            "policy",
+            "no speculation: the drafter costs more than it returns",
+            0.2,
+            (("held_s", 300.0),),
+        )
+        return (
+            Decision(None, ReasonCode.HELD_NO_CHANGE, "holding", None, (), rec),
+            state,
+        )
+
+
+def test_a_restart_recommendation_is_structured_everywhere_and_reaches_the_apply_hook(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    import sys
+    import time
+
+    from aiohttp import web
+    from click.testing import CliRunner
+
+    from specgov.controller.cli import main as cli
+    from specgov.controller.control_api import make_app
+    from specgov.controller.own_metrics import render_metrics
+    from specgov.policies.control_core import ControlCore
+    from specgov.policies.guardrails import GuardedPolicy
+
+    handed = tmp_path / "handed.json"
+    hook = f"import os; open({str(handed)!r}, 'w').write(os.environ['SPECGOV_RECOMMENDATION'])"
+    config = _config(sim, tmp_path, **{"recommend.apply_command": [sys.executable, "-c", hook]})
+    store = StateStore(config.state.db_path)
+    daemon = Daemon(config, store=store)
+    guarded = GuardedPolicy(_RecommendingPolicy())
+    daemon.core = ControlCore(lambda _spec: guarded, config.budget, "plugin")
+    daemon.core_state = daemon.core.initial_state("recommender")
+
+    async def go() -> str:
+        runner = web.AppRunner(make_app(daemon, token=None, listen_host="127.0.0.1"))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            await _rounds(daemon, 1)
+            end = time.monotonic() + 60
+            while not handed.exists() and time.monotonic() < end:
+                await asyncio.sleep(0.05)  # waiting on the hook's file, bounded
+            result = await asyncio.to_thread(
+                CliRunner().invoke,
+                cli,
+                ["recommend", "--output", "json", "--control-addr", f"127.0.0.1:{port}"],
+            )
+            assert result.exit_code == 0, result.output
+            return result.output
+        finally:
+            await runner.cleanup()
+            await daemon.close()
+
+    cli_out = json.loads(asyncio.run(go()))
+    # The CLI, the status and the audit row carry the same structured recommendation.
+    for doc in (cli_out, daemon.status()["recommendation"]):
+        assert doc["shape"]["algorithm"] == "NONE" and doc["source"] == "policy"
+        assert doc["predicted_gain"] == 0.2 and doc["evidence"] == {"held_s": 300.0}
+    (row,) = store.decisions(limit=1)
+    assert row.restart_recommendation is not None
+    assert row.restart_recommendation["shape"]["algorithm"] == "NONE"
+    text = render_metrics(daemon.registry)[0].decode()
+    assert (
+        'specgov_restart_recommended_gain_ratio{algorithm="NONE",num_steps="0",source="policy"} 0.2'
+        in text
+    )
+    assert handed.exists(), "the apply hook was not run"
+    assert json.loads(handed.read_text())["key"] == cli_out["key"]
+    store.close()
