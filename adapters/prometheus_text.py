@@ -355,7 +355,7 @@ def parse_metrics(
     except _Unmodelled:
         return restrict(parse_metrics(text, source=source), wanted)
     try:
-        return _assemble(fams, source, other_dp)
+        return restrict(_assemble(fams, source, other_dp), wanted)
     except ResponseFormatError:
         # Re-raise the reference's own error for the same text.
         return restrict(parse_metrics(text, source=source), wanted)
@@ -454,11 +454,13 @@ def _number(token: str) -> float:
         value = float(token)
     except ValueError:
         raise _Unmodelled from None
-    if math.isinf(value):
+    if math.isinf(value) or (value == 0.0 and math.copysign(1.0, value) < 0.0):
         try:
-            int(token)
+            as_int = int(token)
         except ValueError:
             return value
+        if as_int == 0:
+            return 0.0  # int("-0") is 0: the reference reads +0.0
         raise _Unmodelled  # an integer too large for a float: the reference errs
     return value
 
@@ -478,6 +480,17 @@ def _value(rest: str) -> float:
     return _number(tokens[0])
 
 
+# Every name a family's samples can be keyed by: its own, its histogram / summary
+# sample names, each with the _total a counter declared without it appends.
+_SAMPLE_SUFFIXES: Final = tuple(
+    a + b for a in ("", "_bucket", "_sum", "_count") for b in ("", "_total")
+)
+
+
+def _may_keep(family: str, wanted: frozenset[str]) -> bool:
+    return any(family + suffix in wanted for suffix in _SAMPLE_SUFFIXES)
+
+
 def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], frozenset[DPRank]]:
     """The kept families of ``text`` and the DP groups of the others' scheduler series."""
     out: list[_Family] = []
@@ -489,7 +502,7 @@ def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], fro
     allowed: tuple[str, ...] = ()
     maybe_kept = False
     buffered: list[tuple[str, tuple[tuple[str, str], ...], str]] = []
-    dps: set[DPRank] = set()
+    dps: list[tuple[str, DPRank]] = []  # (sample name, dp_rank) of tp_rank series
 
     def close() -> None:
         if name == "":
@@ -497,7 +510,9 @@ def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], fro
         kind = "unknown" if typ == "untyped" else typ
         if kind not in _METRIC_TYPES:
             raise _Unmodelled  # the reference refuses the type when it builds the family
-        if maybe_kept and _snapshot_name(name, kind) in wanted:
+        if maybe_kept:
+            # restrict() drops the series outside ``wanted`` afterwards: a family's
+            # samples need not carry its name (a second TYPE line can retype them).
             rename = kind == "counter" and not name.endswith("_total")
             samples = [
                 (s + "_total" if rename else s, labels, _value(rest))
@@ -505,7 +520,10 @@ def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], fro
             ]
             out.append((name, kind, samples))
         elif kind in ("counter", "gauge", "histogram"):
-            other_dp.update(dps)
+            # The series the assembler would key (a histogram's other samples are not).
+            for sample, dp in dps:
+                if kind != "histogram" or sample[len(name) :] in ("_bucket", "_sum", "_count"):
+                    other_dp.add(dp)
 
     for raw in text.split("\n"):
         line = raw.strip()
@@ -528,16 +546,16 @@ def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], fro
                 if candidate != name:
                     close()
                     name, typ, allowed = candidate, "untyped", (candidate,)
-                    buffered, dps = [], set()
-                    maybe_kept = candidate in wanted or candidate + "_total" in wanted
+                    buffered, dps = [], []
+                    maybe_kept = _may_keep(candidate, wanted)
                 continue
             if len(parts) < 4:
                 raise _Unmodelled
             if candidate != name:
                 close()
                 name = candidate
-                buffered, dps = [], set()
-                maybe_kept = candidate in wanted or candidate + "_total" in wanted
+                buffered, dps = [], []
+                maybe_kept = _may_keep(candidate, wanted)
             typ = parts[3]
             allowed = tuple(name + s for s in _ALLOWED_SUFFIXES.get(typ, ("",)))
             continue
@@ -561,7 +579,7 @@ def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], fro
             # prometheus_client: the family ends; this sample is an untyped family.
             close()
             name, typ, allowed, maybe_kept = "", "untyped", (), False
-            buffered, dps = [], set()
+            buffered, dps = [], []
             if sample in wanted:
                 labels = _series_labels(series, end) if has_labels else ()
                 out.append((sample, "unknown", [(sample, labels, _value(rest))]))
@@ -573,7 +591,7 @@ def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], fro
             labels = _series_labels(series, end)
             pairs = dict(labels)
             if "tp_rank" in pairs:
-                dps.add(pairs.get(DP_LABEL))
+                dps.append((sample, pairs.get(DP_LABEL)))
     close()
     return out, frozenset(other_dp)
 

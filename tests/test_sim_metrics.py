@@ -68,3 +68,40 @@ def test_gauges_refresh_only_every_40_decode_iterations() -> None:
     s = _samples(metrics.render())
     assert s["sglang:num_running_reqs"] == 7
     assert s["sglang:spec_accept_length"] == 2.0
+
+
+def _blocks(text: str, families: frozenset[str]) -> str:
+    """The HELP/TYPE/sample blocks of ``text`` whose TYPE name is in ``families``."""
+    out: list[str] = []
+    keep = False
+    for line in text.splitlines(keepends=True):
+        if line.startswith("# HELP "):
+            keep = line.split()[2] in families
+        if keep:
+            out.append(line)
+    return "".join(out)
+
+
+def test_family_render_is_the_matching_part_of_the_full_render() -> None:
+    from specgov.adapters.telemetry import METRICS_READ
+
+    reqs = [Request(0.05 * i, 300, 50 + i % 7, "chat") for i in range(60)]
+    engine, memory = build_engine(ServerSpec(), parse_policy("sglang-ema"), seed=2)
+    # A model name that needs escaping in label values.
+    metrics = SimMetrics(model_name='org/m"x\\y', kv_capacity_tokens=memory.kv_token_capacity)
+    renders: list[tuple[bytes, bytes]] = []
+
+    def tick(now_s: float) -> None:
+        renders.append((metrics.render(), metrics.render_families(METRICS_READ)))
+
+    engine.run(reqs, metrics=metrics, on_tick=tick, tick_interval_s=0.5)
+    tick(0.0)
+    assert len(renders) > 5
+    for full, part in renders:
+        assert part.decode() == _blocks(full.decode(), METRICS_READ)
+    full, part = renders[-1]
+    # The full render keeps what telemetry does not read; the family render does not.
+    assert b"sglang:queue_time_seconds_bucket" in full and b"_created" in full
+    assert b"sglang:queue_time_seconds" not in part and b"_created" not in part
+    assert _samples(part)["sglang:generation_tokens_total"] > 0
+    assert metrics.render_families(["sglang:num_requests_total"]).count(b"\n") == 3
