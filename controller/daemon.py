@@ -203,16 +203,20 @@ class Daemon:
             state = replace(state, table=table)
         return state
 
-    def _refresh_overrides(self) -> None:
-        """Re-read the overrides from the store; keep the cached ones while it is down."""
-        if self.store is None:
-            return
-        try:
-            records = self.store.list_overrides(self._clock())
-        except StoreUnavailable as exc:
-            self._store_failed(exc)
-            return
-        self._overrides = {r.id: r.override for r in records}
+    def _refresh_overrides(self) -> tuple[Override, ...]:
+        """Re-read the overrides from the store (keep the cached ones while it is down);
+        returns those that expired since the last read, for the decision to say so."""
+        now = self._clock()
+        expired = tuple(o for o in self._overrides.values() if not o.is_active(now))
+        if self.store is not None:
+            try:
+                records = self.store.list_overrides(now)
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+            else:
+                self._overrides = {r.id: r.override for r in records}
+        self._overrides = {k: o for k, o in self._overrides.items() if o.is_active(now)}
+        return expired
 
     def _store_failed(self, exc: BaseException) -> None:
         message = f"state store unavailable, controlling from memory: {exc}"
@@ -456,12 +460,12 @@ class Daemon:
         now = self._clock()
         self._read_stats()
         stats, self._stats_pending = tuple(self._stats_pending), []
-        self._refresh_overrides()
+        expired = self._refresh_overrides()
         return ControlInputs(
             now_s=now,
             observation=self._observation,
             tier_stats=stats,
-            overrides=tuple(self._overrides.values()),
+            overrides=(*self._overrides.values(), *expired),
             blocked=self.status_info.permanent_error,
         )
 

@@ -992,6 +992,8 @@ class GuardContext:
     # The operator switched the policy (policy set, a pin starting or ending): every slot
     # goes to the new policy's table directly, like the end of an override.
     policy_switched: bool = False
+    # Overrides passed in that are no longer active (expired since the last decision).
+    expired: tuple[Override, ...] = ()
 
     @property
     def now_s(self) -> float:
@@ -1141,6 +1143,8 @@ def apply_overrides(
     pin = pinned_policy(ctx.overrides, ctx.now_s)
     if pin is not None:
         p = p.note(f"operator pinned policy {pin!r}")
+    for o in ctx.expired:
+        p = p.note(f"override expired: {o.describe()}")
     cands = ctx.candidates
     step_overrides = [o for o in ctx.overrides if o.kind == "steps"]
     if cands is None:
@@ -1566,8 +1570,17 @@ class GuardedPolicy(Generic[S]):
         # Stored at commit unless frozen: a table made from unknown telemetry is dropped.
         wanted = _wanted(inner_decision, st.wanted, cands)
         active = active_overrides(overrides, observation.time_s)
+        expired = tuple(o for o in overrides if not o.is_active(observation.time_s))
         ctx = GuardContext(
-            observation, budget, inner_decision, cands, current, wanted, active, policy_switched
+            observation,
+            budget,
+            inner_decision,
+            cands,
+            current,
+            wanted,
+            active,
+            policy_switched,
+            expired,
         )
         p = Proposal(steps=current)
         if layout_note:

@@ -638,6 +638,7 @@ def test_override_applies_at_once_clamped_and_expires() -> None:
     assert "operator test" in d5.message
     d40 = next(d for t, d, _ in run if t == 40.0)
     assert "override ended" in d40.message and d40.table is not None
+    assert "override expired" in d40.message
     assert d40.table.slots == A and d40.reason == H.CHANGED_PREDICTED_GAIN
     assert active_overrides(ovs, 50.0) == () and run[-1][2].override_slots == ()
 
