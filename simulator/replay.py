@@ -114,12 +114,12 @@ def parse_policy(text: str) -> InEnginePolicy:
 
         if arg:
             raise PolicySpecError(f"policy {raw!r}: 'oracle' takes no argument")
-        steps = tuple(sorted({k for ks in SPECGOV_SLOT_CANDIDATES.values() for k in ks}))
+        every = tuple(sorted({k for ks in SPECGOV_SLOT_CANDIDATES.values() for k in ks}))
         return InEnginePolicy(
             "oracle",
             True,
-            steps,
-            lambda initial: ClairvoyantOracle(steps, initial if initial in steps else None),
+            every,
+            lambda initial: ClairvoyantOracle(every, initial if initial in every else None),
         )
     if kind == "none":
         if arg:
