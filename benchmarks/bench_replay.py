@@ -8,7 +8,18 @@ of --repeats runs) and the 2x/4x wall-time ratios against 1x (linear = 2.0, 4.0)
 
 Targets on the 2-core reference machine: 1x in <= 10 s wall and <= 1 GiB RSS.
 
+Then the closed-loop cost (issue 8): the first ``--loop-window-s`` seconds of the same
+trace replayed with an in-engine policy (``--in-engine``, default static:3) and with a
+daemon policy (``--daemon``, default goodput) driving the engine through the simulated
+``/metrics`` every 5 s, each ``--repeats`` times in a fresh subprocess; it prints the
+median wall times, their ratio (target <= 3x) and the median per-poll split: render
+(SimMetrics' /metrics text), parse (text -> MetricsSnapshot), observe (the rest of
+ObservationBuilder.feed) and decide (the policy behind its guardrails, as the closed
+loop times it). The split is measured by wrapping those functions where replay calls
+them, so it follows whatever replay.py is wired to.
+
     make bench            # or: python benchmarks/bench_replay.py --repeats 3
+    python benchmarks/bench_replay.py --loop-only --loop-window-s 1200
 """
 
 from __future__ import annotations
@@ -48,6 +59,109 @@ print(json.dumps({"copies": copies, "requests": len(requests), "load_s": load_s,
 """
 
 
+LOOP_CHILD = r"""
+import json, statistics, sys, time
+from pathlib import Path
+from specgov.adapters import observation_builder
+from specgov.simulator import replay as rp, sim_metrics
+from specgov.simulator.traces import load_trace
+
+path, window_s, policy = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+if sys.argv[4] == "1":
+    # What replay.py does once wired to the fast path: render and parse only the
+    # families telemetry reads (a stand-in until replay makes that call itself).
+    from specgov.adapters.telemetry import METRICS_READ, parse_read_metrics
+    sim_metrics.SimMetrics.render = lambda self: self.render_families(METRICS_READ)
+    rp.parse_metrics = lambda text, *, source: parse_read_metrics(text, source=source)
+    if hasattr(rp, "parse_read_metrics"):
+        del rp.parse_read_metrics  # time the stand-in once, as "parse"
+trace = load_trace(path, "azure", window_end_s=window_s)
+cost = {"render": [], "parse": [], "feed": []}
+
+def timed(key, fn):
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            cost[key].append(time.perf_counter() - t)
+    return wrapper
+
+cls = sim_metrics.SimMetrics
+cls.render = timed("render", cls.render)  # covers render_families when patched above
+for name in ("parse_metrics", "parse_read_metrics"):  # whichever replay calls
+    if hasattr(rp, name):
+        setattr(rp, name, timed("parse", getattr(rp, name)))
+observation_builder.ObservationBuilder.feed = timed(
+    "feed", observation_builder.ObservationBuilder.feed
+)
+run = rp.prepare_run(rp.ServerSpec(gpu="h100", model="llama-3.1-8b", drafter="eagle3"),
+                     rp.parse_policy(policy), seed=0)
+t0 = time.perf_counter()
+result = run.run(trace.requests)
+wall = time.perf_counter() - t0
+out = {"policy": policy, "requests": len(trace.requests), "wall_s": wall,
+       "output_tokens": result.output_tokens}
+if run.loop is not None:
+    polls = len(run.loop.log.decisions)
+    out["polls"] = polls
+    for key, values in cost.items():
+        out[key + "_ms"] = 1e3 * sum(values) / max(polls, 1)
+    out["decide_ms"] = sum(d.decide_ms for d in run.loop.log.decisions) / max(polls, 1)
+print(json.dumps(out))
+"""
+
+
+def closed_loop(args: argparse.Namespace) -> None:
+    runs: dict[str, list[dict[str, float]]] = {args.in_engine: [], args.daemon: []}
+    for _ in range(args.repeats):
+        for policy in runs:  # alternate, so load drift hits both alike
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    LOOP_CHILD,
+                    str(args.trace),
+                    str(args.loop_window_s),
+                    policy,
+                    "1" if args.simulate_fast_wiring else "0",
+                ],
+                check=False,
+                capture_output=True,
+                text=True,
+            )
+            if out.returncode != 0:
+                raise SystemExit(f"closed-loop run of {policy} failed:\n{out.stderr[-3000:]}")
+            runs[policy].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    base = statistics.median(r["wall_s"] for r in runs[args.in_engine])
+    loop = statistics.median(r["wall_s"] for r in runs[args.daemon])
+    first = runs[args.daemon][0]
+    print(
+        f"\nclosed loop: {args.trace.name} first {args.loop_window_s:g} s "
+        f"({first['requests']} requests, {first.get('polls', 0)} polls of 5 s), "
+        f"median of {args.repeats}"
+        + (", fast scrape path patched in" if args.simulate_fast_wiring else "")
+    )
+    print(f"  in-engine {args.in_engine:<12} wall {base:7.2f} s")
+    print(f"  daemon    {args.daemon:<12} wall {loop:7.2f} s")
+    print(f"  ratio daemon / in-engine   {loop / base:7.2f}x   (target <= 3x)")
+    parts = ("render", "parse", "feed", "decide")
+    med = {p: statistics.median(r[p + "_ms"] for r in runs[args.daemon]) for p in parts}
+    # feed() includes nothing of render/parse (they run before it in replay's observe).
+    print(
+        "  per poll (median ms): "
+        + "  ".join(f"{'observe' if p == 'feed' else p} {med[p]:.2f}" for p in parts)
+        + f"  total {sum(med.values()):.2f}"
+    )
+    polls = first.get("polls", 0)
+    in_loop_s = sum(med.values()) * polls / 1e3
+    print(
+        f"  polls cost {in_loop_s:.2f} s of the {loop:.2f} s; the rest over the in-engine run "
+        f"({max(loop - base - in_loop_s, 0.0):.2f} s) is the daemon policy's in-engine side "
+        "(table policy, metric hooks)"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -60,10 +174,22 @@ def main() -> int:
         type=Path,
         default=Path(default_data) / "traces/azure-llm-2023/AzureLLMInferenceTrace_conv.csv",
     )
+    parser.add_argument("--loop-window-s", type=float, default=1200.0)
+    parser.add_argument("--in-engine", default="static:3")
+    parser.add_argument("--daemon", default="goodput")
+    parser.add_argument("--loop-only", action="store_true", help="only the closed-loop part")
+    parser.add_argument(
+        "--simulate-fast-wiring",
+        action="store_true",
+        help="patch replay's scrape to render/parse only METRICS_READ (until replay does)",
+    )
     args = parser.parse_args()
     if not args.trace.is_file():
         print(f"trace not found: {args.trace} (set SPECGOV_SHARED_DATA)", file=sys.stderr)
         return 2
+    if args.loop_only:
+        closed_loop(args)
+        return 0
     rows = []
     for copies in args.copies:
         runs = []
@@ -96,6 +222,7 @@ def main() -> int:
         )
     one = rows[0]
     print(f"1x target: wall <= 10 s -> {one[3]:.2f} s; RSS <= 1024 MiB -> {one[5]:.0f} MiB")
+    closed_loop(args)
     return 0
 
 
