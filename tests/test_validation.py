@@ -1,0 +1,152 @@
+"""The shared value checks: bools are never ints, non-finite numbers are never reals."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from specgov.policies.validation import (
+    check_bool,
+    check_int,
+    check_opt_int,
+    check_opt_real,
+    check_real,
+    is_int,
+    is_real,
+)
+
+
+class _Err(ValueError):
+    """Stands in for a module's own typed error."""
+
+
+_NON_FINITE = [math.nan, math.inf, -math.inf, 10**400]
+_NOT_NUMBERS = [None, "1", b"1", [1], (1,), {"a": 1}, 1j, object()]
+
+
+@given(st.booleans())
+def test_bools_are_never_ints_or_reals(value: bool) -> None:
+    assert not is_int(value)
+    assert not is_real(value)
+    with pytest.raises(_Err, match=r"^k: expected an int, got (True|False)$"):
+        check_int("k", value, error=_Err)
+    with pytest.raises(_Err, match=r"^k: expected a finite number, got (True|False)$"):
+        check_real("k", value, error=_Err)
+
+
+@given(st.integers())
+def test_every_int_is_an_int(value: int) -> None:
+    assert is_int(value)
+    assert check_int("k", value, error=_Err) == value
+
+
+@given(st.floats() | st.integers() | st.integers(2**1023, 2**1025).map(lambda i: i * (-1) ** i))
+def test_is_real_means_float_of_it_is_finite(value: float) -> None:
+    try:
+        finite = math.isfinite(float(value))
+    except OverflowError:  # an int beyond float range
+        finite = False
+    assert is_real(value) == finite
+    if is_real(value):
+        assert math.isfinite(float(value))
+        assert check_real("k", value, error=_Err) == float(value)
+
+
+@given(st.floats(allow_nan=False, allow_infinity=False))
+def test_floats_are_never_ints(value: float) -> None:
+    assert not is_int(value)
+
+
+@pytest.mark.parametrize("value", _NON_FINITE, ids=repr)
+def test_non_finite_is_refused_with_the_key_and_value(value: object) -> None:
+    assert not is_real(value)
+    with pytest.raises(_Err, match=r"^a\.b: expected a finite number >= 0, got "):
+        check_real("a.b", value, error=_Err, minimum=0.0)
+    # NaN compares false with every bound: the check must not rely on the comparison.
+    with pytest.raises(_Err):
+        check_opt_real("a.b", value, error=_Err, maximum=1.0)
+
+
+@pytest.mark.parametrize("value", _NOT_NUMBERS, ids=repr)
+def test_non_numbers_are_neither(value: object) -> None:
+    assert not is_int(value)
+    assert not is_real(value)
+
+
+@given(st.integers(), st.integers(-5, 5), st.integers(-5, 5))
+def test_check_int_bounds(value: int, lo: int, hi: int) -> None:
+    inside = value >= lo and value <= hi
+    if inside:
+        assert check_int("n", value, error=_Err, minimum=lo, maximum=hi) == value
+    else:
+        with pytest.raises(_Err, match=rf"^n: expected an int in \[{lo}, {hi}\], got "):
+            check_int("n", value, error=_Err, minimum=lo, maximum=hi)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "bad", "message"),
+    [
+        ({"minimum": 1}, 0, "n: expected an int >= 1, got 0"),
+        ({"maximum": 3}, 4, "n: expected an int <= 3, got 4"),
+        ({"minimum": 1, "form": "a count >= 1"}, 0, "n: expected a count >= 1, got 0"),
+        ({}, 1.0, "n: expected an int, got 1.0"),
+    ],
+)
+def test_check_int_messages(kwargs: dict[str, int | str], bad: object, message: str) -> None:
+    with pytest.raises(_Err) as caught:
+        check_int("n", bad, error=_Err, **kwargs)  # type: ignore[arg-type]
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "bad", "message"),
+    [
+        ({"positive": True}, 0, "x: expected a finite number > 0, got 0"),
+        ({"positive": True, "maximum": 1.0}, 1.5, "x: expected a finite number in (0, 1], got 1.5"),
+        ({"minimum": 0.0}, -0.5, "x: expected a finite number >= 0, got -0.5"),
+        ({"minimum": 0.0, "maximum": 1.0}, 2, "x: expected a finite number in [0, 1], got 2"),
+        ({"maximum": 0.5}, math.nan, "x: expected a finite number <= 0.5, got nan"),
+        ({"form": "a weight"}, "w", "x: expected a weight, got 'w'"),
+    ],
+)
+def test_check_real_messages(kwargs: dict[str, object], bad: object, message: str) -> None:
+    with pytest.raises(_Err) as caught:
+        check_real("x", bad, error=_Err, **kwargs)  # type: ignore[arg-type]
+    assert str(caught.value) == message
+
+
+def test_check_real_returns_a_float() -> None:
+    out = check_real("x", 3, error=_Err, positive=True)
+    assert out == 3.0 and type(out) is float
+
+
+def test_optional_checks_pass_none_and_check_the_rest() -> None:
+    assert check_opt_int("n", None, error=_Err, minimum=1) is None
+    assert check_opt_real("x", None, error=_Err, positive=True) is None
+    assert check_opt_int("n", 2, error=_Err, minimum=1) == 2
+    with pytest.raises(_Err, match=r"^n: expected an int >= 1, got 0$"):
+        check_opt_int("n", 0, error=_Err, minimum=1)
+    with pytest.raises(_Err, match=r"^x: expected a finite number > 0, got -1$"):
+        check_opt_real("x", -1, error=_Err, positive=True)
+
+
+def test_check_bool_refuses_ints_and_strings() -> None:
+    assert check_bool("b", False, error=_Err) is False
+    for bad in (0, 1, "true", None):
+        with pytest.raises(_Err, match=r"^b: expected a bool, got "):
+            check_bool("b", bad, error=_Err)
+
+
+def test_error_factory_may_be_a_function() -> None:
+    # An error that takes more than the message (like SyntheticSpecError) gets a lambda.
+    class _Two(ValueError):
+        def __init__(self, key: str, message: str) -> None:
+            super().__init__(message)
+            self.key = key
+
+    with pytest.raises(_Two) as caught:
+        check_int("k", "x", error=lambda m: _Two("k", m))
+    assert caught.value.key == "k"
