@@ -10,11 +10,18 @@ from __future__ import annotations
 
 import bisect
 import itertools
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Final
+
+from specgov.policies.validation import (
+    check_int,
+    check_opt_int,
+    check_opt_real,
+    check_real,
+    is_int,
+)
 
 SCHEMA_VERSION: Final = 1
 
@@ -33,28 +40,16 @@ class PolicyTypeError(ValueError):
 # --------------------------------------------------------------------------- helpers
 
 
-def _is_int(value: object) -> bool:
-    # bool is an int subclass; a JSON `true` is never a valid count or step.
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def _fail(where: str, expected: str, got: object) -> PolicyTypeError:
     return PolicyTypeError(f"{where}: {expected}, got {got!r}")
 
 
 def _check_int(where: str, value: object, *, minimum: int | None = None) -> None:
-    if not _is_int(value) or (minimum is not None and value < minimum):  # type: ignore[operator]
-        bound = "" if minimum is None else f" >= {minimum}"
-        raise _fail(where, f"expected an int{bound}", value)
+    check_int(where, value, error=PolicyTypeError, minimum=minimum)
 
 
 def _check_opt_int(where: str, value: object, *, minimum: int = 0) -> None:
-    if value is not None:
-        _check_int(where, value, minimum=minimum)
+    check_opt_int(where, value, error=PolicyTypeError, minimum=minimum)
 
 
 def _check_real(
@@ -64,26 +59,18 @@ def _check_real(
     minimum: float | None = None,
     positive: bool = False,
 ) -> None:
-    ok = _is_real(value) and math.isfinite(value)  # type: ignore[arg-type]
-    if ok and minimum is not None:
-        ok = value >= minimum  # type: ignore[operator]
-    if ok and positive:
-        ok = value > 0  # type: ignore[operator]
-    if not ok:
-        cond = " > 0" if positive else (f" >= {minimum}" if minimum is not None else "")
-        raise _fail(where, f"expected a finite number{cond}", value)
+    check_real(where, value, error=PolicyTypeError, minimum=minimum, positive=positive)
 
 
 def _check_opt_real(where: str, value: object, *, positive: bool = False) -> None:
-    if value is not None:
-        _check_real(where, value, minimum=0.0, positive=positive)
+    check_opt_real(where, value, error=PolicyTypeError, minimum=0.0, positive=positive)
 
 
 def _check_steps_tuple(where: str, value: object) -> None:
     """Sorted, unique, non-negative int steps (a tuple, so the value stays immutable)."""
     if (
         not isinstance(value, tuple)
-        or not all(_is_int(s) and s >= 0 for s in value)
+        or not all(is_int(s) and s >= 0 for s in value)
         or any(a >= b for a, b in itertools.pairwise(value))
     ):
         raise _fail(where, "expected a tuple of strictly increasing non-negative ints", value)
@@ -115,7 +102,7 @@ def _require_keys(
             f"{owner}.from_dict: unknown key(s) {unknown}; expected keys {sorted(allowed)}"
         )
     schema = data.get("schema")
-    if "schema" in req and (not _is_int(schema) or schema != SCHEMA_VERSION):
+    if "schema" in req and (not is_int(schema) or schema != SCHEMA_VERSION):
         raise _fail(f"{owner}.from_dict: key 'schema'", f"expected {SCHEMA_VERSION}", schema)
 
 
@@ -147,7 +134,7 @@ class SpecShape:
         if self.algorithm == "NONE":
             for name in ("num_steps", "topk", "num_draft_tokens"):
                 value = getattr(self, name)
-                if not _is_int(value) or value != 0:
+                if not is_int(value) or value != 0:
                     raise _fail(f"SpecShape.{name}", "expected 0 when algorithm is NONE", value)
             if self.candidate_steps:
                 raise _fail(
@@ -226,7 +213,7 @@ class StepTable:
         bounds = tuple(p[0] for p in slots)
         steps = tuple(p[1] for p in slots)
         if (
-            not all(_is_int(b) for b in bounds)
+            not all(is_int(b) for b in bounds)
             or bounds[0] != 1
             or any(a >= b for a, b in itertools.pairwise(bounds))
         ):
@@ -235,7 +222,7 @@ class StepTable:
                 "slot lower bounds must be strictly increasing positive ints starting at 1",
                 list(bounds),
             )
-        if not all(_is_int(s) and s >= 0 for s in steps):
+        if not all(is_int(s) and s >= 0 for s in steps):
             raise _fail("StepTable.slots", "steps must be non-negative ints", list(steps))
         _check_int("StepTable.version", self.version, minimum=0)
         _check_real("StepTable.produced_at_s", self.produced_at_s)
@@ -362,7 +349,7 @@ class TierStat:
         if (
             not isinstance(hist, tuple)
             or len(hist) != self.steps + 1
-            or not all(_is_int(h) and h >= 0 for h in hist)
+            or not all(is_int(h) and h >= 0 for h in hist)
         ):
             raise _fail(
                 "TierStat.accepted_hist",
