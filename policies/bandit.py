@@ -110,6 +110,7 @@ from specgov.policies.types import (
     TierStat,
     TierStatsSnapshot,
 )
+from specgov.policies.validation import check_int, check_real, is_int, is_real
 
 ALGOS: Final = ("ucb", "thompson", "thompson-beta")
 REWARDS: Final = ("goodput", "per-request")
@@ -142,16 +143,9 @@ RngState = tuple[int, int, int, int]
 # ------------------------------------------------------------------------- config
 
 
-def _is_real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 def _check_pos(owner: str, value: object, *, zero_ok: bool = False) -> None:
-    ok = _is_real(value) and math.isfinite(value)  # type: ignore[arg-type]
-    ok = ok and (value >= 0 if zero_ok else value > 0)  # type: ignore[operator]
-    if not ok:
-        cond = ">= 0" if zero_ok else "> 0"
-        raise PolicyTypeError(f"{owner}: expected a finite number {cond}, got {value!r}")
+    minimum = 0.0 if zero_ok else None
+    check_real(owner, value, error=PolicyTypeError, minimum=minimum, positive=not zero_ok)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,17 +183,13 @@ class BanditConfig:
             raise PolicyTypeError(
                 f"BanditConfig.reward: expected one of {', '.join(REWARDS)}, got {self.reward!r}"
             )
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise PolicyTypeError(f"BanditConfig.seed: expected an int >= 0, got {self.seed!r}")
-        if (
-            not isinstance(self.full_weight_calls, int)
-            or isinstance(self.full_weight_calls, bool)
-            or self.full_weight_calls < 1
-        ):
-            raise PolicyTypeError(
-                "BanditConfig.full_weight_calls: expected an int >= 1, "
-                f"got {self.full_weight_calls!r}"
-            )
+        check_int("BanditConfig.seed", self.seed, error=PolicyTypeError, minimum=0)
+        check_int(
+            "BanditConfig.full_weight_calls",
+            self.full_weight_calls,
+            error=PolicyTypeError,
+            minimum=1,
+        )
         _check_pos("BanditConfig.window_s", self.window_s)
         if self.explore is not None:
             _check_pos("BanditConfig.explore", self.explore, zero_ok=True)
@@ -328,8 +318,8 @@ class BanditState:
             raise PolicyStateError(f"{where}: key 'arms': expected a list, got {raw_arms!r}")
         for i, item in enumerate(raw_arms):
             ok = isinstance(item, list | tuple) and len(item) == 7
-            ok = ok and all(_is_int(v) and v >= 0 for v in item[:2])
-            ok = ok and all(_is_real(v) and math.isfinite(v) and v >= 0 for v in item[2:])
+            ok = ok and all(is_int(v) and v >= 0 for v in item[:2])
+            ok = ok and all(is_real(v) and v >= 0 for v in item[2:])
             if not ok:
                 raise PolicyStateError(
                     f"{where}: key 'arms'[{i}]: expected [slot, steps, weight, reward_sum, "
@@ -339,7 +329,7 @@ class BanditState:
             arms.append(ArmStat(item[0], item[1], *(float(v) for v in item[2:])))
         choice = data["choice"]
         if not isinstance(choice, list | tuple) or not all(
-            isinstance(p, list | tuple) and len(p) == 2 and all(_is_int(v) for v in p)
+            isinstance(p, list | tuple) and len(p) == 2 and all(is_int(v) for v in p)
             for p in choice
         ):
             raise PolicyStateError(
@@ -348,7 +338,7 @@ class BanditState:
         times: dict[str, float | None] = {}
         for key in ("time_s", "window_end_s"):
             value = data[key]
-            if value is not None and not (_is_real(value) and math.isfinite(value)):
+            if value is not None and not is_real(value):
                 raise PolicyStateError(
                     f"{where}: key {key!r}: expected null or a finite number, got {value!r}"
                 )
@@ -378,10 +368,6 @@ class BanditState:
             window_end_s=times["window_end_s"],
             table=table,
         )
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 # ------------------------------------------------------------------------- policy
