@@ -83,6 +83,15 @@ from specgov.policies.types import (
     ReasonCode,
     StepTable,
 )
+from specgov.policies.validation import (
+    check_bool,
+    check_int,
+    check_opt_int,
+    check_opt_real,
+    check_real,
+    is_int,
+    is_real,
+)
 
 GUARD_STATE_VERSION: Final = 2
 _V1_ONLY_KEYS: Final = frozenset({"overrides", "released_slots", "release_all"})
@@ -117,48 +126,26 @@ class GuardrailError(PolicyTypeError):
 # --------------------------------------------------------------------------- checks
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _real(
     where: str, value: object, *, minimum: float | None = None, positive: bool = False
 ) -> float:
-    ok = _is_real(value)
-    if ok and minimum is not None:
-        ok = value >= minimum  # type: ignore[operator]
-    if ok and positive:
-        ok = value > 0  # type: ignore[operator]
-    if not ok:
-        cond = " > 0" if positive else (f" >= {minimum:g}" if minimum is not None else "")
-        raise GuardrailError(f"{where}: expected a finite number{cond}, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
+    return check_real(where, value, error=GuardrailError, minimum=minimum, positive=positive)
 
 
 def _opt_real(where: str, value: object) -> float | None:
-    return None if value is None else _real(where, value)
+    return check_opt_real(where, value, error=GuardrailError)
 
 
 def _int(where: str, value: object, *, minimum: int | None = None) -> int:
-    if not _is_int(value) or (minimum is not None and value < minimum):  # type: ignore[operator]
-        bound = "" if minimum is None else f" >= {minimum}"
-        raise GuardrailError(f"{where}: expected an int{bound}, got {value!r}")
-    assert isinstance(value, int)
-    return value
+    return check_int(where, value, error=GuardrailError, minimum=minimum)
 
 
 def _opt_int(where: str, value: object, *, minimum: int | None = None) -> int | None:
-    return None if value is None else _int(where, value, minimum=minimum)
+    return check_opt_int(where, value, error=GuardrailError, minimum=minimum)
 
 
 def _bool(where: str, value: object) -> bool:
-    if not isinstance(value, bool):
-        raise GuardrailError(f"{where}: expected a bool, got {value!r}")
-    return value
+    return check_bool(where, value, error=GuardrailError)
 
 
 def _keys(
@@ -307,10 +294,10 @@ def _check_config_field(where: str, name: str, value: object) -> None:
     elif name in _NON_NEGATIVE:
         _real(where, value, minimum=0.0)
     elif name == "keepalive_fraction":
-        if not (_is_real(value) and 0.0 < value <= 1.0):  # type: ignore[operator]
+        if not (is_real(value) and 0.0 < value <= 1.0):  # type: ignore[operator]
             raise GuardrailError(f"{where}: expected a number in (0, 1], got {value!r}")
     elif name == "rollback_threshold":
-        if not (_is_real(value) and 0.0 < value < 1.0):  # type: ignore[operator]
+        if not (is_real(value) and 0.0 < value < 1.0):  # type: ignore[operator]
             raise GuardrailError(f"{where}: expected a number in (0, 1), got {value!r}")
     elif name == "rollback_max_load_ratio":
         _real(where, value, minimum=1.0)
@@ -469,7 +456,7 @@ class Override:
             "created_at_s",
         )
         d = _keys("Override.from_dict", data, keys)
-        if not _is_int(d["version"]) or d["version"] != OVERRIDE_VERSION:
+        if not is_int(d["version"]) or d["version"] != OVERRIDE_VERSION:
             raise GuardrailError(
                 f"Override.from_dict: key 'version': expected {OVERRIDE_VERSION}, got "
                 f"{d['version']!r}"
@@ -888,7 +875,7 @@ class GuardedState(Generic[S]):
             data = {k: v for k, v in data.items() if k not in _V1_ONLY_KEYS}
             data["version"], data["override_slots"] = GUARD_STATE_VERSION, []
         d = _keys(w, data, keys)
-        if not _is_int(d["version"]) or d["version"] != GUARD_STATE_VERSION:
+        if not is_int(d["version"]) or d["version"] != GUARD_STATE_VERSION:
             raise GuardrailError(
                 f"{w}: key 'version': expected {GUARD_STATE_VERSION}, got {d['version']!r}"
             )
