@@ -294,10 +294,10 @@ def _check_config_field(where: str, name: str, value: object) -> None:
     elif name in _NON_NEGATIVE:
         _real(where, value, minimum=0.0)
     elif name == "keepalive_fraction":
-        if not (is_real(value) and 0.0 < value <= 1.0):  # type: ignore[operator]
+        if not (is_real(value) and 0.0 < value <= 1.0):
             raise GuardrailError(f"{where}: expected a number in (0, 1], got {value!r}")
     elif name == "rollback_threshold":
-        if not (is_real(value) and 0.0 < value < 1.0):  # type: ignore[operator]
+        if not (is_real(value) and 0.0 < value < 1.0):
             raise GuardrailError(f"{where}: expected a number in (0, 1), got {value!r}")
     elif name == "rollback_max_load_ratio":
         _real(where, value, minimum=1.0)
