@@ -150,7 +150,13 @@ def decide_seconds(metrics_url: str) -> tuple[float, float] | None:
     ]
 
 
-def run(duration_s: float, warmup_s: float, decide_interval_s: float, speed: float) -> Result:
+def run(
+    duration_s: float,
+    warmup_s: float,
+    decide_interval_s: float,
+    speed: float,
+    profile: Path | None = None,
+) -> Result:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix="specgov-bench-daemon-") as tmp:
@@ -179,9 +185,17 @@ def run(duration_s: float, warmup_s: float, decide_interval_s: float, speed: flo
                     STARTUP_TIMEOUT_S,
                     "the sim-server",
                 )
+                # --profile: the daemon under cProfile (written when it exits on SIGTERM;
+                # its CPU numbers then include the profiler's own overhead).
+                launcher = (
+                    specgov_argv()
+                    if profile is None
+                    else [sys.executable, "-m", "cProfile", "-o", str(profile)]
+                    + ["-m", "specgov.controller.cli"]
+                )
                 daemon = subprocess.Popen(
                     [
-                        *specgov_argv(),
+                        *launcher,
                         "run",
                         "--config",
                         str(config),
@@ -297,11 +311,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speed", type=float, default=10.0, help="sim-server speed")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="run the daemon under cProfile, stats here"
+    )
     args = parser.parse_args(argv)
     if not Path("/proc/self/stat").exists():
         print("bench_daemon_overhead: needs Linux /proc", file=sys.stderr)
         return 2
-    result = run(args.duration_s, args.warmup_s, args.decide_interval_s, args.speed)
+    result = run(args.duration_s, args.warmup_s, args.decide_interval_s, args.speed, args.profile)
     ok = report(result, args.decide_interval_s)
     if args.json is not None:
         payload = {
