@@ -28,12 +28,12 @@ No file IO here: adapters read the file and pass the decoded mapping.
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 from specgov.policies.types import PolicyTypeError
+from specgov.policies.validation import check_int, check_real, is_int
 
 # Identical to sglang 0.5.23's DEFAULT_ADAPTIVE_CONFIG (checked by a contract test).
 # Treat it as read-only; default_adaptive_config() returns a private copy to edit.
@@ -96,7 +96,7 @@ class SlotConfig:
     ceiling_coeff: float = DEFAULT_CEILING_COEFF
 
     def __post_init__(self) -> None:
-        if not _is_int(self.bound) or self.bound < 0:
+        if not is_int(self.bound) or self.bound < 0:
             raise AdaptiveConfigError(
                 f"SlotConfig.bound: expected a non-negative int, got {self.bound!r}"
             )
@@ -104,7 +104,7 @@ class SlotConfig:
         if (
             not isinstance(steps, tuple)
             or not steps
-            or not all(_is_int(s) and s >= 0 for s in steps)
+            or not all(is_int(s) and s >= 0 for s in steps)
             or list(steps) != sorted(set(steps))
         ):
             raise AdaptiveConfigError(
@@ -147,39 +147,37 @@ class AdaptiveConfig:
 # ----------------------------------------------------------------------- validation
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_finite_real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _check_alpha(where: str, value: object) -> None:
-    if not _is_finite_real(value) or not 0.0 <= value <= 1.0:  # type: ignore[operator]
-        raise AdaptiveConfigError(f"{where}: expected a number in [0, 1], got {value!r}")
+    check_real(
+        where,
+        value,
+        error=AdaptiveConfigError,
+        minimum=0.0,
+        maximum=1.0,
+        form="a number in [0, 1]",
+    )
 
 
 def _check_interval(where: str, value: object) -> None:
-    if not _is_int(value) or value < 1:  # type: ignore[operator]
-        raise AdaptiveConfigError(f"{where}: expected an int >= 1, got {value!r}")
+    check_int(where, value, error=AdaptiveConfigError, minimum=1)
 
 
 def _check_warmup(where: str, value: object) -> None:
-    if not _is_int(value) or value < 0:  # type: ignore[operator]
-        raise AdaptiveConfigError(f"{where}: expected an int >= 0, got {value!r}")
+    check_int(where, value, error=AdaptiveConfigError, minimum=0)
 
 
 def _check_hysteresis(where: str, value: object) -> None:
-    if not _is_finite_real(value):
-        raise AdaptiveConfigError(f"{where}: expected a finite number, got {value!r}")
+    check_real(where, value, error=AdaptiveConfigError)
 
 
 def _check_ceiling(where: str, value: object) -> None:
-    if not _is_finite_real(value) or value < 0:  # type: ignore[operator]
-        raise AdaptiveConfigError(
-            f"{where}: expected a finite number >= 0 (0 disables the ceiling), got {value!r}"
-        )
+    check_real(
+        where,
+        value,
+        error=AdaptiveConfigError,
+        minimum=0.0,
+        form="a finite number >= 0 (0 disables the ceiling)",
+    )
 
 
 # knob -> (validator, default, is float). Floats are stored as float: int and float
@@ -215,11 +213,7 @@ def parse_adaptive_config(cfg: Mapping[str, Any], *, source: str = "<default>") 
                 f"{source}: key {key!r}: expected an object with 'candidate_steps', got {entry!r}"
             )
         steps = entry.get("candidate_steps")
-        if (
-            not isinstance(steps, list)
-            or not steps
-            or not all(_is_int(s) and s >= 0 for s in steps)
-        ):
+        if not isinstance(steps, list) or not steps or not all(is_int(s) and s >= 0 for s in steps):
             raise AdaptiveConfigError(
                 f"{source}: key {key!r} (BS {key}): candidate_steps must be a non-empty list of "
                 f"non-negative ints, got {steps!r}"
