@@ -1,0 +1,97 @@
+"""Shared pieces of the guardrails: types, constants, the typed error, value checks."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from typing import Any, Final, TypeAlias, TypeVar
+
+from specgov.policies.daemon import PolicyState
+from specgov.policies.types import (
+    Observation,
+    PolicyTypeError,
+    ReasonCode,
+)
+from specgov.policies.validation import (
+    check_bool,
+    check_int,
+    check_opt_int,
+    check_opt_real,
+    check_real,
+)
+
+GUARD_STATE_VERSION: Final = 2
+_V1_ONLY_KEYS: Final = frozenset({"overrides", "released_slots", "release_all"})
+OVERRIDE_VERSION: Final = 1
+
+S = TypeVar("S", bound=PolicyState)
+T = TypeVar("T", bound=PolicyState)
+
+Slots: TypeAlias = tuple[tuple[int, int], ...]
+Candidates: TypeAlias = tuple[tuple[int, tuple[int, ...]], ...]
+
+ROLLBACK_COOLDOWN: Final = "rollback_cooldown"
+_OBSERVATION_FIELDS: Final = frozenset(f.name for f in fields(Observation)) - {"time_s"}
+# Decision codes a policy uses for a change; anything else is reported as a predicted gain.
+_CHANGE_CODES: Final = frozenset(
+    {
+        ReasonCode.CHANGED_PREDICTED_GAIN,
+        ReasonCode.LIMITED_BY_SLO,
+        ReasonCode.LIMITED_BY_BUDGET,
+        ReasonCode.LIMITED_BY_CANDIDATES,
+        ReasonCode.STATIC_POLICY,
+    }
+)
+# Window samples kept for rollback baselines (bounded however fast the daemon decides).
+_MAX_SAMPLES: Final = 512
+
+
+class GuardrailError(PolicyTypeError):
+    """Bad guardrail input (config, override, serialised state); the message names it."""
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _real(
+    where: str, value: object, *, minimum: float | None = None, positive: bool = False
+) -> float:
+    return check_real(where, value, error=GuardrailError, minimum=minimum, positive=positive)
+
+
+def _opt_real(where: str, value: object) -> float | None:
+    return check_opt_real(where, value, error=GuardrailError)
+
+
+def _int(where: str, value: object, *, minimum: int | None = None) -> int:
+    return check_int(where, value, error=GuardrailError, minimum=minimum)
+
+
+def _opt_int(where: str, value: object, *, minimum: int | None = None) -> int | None:
+    return check_opt_int(where, value, error=GuardrailError, minimum=minimum)
+
+
+def _bool(where: str, value: object) -> bool:
+    return check_bool(where, value, error=GuardrailError)
+
+
+def _keys(
+    owner: str, data: object, required: Sequence[str], optional: Sequence[str] = ()
+) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise GuardrailError(f"{owner}: expected a mapping, got {data!r}")
+    allowed = set(required) | set(optional)
+    missing = [k for k in required if k not in data]
+    unknown = sorted(str(k) for k in data if k not in allowed)
+    if missing or unknown:
+        raise GuardrailError(
+            f"{owner}: missing key(s) {missing}, unknown key(s) {unknown}; "
+            f"expected keys {sorted(allowed)}"
+        )
+    return data
+
+
+def _list(where: str, value: object) -> list[Any]:
+    if not isinstance(value, list | tuple):
+        raise GuardrailError(f"{where}: expected a list, got {value!r}")
+    return list(value)
