@@ -43,7 +43,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import queue
 import re
@@ -57,6 +56,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from specgov.policies.types import PolicyTypeError, StepTable, TierStatsSnapshot
+from specgov.policies.validation import is_int, is_real
 
 logger = logging.getLogger(__name__)
 
@@ -137,14 +137,6 @@ def _dump(document: Mapping[str, Any]) -> bytes:
     return json.dumps(document, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_finite(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def normalise_candidate_steps(candidate_steps: Iterable[int], *, where: str) -> list[int]:
     """Sorted unique non-negative int steps (the engine's candidate union)."""
     try:
@@ -153,7 +145,7 @@ def normalise_candidate_steps(candidate_steps: Iterable[int], *, where: str) -> 
         raise SpoolError(
             f"{where}: expected a list of non-negative ints, got {candidate_steps!r}"
         ) from None
-    if not steps or not all(_is_int(s) and s >= 0 for s in steps):
+    if not steps or not all(is_int(s) and s >= 0 for s in steps):
         raise SpoolError(f"{where}: expected a non-empty list of non-negative ints, got {steps!r}")
     return sorted(set(steps))
 
@@ -181,7 +173,7 @@ def write_step_table(
     steps = normalise_candidate_steps(candidate_steps, where="write_step_table: candidate_steps")
     table.validate_against(steps)
     now = time.time() if written_at_s is None else written_at_s
-    if not _is_finite(now):
+    if not is_real(now):
         raise SpoolError(f"write_step_table: written_at_s must be a finite number, got {now!r}")
     document = {
         "schema": SPOOL_SCHEMA,
@@ -220,13 +212,13 @@ def parse_step_table_document(raw: bytes, candidate_steps: list[int]) -> StepTab
     if kind != TABLE_KIND:
         raise _Rejected(WRONG_KIND, f"key 'kind': expected {TABLE_KIND!r}, got {kind!r}")
     schema = document.get("schema")
-    if isinstance(schema, int) and not isinstance(schema, bool) and schema > SPOOL_SCHEMA:
+    if is_int(schema) and schema > SPOOL_SCHEMA:
         raise _Rejected(
             FUTURE_VERSION,
             f"key 'schema': version {schema} is newer than this plugin's {SPOOL_SCHEMA}; "
             "upgrade specgov in the server environment",
         )
-    if not _is_int(schema) or schema != SPOOL_SCHEMA:
+    if not is_int(schema) or schema != SPOOL_SCHEMA:
         raise _Rejected(INVALID, f"key 'schema': expected {SPOOL_SCHEMA}, got {schema!r}")
     keys = set(document)
     if keys != _TABLE_KEYS:
@@ -235,12 +227,12 @@ def parse_step_table_document(raw: bytes, candidate_steps: list[int]) -> StepTab
             f"expected keys {sorted(_TABLE_KEYS)}, missing {sorted(_TABLE_KEYS - keys)}, "
             f"unknown {sorted(keys - _TABLE_KEYS)}",
         )
-    if not _is_finite(document["written_at_s"]):
+    if not is_real(document["written_at_s"]):
         raise _Rejected(
             INVALID, f"key 'written_at_s': expected a number, got {document['written_at_s']!r}"
         )
     echoed = document["candidate_steps"]
-    if not isinstance(echoed, list) or not all(_is_int(s) and s >= 0 for s in echoed):
+    if not isinstance(echoed, list) or not all(is_int(s) and s >= 0 for s in echoed):
         raise _Rejected(
             INVALID, f"key 'candidate_steps': expected a list of non-negative ints, got {echoed!r}"
         )
@@ -303,11 +295,11 @@ class SpoolTableReader:
         self.candidate_steps = normalise_candidate_steps(
             candidate_steps, where="SpoolTableReader: candidate_steps"
         )
-        if not _is_finite(log_interval_s) or log_interval_s < 0:
+        if not is_real(log_interval_s) or log_interval_s < 0:
             raise SpoolError(
                 f"SpoolTableReader: log_interval_s must be a number >= 0, got {log_interval_s!r}"
             )
-        if not _is_int(max_bytes) or max_bytes < 1:
+        if not is_int(max_bytes) or max_bytes < 1:
             raise SpoolError(f"SpoolTableReader: max_bytes must be an int >= 1, got {max_bytes!r}")
         self._clock = clock
         self._max_bytes = max_bytes
@@ -459,17 +451,17 @@ def write_tier_stats(
             f"write_tier_stats: expected a TierStatsSnapshot, got {type(snapshot).__name__}"
         )
     wid = _check_writer_id(default_writer_id() if writer_id is None else writer_id)
-    if not _is_int(keep) or keep < 1:
+    if not is_int(keep) or keep < 1:
         raise SpoolError(f"write_tier_stats: keep must be an int >= 1, got {keep!r}")
     stats_dir = Path(spool_dir) / STATS_DIRNAME
     stats_dir.mkdir(parents=True, exist_ok=True)
     if seq is None:
         mine = [s for w, s, _ in _stats_files(stats_dir) if w == wid]
         seq = max(mine, default=-1) + 1
-    if not _is_int(seq) or not 0 <= seq < 10**18:
+    if not is_int(seq) or not 0 <= seq < 10**18:
         raise SpoolError(f"write_tier_stats: seq must be an int in [0, 1e18), got {seq!r}")
     now = time.time() if written_at_s is None else written_at_s
-    if not _is_finite(now):
+    if not is_real(now):
         raise SpoolError(f"write_tier_stats: written_at_s must be a finite number, got {now!r}")
     document = {
         "schema": SPOOL_SCHEMA,
@@ -524,11 +516,11 @@ def _parse_stats(raw: bytes, writer_id: str, seq: int) -> TierStatsRecord:
         raise SpoolError(f"expected a JSON object with keys {sorted(_STATS_KEYS)}")
     if document["kind"] != STATS_KIND:
         raise SpoolError(f"key 'kind': expected {STATS_KIND!r}, got {document['kind']!r}")
-    if document["schema"] != SPOOL_SCHEMA or not _is_int(document["schema"]):
+    if document["schema"] != SPOOL_SCHEMA or not is_int(document["schema"]):
         raise SpoolError(f"key 'schema': expected {SPOOL_SCHEMA}, got {document['schema']!r}")
     if document["writer_id"] != writer_id or document["seq"] != seq:
         raise SpoolError("keys 'writer_id'/'seq' do not match the file name")
-    if not _is_finite(document["written_at_s"]):
+    if not is_real(document["written_at_s"]):
         raise SpoolError(f"key 'written_at_s': expected a number, got {document['written_at_s']!r}")
     return TierStatsRecord(
         writer_id=writer_id,
@@ -611,11 +603,11 @@ class BackgroundStatsWriter:
         log_interval_s: float = DEFAULT_LOG_INTERVAL_S,
         write: Callable[..., Path] = write_tier_stats,
     ) -> None:
-        if not _is_int(max_queue) or max_queue < 1:
+        if not is_int(max_queue) or max_queue < 1:
             raise SpoolError(
                 f"BackgroundStatsWriter: max_queue must be an int >= 1, got {max_queue!r}"
             )
-        if not _is_int(keep) or keep < 1:
+        if not is_int(keep) or keep < 1:
             raise SpoolError(f"BackgroundStatsWriter: keep must be an int >= 1, got {keep!r}")
         self.spool_dir = Path(spool_dir)
         self.writer_id = _check_writer_id(default_writer_id() if writer_id is None else writer_id)
