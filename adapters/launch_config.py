@@ -53,7 +53,7 @@ import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, TypeGuard
+from typing import Any, Final
 
 from specgov.policies.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
@@ -61,6 +61,7 @@ from specgov.policies.adaptive_config import (
     parse_adaptive_config,
 )
 from specgov.policies.types import ALGORITHMS, PolicyTypeError, SpecShape
+from specgov.policies.validation import is_int, is_real
 
 SGLANG_VERSION: Final = "0.5.23"
 DEFAULT_ADAPTIVE_CONFIG_PATH: Final = "specgov-adaptive-config.json"
@@ -141,14 +142,6 @@ SGLANG_TOPK1_DRAFT_TOKENS: Final = (
 # ------------------------------------------------------------------------ helpers
 
 
-def _is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _check_knobs(where: str, knobs: object) -> None:
     """Knobs are a tuple of (name, number) pairs, names unique, known, sorted."""
     if not isinstance(knobs, tuple) or not all(
@@ -162,9 +155,9 @@ def _check_knobs(where: str, knobs: object) -> None:
                 f"{where}: unknown knob {name!r}; SGLang reads only {list(ADAPTIVE_KNOBS)} "
                 "(it would silently ignore any other key)"
             )
-        if name in _INT_KNOBS and not _is_int(value):
+        if name in _INT_KNOBS and not is_int(value):
             raise LaunchConfigError(f"{where}: knob {name!r} must be an int, got {value!r}")
-        if not _is_real(value):
+        if not is_real(value):
             raise LaunchConfigError(
                 f"{where}: knob {name!r} must be a finite number, got {value!r}"
             )
@@ -194,7 +187,7 @@ class SlotCandidates:
     knobs: tuple[tuple[str, int | float], ...] = ()
 
     def __post_init__(self) -> None:
-        if not _is_int(self.bound) or self.bound < 0:
+        if not is_int(self.bound) or self.bound < 0:
             raise LaunchConfigError(
                 f"slot bound: expected a non-negative int (a batch size), got {self.bound!r}"
             )
@@ -202,7 +195,7 @@ class SlotCandidates:
         if (
             not isinstance(steps, tuple)
             or not steps
-            or not all(_is_int(s) and s >= 0 for s in steps)
+            or not all(is_int(s) and s >= 0 for s in steps)
         ):
             raise LaunchConfigError(
                 f"slot {self.bound}: SGLang: "
@@ -221,7 +214,7 @@ class SlotCandidates:
     def of(cls, bound: int, steps: Iterable[int], **knobs: int | float) -> SlotCandidates:
         """Build a slot, sorting and de-duplicating the steps as SGLang does."""
         raw = list(steps)
-        if not raw or not all(_is_int(s) and s >= 0 for s in raw):
+        if not raw or not all(is_int(s) and s >= 0 for s in raw):
             raise LaunchConfigError(
                 f"slot {bound}: SGLang: " + sglang_bad_candidate_steps(str(bound), raw)
             )
@@ -281,7 +274,7 @@ class LaunchConfig:
                 f"LaunchConfig.adaptive_config_path: expected a non-empty path, got {path!r}"
             )
         mem = self.mem_fraction_static
-        if mem is not None and not (_is_real(mem) and 0.0 < mem < 1.0):
+        if mem is not None and not (is_real(mem) and 0.0 < mem < 1.0):
             raise LaunchConfigError(
                 f"--mem-fraction-static: expected a fraction in (0, 1), got {mem!r}"
             )
@@ -289,7 +282,7 @@ class LaunchConfig:
             ("--max-running-requests", self.max_running_requests),
             ("--cuda-graph-max-bs-decode", self.cuda_graph_max_bs_decode),
         ):
-            if value is not None and (not _is_int(value) or value < 1):
+            if value is not None and (not is_int(value) or value < 1):
                 raise LaunchConfigError(f"{flag}: expected an int >= 1, got {value!r}")
         if not isinstance(self.rationale, str):
             raise LaunchConfigError(
@@ -505,7 +498,7 @@ def make_shape(
         ("topk", topk, 1),
         ("num_draft_tokens", num_draft_tokens, 1),
     ):
-        if not _is_int(value) or value < minimum:
+        if not is_int(value) or value < minimum:
             raise LaunchConfigError(f"{where}: {flag} must be an int >= {minimum}, got {value!r}")
     if algorithm in _EAGLE_FAMILY and topk == 1 and num_draft_tokens != num_steps + 1:
         raise LaunchConfigError(

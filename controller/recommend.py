@@ -30,8 +30,6 @@ from specgov.adapters.launch_config import (
     LaunchConfig,
     LaunchConfigError,
     SlotCandidates,
-    _is_int,
-    _is_real,
     build_launch_config,
     format_slots,
     make_shape,
@@ -39,6 +37,7 @@ from specgov.adapters.launch_config import (
 )
 from specgov.policies.estimators.step_cost import StepCostPrior
 from specgov.policies.types import ALGORITHMS, RestartRecommendation, SpecShape
+from specgov.policies.validation import is_int, is_real
 
 # Candidate shapes replayed for a recommendation: (label, policy, topk, draft tokens).
 CANDIDATES: tuple[tuple[str, str, int, int | None], ...] = (
@@ -367,7 +366,7 @@ def _read_runs(report: Mapping[str, Any]) -> list[_Run]:
         if not isinstance(name, str) or not name:
             raise _fail_report(f"{where}.name", "expected a policy name", name)
         goodput = p.get("goodput_tok_s")
-        if not _is_real(goodput) or goodput < 0:
+        if not is_real(goodput) or goodput < 0:
             raise _fail_report(f"{where}.goodput_tok_s", "expected a number >= 0", goodput)
         raw_hist = p.get("steps_per_slot", {})
         if not isinstance(raw_hist, Mapping):
@@ -386,7 +385,7 @@ def _read_runs(report: Mapping[str, Any]) -> list[_Run]:
                     raise _fail_report(
                         f"{where}.steps_per_slot[{slot_key!r}]", "expected digit keys", step_key
                     )
-                if not _is_int(n) or n < 0:
+                if not is_int(n) or n < 0:
                     raise _fail_report(
                         f"{where}.steps_per_slot[{slot_key!r}][{step_key!r}]",
                         "expected a batch count >= 0",
@@ -447,7 +446,7 @@ def recommend_from_replay(
     else its ``server.drafter`` when that names one (``eagle3`` -> EAGLE3). The
     explanation is in ``rationale``. Raises :class:`LaunchConfigError`.
     """
-    if not _is_real(min_share) or not 0.0 < min_share <= 1.0:
+    if not is_real(min_share) or not 0.0 < min_share <= 1.0:
         raise LaunchConfigError(f"min_share: expected a fraction in (0, 1], got {min_share!r}")
     runs = _read_runs(report)
     server = report.get("server", {})
@@ -513,14 +512,14 @@ def recommend_from_replay(
     algo = _report_algorithm(server, algorithm)
     topk = server.get("topk", 1)
     topk = 1 if topk is None else topk
-    if not _is_int(topk) or topk < 1:
+    if not is_int(topk) or topk < 1:
         raise _fail_report("server.topk", "expected an int >= 1", topk)
 
     def shape_for(k: int) -> SpecShape:
         if topk == 1:
             return make_shape(algo, k, 1, k + 1, "replay report: server")
         draft = server.get("num_draft_tokens")
-        if not _is_int(draft):
+        if not is_int(draft):
             raise _fail_report("server.num_draft_tokens", f"expected an int for topk={topk}", draft)
         return make_shape(algo, k, topk, draft, "replay report: server")
 
