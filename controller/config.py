@@ -55,6 +55,7 @@ import yaml
 from specgov.policies.guardrails import GuardrailConfig, GuardrailError
 from specgov.policies.spec import PolicySpec, PolicySpecError, parse_policy_spec
 from specgov.policies.types import Budget, PolicyTypeError
+from specgov.policies.validation import check_real, is_int, is_real
 
 ENV_PREFIX: Final = "SPECGOV_"
 ENV_SEPARATOR: Final = "__"
@@ -88,20 +89,6 @@ _HOSTNAME_RE: Final = re.compile(
 LISTEN_FORM: Final = "'HOST:PORT' like '127.0.0.1:9465' or '[::1]:9465' (port 0-65535)"
 
 
-def _is_real(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _to_float(value: object) -> float:
-    """A real as a float; NaN for anything else, infinity for an int too big for a float."""
-    if not _is_real(value):
-        return math.nan
-    try:
-        return float(cast(float, value))
-    except OverflowError:
-        return math.inf
-
-
 def parse_duration(value: object, *, where: str = "duration", allow_zero: bool = False) -> float:
     """Seconds from ``"30s"``, ``"250ms"``, ``"5m"``, ``"1h"``, ``"30"`` or a number.
 
@@ -109,8 +96,8 @@ def parse_duration(value: object, *, where: str = "duration", allow_zero: bool =
     ``"{where}: expected ..., got {value!r}"``; the CLI uses it for ``--ttl`` and friends.
     """
     seconds: float | None = None
-    if _is_real(value):
-        seconds = _to_float(value)
+    if is_real(value):  # finite: NaN, inf and ints beyond float range are refused below
+        seconds = float(value)
     elif isinstance(value, str):
         match = _DURATION_RE.fullmatch(value.strip())
         if match is not None:
@@ -459,10 +446,8 @@ def _optional_positive(unit: str) -> _Validator:
     def check(value: object, where: str) -> float | None:
         if value is None:
             return None
-        number = _to_float(value)
-        if not (math.isfinite(number) and number > 0):
-            raise ConfigError(f"{where}: expected a number of {unit} > 0 or null, got {value!r}")
-        return number
+        form = f"a number of {unit} > 0 or null"
+        return check_real(where, value, error=ConfigError, positive=True, form=form)
 
     return check
 
@@ -471,7 +456,7 @@ def _allowed_steps(value: object, where: str) -> tuple[int, ...] | None:
     if value is None:
         return None
     steps: list[Any] = list(value) if isinstance(value, list | tuple) else []
-    ok = bool(steps) and all(isinstance(s, int) and not isinstance(s, bool) for s in steps)
+    ok = bool(steps) and all(is_int(s) for s in steps)
     ok = ok and steps[0] >= 0 and all(a < b for a, b in itertools.pairwise(steps))
     if not ok:
         raise ConfigError(
@@ -505,7 +490,7 @@ def _guardrail_value(key: str, default: object) -> _Validator:
     def convert(value: object, where: str) -> object:
         if key.endswith("_s") and isinstance(value, str):
             return parse_duration(value, where=where, allow_zero=True)
-        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(default, float) and is_int(value):
             return float(value)
         return value
 
