@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import re
 import sqlite3
 import threading
@@ -46,6 +45,14 @@ from types import TracebackType
 from typing import Any, Final, Literal, NoReturn, TypeVar
 
 from specgov.policies.guardrails import OVERRIDE_VERSION, Override
+from specgov.policies.validation import (
+    check_int,
+    check_opt_int,
+    check_opt_real,
+    check_real,
+    is_int,
+    is_real,
+)
 
 __all__ = [
     "LATEST_SCHEMA_VERSION",
@@ -317,13 +324,11 @@ class PolicySnapshot:
 
 
 def _finite(where: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise StoreError(f"{where}: expected a finite number, got {value!r}")
-    return float(value)
+    return check_real(where, value, error=StoreError)
 
 
 def _opt_finite(where: str, value: object) -> float | None:
-    return None if value is None else _finite(where, value)
+    return check_opt_real(where, value, error=StoreError)
 
 
 def _text(where: str, value: object, *, empty_ok: bool = False) -> str:
@@ -334,9 +339,7 @@ def _text(where: str, value: object, *, empty_ok: bool = False) -> str:
 
 
 def _positive_int(where: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise StoreError(f"{where}: expected an int >= 1, got {value!r}")
-    return value
+    return check_int(where, value, error=StoreError, minimum=1)
 
 
 def _json_default(value: object) -> Any:
@@ -827,8 +830,7 @@ class StateStore:
             )
         if override_id is not None:
             _text("clear_override.override_id", override_id)
-        if slot is not None and (isinstance(slot, bool) or not isinstance(slot, int) or slot < 1):
-            raise StoreError(f"clear_override.slot: expected an int >= 1, got {slot!r}")
+        check_opt_int("clear_override.slot", slot, error=StoreError, minimum=1)
         now = time.time() if now_s is None else _finite("clear_override.now_s", now_s)
         where = "cleared_at_s IS NULL AND expires_at_s > ?"
         params: tuple[Any, ...] = (now, now)
@@ -902,16 +904,8 @@ class StateStore:
         data = _mapping("save_table", table)
         version = data.get("version")
         produced = data.get("produced_at_s")
-        version_col = (
-            version if isinstance(version, int) and not isinstance(version, bool) else None
-        )
-        produced_col = (
-            float(produced)
-            if isinstance(produced, int | float)
-            and not isinstance(produced, bool)
-            and math.isfinite(produced)
-            else None
-        )
+        version_col = version if is_int(version) else None
+        produced_col = float(produced) if is_real(produced) else None
         text = _dumps("save_table", data)
 
         def insert(conn: sqlite3.Connection) -> int:
