@@ -55,6 +55,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from specgov.policies.validation import is_int, is_real
 from specgov.simulator.traces import Request, Trace
 
 __all__ = [
@@ -88,7 +89,7 @@ def _fail(field_name: str, expected: str, value: object) -> SyntheticSpecError:
 
 
 def _real(field_name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    if not is_real(value):
         raise _fail(field_name, "a finite number", value)
     return float(value)
 
@@ -108,7 +109,7 @@ def _non_negative(field_name: str, value: object) -> float:
 
 
 def _check_int(field_name: str, value: object, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise _fail(field_name, f"an integer >= {minimum}", value)
 
 
@@ -230,7 +231,7 @@ class SyntheticSpec:
             return
         try:
             points = tuple((float(t), float(m)) for t, m in self.ramp)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond float
             raise _fail("ramp", "a sequence of (time_s, multiplier) pairs", self.ramp) from None
         if not points:
             raise _fail("ramp", "at least one (time_s, multiplier) point or None", self.ramp)
