@@ -30,6 +30,8 @@ from typing import Any
 
 import yaml
 
+from specgov.policies.validation import is_int, is_real
+
 __all__ = [
     "Catalog",
     "CatalogError",
@@ -151,14 +153,11 @@ class _Ctx:
 
 def _number(ctx: _Ctx, path: str, value: object, *, minimum: float, strict: bool) -> float:
     form = f"a number {'>' if strict else '>='} {minimum:g}"
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    # is_real: finite, so NaN (which no comparison below would reject) and ints beyond
+    # float range (float() would raise OverflowError) are refused here.
+    if not is_real(value) or value < minimum or (strict and value == minimum):
         raise ctx.fail(path, form, value)
-    out = float(value)
-    if out != out or out in (float("inf"), float("-inf")):
-        raise ctx.fail(path, form, value)
-    if out < minimum or (strict and out == minimum):
-        raise ctx.fail(path, form, value)
-    return out
+    return float(value)
 
 
 def _pos(ctx: _Ctx, path: str, value: object) -> float:
@@ -177,7 +176,7 @@ def _fraction(ctx: _Ctx, path: str, value: object) -> float:
 
 
 def _int(ctx: _Ctx, path: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise ctx.fail(path, f"an integer >= {minimum}", value)
     return value
 
