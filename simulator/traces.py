@@ -50,6 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from specgov.policies.validation import is_int, is_real
+
 __all__ = [
     "TRACE_FORMATS",
     "Request",
@@ -127,13 +129,13 @@ class Request:
 
     def __post_init__(self) -> None:
         a = self.arrival_s
-        if isinstance(a, bool) or not isinstance(a, int | float) or not math.isfinite(a) or a < 0:
+        if not is_real(a) or a < 0:
             raise TraceError(f"Request.arrival_s must be finite and >= 0, got {self.arrival_s}")
         for name, value in (
             ("input_tokens", self.input_tokens),
             ("output_tokens", self.output_tokens),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise TraceError(f"Request.{name} must be an integer >= 1, got {value!r}")
         if self.domain is not None and (not isinstance(self.domain, str) or not self.domain):
             raise TraceError(
@@ -145,7 +147,7 @@ class Request:
                     f"Request.acc_len has {len(self.acc_len)} values but output_tokens is "
                     f"{self.output_tokens}; expected one value per output token"
                 )
-            if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in self.acc_len):
+            if any(not is_int(v) or v < 1 for v in self.acc_len):
                 raise TraceError("Request.acc_len values must be integers >= 1")
 
 
@@ -276,7 +278,7 @@ def _json_int(obj: Mapping[str, Any], key: str, file: Path, line: int, form: str
     if key not in obj:
         raise TraceFormatError(file, line, f"key {key!r} is missing", form)
     value = obj[key]
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise TraceFormatError(file, line, f"{key} {value!r} is not an integer", form)
     if value < 0:
         raise TraceFormatError(file, line, f"{key} {value} is negative", form)
@@ -287,7 +289,7 @@ def _json_float(obj: Mapping[str, Any], key: str, file: Path, line: int, form: s
     value = obj[key]
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TraceFormatError(file, line, f"{key} {value!r} is not a number", form)
-    if not math.isfinite(value):
+    if not is_real(value):  # also an int beyond float range
         raise TraceFormatError(file, line, f"{key} {value!r} is not finite", form)
     return float(value)
 
@@ -475,7 +477,7 @@ def _json_acc_len(value: Any, n_out: int, file: Path, line: int, form: str) -> t
             file, line, f"acc_len has {len(value)} values but output_tokens is {n_out}", form
         )
     for pos, v in enumerate(value):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if not is_int(v) or v < 1:
             raise TraceFormatError(
                 file, line, f"acc_len[{pos}] = {v!r} is not an integer >= 1", form
             )
@@ -704,7 +706,7 @@ def _check_options(
     def number(name: str, value: object) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise TraceError(f"{name} must be a number, got {value!r}")
-        if not math.isfinite(value):
+        if not is_real(value):  # also an int beyond float range
             raise TraceError(f"{name} must be finite, got {value!r}")
         return float(value)
 
@@ -721,11 +723,9 @@ def _check_options(
         raise TraceError(f"rate_scale must be > 0, got {rate_scale}")
     if sample_fraction is not None and not 0 < number("sample_fraction", sample_fraction) <= 1:
         raise TraceError(f"sample_fraction must be in (0, 1], got {sample_fraction}")
-    if max_requests is not None and (
-        isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1
-    ):
+    if max_requests is not None and (not is_int(max_requests) or max_requests < 1):
         raise TraceError(f"max_requests must be an integer >= 1, got {max_requests!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if not is_int(seed) or seed < 0:
         raise TraceError(f"seed must be an integer >= 0, got {seed!r}")
 
 
