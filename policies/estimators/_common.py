@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from specgov.policies.types import PolicyTypeError
 
+# The value predicates are the project's one set; re-exported for the estimators' imports.
+from specgov.policies.validation import is_int, is_real
 
-def is_real(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and math.isfinite(float(value))
-    )
-
-
-def is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+__all__ = ["check_keys", "is_int", "is_real"]
 
 
 def check_keys(owner: str, data: object, keys: Iterable[str]) -> Mapping[str, Any]:

@@ -133,7 +133,7 @@ class StepCostPrior:
         if not is_int(self.topk) or self.topk < 1:
             raise PolicyTypeError(f"StepCostPrior.topk: expected an int >= 1, got {self.topk!r}")
         if self.topk > 1:
-            if not is_int(self.num_draft_tokens) or self.num_draft_tokens < 2:  # type: ignore[operator]
+            if not is_int(self.num_draft_tokens) or self.num_draft_tokens < 2:
                 raise PolicyTypeError(
                     f"StepCostPrior.num_draft_tokens: expected an int >= 2 for a tree "
                     f"(topk={self.topk}), got {self.num_draft_tokens!r}"
