@@ -24,7 +24,6 @@ table, never falls back while the daemon is alive. Unknown slot candidates hold
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
@@ -37,6 +36,7 @@ from specgov.policies.types import (
     ReasonCode,
     StepTable,
 )
+from specgov.policies.validation import check_int, check_real, is_int
 
 STATE_VERSION: Final = 1
 # Long enough that a daemon deciding every few seconds re-issues a table a handful of
@@ -54,14 +54,7 @@ Slots = tuple[tuple[int, tuple[int, ...]], ...]
 
 
 def check_ttl_s(owner: str, ttl_s: object) -> float:
-    if (
-        not isinstance(ttl_s, int | float)
-        or isinstance(ttl_s, bool)
-        or not math.isfinite(ttl_s)
-        or ttl_s <= 0
-    ):
-        raise PolicyTypeError(f"{owner}.ttl_s: expected a finite number > 0, got {ttl_s!r}")
-    return float(ttl_s)
+    return check_real(f"{owner}.ttl_s", ttl_s, error=PolicyTypeError, positive=True)
 
 
 def engine_slots(observation: Observation, budget: Budget) -> tuple[Slots | None, str]:
@@ -78,7 +71,7 @@ def engine_slots(observation: Observation, budget: Budget) -> tuple[Slots | None
     if not raw:
         return None, "the engine reports no slots"
     bounds = [b for b, _ in raw]
-    if not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds) or bounds[0] < 1:
+    if not all(is_int(b) for b in bounds) or bounds[0] < 1:
         return None, f"slot bounds {bounds} unusable (expected ints >= 1)"
     allowed = None if budget.allowed_steps is None else set(budget.allowed_steps)
     out: list[tuple[int, tuple[int, ...]]] = []
@@ -303,9 +296,7 @@ def _fmt_float(value: float) -> str:
 
 
 def _check_steps(owner: str, steps: object) -> int:
-    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
-        raise PolicyTypeError(f"{owner}: expected an int >= 0, got {steps!r}")
-    return steps
+    return check_int(owner, steps, error=PolicyTypeError, minimum=0)
 
 
 class NonePolicy(_FixedPolicy):
@@ -394,7 +385,7 @@ def validate_schedule(pairs: Sequence[object]) -> tuple[tuple[int, int], ...]:
                 f"{where}[{i}]: expected a (batch_size, steps) pair, got {pair!r}"
             )
         n, k = pair
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        if not is_int(n) or n < 1:
             raise PolicyTypeError(f"{where}[{i}]: batch size must be an int >= 1, got {n!r}")
         if i == 0 and n != 1:
             raise PolicyTypeError(f"{where}: the first batch size must be 1, got {n}")

@@ -49,6 +49,7 @@ from specgov.policies.simple import (
     NonePolicy,
     StaticPolicy,
 )
+from specgov.policies.validation import is_int, is_real
 
 if TYPE_CHECKING:
     from specgov.policies.estimators.step_cost import StepCostPrior
@@ -186,7 +187,7 @@ def _convert(where: str, kind: str, key: str, value: object, spec: _KeyType) -> 
         raise bad()
     if spec.base is int and isinstance(value, int):
         return value
-    if spec.base is float and isinstance(value, int | float) and math.isfinite(value):
+    if spec.base is float and is_real(value):  # finite; an int beyond float range too
         return float(value)
     raise bad()
 
@@ -239,7 +240,7 @@ def _normalise(
             steps = value
             if isinstance(value, str) and _DIGITS_RE.fullmatch(value) and len(value) < 10:
                 steps = int(value)
-            if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            if not is_int(steps) or steps < 0:
                 raise PolicySpecError(
                     f"{where}: steps for batch size {batch} must be an int >= 0, got {value!r} "
                     f"({_SCHEDULE_FORM})"
