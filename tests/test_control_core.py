@@ -93,15 +93,15 @@ def _record_replay() -> Recording:
     assert loop is not None and metrics is not None
     rec = Recording(kv_capacity=run.memory.kv_token_capacity, spec_steps=server.spec_steps)
     observe = loop.observe
-    render = metrics.render
+    render = metrics.render_families
     last_text: list[bytes] = []
 
-    def recording_render() -> bytes:
-        text = render()
+    def recording_render(families: Any) -> bytes:
+        text = render(families)
         last_text.append(text)
         return text
 
-    metrics.render = recording_render  # type: ignore[method-assign]
+    metrics.render_families = recording_render  # type: ignore[method-assign]
 
     def scripted_observe(now_s: float) -> Observation | None:
         tick = _tick_of(now_s)

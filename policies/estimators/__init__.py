@@ -1,10 +1,10 @@
-"""Online estimators the model-based policies learn with (pure: numpy + scikit-learn).
+"""Online estimators the model-based policies learn with (pure: numpy + SciPy).
 
 * :mod:`.acceptance` — per slot, per draft position conditional acceptance from the
   engine's accepted-draft histograms (censoring, decay, change detection, Beta
   posteriors, pooling across slots).
 * :mod:`.step_cost` — decode step wall time versus batch size, steps and KV tokens:
-  a roofline prior plus a robust, monotone correction fitted with scikit-learn.
+  a roofline prior plus a robust, monotone correction fitted by non-negative least squares (SciPy).
 
 Both keep a versioned, serialisable state (``to_dict`` / ``from_dict``).
 """

@@ -28,8 +28,9 @@ Learned correction
     ``batch_size_sum / verify_calls``, steps, mean step time ``step_time_sum_s /
     step_time_count``, KV tokens = KV per request x mean batch size), weighted by
     ``count / (count + count_saturation)`` (a window counts at most once: windows are not
-    independent) and decayed with ``half_life_s``. scikit-learn's non-negative least
-    squares (``LinearRegression(positive=True)``) fits relative residuals
+    independent) and decayed with ``half_life_s``. non-negative least squares
+    (SciPy's ``nnls``, the solver scikit-learn's ``LinearRegression(positive=True)``
+    calls) fits relative residuals
     ``(observed - predicted) / prior`` inside an iteratively re-weighted loop with Huber
     weights on a robust (MAD) scale, so prefill-heavy windows and GC pauses barely move
     it. Pseudo-observations pull each coefficient towards the prior with strength
@@ -38,7 +39,7 @@ Learned correction
 State
     A bounded buffer of recent samples (at most ``max_samples``; when full, the oldest
     sample of the most crowded (steps, batch-size octave) cell goes, so rare operating
-    points survive) and the fitted coefficients, all plain floats: no sklearn object is
+    points survive) and the fitted coefficients, all plain floats: no solver object is
     stored; the fit is redone only when samples were added.
 """
 
@@ -50,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
-from sklearn.linear_model import LinearRegression
+from scipy.optimize import nnls
 
 from specgov.policies.estimators._common import check_keys, is_int, is_real
 from specgov.policies.roofline import Roofline, RooflineCoefficients, RooflineError
@@ -588,12 +589,11 @@ def _fit(
     pen_y = root_l * scales * theta0
     theta = theta0 if start is None else np.asarray(start)
     huber = _huber_weights(y - x @ theta, config) if start is not None else np.ones(len(y))
-    model = LinearRegression(positive=True, fit_intercept=False)
     for _ in range(config.irls_iterations):
         sw = np.sqrt(w * huber)
         a = np.vstack([x * sw[:, None], pen_x])
         b = np.concatenate([y * sw, pen_y])
-        new = np.maximum(model.fit(a, b).coef_, 0.0)
+        new = np.maximum(nnls(a, b)[0], 0.0)
         huber = _huber_weights(y - x @ new, config)
         converged = bool(np.max(np.abs(new - theta)) < 1e-6 * max(1.0, float(np.max(new))))
         theta = new
