@@ -16,6 +16,7 @@ from specgov.policies.estimators.acceptance import (
 from specgov.policies.estimators.step_cost import (
     StepCostConfig,
 )
+from specgov.policies.validation import is_int, is_real
 
 GOODPUT_STATE_VERSION: Final = 2
 # Version 1 states are read too: the fields version 2 added start unknown (None).
@@ -116,14 +117,9 @@ class GoodputConfig:
                 f"goodput: parameter {key!r}: expected {expected}, got {value!r}"
             )
 
-        def real(value: object) -> bool:
-            return (
-                isinstance(value, int | float)
-                and not isinstance(value, bool)
-                and math.isfinite(float(value))
-            )
-
-        if self.slo_tpot_ms is not None and (not real(self.slo_tpot_ms) or self.slo_tpot_ms <= 0):
+        if self.slo_tpot_ms is not None and (
+            not is_real(self.slo_tpot_ms) or self.slo_tpot_ms <= 0
+        ):
             raise bad("slo_tpot_ms", "a number > 0 (ms) or none", self.slo_tpot_ms)
         for key in (
             "explore",
@@ -135,7 +131,7 @@ class GoodputConfig:
             "restart_min_gain",
         ):
             value = getattr(self, key)
-            if not real(value) or not 0.0 <= value <= 1.0:
+            if not is_real(value) or not 0.0 <= value <= 1.0:
                 raise bad(key, "a number in [0, 1]", value)
         for key in (
             "explore_interval_s",
@@ -146,7 +142,7 @@ class GoodputConfig:
             "ttl_s",
         ):
             value = getattr(self, key)
-            if not real(value) or value <= 0:
+            if not is_real(value) or value <= 0:
                 raise bad(key, "a number > 0 (seconds)", value)
         for key in (
             "min_trials",
@@ -155,21 +151,17 @@ class GoodputConfig:
             "restart_cost_s",
         ):
             value = getattr(self, key)
-            if not real(value) or value < 0:
+            if not is_real(value) or value < 0:
                 raise bad(key, "a number >= 0", value)
-        if not real(self.slo_band_sd) or self.slo_band_sd <= 0:
+        if not is_real(self.slo_band_sd) or self.slo_band_sd <= 0:
             raise bad("slo_band_sd", "a number > 0", self.slo_band_sd)
-        if not real(self.accept_burstiness) or self.accept_burstiness < 1.0:
+        if not is_real(self.accept_burstiness) or self.accept_burstiness < 1.0:
             raise bad("accept_burstiness", "a number >= 1", self.accept_burstiness)
-        if not real(self.prior_mean) or not 0.0 < self.prior_mean < 1.0:
+        if not is_real(self.prior_mean) or not 0.0 < self.prior_mean < 1.0:
             raise bad("prior_mean", "a number in (0, 1)", self.prior_mean)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+        if not is_int(self.seed) or self.seed < 0:
             raise bad("seed", "an int >= 0", self.seed)
-        if (
-            isinstance(self.max_steps, bool)
-            or not isinstance(self.max_steps, int)
-            or not 1 <= self.max_steps <= 64
-        ):
+        if not is_int(self.max_steps) or not 1 <= self.max_steps <= 64:
             raise bad("max_steps", "an int in 1..64", self.max_steps)
         if self.fast_half_life_s >= self.half_life_s:
             raise bad(

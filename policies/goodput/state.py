@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -23,6 +22,7 @@ from specgov.policies.types import (
     PolicyTypeError,
     StepTable,
 )
+from specgov.policies.validation import check_int, is_int, is_real
 
 # ---------------------------------------------------------------------------- state
 
@@ -86,7 +86,7 @@ class GoodputState:
         if (
             not isinstance(rs, tuple)
             or len(rs) != 4
-            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in rs)
+            or not all(is_int(v) and v >= 0 for v in rs)
             or rs[1] % 2 != 1
         ):
             raise PolicyTypeError(
@@ -97,10 +97,8 @@ class GoodputState:
             if (
                 not isinstance(entry, tuple)
                 or len(entry) != 3
-                or not isinstance(entry[0], int)
-                or not all(
-                    isinstance(v, int | float) and math.isfinite(v) and v >= 0 for v in entry[1:]
-                )
+                or not is_int(entry[0])
+                or not all(is_real(v) and v >= 0 for v in entry[1:])
             ):
                 raise PolicyTypeError(
                     f"GoodputState.batch: expected (slot, batch_size_sum, verify_calls) "
@@ -109,10 +107,7 @@ class GoodputState:
         if self.slo_stats is not None and (
             not isinstance(self.slo_stats, tuple)
             or len(self.slo_stats) != 7
-            or not all(
-                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                for v in self.slo_stats
-            )
+            or not all(is_real(v) for v in self.slo_stats)
         ):
             raise PolicyTypeError(
                 f"GoodputState.slo_stats: expected None or 7 finite numbers, got {self.slo_stats!r}"
@@ -120,7 +115,7 @@ class GoodputState:
         if self.seen_slots is not None and (
             not isinstance(self.seen_slots, tuple)
             or not all(
-                isinstance(p, tuple) and len(p) == 2 and all(isinstance(v, int) for v in p)
+                isinstance(p, tuple) and len(p) == 2 and all(is_int(v) for v in p)
                 for p in self.seen_slots
             )
         ):
@@ -130,22 +125,11 @@ class GoodputState:
             )
         for key in ("last_probe_s", "restart_since_s", "seen_since_s"):
             value = getattr(self, key)
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-            ):
+            if value is not None and not is_real(value):
                 raise PolicyTypeError(
                     f"GoodputState.{key}: expected None or a finite number, got {value!r}"
                 )
-        if (
-            isinstance(self.decisions, bool)
-            or not isinstance(self.decisions, int)
-            or (self.decisions < 0)
-        ):
-            raise PolicyTypeError(
-                f"GoodputState.decisions: expected an int >= 0, got {self.decisions!r}"
-            )
+        check_int("GoodputState.decisions", self.decisions, error=PolicyTypeError, minimum=0)
         if self.version != GOODPUT_STATE_VERSION:  # from_dict upgrades older versions
             raise PolicyTypeError(
                 f"GoodputState.version: expected {GOODPUT_STATE_VERSION}, got {self.version!r}"
