@@ -87,7 +87,15 @@ def _run_and_kill(db: Path, run: int, rng: random.Random) -> list[str]:
         ready = child.stdout.readline()
         assert ready == "READY\n", ready + child.stderr.read()
         lines.append(ready.rstrip("\n"))
-        time.sleep(rng.uniform(0.01, 0.4))
+        # Wait for the first reported commit (however slow a busy machine makes it), so
+        # every later run is killed mid-stream, at a seeded moment after it.
+        while True:
+            line = child.stdout.readline()
+            assert line, "writer ended before its first commit:\n" + child.stderr.read()
+            lines.append(line.rstrip("\n"))
+            if line.startswith("D "):
+                break
+        time.sleep(rng.uniform(0.01, 0.4))  # the kill moment, not a wait for an event
     child.send_signal(signal.SIGKILL)
     child.wait(timeout=30)
     lines += _complete_lines(child.stdout)
