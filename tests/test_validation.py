@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -150,3 +153,95 @@ def test_error_factory_may_be_a_function() -> None:
     with pytest.raises(_Two) as caught:
         check_int("k", "x", error=lambda m: _Two("k", m))
     assert caught.value.key == "k"
+
+
+# ------------------------------------------------------------------- the modules using them
+
+_BAD_REALS = [math.nan, math.inf, -math.inf, 10**400, True]
+
+
+def _callers() -> list[tuple[str, Callable[[object], object], type[Exception], str]]:
+    # Imported here: the helpers above are tested without the rest of specgov.
+    from specgov.controller.config import ConfigError, parse_duration
+    from specgov.policies.adaptive_config import AdaptiveConfigError, parse_adaptive_config
+    from specgov.policies.bandit import BanditConfig
+    from specgov.policies.goodput import GoodputConfig, GoodputConfigError
+    from specgov.policies.guardrails import GuardrailConfig, GuardrailError
+    from specgov.policies.simple import NonePolicy
+    from specgov.policies.types import PolicyTypeError
+    from specgov.simulator.traces import Request, TraceError
+
+    steps = {"1": {"candidate_steps": [0, 1]}}
+    return [
+        (
+            "bandit",
+            lambda v: BanditConfig(window_s=v),  # type: ignore[arg-type]
+            PolicyTypeError,
+            "BanditConfig.window_s: expected a finite number > 0, got ",
+        ),
+        (
+            "guardrails",
+            lambda v: GuardrailConfig.from_dict({"min_dwell_s": v}),
+            GuardrailError,
+            "guardrails.min_dwell_s: expected a finite number >= 0, got ",
+        ),
+        (
+            "goodput",
+            lambda v: GoodputConfig(explore=v),  # type: ignore[arg-type]
+            GoodputConfigError,
+            "goodput: parameter 'explore': expected a number in [0, 1], got ",
+        ),
+        (
+            "simple",
+            lambda v: NonePolicy(ttl_s=v),  # type: ignore[arg-type]
+            PolicyTypeError,
+            "NonePolicy.ttl_s: expected a finite number > 0, got ",
+        ),
+        (
+            "adaptive_config",
+            lambda v: parse_adaptive_config({"ema_alpha": v, **steps}),
+            AdaptiveConfigError,
+            "<default>: key 'ema_alpha': expected a number in [0, 1], got ",
+        ),
+        (
+            "controller.config",
+            lambda v: parse_duration(v, where="loop.interval_s"),
+            ConfigError,
+            "loop.interval_s: expected a duration like",
+        ),
+        (
+            "traces",
+            lambda v: Request(arrival_s=v, input_tokens=1, output_tokens=1),  # type: ignore[arg-type]
+            TraceError,
+            "Request.arrival_s must be finite and >= 0, got ",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("value", _BAD_REALS, ids=["nan", "inf", "-inf", "10**400", "True"])
+@pytest.mark.parametrize("caller", range(len(_callers())), ids=[c[0] for c in _callers()])
+def test_callers_refuse_non_finite_with_their_own_error_and_message(
+    caller: int, value: object
+) -> None:
+    # An int beyond float range used to escape as OverflowError from math.isfinite/float.
+    _, build, error, message = _callers()[caller]
+    with pytest.raises(error) as caught:
+        build(value)
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_spool_reader_rejects_a_timestamp_beyond_float_range(tmp_path: Path) -> None:
+    # A JSON integer of 400 digits is a well-formed but invalid document; it used to
+    # escape parse_step_table_document as an OverflowError (counted as internal_error).
+    from specgov.adapters.spool import SpoolTableReader, write_step_table
+    from specgov.policies.types import StepTable
+
+    steps = [0, 1, 3, 5]
+    table = StepTable(((1, 5), (8, 3)), version=1, produced_at_s=10.0, ttl_s=30.0)
+    path = write_step_table(tmp_path, table, steps, written_at_s=10.0)
+    document = json.loads(path.read_bytes())
+    document["written_at_s"] = 10**400
+    path.write_text(json.dumps(document))
+    reader = SpoolTableReader(tmp_path, steps, lambda: 10.0)
+    assert reader() is None
+    assert reader.ignored == {"invalid": 1}
