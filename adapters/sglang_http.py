@@ -40,6 +40,7 @@ from specgov.adapters.errors import (
 )
 from specgov.adapters.prometheus_text import EXPECTED_FORMAT, MetricsSnapshot, parse_metrics
 from specgov.adapters.telemetry import METRICS_READ
+from specgov.policies.validation import is_real
 
 METRICS_PATH: Final = "/metrics"
 HEALTH_PATH: Final = "/health"
@@ -91,8 +92,8 @@ class MetricsScrape:
 
 
 def _check_positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise ValueError(f"SGLangClient: {name} must be a number > 0, got {value!r}")
+    if not is_real(value) or not value > 0:
+        raise ValueError(f"SGLangClient: {name} must be a finite number > 0, got {value!r}")
 
 
 class SGLangClient:

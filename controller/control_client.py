@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from specgov.policies.validation import is_real
+
 DEFAULT_CONTROL_URL: Final = "http://127.0.0.1:9465"
 _API: Final = "/v1"
 _USER_AGENT: Final = "specgov-cli/0.1"
@@ -108,8 +110,10 @@ class ControlClient:
         timeout_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
-            raise ValueError(f"ControlClient.timeout_s: expected a number > 0, got {timeout_s!r}")
+        if not is_real(timeout_s) or timeout_s <= 0:
+            raise ValueError(
+                f"ControlClient.timeout_s: expected a finite number > 0, got {timeout_s!r}"
+            )
         self.base_url = control_base_url(base_url)
         self.timeout_s = float(timeout_s)
         headers = {"User-Agent": _USER_AGENT, "Accept": "application/json"}
