@@ -69,7 +69,7 @@ def test_prior_predicts_exactly_what_the_cost_model_charges(name: str, model: Co
     prior = step_cost_prior(model)
     state = initial_step_cost_state(prior)
     for b, k, kv in GRID:
-        charged = model.decode_step_s(b, k, kv)  # type: ignore[arg-type]
+        charged = model.decode_step_s(b, k, kv)
         assert prior.predict_s(b, k, kv) == charged, (name, b, k, kv)
         # The fitted estimator starts at the prior (its linear basis, to rounding).
         assert predict_step_s(state, b, k, kv) == pytest.approx(charged, rel=1e-12)
@@ -116,7 +116,7 @@ def test_scaled_coefficients_scale_every_step_exactly(scale: float) -> None:
             num_draft_tokens=model.num_draft_tokens,
         )
         for b, k, kv in GRID:
-            want = scale * model.decode_step_s(b, k, kv)  # type: ignore[arg-type]
+            want = scale * model.decode_step_s(b, k, kv)
             assert scaled.decode_step_s(b, k, kv) == pytest.approx(want, rel=1e-12)
     assert scaled_coefficients(model.coefficients, 1.0) is model.coefficients
     for bad in (0.0, -1.0, float("nan"), float("inf"), True):
