@@ -28,12 +28,23 @@ inputs and seed, same log.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from specgov.simulator.engine_requests import (
+    ITL_BINS,
+    ITL_LOG_STEP,
+    ITL_MIN_S,
+    RequestLedger,
+    RequestState,
+)
+from specgov.simulator.engine_requests import itl_bin_value as itl_bin_value
+from specgov.simulator.engine_series import REPORT_SLOTS as REPORT_SLOTS
+from specgov.simulator.engine_series import IntervalSampler, report_slot
+from specgov.simulator.engine_series import TimeSeries as TimeSeries
 
 if TYPE_CHECKING:
     from specgov.policies.protocol import AdaptiveSpecPolicy
@@ -46,15 +57,6 @@ INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
 RETRACT_DECODE_STEPS = 20
-
-# Slot lower bounds used for reporting steps per batch-size slot: SGLang's
-# default adaptive table (1, 8, 32, 64).
-REPORT_SLOTS: tuple[int, ...] = (1, 8, 32, 64)
-
-# ITL histogram: log-spaced bins, 1 % wide, from 1 µs to ~1000 s.
-_ITL_MIN_S = 1e-6
-_ITL_LOG_STEP = math.log(1.01)
-_ITL_BINS = int(math.log(1e9) / _ITL_LOG_STEP) + 2
 
 
 class StepCost(Protocol):
@@ -198,60 +200,6 @@ class EngineConfig:
         return max(1, min(4096, self.kv_token_capacity // 2))
 
 
-class _Req:
-    """Mutable per-request state on the engine's hot path."""
-
-    __slots__ = (
-        "arrival_s",
-        "domain",
-        "draw",
-        "first_token_s",
-        "generated",
-        "index",
-        "input_tokens",
-        "kv_tokens",
-        "last_token_s",
-        "output_tokens",
-        "peek",
-        "prefill_target",
-        "prefilled",
-        "retracted",
-        "verifies",
-    )
-
-    def __init__(self, index: int, request: Request, draw: Callable[[int], int] | None) -> None:
-        self.index = index
-        self.arrival_s = request.arrival_s
-        self.input_tokens = request.input_tokens
-        self.output_tokens = request.output_tokens
-        self.domain = request.domain
-        self.draw = draw
-        self.peek: Callable[[int], int] | None = None
-        self.generated = 0
-        self.kv_tokens = 0
-        self.prefilled = 0
-        self.prefill_target = request.input_tokens
-        self.first_token_s = -1.0
-        self.last_token_s = -1.0
-        self.retracted = 0
-        self.verifies = 0
-
-
-@dataclass
-class TimeSeries:
-    """Per-interval samples for plots and reports (one entry per interval)."""
-
-    time_s: list[float] = field(default_factory=list)
-    mean_batch_size: list[float] = field(default_factory=list)
-    queued_requests: list[int] = field(default_factory=list)
-    running_requests: list[int] = field(default_factory=list)
-    output_tok_s: list[float] = field(default_factory=list)
-    mean_tpot_ms: list[float] = field(default_factory=list)  # NaN: nothing finished
-    kv_used_fraction: list[float] = field(default_factory=list)
-    # Mean steps used by decode batches of each report slot (NaN: none ran).
-    steps_by_slot: dict[int, list[float]] = field(default_factory=dict)
-
-
 @dataclass
 class EngineResult:
     """Everything one simulated run measured; metrics.py summarises it."""
@@ -283,11 +231,6 @@ class EngineResult:
     batch_size_hist: dict[int, int]
     series: TimeSeries
     events: list[tuple[float, str, int, int]]
-
-
-def itl_bin_value(index: int) -> float:
-    """Representative value (seconds) of ITL histogram bin *index*."""
-    return _ITL_MIN_S * math.exp((index + 0.5) * _ITL_LOG_STEP)
 
 
 class Engine:
@@ -368,21 +311,133 @@ class Engine:
             raise EngineConfigError(f"concurrency must be >= 1, got {concurrency}")
         if tick_interval_s <= 0:
             raise EngineConfigError(f"tick_interval_s must be > 0, got {tick_interval_s}")
-        cfg = self.config
-        policy = self.policy
-        acceptance = self.acceptance
-        cost = self.cost
-        decode_step_s = cost.decode_step_s
-        prefill_s = cost.prefill_s
-        capacity = cfg.kv_token_capacity
-        running_cap = cfg.running_cap
-        chunk_budget = cfg.chunked_prefill_size
-        verify_tokens = cfg.verify_tokens_per_request
-        graph_bs = self.cuda_graph_bs
-        record = cfg.record_events
-        events: list[tuple[float, str, int, int]] = []
-        vclock = self.clock
-        oracle = self.oracle
+        st = _Run(
+            self,
+            requests,
+            metrics=metrics,
+            on_tick=on_tick,
+            tick_interval_s=tick_interval_s,
+            concurrency=concurrency,
+        )
+        ledger = st.ledger
+        n_total = st.n_total
+        iterations = 0
+        # SGLang's event_loop_normal: one batch per iteration, prefill first.
+        while True:
+            st.admit_arrivals()
+            st.tick()
+            if not st.running and not st.waiting and st.chunked is None:
+                if not st.skip_idle():
+                    break  # every request has arrived and finished
+                continue
+            if time_limit_s is not None and st.now - st.first_arrival_s > time_limit_s:
+                break
+            iterations += 1
+            if progress is not None and iterations % 4096 == 0:
+                progress(ledger.completed + ledger.aborted, n_total)
+            batch = st.form_prefill_batch()
+            if batch:
+                st.run_prefill(batch)
+            elif st.running:
+                st.decode()
+            else:
+                st.abort_stuck()
+        st.close_series()
+        if progress is not None:
+            progress(ledger.completed + ledger.aborted, n_total)
+        return st.result()
+
+
+class _Run:
+    """The state of one ``Engine.run`` and the steps of its scheduler loop.
+
+    One method per concern of SGLang's loop: admission (arrivals, closed-loop
+    users), ticks, prefill batch formation, prefill, decode (step choice,
+    retraction, verify and token emission), finishing. Methods work at batch
+    granularity; the per-request loops inside them bind what they use to locals.
+    """
+
+    __slots__ = (
+        "acceptance",
+        "accepted_total",
+        "arrivals",
+        "bs_hist",
+        "capacity",
+        "chunk_budget",
+        "chunked",
+        "concurrency",
+        "current_steps",
+        "decode_batches",
+        "decode_step_s",
+        "decode_time",
+        "engine",
+        "events",
+        "first_arrival_s",
+        "graph_bs",
+        "kv_peak",
+        "kv_used",
+        "ledger",
+        "metrics",
+        "min_ratio",
+        "n_total",
+        "new_token_ratio",
+        "next_arrival",
+        "next_client",
+        "next_tick",
+        "now",
+        "on_tick",
+        "oracle",
+        "policy",
+        "prefill_batches",
+        "prefill_s",
+        "prefill_time",
+        "ratio_decay",
+        "record",
+        "requests",
+        "retractions",
+        "running",
+        "running_cap",
+        "sampler",
+        "steps_hist",
+        "tick_interval_s",
+        "tier_switches",
+        "vclock",
+        "verified_requests",
+        "verify_calls",
+        "verify_tokens",
+        "waiting",
+    )
+
+    def __init__(
+        self,
+        engine: Engine,
+        requests: Sequence[Request],
+        *,
+        metrics: SimMetrics | None,
+        on_tick: Callable[[float], None] | None,
+        tick_interval_s: float,
+        concurrency: int | None,
+    ) -> None:
+        cfg = engine.config
+        self.engine = engine
+        self.requests = requests
+        self.metrics = metrics
+        self.on_tick = on_tick
+        self.tick_interval_s = tick_interval_s
+        self.concurrency = concurrency
+        self.policy = engine.policy
+        self.oracle = engine.oracle
+        self.acceptance = engine.acceptance
+        self.vclock = engine.clock
+        self.decode_step_s = engine.cost.decode_step_s
+        self.prefill_s = engine.cost.prefill_s
+        self.capacity = cfg.kv_token_capacity
+        self.running_cap = cfg.running_cap
+        self.chunk_budget = cfg.chunked_prefill_size
+        self.verify_tokens = cfg.verify_tokens_per_request
+        self.graph_bs = engine.cuda_graph_bs
+        self.record = cfg.record_events
+        self.events: list[tuple[float, str, int, int]] = []
 
         n_total = len(requests)
         if concurrency is not None:
@@ -390,462 +445,484 @@ class Engine:
             arrivals = [0.0 if i < concurrency else math.inf for i in range(n_total)]
         else:
             arrivals = [r.arrival_s for r in requests]
-        next_client = min(concurrency, n_total) if concurrency is not None else n_total
         for i in range(1, n_total):
             if arrivals[i] < arrivals[i - 1]:
                 raise ValueError(
                     f"requests must be sorted by arrival_s (request {i} arrives at "
                     f"{arrivals[i]} before request {i - 1} at {arrivals[i - 1]})"
                 )
-        next_arrival = 0
-        waiting: deque[_Req] = deque()
-        running: list[_Req] = []
-        chunked: _Req | None = None  # the one request whose prefill is split
-        now = arrivals[0] if n_total else 0.0
-        first_arrival = now
+        self.n_total = n_total
+        self.arrivals = arrivals
+        self.next_client = min(concurrency, n_total) if concurrency is not None else n_total
+        self.next_arrival = 0
+        self.waiting: deque[RequestState] = deque()
+        self.running: list[RequestState] = []
+        self.chunked: RequestState | None = None  # the one request whose prefill is split
+        self.now = arrivals[0] if n_total else 0.0
+        self.first_arrival_s = self.now
+        self.next_tick = self.now + tick_interval_s
 
         init_ratio = INIT_NEW_TOKEN_RATIO
-        min_ratio = init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
-        ratio_decay = (init_ratio - min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
-        new_token_ratio = init_ratio
+        self.min_ratio = init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
+        self.ratio_decay = (init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        self.new_token_ratio = init_ratio
 
-        kv_used = 0
-        kv_peak = 0
-        current_steps = self.initial_steps
+        self.kv_used = 0
+        self.kv_peak = 0
+        self.current_steps = engine.initial_steps
+        self.decode_batches = 0
+        self.prefill_batches = 0
+        self.decode_time = 0.0
+        self.prefill_time = 0.0
+        self.verify_calls = 0
+        self.accepted_total = 0
+        self.verified_requests = 0
+        self.retractions = 0
+        self.tier_switches = 0
+        self.steps_hist: dict[tuple[int, int], int] = {}
+        self.bs_hist: dict[int, int] = {}
+        self.ledger = RequestLedger()
+        self.sampler = IntervalSampler(self.now, cfg.sample_interval_s)
 
-        ttft: list[float] = []
-        tpot: list[float] = []
-        e2e: list[float] = []
-        queue: list[float] = []
-        req_out: list[int] = []
-        req_arr: list[float] = []
-        itl_hist = [0] * _ITL_BINS
-        log = math.log
-        itl_scale = 1.0 / _ITL_LOG_STEP
-        itl_top = _ITL_BINS - 1
-        steps_hist: dict[tuple[int, int], int] = {}
-        bs_hist: dict[int, int] = {}
-        completed = 0
-        aborted = 0
-        out_tokens = 0
-        decode_batches = 0
-        prefill_batches = 0
-        decode_time = 0.0
-        prefill_time = 0.0
-        verify_calls = 0
-        accepted_total = 0
-        verified_requests = 0
-        retractions = 0
-        tier_switches = 0
+    # ---- admission and time ----
 
-        # Time series accumulators.
-        series = TimeSeries(steps_by_slot={s: [] for s in REPORT_SLOTS})
-        interval = cfg.sample_interval_s
-        next_sample = now + interval
-        iv_bs_time = 0.0
-        iv_busy = 0.0
-        iv_tokens = 0
-        iv_tpot_sum = 0.0
-        iv_tpot_n = 0
-        iv_steps_sum = dict.fromkeys(REPORT_SLOTS, 0)
-        iv_steps_n = dict.fromkeys(REPORT_SLOTS, 0)
-        report_slots = REPORT_SLOTS
-
-        def slot_of(batch_size: int) -> int:
-            padded = batch_size
-            if graph_bs is not None:
-                j = bisect.bisect_left(graph_bs, batch_size)
-                if j < len(graph_bs):
-                    padded = graph_bs[j]
-            j = bisect.bisect_right(report_slots, padded) - 1
-            return report_slots[max(0, j)]
-
-        def flush_samples(upto: float) -> None:
-            nonlocal next_sample, iv_bs_time, iv_busy, iv_tokens, iv_tpot_sum, iv_tpot_n
-            while next_sample <= upto:
-                series.time_s.append(next_sample - first_arrival)
-                series.mean_batch_size.append(iv_bs_time / iv_busy if iv_busy > 0 else 0.0)
-                series.queued_requests.append(len(waiting))
-                series.running_requests.append(len(running))
-                series.output_tok_s.append(iv_tokens / interval)
-                series.mean_tpot_ms.append(
-                    1000.0 * iv_tpot_sum / iv_tpot_n if iv_tpot_n else math.nan
+    def _make_req(self, i: int) -> RequestState:
+        req = self.requests[i]
+        draw = None
+        sampler = None
+        if self.acceptance is not None:
+            sampler = self.acceptance.sampler(i, req.domain, req.acc_len)
+            draw = sampler.draw
+        state = RequestState(i, req, draw)
+        if self.oracle is not None:
+            if not isinstance(sampler, PeekableSampler):
+                raise EngineConfigError(
+                    "the oracle policy needs an acceptance model whose samplers have peek()"
                 )
-                series.kv_used_fraction.append(kv_used / capacity)
-                for s in report_slots:
-                    n = iv_steps_n[s]
-                    series.steps_by_slot[s].append(iv_steps_sum[s] / n if n else math.nan)
-                    iv_steps_sum[s] = 0
-                    iv_steps_n[s] = 0
-                iv_bs_time = iv_busy = 0.0
-                iv_tokens = iv_tpot_n = 0
-                iv_tpot_sum = 0.0
-                next_sample += interval
+            state.peek = sampler.peek
+        state.arrival_s = self.arrivals[i]
+        return state
 
-        next_tick = now + tick_interval_s
+    def admit_arrivals(self) -> None:
+        """Queue (FCFS) every request that has arrived by now."""
+        arrivals = self.arrivals
+        n_total = self.n_total
+        now = self.now
+        i = self.next_arrival
+        while i < n_total and arrivals[i] <= now:
+            self.waiting.append(self._make_req(i))
+            if self.record:
+                self.events.append((arrivals[i], "arrive", i, 0))
+            i += 1
+        self.next_arrival = i
 
-        def next_user_request(t: float) -> None:
-            nonlocal next_client
-            if next_client < n_total:
-                arrivals[next_client] = t
-                next_client += 1
+    def _next_user_request(self, t: float) -> None:
+        """Closed loop: a user got its answer (or an abort) at *t* and sends its next request."""
+        if self.next_client < self.n_total:
+            self.arrivals[self.next_client] = t
+            self.next_client += 1
 
-        def finish(r: _Req, t: float) -> None:
-            nonlocal completed, out_tokens, kv_used, iv_tpot_sum, iv_tpot_n
-            completed += 1
-            if concurrency is not None:
-                next_user_request(t)
-            out_tokens += r.generated
-            kv_used -= r.kv_tokens
-            r.kv_tokens = 0
-            ttft.append(r.first_token_s - r.arrival_s)
-            e2e.append(t - r.arrival_s)
-            req_out.append(r.generated)
-            req_arr.append(r.arrival_s)
-            if r.generated >= 2:
-                v = (t - r.first_token_s) / (r.generated - 1)
-                tpot.append(v)
-                iv_tpot_sum += v
-                iv_tpot_n += 1
-            else:
-                tpot.append(math.nan)
-            if metrics is not None:
-                metrics.on_finish(
-                    prompt_tokens=r.input_tokens,
-                    generation_tokens=r.generated,
-                    verify_calls=r.verifies,
-                    e2e_s=t - r.arrival_s,
-                    tpot_s=tpot[-1] if r.generated >= 2 else None,
-                )
-            if record:
-                events.append((t, "finish", r.index, r.generated))
+    def tick(self) -> None:
+        """Call ``on_tick`` once if virtual time has passed another tick interval."""
+        on_tick = self.on_tick
+        if on_tick is not None and self.now >= self.next_tick:
+            while self.next_tick <= self.now:
+                self.next_tick += self.tick_interval_s
+            on_tick(self.now)
 
-        def make_req(i: int) -> _Req:
-            req = requests[i]
-            draw = None
-            sampler = None
-            if acceptance is not None:
-                sampler = acceptance.sampler(i, req.domain, req.acc_len)
-                draw = sampler.draw
-            state = _Req(i, req, draw)
-            if oracle is not None:
-                if not isinstance(sampler, PeekableSampler):
-                    raise EngineConfigError(
-                        "the oracle policy needs an acceptance model whose samplers have peek()"
-                    )
-                state.peek = sampler.peek
-            state.arrival_s = arrivals[i]
-            return state
+    def skip_idle(self) -> bool:
+        """Nothing queued or running: jump to the next arrival, still ticking on the way.
 
-        iterations = 0
-        while True:
-            # Admit arrivals up to now.
-            while next_arrival < n_total and arrivals[next_arrival] <= now:
-                waiting.append(make_req(next_arrival))
-                if record:
-                    events.append((arrivals[next_arrival], "arrive", next_arrival, 0))
-                next_arrival += 1
-            if on_tick is not None and now >= next_tick:
-                while next_tick <= now:
-                    next_tick += tick_interval_s
-                on_tick(now)
-            if not running and not waiting and chunked is None:
-                if next_arrival >= n_total:
-                    break
-                # Idle: jump to the next arrival, still ticking on the way.
-                target = arrivals[next_arrival]
-                if on_tick is not None:
-                    while next_tick <= target:
-                        on_tick(next_tick)
-                        next_tick += tick_interval_s
-                now = target
-                flush_samples(now)
-                continue
-            if time_limit_s is not None and now - first_arrival > time_limit_s:
-                break
-            iterations += 1
-            if progress is not None and iterations % 4096 == 0:
-                progress(completed + aborted, n_total)
+        False when no arrival is left (the run is over).
+        """
+        if self.next_arrival >= self.n_total:
+            return False
+        target = self.arrivals[self.next_arrival]
+        on_tick = self.on_tick
+        if on_tick is not None:
+            while self.next_tick <= target:
+                on_tick(self.next_tick)
+                self.next_tick += self.tick_interval_s
+        self.now = target
+        self._flush_samples(target)
+        return True
 
-            # ---- prefill (has priority, as in get_next_batch_to_run) ----
-            batch: list[tuple[_Req, int]] = []
-            budget = chunk_budget
+    def _flush_samples(self, upto_s: float) -> None:
+        self.sampler.flush(
+            upto_s, len(self.waiting), len(self.running), self.kv_used, self.capacity
+        )
+
+    # ---- request ends ----
+
+    def _abort(self, r: RequestState) -> None:
+        self.ledger.aborted += 1
+        if self.concurrency is not None:
+            self._next_user_request(self.now)
+        if self.record:
+            self.events.append((self.now, "abort", r.index, 0))
+
+    def abort_stuck(self) -> None:
+        """Nothing decodes and nothing could be prefilled: the head of the queue can
+        never be admitted (the abort rule of prefill formation covers the usual case;
+        this guards against a stuck loop)."""
+        if self.waiting:
+            self._abort(self.waiting.popleft())
+
+    def _finish(self, r: RequestState, t: float) -> int:
+        """*r* produced its last token at *t*; returns the KV tokens it releases
+        (the caller takes them off its ``kv_used``)."""
+        if self.concurrency is not None:
+            self._next_user_request(t)
+        kv = r.kv_tokens
+        r.kv_tokens = 0
+        tpot = self.ledger.finish(r, t)
+        if tpot is not None:
+            sampler = self.sampler
+            sampler.tpot_sum_s += tpot
+            sampler.tpot_n += 1
+        if self.metrics is not None:
+            self.metrics.on_finish(
+                prompt_tokens=r.input_tokens,
+                generation_tokens=r.generated,
+                verify_calls=r.verifies,
+                e2e_s=t - r.arrival_s,
+                tpot_s=tpot,
+            )
+        if self.record:
+            self.events.append((t, "finish", r.index, r.generated))
+        return kv
+
+    # ---- prefill (has priority, as in get_next_batch_to_run) ----
+
+    def form_prefill_batch(self) -> list[tuple[RequestState, int]]:
+        """get_new_batch_prefill: (request, tokens to prefill now) pairs.
+
+        The chunked request's next chunk first, then FCFS admission bounded by the
+        running cap, the chunk token budget and the KV left once running requests'
+        reservations (``min(remaining, 4096) * new_token_ratio``) are set aside. A
+        request that can never fit, even alone, is aborted.
+        """
+        batch: list[tuple[RequestState, int]] = []
+        budget = self.chunk_budget
+        chunked = self.chunked
+        running = self.running
+        waiting = self.waiting
+        running_cap = self.running_cap
+        if chunked is not None:
+            take = min(chunked.prefill_target - chunked.prefilled, budget)
+            batch.append((chunked, take))
+            budget -= take
+        if waiting and budget > 0 and len(running) + len(batch) < running_cap:
+            new_token_ratio = self.new_token_ratio
+            kv_used = self.kv_used
+            reserved = 0.0
+            for r in running:
+                rem = r.output_tokens - r.generated
+                reserved += rem if rem < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
+            reserved *= new_token_ratio
+            rem_total = self.capacity - kv_used - reserved
             if chunked is not None:
-                take = min(chunked.prefill_target - chunked.prefilled, budget)
-                batch.append((chunked, take))
-                budget -= take
-            if waiting and budget > 0 and len(running) + len(batch) < running_cap:
-                reserved = 0.0
-                for r in running:
-                    rem = r.output_tokens - r.generated
-                    reserved += rem if rem < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
-                reserved *= new_token_ratio
-                rem_total = capacity - kv_used - reserved
-                if chunked is not None:
-                    rem_total -= chunked.prefill_target - chunked.prefilled
-                while waiting and budget > 0 and len(running) + len(batch) < running_cap:
-                    r = waiting[0]
-                    need = r.prefill_target - r.prefilled
-                    rem_out = r.output_tokens - r.generated
-                    total = need + min(rem_out, CLIP_MAX_NEW_TOKENS) * new_token_ratio
-                    if total > rem_total:
-                        if not running and not batch and chunked is None and kv_used == 0:
-                            # Can never fit, even alone: SGLang rejects it.
-                            waiting.popleft()
-                            aborted += 1
-                            if concurrency is not None:
-                                next_user_request(now)
-                            if record:
-                                events.append((now, "abort", r.index, 0))
-                            continue
-                        break
-                    waiting.popleft()
-                    take = need if need < budget else budget
-                    batch.append((r, take))
-                    budget -= take
-                    rem_total -= total
-            if batch:
-                new_tokens = 0
-                prefix = 0
-                for r, take in batch:
-                    new_tokens += take
-                    prefix += r.prefilled
-                dt = prefill_s(new_tokens, prefix)
-                now += dt
-                prefill_time += dt
-                if metrics is not None:
-                    metrics.on_prefill(new_tokens, dt)
-                prefill_batches += 1
-                chunked = None
-                for r, take in batch:
-                    r.prefilled += take
-                    r.kv_tokens += take
-                    kv_used += take
-                    if r.prefilled < r.prefill_target:
-                        chunked = r
+                rem_total -= chunked.prefill_target - chunked.prefilled
+            while waiting and budget > 0 and len(running) + len(batch) < running_cap:
+                r = waiting[0]
+                need = r.prefill_target - r.prefilled
+                rem_out = r.output_tokens - r.generated
+                total = need + min(rem_out, CLIP_MAX_NEW_TOKENS) * new_token_ratio
+                if total > rem_total:
+                    if not running and not batch and chunked is None and kv_used == 0:
+                        # Can never fit, even alone: SGLang rejects it.
+                        waiting.popleft()
+                        self._abort(r)
                         continue
-                    # Prefill done: it produces the next token.
-                    r.generated += 1
-                    iv_tokens += 1
-                    if r.first_token_s < 0:
-                        r.first_token_s = now
-                        queue.append(now - dt - r.arrival_s)
-                        if metrics is not None:
-                            metrics.on_first_token(now - r.arrival_s, now - dt - r.arrival_s)
-                    else:
-                        gap = now - r.last_token_s
-                        b = int(log(gap / _ITL_MIN_S) * itl_scale) if gap > _ITL_MIN_S else 0
-                        itl_hist[b if b < itl_top else itl_top] += 1
-                        if metrics is not None:
-                            metrics.on_tokens(gap, 1)
-                    r.last_token_s = now
-                    if record:
-                        events.append((now, "prefill", r.index, r.prefilled))
-                    if r.generated >= r.output_tokens:
-                        finish(r, now)
-                    else:
-                        running.append(r)
-                if kv_used > kv_peak:
-                    kv_peak = kv_used
-                if now >= next_sample:
-                    flush_samples(now)
-                continue
+                    break
+                waiting.popleft()
+                take = need if need < budget else budget
+                batch.append((r, take))
+                budget -= take
+                rem_total -= total
+        return batch
 
-            if not running:
-                # Nothing decodes and nothing could be prefilled: the head of
-                # the queue can never be admitted (the abort rule above covers
-                # the usual case; this guards against a stuck loop).
-                if waiting:
-                    r = waiting.popleft()
-                    aborted += 1
-                    if concurrency is not None:
-                        next_user_request(now)
-                    if record:
-                        events.append((now, "abort", r.index, 0))
+    def run_prefill(self, batch: list[tuple[RequestState, int]]) -> None:
+        """One prefill forward; decoding requests stall meanwhile. Requests whose
+        prefill completes emit their next token and join the running batch."""
+        new_tokens = 0
+        prefix = 0
+        for r, take in batch:
+            new_tokens += take
+            prefix += r.prefilled
+        dt = self.prefill_s(new_tokens, prefix)
+        now = self.now + dt
+        self.now = now
+        self.prefill_time += dt
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.on_prefill(new_tokens, dt)
+        self.prefill_batches += 1
+        chunked = None
+        running = self.running
+        record = self.record
+        events = self.events
+        queue = self.ledger.queue_s
+        itl_hist = self.ledger.itl_hist
+        log = math.log
+        itl_min = ITL_MIN_S
+        itl_scale = 1.0 / ITL_LOG_STEP
+        itl_top = ITL_BINS - 1
+        kv_used = self.kv_used
+        tokens = 0
+        for r, take in batch:
+            r.prefilled += take
+            r.kv_tokens += take
+            kv_used += take
+            if r.prefilled < r.prefill_target:
+                chunked = r
                 continue
-
-            # ---- decode ----
-            bsz = len(running)
-            vclock.now_s = now
-            if oracle is not None:
-                oracle.observe_batch(
-                    [r.peek for r in running],  # type: ignore[misc]
-                    [r.output_tokens - r.generated for r in running],
-                    kv_used,
-                )
-            if policy is not None:
-                target = policy.get_steps_for_batch(bsz)
-                if target != current_steps:
-                    self._check_step(target)
-                    current_steps = target
-                    tier_switches += 1
-            k = current_steps
-            per_req = verify_tokens(k)
-            needed = bsz * per_req
-            if capacity - kv_used < needed and bsz > 1:
-                # retract_decode: keep the longest-decoded; pop fewest outputs,
-                # then longest input, until the step fits (keep at least one).
-                running.sort(key=lambda q: (q.generated, -q.input_tokens), reverse=True)
-                retracted_now: list[_Req] = []
-                while len(running) > 1 and capacity - kv_used < len(running) * per_req:
-                    q = running.pop()
-                    kv_used -= q.kv_tokens
-                    q.kv_tokens = 0
-                    q.prefilled = 0
-                    q.prefill_target = q.input_tokens + q.generated
-                    q.retracted += 1
-                    retractions += 1
-                    retracted_now.append(q)
-                    if record:
-                        events.append((now, "retract", q.index, q.generated))
+            # Prefill done: it produces the next token.
+            r.generated += 1
+            tokens += 1
+            if r.first_token_s < 0:
+                r.first_token_s = now
+                queue.append(now - dt - r.arrival_s)
                 if metrics is not None:
-                    metrics.on_retract(len(retracted_now))
-                # Re-queued at the front, in their original order.
-                for q in sorted(retracted_now, key=lambda q: q.index, reverse=True):
-                    waiting.appendleft(q)
-                dec = 0
-                mx = 0
-                for q in running:
-                    dec += q.generated
-                    mx += q.output_tokens
-                new_token_ratio = min(1.0, (dec + RETRACT_DECODE_STEPS * len(running)) / (mx + 1))
-                bsz = len(running)
-                if oracle is not None:
-                    oracle.observe_batch(
-                        [r.peek for r in running],  # type: ignore[misc]
-                        [r.output_tokens - r.generated for r in running],
-                        kv_used,
-                    )
-                if policy is not None:
-                    target = policy.get_steps_for_batch(bsz)
-                    if target != current_steps:
-                        self._check_step(target)
-                        current_steps = target
-                        tier_switches += 1
-                    k = current_steps
-                    per_req = verify_tokens(k)
-            dt = decode_step_s(bsz, k, kv_used)
-            start = now
-            now += dt
-            vclock.now_s = now
-            decode_time += dt
-            decode_batches += 1
-            bs_hist[bsz] = bs_hist.get(bsz, 0) + 1
-            iv_bs_time += bsz * dt
-            iv_busy += dt
-            done: list[_Req] = []
-            emitted_total = 0
-            if k > 0:
-                accepted: list[int] = []
-                acc_sum = 0
-                for r in running:
-                    a = r.draw(k)  # type: ignore[misc]
-                    accepted.append(a)
-                    acc_sum += a
-                    rem = r.output_tokens - r.generated
-                    e = a + 1 if a < rem else rem
-                    gap = now - r.last_token_s
-                    v = gap / e
-                    b = int(log(v / _ITL_MIN_S) * itl_scale) if v > _ITL_MIN_S else 0
-                    itl_hist[b if b < itl_top else itl_top] += e
-                    r.verifies += 1
-                    if metrics is not None:
-                        metrics.on_tokens(gap, e)
-                    r.generated += e
-                    r.kv_tokens += e
-                    r.last_token_s = now
-                    emitted_total += e
-                    if e == rem:
-                        done.append(r)
-                accepted_total += acc_sum
+                    metrics.on_first_token(now - r.arrival_s, now - dt - r.arrival_s)
             else:
-                accepted = [0] * bsz if policy is not None else []
-                for r in running:
-                    if r.draw is not None:
-                        # Step 0 still verifies one token: a per-token
-                        # acceptance replay must advance its position too.
-                        r.draw(0)
-                        r.verifies += 1
-                    gap = now - r.last_token_s
-                    b = int(log(gap / _ITL_MIN_S) * itl_scale) if gap > _ITL_MIN_S else 0
-                    itl_hist[b if b < itl_top else itl_top] += 1
-                    if metrics is not None:
-                        metrics.on_tokens(gap, 1)
-                    r.generated += 1
-                    r.kv_tokens += 1
-                    r.last_token_s = now
-                    if r.generated >= r.output_tokens:
-                        done.append(r)
-                emitted_total = bsz
-            kv_used += emitted_total
-            if kv_used > kv_peak:
-                kv_peak = kv_used
-            iv_tokens += emitted_total
-            slot = slot_of(bsz)
-            key = (slot, k)
-            steps_hist[key] = steps_hist.get(key, 0) + 1
-            iv_steps_sum[slot] += k
-            iv_steps_n[slot] += 1
+                gap = now - r.last_token_s
+                b = int(log(gap / itl_min) * itl_scale) if gap > itl_min else 0
+                itl_hist[b if b < itl_top else itl_top] += 1
+                if metrics is not None:
+                    metrics.on_tokens(gap, 1)
+            r.last_token_s = now
             if record:
-                events.append((start, "decode", bsz, k))
-            if policy is not None:
-                verify_calls += 1
-                verified_requests += bsz
-                ret = policy.on_verify_complete(accepted, bsz)
-                if ret is not None and ret != current_steps:
-                    self._check_step(ret)
-                    current_steps = ret
-                    tier_switches += 1
-            if metrics is not None:
-                metrics.on_decode(
-                    now_s=now,
-                    running=bsz,
-                    queued=len(waiting),
-                    used_tokens=kv_used,
-                    capacity_tokens=capacity,
-                    steps=k,
-                    emitted_tokens=emitted_total,
-                    verified_requests=bsz if policy is not None else 0,
-                    step_s=dt,
-                )
-            if done:
-                for r in done:
-                    finish(r, now)
-                done_set = set(map(id, done))
-                running = [r for r in running if id(r) not in done_set]
-            new_token_ratio = max(new_token_ratio - ratio_decay, min_ratio)
-            if now >= next_sample:
-                flush_samples(now)
+                events.append((now, "prefill", r.index, r.prefilled))
+            if r.generated >= r.output_tokens:
+                kv_used -= self._finish(r, now)
+            else:
+                running.append(r)
+        self.chunked = chunked
+        self.sampler.tokens += tokens
+        self.kv_used = kv_used
+        if kv_used > self.kv_peak:
+            self.kv_peak = kv_used
+        if now >= self.sampler.next_sample_s:
+            self._flush_samples(now)
 
-        flush_samples(now + interval)
-        if progress is not None:
-            progress(completed + aborted, n_total)
+    # ---- decode ----
+
+    def _switch_steps(self, step: int) -> None:
+        self.engine._check_step(step)
+        self.current_steps = step
+        self.tier_switches += 1
+
+    def _choose_steps(self, bsz: int) -> int:
+        """activate_step_by_batch: the oracle sees the batch, the policy picks its step."""
+        oracle = self.oracle
+        if oracle is not None:
+            running = self.running
+            oracle.observe_batch(
+                [r.peek for r in running],  # type: ignore[misc]
+                [r.output_tokens - r.generated for r in running],
+                self.kv_used,
+            )
+        policy = self.policy
+        if policy is not None:
+            target = policy.get_steps_for_batch(bsz)
+            if target != self.current_steps:
+                self._switch_steps(target)
+        return self.current_steps
+
+    def _retract(self, per_req: int) -> None:
+        """retract_decode: keep the longest-decoded; pop fewest outputs, then longest
+        input, until the step fits (keep at least one); re-estimate new_token_ratio."""
+        running = self.running
+        running.sort(key=lambda q: (q.generated, -q.input_tokens), reverse=True)
+        retracted_now: list[RequestState] = []
+        capacity = self.capacity
+        kv_used = self.kv_used
+        record = self.record
+        while len(running) > 1 and capacity - kv_used < len(running) * per_req:
+            q = running.pop()
+            kv_used -= q.kv_tokens
+            q.kv_tokens = 0
+            q.prefilled = 0
+            q.prefill_target = q.input_tokens + q.generated
+            q.retracted += 1
+            retracted_now.append(q)
+            if record:
+                self.events.append((self.now, "retract", q.index, q.generated))
+        self.kv_used = kv_used
+        self.retractions += len(retracted_now)
+        if self.metrics is not None:
+            self.metrics.on_retract(len(retracted_now))
+        # Re-queued at the front, in their original order.
+        waiting = self.waiting
+        for q in sorted(retracted_now, key=lambda q: q.index, reverse=True):
+            waiting.appendleft(q)
+        dec = 0
+        mx = 0
+        for q in running:
+            dec += q.generated
+            mx += q.output_tokens
+        self.new_token_ratio = min(1.0, (dec + RETRACT_DECODE_STEPS * len(running)) / (mx + 1))
+
+    def decode(self) -> None:
+        """One decode forward over every running request, retracting first when the
+        KV pool cannot hold the step's verified tokens."""
+        bsz = len(self.running)
+        self.vclock.now_s = self.now
+        k = self._choose_steps(bsz)
+        if self.capacity - self.kv_used < bsz * self.verify_tokens(k) and bsz > 1:
+            self._retract(self.verify_tokens(k))
+            bsz = len(self.running)
+            k = self._choose_steps(bsz)
+        kv_used = self.kv_used
+        dt = self.decode_step_s(bsz, k, kv_used)
+        start = self.now
+        now = start + dt
+        self.now = now
+        self.vclock.now_s = now
+        self.decode_time += dt
+        self.decode_batches += 1
+        bs_hist = self.bs_hist
+        bs_hist[bsz] = bs_hist.get(bsz, 0) + 1
+        sampler = self.sampler
+        sampler.bs_time += bsz * dt
+        sampler.busy_s += dt
+        accepted, emitted_total, done = self._verify(k, now)
+        kv_used += emitted_total
+        self.kv_used = kv_used
+        if kv_used > self.kv_peak:
+            self.kv_peak = kv_used
+        sampler.tokens += emitted_total
+        slot = report_slot(bsz, self.graph_bs)
+        key = (slot, k)
+        steps_hist = self.steps_hist
+        steps_hist[key] = steps_hist.get(key, 0) + 1
+        sampler.steps_sum[slot] += k
+        sampler.steps_n[slot] += 1
+        if self.record:
+            self.events.append((start, "decode", bsz, k))
+        policy = self.policy
+        if policy is not None:
+            self.verify_calls += 1
+            self.verified_requests += bsz
+            ret = policy.on_verify_complete(accepted, bsz)
+            if ret is not None and ret != self.current_steps:
+                self._switch_steps(ret)
+        if self.metrics is not None:
+            self.metrics.on_decode(
+                now_s=now,
+                running=bsz,
+                queued=len(self.waiting),
+                used_tokens=kv_used,
+                capacity_tokens=self.capacity,
+                steps=k,
+                emitted_tokens=emitted_total,
+                verified_requests=bsz if policy is not None else 0,
+                step_s=dt,
+            )
+        if done:
+            for r in done:
+                kv_used -= self._finish(r, now)
+            self.kv_used = kv_used
+            done_set = set(map(id, done))
+            self.running = [r for r in self.running if id(r) not in done_set]
+        self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
+        if now >= sampler.next_sample_s:
+            self._flush_samples(now)
+
+    def _verify(self, k: int, now: float) -> tuple[list[int], int, list[RequestState]]:
+        """Acceptance draws and token emission for a step-*k* forward ending at *now*.
+
+        Returns the accepted drafts per request (what on_verify_complete gets), the
+        tokens emitted and the requests that finished. The per-request loops.
+        """
+        running = self.running
+        metrics = self.metrics
+        itl_hist = self.ledger.itl_hist
+        log = math.log
+        itl_min = ITL_MIN_S
+        itl_scale = 1.0 / ITL_LOG_STEP
+        itl_top = ITL_BINS - 1
+        done: list[RequestState] = []
+        emitted_total = 0
+        if k > 0:
+            accepted: list[int] = []
+            acc_sum = 0
+            for r in running:
+                a = r.draw(k)  # type: ignore[misc]
+                accepted.append(a)
+                acc_sum += a
+                rem = r.output_tokens - r.generated
+                e = a + 1 if a < rem else rem
+                gap = now - r.last_token_s
+                v = gap / e
+                b = int(log(v / itl_min) * itl_scale) if v > itl_min else 0
+                itl_hist[b if b < itl_top else itl_top] += e
+                r.verifies += 1
+                if metrics is not None:
+                    metrics.on_tokens(gap, e)
+                r.generated += e
+                r.kv_tokens += e
+                r.last_token_s = now
+                emitted_total += e
+                if e == rem:
+                    done.append(r)
+            self.accepted_total += acc_sum
+        else:
+            accepted = [0] * len(running) if self.policy is not None else []
+            for r in running:
+                if r.draw is not None:
+                    # Step 0 still verifies one token: a per-token
+                    # acceptance replay must advance its position too.
+                    r.draw(0)
+                    r.verifies += 1
+                gap = now - r.last_token_s
+                b = int(log(gap / itl_min) * itl_scale) if gap > itl_min else 0
+                itl_hist[b if b < itl_top else itl_top] += 1
+                if metrics is not None:
+                    metrics.on_tokens(gap, 1)
+                r.generated += 1
+                r.kv_tokens += 1
+                r.last_token_s = now
+                if r.generated >= r.output_tokens:
+                    done.append(r)
+            emitted_total = len(running)
+        return accepted, emitted_total, done
+
+    # ---- the result ----
+
+    def close_series(self) -> None:
+        """Sample the last, partial interval."""
+        self._flush_samples(self.now + self.sampler.interval_s)
+
+    def result(self) -> EngineResult:
+        ledger = self.ledger
         return EngineResult(
-            completed=completed,
-            aborted=aborted,
-            output_tokens=out_tokens,
-            first_arrival_s=first_arrival,
-            end_s=now,
-            ttft_s=ttft,
-            tpot_s=tpot,
-            e2e_s=e2e,
-            queue_s=queue,
-            req_output_tokens=req_out,
-            req_arrival_s=req_arr,
-            itl_hist=itl_hist,
-            decode_batches=decode_batches,
-            prefill_batches=prefill_batches,
-            decode_time_s=decode_time,
-            prefill_time_s=prefill_time,
-            verify_calls=verify_calls,
-            accepted_drafts=accepted_total,
-            verified_requests=verified_requests,
-            retractions=retractions,
-            tier_switches=tier_switches,
-            kv_peak_tokens=kv_peak,
-            kv_token_capacity=capacity,
-            steps_hist=steps_hist,
-            batch_size_hist=bs_hist,
-            series=series,
-            events=events,
+            completed=ledger.completed,
+            aborted=ledger.aborted,
+            output_tokens=ledger.output_tokens,
+            first_arrival_s=self.first_arrival_s,
+            end_s=self.now,
+            ttft_s=ledger.ttft_s,
+            tpot_s=ledger.tpot_s,
+            e2e_s=ledger.e2e_s,
+            queue_s=ledger.queue_s,
+            req_output_tokens=ledger.req_output_tokens,
+            req_arrival_s=ledger.req_arrival_s,
+            itl_hist=ledger.itl_hist,
+            decode_batches=self.decode_batches,
+            prefill_batches=self.prefill_batches,
+            decode_time_s=self.decode_time,
+            prefill_time_s=self.prefill_time,
+            verify_calls=self.verify_calls,
+            accepted_drafts=self.accepted_total,
+            verified_requests=self.verified_requests,
+            retractions=self.retractions,
+            tier_switches=self.tier_switches,
+            kv_peak_tokens=self.kv_peak,
+            kv_token_capacity=self.capacity,
+            steps_hist=self.steps_hist,
+            batch_size_hist=self.bs_hist,
+            series=self.sampler.series,
+            events=self.events,
         )
