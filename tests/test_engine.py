@@ -8,12 +8,15 @@ from collections.abc import Sequence
 
 import pytest
 
+from specgov.simulator import engine as engine_module
 from specgov.simulator.engine import (
     Engine,
     EngineConfig,
     EngineConfigError,
     sglang_decode_cuda_graph_bs,
 )
+from specgov.simulator.engine_requests import RequestLedger, RequestState
+from specgov.simulator.engine_series import IntervalSampler, TimeSeries, report_slot
 from specgov.simulator.traces import Request
 
 
@@ -233,3 +236,49 @@ def test_closed_loop_users_keep_concurrency_constant() -> None:
     arrivals = sorted(result.req_arrival_s)
     assert arrivals[:4] == [0.0, 0.0, 0.0, 0.0]
     assert all(a > 0 for a in arrivals[4:])
+
+
+def test_interval_sampler_closes_each_elapsed_interval_and_resets() -> None:
+    sampler = IntervalSampler(origin_s=10.0, interval_s=1.0)
+    sampler.bs_time, sampler.busy_s, sampler.tokens = 8.0, 0.5, 30
+    sampler.tpot_sum_s, sampler.tpot_n = 0.04, 2
+    sampler.steps_sum[8], sampler.steps_n[8] = 9, 3
+    # An idle jump over three intervals: three samples, only the first has activity.
+    sampler.flush(13.2, queued=5, running=2, kv_used=25, kv_capacity=100)
+    series = sampler.series
+    assert series.time_s == [1.0, 2.0, 3.0]
+    assert series.mean_batch_size == [16.0, 0.0, 0.0]
+    assert series.output_tok_s == [30.0, 0.0, 0.0]
+    assert series.mean_tpot_ms[0] == pytest.approx(20.0)
+    assert all(math.isnan(v) for v in series.mean_tpot_ms[1:])
+    assert series.steps_by_slot[8][0] == 3.0 and math.isnan(series.steps_by_slot[8][1])
+    assert series.queued_requests == [5, 5, 5] and series.kv_used_fraction == [0.25] * 3
+    assert sampler.next_sample_s == 14.0 and sampler.tokens == 0
+    sampler.flush(13.9, queued=0, running=0, kv_used=0, kv_capacity=100)  # not due yet
+    assert len(series.time_s) == 3
+
+
+def test_report_slot_uses_the_cuda_graph_padded_size() -> None:
+    assert [report_slot(b, None) for b in (1, 7, 8, 33, 500)] == [1, 1, 8, 32, 64]
+    # Batch 7 runs in the size-8 graph, so it is reported in slot 8.
+    assert report_slot(7, [1, 2, 4, 8, 16]) == 8
+    assert report_slot(20, [1, 2, 4, 8, 16]) == 8  # beyond the largest graph: unpadded
+
+
+def test_ledger_records_a_single_token_request_without_tpot() -> None:
+    ledger = RequestLedger()
+    one = RequestState(0, Request(1.0, 10, 1), None)
+    one.generated, one.first_token_s = 1, 1.5
+    assert ledger.finish(one, 1.5) is None
+    many = RequestState(1, Request(2.0, 10, 5), None)
+    many.generated, many.first_token_s = 5, 2.5
+    assert ledger.finish(many, 4.5) == pytest.approx(0.5)
+    assert ledger.completed == 2 and ledger.output_tokens == 6
+    assert math.isnan(ledger.tpot_s[0]) and ledger.tpot_s[1] == pytest.approx(0.5)
+    assert ledger.ttft_s == [0.5, 0.5] and ledger.e2e_s == [0.5, 2.5]
+
+
+def test_split_out_names_are_still_importable_from_the_engine() -> None:
+    assert engine_module.TimeSeries is TimeSeries
+    assert engine_module.REPORT_SLOTS == (1, 8, 32, 64)
+    assert engine_module.itl_bin_value(0) == pytest.approx(1e-6 * math.sqrt(1.01))
