@@ -147,10 +147,11 @@ def _in_window(
 def _check_frozen(
     rows: list[dict[str, Any]], down: DownWindow, *, from_s: float, min_rows: int, min_stale: int
 ) -> None:
-    """The table in force did not change from ``from_s`` until the server was last seen
-    refusing connections, and every decision in that span made more than max_staleness_s
-    after the port was seen closed (its telemetry is older than that) held for
-    stale/unknown telemetry."""
+    """From ``from_s`` until the server was last seen refusing connections, the table in
+    force changed only by decisions on telemetry scraped before the port was seen closed
+    (a decision's observation is ``staleness_s`` old: up to max_staleness_s the daemon
+    rightly acts on the last scrape it has), and every decision in that span made more
+    than max_staleness_s after the port was seen closed held for stale/unknown telemetry."""
     pairs = list(zip(rows, tables_in_force(rows), strict=True))
     before = [t for r, t in pairs if r["time_s"] < from_s]
     assert before and before[-1] is not None, briefs(rows)
@@ -162,8 +163,13 @@ def _check_frozen(
         f"{held['slots']}\n{briefs(rows)}"
     )
     assert len(window) >= min_rows, context
-    for _row, table in window:
-        assert table is not None and table["slots"] == held["slots"], context
+    current = held
+    for row, table in window:
+        assert table is not None, context
+        if table["slots"] != current["slots"]:
+            seen_at = row["time_s"] - (row["inputs_summary"].get("staleness_s") or 0.0)
+            assert seen_at < down.refused_from_s, f"changed on blind telemetry: {row}\n{context}"
+            current = table
     stale_from = down.refused_from_s + MAX_STALENESS_S + DRAIN_S
     stale = [r for r, _ in window if r["time_s"] > stale_from]
     assert len(stale) >= min_stale, context
