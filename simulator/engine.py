@@ -58,6 +58,10 @@ MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
 RETRACT_DECODE_STEPS = 20
 
+# ITL histogram binning: bin = int(log(gap / ITL_MIN_S) * _ITL_SCALE), capped at _ITL_TOP.
+_ITL_SCALE = 1.0 / ITL_LOG_STEP
+_ITL_TOP = ITL_BINS - 1
+
 
 class StepCost(Protocol):
     """What the engine needs from a cost model (seconds)."""
@@ -398,6 +402,7 @@ class _Run:
         "running",
         "running_cap",
         "sampler",
+        "slot_of_bsz",
         "steps_hist",
         "tick_interval_s",
         "tier_switches",
@@ -481,6 +486,7 @@ class _Run:
         self.tier_switches = 0
         self.steps_hist: dict[tuple[int, int], int] = {}
         self.bs_hist: dict[int, int] = {}
+        self.slot_of_bsz: dict[int, int] = {}  # report_slot memo: batch size -> slot
         self.ledger = RequestLedger()
         self.sampler = IntervalSampler(self.now, cfg.sample_interval_s)
 
@@ -666,8 +672,8 @@ class _Run:
         itl_hist = self.ledger.itl_hist
         log = math.log
         itl_min = ITL_MIN_S
-        itl_scale = 1.0 / ITL_LOG_STEP
-        itl_top = ITL_BINS - 1
+        itl_scale = _ITL_SCALE
+        itl_top = _ITL_TOP
         kv_used = self.kv_used
         tokens = 0
         for r, take in batch:
@@ -770,8 +776,9 @@ class _Run:
         bsz = len(self.running)
         self.vclock.now_s = self.now
         k = self._choose_steps(bsz)
-        if self.capacity - self.kv_used < bsz * self.verify_tokens(k) and bsz > 1:
-            self._retract(self.verify_tokens(k))
+        per_req = self.verify_tokens(k)
+        if self.capacity - self.kv_used < bsz * per_req and bsz > 1:
+            self._retract(per_req)
             bsz = len(self.running)
             k = self._choose_steps(bsz)
         kv_used = self.kv_used
@@ -793,7 +800,9 @@ class _Run:
         if kv_used > self.kv_peak:
             self.kv_peak = kv_used
         sampler.tokens += emitted_total
-        slot = report_slot(bsz, self.graph_bs)
+        slot = self.slot_of_bsz.get(bsz)
+        if slot is None:
+            slot = self.slot_of_bsz[bsz] = report_slot(bsz, self.graph_bs)
         key = (slot, k)
         steps_hist = self.steps_hist
         steps_hist[key] = steps_hist.get(key, 0) + 1
@@ -841,8 +850,8 @@ class _Run:
         itl_hist = self.ledger.itl_hist
         log = math.log
         itl_min = ITL_MIN_S
-        itl_scale = 1.0 / ITL_LOG_STEP
-        itl_top = ITL_BINS - 1
+        itl_scale = _ITL_SCALE
+        itl_top = _ITL_TOP
         done: list[RequestState] = []
         emitted_total = 0
         if k > 0:
