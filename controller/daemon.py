@@ -769,6 +769,8 @@ class Daemon:
         for task in done:
             if task is stopper:
                 continue
+            if self._stop.is_set() and not task.cancelled() and task.exception() is None:
+                continue  # a loop that returned because a stop was requested: clean
             name = tasks[task]
             exc = task.exception() if not task.cancelled() else None
             log.error("task %r ended unexpectedly (%s); shutting down", name, exc or "returned")
