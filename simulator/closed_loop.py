@@ -23,7 +23,7 @@ iterations).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,11 +201,3 @@ class ClosedLoop:
             blocked=self.blocked(now_s) if self.blocked is not None else None,
         )
         _, self.state = control_step(self.core, self.state, inputs, self, self._cpu_clock)
-
-
-SlotCandidates = tuple[tuple[int, tuple[int, ...]], ...]
-
-
-def slot_candidates_of(config: Mapping[int, Sequence[int]]) -> SlotCandidates:
-    """Observation.slot_candidates from a slot -> candidate steps mapping."""
-    return tuple((slot, tuple(sorted(set(steps)))) for slot, steps in sorted(config.items()))
