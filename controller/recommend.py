@@ -311,7 +311,6 @@ def recommendation_document(
         "key": f"{rec.source}:{rec.shape.algorithm}:{rec.shape.num_steps}:{rec.shape.topk}:"
         f"{rec.shape.num_draft_tokens}:{list(rec.shape.candidate_steps)}",
         "launch": launch,
-        "argv": launch["argv"],
         "time_s": time_s,
         "details": None if details is None else dict(details),
     }
