@@ -47,6 +47,9 @@ def _register_subcommands() -> None:
     from specgov.controller.config_cmd import config_group
     from specgov.controller.daemon_cmds import COMMANDS
     from specgov.controller.demo import demo_cmd
+    from specgov.controller.doctor_cmd import doctor_cmd
+    from specgov.controller.fit_acceptance_cmd import fit_acceptance_cmd
+    from specgov.controller.plan_cmd import plan_group
     from specgov.controller.sglang_args_cmd import sglang_args
     from specgov.simulator.sim_cli import sim_server_cmd  # imports only click at load
 
@@ -56,6 +59,9 @@ def _register_subcommands() -> None:
         main.add_command(command)
     main.add_command(demo_cmd)
     main.add_command(sim_server_cmd)
+    main.add_command(plan_group)
+    main.add_command(doctor_cmd)
+    main.add_command(fit_acceptance_cmd)
 
 
 _register_subcommands()
