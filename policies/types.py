@@ -700,10 +700,24 @@ class Decision:
     expected_gain: float | None
     limited_by: tuple[str, ...] = ()
     restart_recommendation: RestartRecommendation | None = None
+    # Slot lower bounds of ``table`` whose step is an experiment (a probe), not a
+    # prediction: ``expected_gain`` leaves them out and the tolerance band lets them pass.
+    experiment_slots: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.table is not None and not isinstance(self.table, StepTable):
             raise _fail("Decision.table", "expected None or a StepTable", self.table)
+        if self.experiment_slots:
+            bounds = {b for b, _ in self.table.slots} if self.table is not None else set()
+            if (
+                not isinstance(self.experiment_slots, tuple)
+                or not set(self.experiment_slots) <= bounds
+            ):
+                raise _fail(
+                    "Decision.experiment_slots",
+                    f"expected a tuple of the table's slot bounds {sorted(bounds)}",
+                    self.experiment_slots,
+                )
         _check_type("Decision.reason", self.reason, ReasonCode, "expected a ReasonCode")
         if not isinstance(self.message, str) or not self.message.strip():
             raise _fail("Decision.message", "expected a non-empty str", self.message)

@@ -376,6 +376,22 @@ def test_cheap_verification_lets_a_probe_jump_past_the_evidence() -> None:
     assert world.goodput(1, 4) < 0.9 * world.goodput(1, 7)
 
 
+def test_a_probe_beside_a_predicted_move_leaves_the_move_its_gain() -> None:
+    # Slot 1 probes k=7; slot 128 moves on evidence. The probe is named as an
+    # experiment and predicts nothing; the table's gain is the predicted move's alone
+    # (a probe used to blank the gain of the whole table, so the guardrails could not
+    # tell a predicted down move under load from an experiment).
+    moving = run(World(RISING, ((1, ALL_STEPS, 1, 3), (128, (0, 1, 2, 3), 256, 1))), policy(), 1)
+    first = moving.decisions[0]
+    assert first.experiment_slots == (1,) and "k=7 probe" in first.message
+    assert first.expected_gain is not None and first.expected_gain > 0.02
+    assert "predicted gain" in first.message
+    # With only the probe moving, there is no prediction at all.
+    still = run(World(RISING, ((1, ALL_STEPS, 1, 3), (128, (0, 1, 2, 3), 256, 3))), policy(), 1)
+    assert still.decisions[0].experiment_slots == (1,)
+    assert still.decisions[0].expected_gain is None
+
+
 def test_no_jump_where_verification_costs_compute() -> None:
     # Batch 256: every verified token costs compute. The optimum is 3, but with only
     # position 1 observed the first table goes one candidate past it (2), no probe.

@@ -39,11 +39,13 @@ from specgov.policies.guardrails import (
     with_override,
     without_overrides,
 )
+from specgov.policies.guardrails.wrapper import _wanted
 from specgov.policies.types import (
     Budget,
     Decision,
     LatencyQuantiles,
     Observation,
+    PolicyTypeError,
     ReasonCode,
     RestartRecommendation,
     SpecShape,
@@ -405,6 +407,38 @@ def test_tolerance_step_holds_small_gains_only() -> None:
         ctx(A, wanted=B, gain=0.0), Proposal(B, override_slots=frozenset({1, 8, 32})), st, config
     )
     assert p.steps == B
+
+
+def test_tolerance_step_lets_an_experiment_slot_pass_and_judges_the_rest() -> None:
+    # Slot 1 is a probe (no prediction), slots 8 and 32 are predicted moves: a small
+    # predicted gain holds the predicted moves only; a large one lets everything pass.
+    config = GuardrailConfig(min_gain=0.02)
+    st = state_with()
+    trial = frozenset({1})
+
+    def with_trial(gain: float | None) -> GuardContext:
+        c = ctx(A, wanted=B, gain=gain)
+        assert c.wanted is not None
+        return dataclasses.replace(c, wanted=dataclasses.replace(c.wanted, experiment_slots=trial))
+
+    p, _ = tolerance_band(with_trial(0.01), Proposal(B), st, config)
+    assert p.steps == ((1, 3), (8, 3), (32, 1), (64, 0)) and p.held_by == H.HELD_TOLERANCE_BAND
+    assert "[8, 32]" in p.notes[-1]
+    for gain in (0.05, None):
+        p, _ = tolerance_band(with_trial(gain), Proposal(B), st, config)
+        assert p.steps == B and p.held_by is None, gain
+
+
+def test_wanted_keeps_the_experiment_slots_of_a_decision_on_engine_bounds() -> None:
+    table = StepTable(((1, 3), (16, 0)), version=1, produced_at_s=0.0, ttl_s=60.0)
+    decision = Decision(table, H.CHANGED_PREDICTED_GAIN, "x", 0.04, experiment_slots=(1,))
+    wanted = _wanted(decision, None, CANDS)
+    assert wanted is not None
+    assert wanted.steps == ((1, 3), (8, 3), (32, 0), (64, 0))
+    assert wanted.experiment_slots == frozenset({1, 8}) and wanted.expected_gain == 0.04
+    assert Wanted.from_dict(wanted.to_dict(), "w") == wanted
+    with pytest.raises(PolicyTypeError, match="experiment_slots"):
+        Decision(table, H.CHANGED_PREDICTED_GAIN, "x", 0.04, experiment_slots=(8,))
 
 
 def test_dwell_step_holds_recently_changed_slots_only() -> None:

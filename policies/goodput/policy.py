@@ -507,7 +507,9 @@ class GoodputPolicy:
                 cur_eval = w.evals.get(w.cur) or self._evaluate(
                     w.est.mean, cost, w.batch, ctx, w.cur, slo
                 )
-                gains.append((weights.get(w.bound, 0.0), e.score, cur_eval.score))
+                # A probe predicts nothing: the table's gain counts its slot as unchanged.
+                new_score = cur_eval.score if w.bound in probes else e.score
+                gains.append((weights.get(w.bound, 0.0), new_score, cur_eval.score))
         return tuple(plans), gains, state
 
     # --------------------------------------------------------------- restart
@@ -606,10 +608,12 @@ class GoodputPolicy:
             limited.append("slo_tpot_ms")
         if any(p.budget_limited for p in plans):
             limited.append("allowed_steps")
-        # A probe is an experiment, not a prediction: it carries no expected gain, so the
-        # guardrails' tolerance band does not veto it (their rollback still judges it).
-        probing = any(p.probe for p in plans)
-        expected_gain = None if probing else _expected_gain(gains)
+        # A probe is an experiment, not a prediction: its slot is named in
+        # ``experiment_slots`` (the guardrails' tolerance band lets it pass; their rollback
+        # still judges it) and the expected gain is that of the other slots' moves.
+        experiments = tuple(b for (b, _), p in zip(slots, plans, strict=True) if p.probe)
+        predicted_moves = any(new != cur for _, new, cur in gains)
+        expected_gain = _expected_gain(gains) if predicted_moves else None
         summary = "; ".join(_describe(p) for p in plans)
         recommendation = None
         if restart is not None:
@@ -643,12 +647,9 @@ class GoodputPolicy:
             ttl_s=self._config.ttl_s,
             reason=reason.value,
         )
-        if probing:
-            gain_text = ", probing"
-        elif expected_gain is None:
-            gain_text = ""
-        else:
-            gain_text = f", predicted gain {expected_gain:+.1%}"
+        gain_text = "" if expected_gain is None else f", predicted gain {expected_gain:+.1%}"
+        if experiments:
+            gain_text += f", probing slot(s) {list(experiments)}"
         return (
             Decision(
                 table=table,
@@ -657,6 +658,7 @@ class GoodputPolicy:
                 expected_gain=expected_gain,
                 limited_by=tuple(limited),
                 restart_recommendation=recommendation,
+                experiment_slots=experiments,
             ),
             replace(state, last_table=table),
         )

@@ -291,17 +291,20 @@ class Wanted:
     steps: Slots
     expected_gain: float | None
     reason: ReasonCode
+    # Engine slot bounds whose wanted step is an experiment (a probe): no prediction.
+    experiment_slots: frozenset[int] = frozenset()
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "steps": [list(p) for p in self.steps],
             "expected_gain": self.expected_gain,
             "reason": self.reason.value,
+            "experiment_slots": sorted(self.experiment_slots),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], where: str) -> Wanted:
-        d = _keys(where, data, ("steps", "expected_gain", "reason"))
+        d = _keys(where, data, ("steps", "expected_gain", "reason"), ("experiment_slots",))
         try:
             reason = ReasonCode(d["reason"])
         except ValueError:
@@ -313,6 +316,12 @@ class Wanted:
             steps=_slots_from(f"{where}.steps", d["steps"]),
             expected_gain=_opt_real(f"{where}.expected_gain", d["expected_gain"]),
             reason=reason,
+            experiment_slots=frozenset(
+                _int(f"{where}.experiment_slots[{i}]", b, minimum=1)
+                for i, b in enumerate(
+                    _list(f"{where}.experiment_slots", d.get("experiment_slots", []))
+                )
+            ),
         )
 
 

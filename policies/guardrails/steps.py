@@ -260,10 +260,15 @@ def apply_overrides(
 def tolerance_band(
     ctx: GuardContext, p: Proposal, state: GuardedState[Any], config: GuardrailConfig
 ) -> tuple[Proposal, GuardedState[Any]]:
-    """Step 3: hold a policy change predicted to gain less than ``min_gain``."""
+    """Step 3: hold a policy change predicted to gain less than ``min_gain``.
+
+    A slot the policy marks as an experiment (a probe) carries no prediction and passes;
+    the rollback check judges it once it runs.
+    """
     if p.frozen or ctx.current is None or ctx.wanted is None:
         return p, state
-    changes = p.policy_changes(ctx.current)
+    trials = ctx.wanted.experiment_slots
+    changes = {b: k for b, k in p.policy_changes(ctx.current).items() if b not in trials}
     gain = ctx.wanted.expected_gain
     if not changes or gain is None or gain >= config.min_gain:
         return p, state

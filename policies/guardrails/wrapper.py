@@ -189,12 +189,18 @@ def _wanted(decision: Decision, previous: Wanted | None, cands: Candidates | Non
         if previous is not None and [b for b, _ in previous.steps] == bounds:
             return previous
         return None
-    steps = tuple((b, decision.table.steps_for(b)) for b in bounds)
+    table = decision.table
+    steps = tuple((b, table.steps_for(b)) for b in bounds)
     gain = decision.expected_gain
-    if previous is not None and previous.steps == steps and gain is None:
+    trials = set(decision.experiment_slots)
+    experiments = frozenset(b for b in bounds if table.slot_for(b) in trials)
+    if previous is not None and previous.steps == steps and gain is None and not experiments:
         # A re-issue of the same table carries no prediction; keep the one it came with.
         gain = previous.expected_gain
-    return Wanted(steps=steps, expected_gain=gain, reason=decision.reason)
+        experiments = previous.experiment_slots
+    return Wanted(
+        steps=steps, expected_gain=gain, reason=decision.reason, experiment_slots=experiments
+    )
 
 
 def _commit(
