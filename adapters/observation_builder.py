@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from specgov.adapters.errors import ResponseFormatError
+from specgov.adapters.errors import ResponseFormatError, bounded_repr
 from specgov.adapters.prometheus_text import (
     Aggregation,
     MetricsSnapshot,
@@ -110,7 +110,8 @@ LOADS_SOURCE: Final = "/v1/loads"
 
 
 def _fail(source: str, where: str, expected: str, got: object) -> ResponseFormatError:
-    return ResponseFormatError(source, f"{where}: {expected}", f"got {got!r}")
+    # bounded_repr: a huge or deeply nested body is never rendered whole into a message.
+    return ResponseFormatError(source, f"{where}: {expected}", f"got {bounded_repr(got)}")
 
 
 def _opt_int(source: str, where: str, value: object, *, minimum: int = 0) -> int | None:
@@ -224,7 +225,10 @@ def parse_server_info(
         return ServerInfoView(SpecShape("NONE", 0, 0, 0, ()), None, dp_size, capacity)
     algorithm = algo_raw.upper()
     if algorithm not in ALGORITHMS:
-        notes.append(f"shape unknown: speculative_algorithm {algo_raw!r} is not one specgov models")
+        notes.append(
+            f"shape unknown: speculative_algorithm {bounded_repr(algo_raw, 80)} is not one "
+            "specgov models"
+        )
         return ServerInfoView(None, None, dp_size, capacity, tuple(notes))
     if steps is None or topk is None or drafts is None:
         notes.append(
@@ -249,7 +253,8 @@ def parse_server_info(
         else:
             parsed = None
             notes.append(
-                f"shape unknown: the server reads its adaptive config from {cfg_path!r}; "
+                f"shape unknown: the server reads its adaptive config from "
+                f"{bounded_repr(cfg_path, 256)}; "
                 "pass that file's contents as adaptive_config"
             )
         if parsed is None:

@@ -37,6 +37,7 @@ from specgov.adapters.errors import (
     ResponseFormatError,
     ScrapeError,
     TemporaryScrapeError,
+    bounded_repr,
 )
 from specgov.adapters.prometheus_text import EXPECTED_FORMAT, MetricsSnapshot, parse_metrics
 from specgov.adapters.telemetry import METRICS_READ
@@ -51,6 +52,9 @@ MODEL_INFO_PATH: Final = "/model_info"
 LOADS_INCLUDE: Final = ("core", "memory", "spec", "queues")
 ENDPOINT_PATHS: Final = (METRICS_PATH, HEALTH_PATH, SERVER_INFO_PATH, LOADS_PATH, MODEL_INFO_PATH)
 
+# A body larger than this is refused unread (a format error): SGLang's /metrics is
+# kilobytes to a few megabytes even with many label sets, its JSON bodies smaller still.
+DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 # prometheus_client serves OpenMetrics only when asked for it; ask for the text format.
 _METRICS_ACCEPT: Final = "text/plain; version=0.0.4"
 _USER_AGENT: Final = "specgov-telemetry/0.1"
@@ -111,6 +115,7 @@ class SGLangClient:
         retries: int = 3,
         backoff_base_s: float = 0.25,
         backoff_max_s: float = 5.0,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         transport: httpx.AsyncBaseTransport | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
@@ -138,6 +143,14 @@ class SGLangClient:
                 f"SGLangClient: backoff_max_s must be a number >= backoff_base_s "
                 f"({backoff_base_s!r}), got {backoff_max_s!r}"
             )
+        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
+            raise ValueError(
+                f"SGLangClient: max_body_bytes must be an int >= 1, got {max_body_bytes!r}"
+            )
+        if max_body_bytes < 1:
+            raise ValueError(
+                f"SGLangClient: max_body_bytes must be an int >= 1, got {max_body_bytes!r}"
+            )
         for name, key in (("api_key", api_key), ("admin_api_key", admin_api_key)):
             if key is not None and (not isinstance(key, str) or not key):
                 raise ValueError(f"SGLangClient: {name} must be None or a non-empty str")
@@ -150,6 +163,7 @@ class SGLangClient:
         self._retries = retries
         self._backoff_base_s = float(backoff_base_s)
         self._backoff_max_s = float(backoff_max_s)
+        self._max_body_bytes = max_body_bytes
         self._clock = clock
         self._sleep = sleep
         self._client = httpx.AsyncClient(
@@ -195,11 +209,14 @@ class SGLangClient:
         prometheus_client's parser). ``text`` always holds the whole body.
         """
         start = self._clock()
-        resp = await self._get(
+        resp, content = await self._get(
             METRICS_PATH, expected=EXPECTED_FORMAT, headers={"Accept": _METRICS_ACCEPT}
         )
         arrived = self._clock()
-        text = resp.text
+        try:
+            text = content.decode(resp.encoding or "utf-8", errors="replace")
+        except LookupError:  # a charset that names no text codec (e.g. rot13)
+            text = content.decode("utf-8", errors="replace")
         snapshot = parse_metrics(text, source=str(resp.request.url), families=families)
         return MetricsScrape(
             time_s=arrived, latency_s=max(arrived - start, 0.0), snapshot=snapshot, text=text
@@ -230,13 +247,18 @@ class SGLangClient:
         admin: bool = False,
     ) -> dict[str, Any]:
         """GET a JSON-object endpoint. ``admin`` sends the admin key (admin endpoints)."""
-        resp = await self._get(path, expected=expected, params=params, admin=admin)
+        resp, content = await self._get(path, expected=expected, params=params, admin=admin)
         url = str(resp.request.url)
         try:
-            body = json.loads(resp.content)
+            body = json.loads(content)
         except (ValueError, UnicodeDecodeError) as exc:
+            start = content[:120].decode("utf-8", errors="replace")
             raise ResponseFormatError(
-                url, expected, f"body is not JSON ({exc}): {resp.text[:120]!r}"
+                url, expected, f"body is not JSON ({exc}): {bounded_repr(start)}"
+            ) from None
+        except RecursionError:  # nesting deeper than the interpreter's stack allows
+            raise ResponseFormatError(
+                url, expected, "body is JSON nested too deeply to read"
             ) from None
         if not isinstance(body, dict):
             raise ResponseFormatError(url, expected, f"body is a {type(body).__name__}")
@@ -344,7 +366,9 @@ class SGLangClient:
         params: Mapping[str, str] | None = None,
         headers: Mapping[str, str] | None = None,
         admin: bool = False,
-    ) -> httpx.Response:
+    ) -> tuple[httpx.Response, bytes]:
+        """The response and its body (read up to ``max_body_bytes``), retried as the
+        module docstring says."""
         if self._closed:
             raise RuntimeError("SGLangClient is closed")
         url = f"{self.base_url}{path}"
@@ -353,7 +377,15 @@ class SGLangClient:
         last: ScrapeError | None = None
         for attempt in range(attempts):
             try:
-                resp = await self._client.get(path, params=params, headers=request_headers)
+                request = self._client.build_request(
+                    "GET", path, params=params, headers=request_headers
+                )
+                resp = await self._client.send(request, stream=True)
+                try:
+                    err = self._classify(resp, url, expected)
+                    content = b"" if err is not None else await self._read_body(resp, url, expected)
+                finally:
+                    await resp.aclose()
             except httpx.TimeoutException as exc:
                 last = TemporaryScrapeError(
                     url, expected, f"timed out after {self._timeout_s:g} s ({_describe(exc)})"
@@ -363,9 +395,8 @@ class SGLangClient:
             except httpx.TransportError as exc:
                 last = TemporaryScrapeError(url, expected, f"connection failed: {_describe(exc)}")
             else:
-                err = self._classify(resp, url, expected)
                 if err is None:
-                    return resp
+                    return resp, content
                 if isinstance(err, PermanentScrapeError):
                     raise err
                 last = err
@@ -379,6 +410,29 @@ class SGLangClient:
             status_code=last.status_code,
             attempts=attempts,
         )
+
+    async def _read_body(self, resp: httpx.Response, url: str, expected: str) -> bytes:
+        """The decoded body, refused (ResponseFormatError) past ``max_body_bytes``
+        without reading the rest: memory stays bounded whatever the server sends,
+        a compressed bomb included (the limit counts decompressed bytes)."""
+        limit = self._max_body_bytes
+
+        def too_big(what: str) -> ResponseFormatError:
+            return ResponseFormatError(
+                url, expected, f"body {what} exceeds the limit of {limit} bytes (max_body_bytes)"
+            )
+
+        declared = resp.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit and "content-encoding" not in resp.headers:
+            raise too_big(f"of {declared} bytes (Content-Length)")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.aiter_bytes():
+            size += len(chunk)
+            if size > limit:
+                raise too_big("read so far")
+            chunks.append(chunk)
+        return b"".join(chunks)
 
 
 def _describe(exc: BaseException) -> str:

@@ -383,6 +383,21 @@ def test_malformed_server_info_names_the_key(patch: dict[str, Any], needle: str)
     assert "/server_info" in str(err.value)
 
 
+def test_upstream_values_in_messages_and_notes_are_bounded_and_escaped() -> None:
+    # Issue 9: a huge or control-laden value from /server_info is quoted elided and
+    # escaped, never rendered whole (a 10^6-item list) or raw (ESC, NUL) into a message.
+    base = body("dp2_server_info.json")
+    with pytest.raises(ResponseFormatError, match="speculative_algorithm") as err:
+        parse_server_info({**base, "speculative_algorithm": list(range(1_000_000))})
+    assert len(str(err.value)) < 1_500 and "..." in str(err.value)
+    with pytest.raises(ResponseFormatError, match="dp_size") as err:
+        parse_server_info({**base, "dp_size": "\x1b[2J\x00" * 1000})
+    message = str(err.value)
+    assert message.isprintable() and "\\x1b" in message and len(message) < 1_500
+    view = parse_server_info({**base, "speculative_algorithm": "X\x1b]0;t\x07" * 10_000})
+    assert view.notes[0].isprintable() and len(view.notes[0]) < 300
+
+
 def test_bad_adaptive_config_fails_at_construction() -> None:
     with pytest.raises(ValueError, match="candidate_steps"):
         ObservationBuilder(adaptive_config={"1": {"candidate_steps": []}})

@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from specgov.adapters.errors import PermanentScrapeError, ResponseFormatError
+from specgov.adapters.errors import (
+    PermanentScrapeError,
+    ResponseFormatError,
+    TemporaryScrapeError,
+)
 from specgov.adapters.prometheus_text import (
     Aggregation,
     HistogramSeries,
@@ -109,10 +113,16 @@ h_count 2
         ('# TYPE h histogram\nh_bucket{le="fast"} 1\n', "le='fast'"),
     ],
 )
-def test_malformed_text_raises_a_permanent_error_naming_the_source(text: str, needle: str) -> None:
+def test_malformed_text_raises_a_temporary_format_error_naming_the_source(
+    text: str, needle: str
+) -> None:
+    # Temporary, kind "format" (issue 9): a garbled or cut body is not a reason to stop
+    # publishing at once, the way a 401 or 404 is; the next scrape may parse.
     with pytest.raises(ResponseFormatError) as err:
         parse_metrics(text, source="http://sglang:30000/metrics")
-    assert isinstance(err.value, PermanentScrapeError) and isinstance(err.value, ValueError)
+    assert isinstance(err.value, TemporaryScrapeError) and isinstance(err.value, ValueError)
+    assert not isinstance(err.value, PermanentScrapeError)
+    assert err.value.kind == "format"
     assert "http://sglang:30000/metrics" in str(err.value)
     assert needle in str(err.value)
 

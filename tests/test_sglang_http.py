@@ -324,9 +324,13 @@ def test_bad_bodies_are_format_errors(path: str, body: str, needle: str) -> None
             else:
                 await c.server_info()
 
-    with pytest.raises(ResponseFormatError, match=needle):
+    with pytest.raises(ResponseFormatError, match=needle) as err:
         run(go())
-    assert len(rec.requests) == 1
+    assert len(rec.requests) == 1  # not retried at once: the next scrape round retries
+    # Issue 9: temporary, counted as kind "format", never "permanent".
+    assert isinstance(err.value, TemporaryScrapeError)
+    assert not isinstance(err.value, PermanentScrapeError)
+    assert err.value.kind == "format"
 
 
 # ----------------------------------------------------------------------- health
@@ -403,6 +407,8 @@ def test_context_manager_closes_the_client() -> None:
         ({"timeout_s": 0}, "timeout_s"),
         ({"backoff_base_s": 2.0, "backoff_max_s": 1.0}, "backoff_max_s"),
         ({"api_key": ""}, "api_key"),
+        ({"max_body_bytes": 0}, "max_body_bytes"),
+        ({"max_body_bytes": True}, "max_body_bytes"),
     ],
 )
 def test_constructor_validates(kwargs: dict[str, Any], needle: str) -> None:
@@ -418,3 +424,97 @@ def test_backoff_never_exceeds_its_cap() -> None:
     for attempt in range(12):
         assert 0.0 <= c.backoff_s(attempt) <= min(2.0, 0.25 * 2**attempt)
     run(c.aclose())
+
+
+# ------------------------------------------------------------- bounded, escaped (issue 9)
+
+
+def _one(path: str, body: bytes, **kwargs: Any) -> BaseException:
+    """The error a client raises for ``path`` answered 200 with ``body``."""
+    rec = Recorder(lambda r: httpx.Response(200, content=body))
+
+    async def go() -> None:
+        async with client(rec, **kwargs) as c:
+            if path == "/metrics":
+                await c.scrape_metrics()
+            else:
+                await c.server_info()
+
+    with pytest.raises(ResponseFormatError) as err:
+        run(go())
+    return err.value
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        METRICS_TEXT[: len(METRICS_TEXT) // 2].rsplit("{", 1)[0] + '{tp_rank="0"',  # cut
+        METRICS_TEXT.replace('"', "", 3),  # garbled
+        "\x00\x1b[31m\rEVIL\n" * 3,
+    ],
+)
+def test_truncated_or_garbled_metrics_is_a_format_error(body: str) -> None:
+    err = _one("/metrics", body.encode())
+    assert isinstance(err, TemporaryScrapeError) and getattr(err, "kind", None) == "format"
+
+
+def test_upstream_bytes_in_error_messages_are_escaped_and_bounded() -> None:
+    # A label value and a JSON body carrying NUL, ESC, CR, newline, DEL, a C1 control
+    # and a bidi override: none reaches the message raw; a huge line is cut.
+    nasty = "a\x00b\x1b[2Jc\x7ff\x85g\u202eh\\n\rz"  # "\\n": an escaped newline
+    # A family the daemon reads (the default scrape parses only those).
+    g = "sglang:num_running_reqs"
+    text = f'# TYPE {g} gauge\n{g}{{x="{nasty}"}} 1\n{g}{{x="{nasty}"}} 2\n'
+    err = _one("/metrics", text.encode())
+    message = str(err)
+    assert "appears twice" in message
+    assert message.isprintable()
+    for raw in ("\x00", "\x1b", "\r", "\n", "\x7f", "\x85", "\u202e"):
+        assert raw not in message
+    assert "\\x00" in message and "\\x1b" in message and "\\r" in message
+
+    huge = g + "{" + "y" * 3_000_000 + " 1\n"
+    err = _one("/metrics", huge.encode())
+    message = str(err)
+    assert len(message) < 2_000
+    assert "[cut: " in message and "characters in all]" in message
+
+    err = _one("/server_info", b"\x00\x1b]0;pwned\x07" + b"z" * 100_000)
+    assert str(err).isprintable() and len(str(err)) < 2_000
+
+
+def test_deeply_nested_json_is_a_format_error_not_a_recursion_error() -> None:
+    err = _one("/server_info", b"[" * 200_000 + b"]" * 200_000)
+    assert "nested too deeply" in str(err) or "not JSON" in str(err)
+
+
+def test_a_body_past_max_body_bytes_is_refused_without_reading_it_all() -> None:
+    chunks_sent: list[int] = []
+
+    async def stream() -> Any:
+        for _ in range(1000):  # 1000 x 64 KiB = 62.5 MiB if it were read whole
+            chunks_sent.append(1)
+            yield b"# HELP x y\n" * 6000
+
+    async def go() -> None:
+        transport = httpx.MockTransport(lambda r: httpx.Response(200, content=stream()))
+        async with SGLangClient(
+            BASE, rng=random.Random(0), transport=transport, max_body_bytes=1_000_000
+        ) as c:
+            await c.scrape_metrics()
+
+    with pytest.raises(ResponseFormatError, match="exceeds the limit of 1000000 bytes") as err:
+        run(go())
+    assert err.value.kind == "format"
+    assert len(chunks_sent) < 30  # stopped soon after the limit, not at the end
+
+    declared = Recorder(
+        lambda r: httpx.Response(200, content=b"x" * 2000, headers={"Content-Length": "2000"})
+    )
+
+    async def go_declared() -> None:
+        async with client(declared, max_body_bytes=1000) as c:
+            await c.server_info()
+
+    with pytest.raises(ResponseFormatError, match="of 2000 bytes"):
+        run(go_declared())
