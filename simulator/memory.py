@@ -47,9 +47,11 @@ from dataclasses import dataclass
 from specgov.simulator.catalog import DrafterSpec, GpuSpec, ModelSpec
 
 __all__ = [
+    "VRAM_ASSUMPTIONS",
     "DoesNotFitError",
     "MemoryPlan",
     "MemoryPlanError",
+    "budget_memory",
     "plan_memory",
     "sglang_default_chunked_prefill_size",
     "sglang_default_mem_fraction_static",
@@ -69,6 +71,27 @@ _LARGE_GPU_FLOOR_MIB = 10 * 1024.0
 GRAPH_BASE_MIB = 1.0
 GRAPH_PER_VERIFY_TOKEN_MIB = 0.25
 GRAPH_PER_DRAFT_TOKEN_MIB = 0.125
+
+# Every assumption behind the numbers, as `specgov plan vram` states them.
+VRAM_ASSUMPTIONS: tuple[str, ...] = (
+    "mem_fraction_static: SGLang 0.5.23's default heuristic (memory_hook.py) when not "
+    "given; the static budget (total x mem_fraction_static) holds target and draft "
+    "weights, the drafter's static reserve and the KV pool",
+    "weights: parameters x bytes per parameter from the catalog, split evenly over "
+    "tp_size ranks; no quantisation beyond the catalog's bytes_per_param",
+    "drafter static reserve: the catalog's static_reserve_gib taken in full (REFERENCE "
+    "section 1: EAGLE ~2 GB, STANDALONE ~6 GB; n-gram 0.5 GiB is an estimate)",
+    "CUDA graphs + runtime state per candidate tier: cuda_graph_max_bs x (1.0 MiB + "
+    "0.25 MiB x verified tokens + 0.125 MiB x draft tokens) per request, an estimate; "
+    "graphs the runtime slack cannot hold are charged to the static budget",
+    "activation headroom: SGLang's own reserve, 512 MiB + 1.5 MiB x max(chunk, 2048) + "
+    "tp_size/8 GiB",
+    "KV pool: what the static budget leaves, divided by target + draft KV bytes per "
+    "token (the drafter keeps one KV entry per target token); bf16 KV, page size 1",
+    "not modelled: the request-to-token map (max_running_requests x context length x "
+    "4 B), DP attention, DeepEP, multimodal reservations, post-capture KV sizing, "
+    "PyTorch allocator fragmentation",
+)
 
 
 class MemoryPlanError(ValueError):
@@ -155,6 +178,117 @@ class MemoryPlan:
         return self.target_kv_bytes_per_token + self.draft_kv_bytes_per_token
 
     @property
+    def fits(self) -> bool:
+        """At least one KV token fits beside the weights and reserves."""
+        return self.kv_token_capacity >= 1
+
+    @property
+    def target_kv_gib(self) -> float:
+        """The target model's share of the KV pool (what SGLang's kv_cache_gb reports)."""
+        return self.kv_token_capacity * self.target_kv_bytes_per_token / GIB
+
+    @property
+    def draft_kv_gib(self) -> float:
+        """The drafter's KV pool: as many tokens as the target's, its own bytes per token."""
+        return self.kv_token_capacity * self.draft_kv_bytes_per_token / GIB
+
+    @property
+    def runtime_left_gib(self) -> float:
+        """Runtime slack left after activations and the CUDA graphs it holds (< 0: short)."""
+        in_slack = self.cuda_graph_total_gib - self.cuda_graph_in_static_gib
+        return self.runtime_reserve_gib - self.activations_reserve_gib - in_slack
+
+    def static_items(self) -> list[tuple[str, float]]:
+        """What the static budget holds before the KV pool, in SGLang's allocation order."""
+        return [
+            ("target weights", self.target_weights_gib),
+            ("draft weights", self.draft_weights_gib),
+            ("drafter static reserve", self.static_reserve_gib),
+            ("CUDA graphs beyond the runtime slack", self.cuda_graph_in_static_gib),
+        ]
+
+    @property
+    def first_overflow(self) -> str | None:
+        """The first static item whose running sum exceeds the static budget.
+
+        ``"KV pool"`` when everything else fits but not one KV token does; None when
+        the plan fits.
+        """
+        if self.fits:
+            return None
+        running = 0.0
+        for name, gib in self.static_items():
+            running += gib
+            if running > self.usable_gib:
+                return name
+        return "KV pool"
+
+    def items(self) -> list[tuple[str, float]]:
+        """Every GiB of the GPU, one line each; for a plan that fits they sum to the total.
+
+        The CUDA graphs are listed per candidate tier in full (wherever they live: the
+        runtime slack, or the static budget when the slack is short), so the static
+        budget's "CUDA graphs beyond the runtime slack" is not listed again.
+        """
+        rows = [
+            ("target weights", self.target_weights_gib),
+            ("draft weights", self.draft_weights_gib),
+            ("drafter static reserve", self.static_reserve_gib),
+        ]
+        rows += [
+            (f"CUDA graphs + runtime state, steps {steps}", gib)
+            for steps, gib in self.cuda_graph_reserve_gib
+        ]
+        rows += [
+            (
+                f"activation headroom (chunk {self.chunked_prefill_size})",
+                self.activations_reserve_gib,
+            ),
+            ("target KV pool", self.target_kv_gib),
+            ("draft KV pool", self.draft_kv_gib),
+            # Rounding the pool down to whole tokens leaves a few bytes; they are shown
+            # with the runtime slack's remainder so the lines add up to the GPU.
+            ("left", self.left_gib),
+        ]
+        return rows
+
+    @property
+    def left_gib(self) -> float:
+        """Memory no item uses: the runtime slack's remainder and the KV pool's rounding."""
+        rounding = max(0.0, self.kv_pool_gib) - self.target_kv_gib - self.draft_kv_gib
+        return self.runtime_left_gib + rounding
+
+    def sglang_loads_memory(self) -> dict[str, float | int]:
+        """What SGLang's ``/v1/loads`` ``memory`` object would report for this plan.
+
+        ``weight_gb`` is the target model runner's load delta (the drafter loads in its
+        own runner), ``kv_cache_gb`` the target KV pool's size, ``graph_gb`` the sum of
+        captured graph memory, ``token_capacity`` max_total_num_tokens; SGLang rounds the
+        GiB figures to 3 decimals (``scheduler_components/load_inquirer.py``).
+        """
+        return {
+            "weight_gb": round(self.target_weights_gib, 3),
+            "kv_cache_gb": round(self.target_kv_gib, 3),
+            "graph_gb": round(self.cuda_graph_total_gib, 3),
+            "token_capacity": self.kv_token_capacity,
+        }
+
+    def overflow_message(self) -> str:
+        """The arithmetic of a plan that does not fit (DoesNotFitError's message)."""
+        reserves = self.static_reserve_gib + self.cuda_graph_in_static_gib
+        on = self.gpu + (f" (tp_size {self.tp_size}, per GPU)" if self.tp_size > 1 else "")
+        return (
+            f"{self.model} on {on}: weights {self.target_weights_gib:.1f} GiB + draft "
+            f"{self.draft_weights_gib:.1f} GiB + reserves {reserves:.1f} GiB > usable "
+            f"{self.usable_gib:.1f} GiB ({self.total_gib:g} GiB x mem_fraction_static "
+            f"{self.mem_fraction_static:g}); reserves = drafter static "
+            f"{self.static_reserve_gib:.1f} GiB + CUDA graphs beyond the runtime slack "
+            f"{self.cuda_graph_in_static_gib:.1f} GiB; first item over the budget: "
+            f"{self.first_overflow}. Use a larger GPU, more tensor parallelism, "
+            f"fewer candidate steps or a higher mem_fraction_static."
+        )
+
+    @property
     def cuda_graph_total_gib(self) -> float:
         return sum(g for _, g in self.cuda_graph_reserve_gib)
 
@@ -199,7 +333,7 @@ def _check_int(name: str, value: object, minimum: int) -> int:
     return value
 
 
-def plan_memory(
+def budget_memory(
     gpu: GpuSpec,
     model: ModelSpec,
     drafter: DrafterSpec | None,
@@ -212,7 +346,10 @@ def plan_memory(
     tp_size: int = 1,
     chunked_prefill_size: int | None = None,
 ) -> MemoryPlan:
-    """Plan one GPU's memory; raises ``DoesNotFitError`` when no KV pool is left.
+    """Plan one GPU's memory, fitting or not (``MemoryPlan.fits`` says which).
+
+    Raises ``MemoryPlanError`` for invalid arguments only; :func:`plan_memory` is the
+    same but raises ``DoesNotFitError`` when no KV pool is left.
 
     ``candidate_steps`` are the step counts with a prebuilt runtime state (the
     union over SGLang's adaptive slots); without a drafter it must be empty or (0,).
@@ -304,17 +441,6 @@ def plan_memory(
     target_kv = model.kv_bytes_per_token / tp
     draft_kv = drafter.kv_bytes_per_token / tp if drafter else 0.0
     capacity = int(kv_pool * GIB // (target_kv + draft_kv)) if kv_pool > 0 else 0
-    if capacity < 1:
-        reserves = static_reserve + graphs_in_static
-        on = f"{gpu.name}" + (f" (tp_size {tp}, per GPU)" if tp > 1 else "")
-        raise DoesNotFitError(
-            f"{model.name} on {on}: weights {weights:.1f} GiB + draft {draft_weights:.1f} GiB "
-            f"+ reserves {reserves:.1f} GiB > usable {usable:.1f} GiB "
-            f"({total:g} GiB x mem_fraction_static {mf:g}); reserves = drafter static "
-            f"{static_reserve:.1f} GiB + CUDA graphs beyond the runtime slack "
-            f"{graphs_in_static:.1f} GiB. Use a larger GPU, more tensor parallelism, "
-            f"fewer candidate steps or a higher mem_fraction_static."
-        )
     return MemoryPlan(
         gpu=gpu.name,
         model=model.name,
@@ -338,3 +464,34 @@ def plan_memory(
         draft_kv_bytes_per_token=draft_kv,
         kv_token_capacity=capacity,
     )
+
+
+def plan_memory(
+    gpu: GpuSpec,
+    model: ModelSpec,
+    drafter: DrafterSpec | None,
+    *,
+    mem_fraction_static: float | None = None,
+    candidate_steps: Sequence[int],
+    cuda_graph_max_bs: int,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
+    tp_size: int = 1,
+    chunked_prefill_size: int | None = None,
+) -> MemoryPlan:
+    """:func:`budget_memory`, raising ``DoesNotFitError`` when no KV pool is left."""
+    plan = budget_memory(
+        gpu,
+        model,
+        drafter,
+        mem_fraction_static=mem_fraction_static,
+        candidate_steps=candidate_steps,
+        cuda_graph_max_bs=cuda_graph_max_bs,
+        topk=topk,
+        num_draft_tokens=num_draft_tokens,
+        tp_size=tp_size,
+        chunked_prefill_size=chunked_prefill_size,
+    )
+    if not plan.fits:
+        raise DoesNotFitError(plan.overflow_message())
+    return plan

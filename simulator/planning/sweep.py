@@ -1,0 +1,621 @@
+"""`specgov plan sweep`: sustainable load, replicas and cost per configuration.
+
+A configuration is (GPU, drafter, shape, policy) for one target model. For each, a job
+searches (``search.py``: bracketing + bisection over the trace rate multiplier, relative
+tolerance 0.05 by default) for the highest request rate one replica sustains while
+meeting the SLO, by replaying the trace through ``simulator.replay.prepare_run`` (the
+same engine model and policies as ``specgov replay``; daemon policies such as
+``goodput`` run their closed loop in virtual time). Every job is deterministic in its
+seed: the same seed gives the same row on any executor (``executor.py``).
+
+SLO check at one multiplier (all must hold):
+
+* TPOT percentile (``tpot_percentile``, default 99) <= ``slo_tpot_ms`` (default 50),
+  over completed requests with at least two output tokens; TPOT of a request is
+  ``(e2e - ttft) / (output_tokens - 1)``;
+* TTFT percentile (``ttft_percentile``, default 99) <= ``slo_ttft_ms`` (default 2000);
+* no request aborted (one that can never fit the KV pool is a failure, not a pass).
+
+Percentiles are numpy's default (linear interpolation between order statistics). The
+trace's base rate is ``requests / duration_s`` of the windowed trace; the multiplier
+``m`` divides every inter-arrival time, so the rate is ``m x base``. The check runs
+over the replayed window only: a server that falls behind slowly may pass a short
+window; use a window long enough for queues to build (minutes).
+
+Fleet arithmetic: ``replicas = ceil(target_rps / max_rps)``; with prices (GPU-hours,
+``prices.py``) ``cost_per_hour = replicas x tp_size x price`` and ``cost_per_mtok =
+cost_per_hour / (target_rps x mean output tokens x 3600 / 1e6)``. The plain server
+(drafter ``none``, policy ``none``) is always swept once per GPU: the saving of each
+speculative configuration is against it, at the same SLO.
+
+Documents (JSON, ``--output json``; the HTML report reads exactly these)
+-------------------------------------------------------------------------
+
+``specgov plan vram --output json`` prints a list with one document per GPU asked for;
+each document (``vram.vram_document``)::
+
+    {"fits": bool, "items": [{"name": str, "gib": float}, ...],   # sum = total_gib if fits
+     "kv_pool_tokens": int, "kv_pool_gib": float, "kv_bytes_per_token": float,
+     "left_gib": float, "first_overflow": str | None, "overflow_gib": float,
+     "gpu": str, "model": str, "drafter": str ("none": plain), "tp_size": int,
+     "shape": {"steps": int, "topk": int, "num_draft_tokens": int},
+     "candidate_steps": [int], "mem_fraction_static": float,
+     "mem_fraction_is_default": bool, "max_running_requests": int | None,
+     "cuda_graph_max_bs": int, "chunked_prefill_size": int, "total_gib": float,
+     "static_budget_gib": float, "runtime_slack_gib": float,
+     "cuda_graph_tiers": [{"steps": int, "gib": float}],
+     "sglang_loads_memory": {"weight_gb": float, "kv_cache_gb": float,
+                             "graph_gb": float, "token_capacity": int},
+     "message": str | None,            # the overflow arithmetic when it does not fit
+     "warnings": [str], "assumptions": [str]}
+
+``specgov plan sweep --output json`` prints one document (``build_document``)::
+
+    {"configurations": [ROW, ...],
+     "best": ROW | None,               # overall, by best_by
+     "best_by": "cost_per_hour" | "replicas",
+     "best_per_gpu": {gpu: ROW},
+     "trace": {...trace summary..., "base_rps": float},
+     "slo": {"tpot_ms", "ttft_ms", "tpot_percentile", "ttft_percentile"},
+     "target_rps": float, "model": str, "seed": int,
+     "search": {"start", "min_multiplier", "max_multiplier", "rel_tol", "max_evals"},
+     "prices": {"currency": str, "gpu_hour": {gpu: float}, "source": str} | None,
+     "executor": {"kind": "local" | "ray", "workers": int | None,
+                  "jobs": int, "reused": int}}
+
+    ROW = {"id": str, "gpu": str, "model": str, "drafter": str ("none": plain),
+           "shape": {"name": str, "steps": int, "topk": int, "num_draft_tokens": int,
+                     "candidate_steps": [int]},
+           "policy": str,              # canonical: none, static:3, sglang-ema, goodput
+           "status": "ok" | "does-not-fit" | "cannot-run" | "slo-unmet",
+           "reason": str | None,       # why not ok (or a note, e.g. capped search)
+           "fits": bool, "vram": VRAM_DOCUMENT | None,
+           "max_multiplier": float | None, "max_rps": float | None,   # 0.0: slo-unmet
+           "capped": bool,             # passed at the search's max multiplier
+           "at_max": POINT | None,     # metrics at max_multiplier
+           "curve": [POINT, ...],      # every evaluated multiplier, increasing
+           "replicas": int | None, "cost_per_hour": float | None,
+           "cost_per_mtok": float | None, "cost_per_mtok_at_capacity": float | None,
+           "saving_vs_none": {"replicas": int, "capacity_ratio": float,
+                              "cost_per_hour": float | None,
+                              "cost_fraction": float | None} | None,
+           "launch_args": [str] | None,          # SGLang flags (adapters.launch_config)
+           "launch_shell": str | None, "adaptive_config": dict | None,
+           "launch_error": str | None, "daemon_policy": str | None,
+           "timing": {"wall_s": float, "evals": int}}   # the only non-deterministic part
+
+    POINT = {"multiplier": float, "rps": float, "passed": bool,
+             "tpot_ms": float | None, "ttft_ms": float | None,    # at the percentiles
+             "throughput_tok_s": float, "goodput_tok_s": float,
+             "slo_attainment": float | None, "completed": int, "aborted": int,
+             "mean_accept_length": float}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specgov.simulator.catalog import Catalog
+from specgov.simulator.memory import MemoryPlanError
+from specgov.simulator.metrics import Slo, slo_mask
+from specgov.simulator.planning.prices import Prices
+from specgov.simulator.planning.search import SearchSettings, find_max_multiplier
+from specgov.simulator.planning.vram import NO_DRAFTER, vram_document, vram_plan
+from specgov.simulator.replay import (
+    InEnginePolicy,
+    PolicySpecError,
+    ServerSpec,
+    parse_policy,
+    prepare_run,
+)
+from specgov.simulator.traces import Trace, transform_trace
+
+__all__ = [
+    "JobSpec",
+    "Shape",
+    "SweepError",
+    "SweepSettings",
+    "build_document",
+    "enumerate_jobs",
+    "parse_shape_name",
+    "run_job",
+    "trace_fingerprint",
+]
+
+DEFAULT_POLICIES = ("none", "static:3", "sglang-ema", "goodput")
+
+
+class SweepError(ValueError):
+    """A bad sweep argument; the message names it and the valid form."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The speculative tree shape: a chain (topk 1) or a tree (topk, draft tokens)."""
+
+    name: str
+    topk: int = 1
+    num_draft_tokens: int | None = None
+
+
+def parse_shape_name(text: str) -> Shape:
+    """``chain`` or ``treeTxD`` (topk T, D draft tokens per verify, e.g. ``tree4x8``)."""
+    raw = text.strip().lower()
+    if raw == "chain":
+        return Shape("chain")
+    if raw.startswith("tree") and "x" in raw[4:]:
+        t, _, d = raw[4:].partition("x")
+        if t.isdigit() and d.isdigit() and int(t) >= 2 and int(d) >= 2:
+            return Shape(raw, int(t), int(d))
+    raise SweepError(
+        f"shape {text!r}: expected 'chain' or 'treeTxD' with topk T >= 2 and D >= 2 draft "
+        "tokens (e.g. tree4x8)"
+    )
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """What every job of a sweep shares."""
+
+    model: str = "llama-3.1-8b"
+    spec_steps: int = 3  # --speculative-num-steps; the initial step of adaptive policies
+    slo_tpot_ms: float | None = 50.0
+    slo_ttft_ms: float | None = 2000.0
+    tpot_percentile: float = 99.0
+    ttft_percentile: float = 99.0
+    seed: int = 0
+    mem_fraction_static: float | None = None
+    max_running_requests: int | None = None
+    catalog_files: tuple[str, ...] = ()
+    search: SearchSettings = field(default_factory=SearchSettings)
+
+    def __post_init__(self) -> None:
+        for name in ("tpot_percentile", "ttft_percentile"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise SweepError(f"{name} must be a number in (0, 100], got {value!r}")
+            if not 0 < value <= 100:
+                raise SweepError(f"{name} must be in (0, 100], got {value!r}")
+        if self.slo_tpot_ms is None and self.slo_ttft_ms is None:
+            raise SweepError("give at least one SLO: slo_tpot_ms or slo_ttft_ms")
+        Slo(tpot_ms=self.slo_tpot_ms, ttft_ms=self.slo_ttft_ms)  # validates the values
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["search"] = self.search.to_json()
+        out["catalog_files"] = list(self.catalog_files)
+        return out
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One configuration's search: everything a worker needs besides the trace."""
+
+    gpu: str
+    drafter: str  # "none": plain server
+    shape: Shape
+    policy: str  # canonical policy name
+    settings: SweepSettings
+    trace_id: str  # trace_fingerprint of the trace the job replays
+
+    @property
+    def job_id(self) -> str:
+        """A digest of every input: a changed input is a different job (resume)."""
+        blob = json.dumps(
+            {
+                "gpu": self.gpu,
+                "drafter": self.drafter,
+                "shape": asdict(self.shape),
+                "policy": self.policy,
+                "settings": self.settings.to_json(),
+                "trace": self.trace_id,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def trace_fingerprint(trace: Trace) -> str:
+    """A digest of the requests a job replays (arrivals, lengths, domains)."""
+    h = hashlib.sha256()
+    for r in trace.requests:
+        h.update(f"{r.arrival_s!r},{r.input_tokens},{r.output_tokens},{r.domain};".encode())
+        if r.acc_len is not None:
+            h.update(",".join(map(str, r.acc_len)).encode())
+    return h.hexdigest()[:20]
+
+
+def _names(items: Sequence[str], what: str) -> list[str]:
+    out: list[str] = []
+    for item in items:
+        name = item.strip()
+        if not name:
+            raise SweepError(f"{what}: empty name in the list")
+        if name not in out:
+            out.append(name)
+    if not out:
+        raise SweepError(f"{what}: give at least one")
+    return out
+
+
+def enumerate_jobs(
+    *,
+    gpus: Sequence[str],
+    drafters: Sequence[str],
+    policies: Sequence[str],
+    shapes: Sequence[str] = ("chain",),
+    settings: SweepSettings,
+    trace: Trace,
+) -> list[JobSpec]:
+    """Every configuration: the plain server once per GPU, then GPU x drafter x shape x
+    speculative policy. Names are resolved (catalog aliases, canonical policy names) so
+    that a configuration given twice runs once; an unknown name fails here, before any
+    simulation."""
+    catalog = Catalog.load([Path(p) for p in settings.catalog_files])
+    gpu_names = [catalog.gpu(g).name for g in _names(gpus, "--gpus")]
+    gpu_names = list(dict.fromkeys(gpu_names))
+    drafter_names: list[str] = []
+    for d in _names(drafters, "--drafters"):
+        name = NO_DRAFTER if d.lower() == NO_DRAFTER else catalog.drafter(d).name
+        if name not in drafter_names:
+            drafter_names.append(name)
+    parsed: list[InEnginePolicy] = []
+    for p in _names(policies, "--policies"):
+        try:
+            policy = parse_policy(p)
+        except PolicySpecError as exc:
+            raise SweepError(f"--policies: {exc}") from None
+        if policy.name not in [q.name for q in parsed]:
+            parsed.append(policy)
+    shape_list = [parse_shape_name(s) for s in _names(shapes, "--shapes")]
+    shape_list = list({s.name: s for s in shape_list}.values())
+    tid = trace_fingerprint(trace)
+    jobs: list[JobSpec] = []
+    for gpu in gpu_names:
+        jobs.append(JobSpec(gpu, NO_DRAFTER, Shape("plain", 0, 0), "none", settings, tid))
+        for drafter in drafter_names:
+            if drafter == NO_DRAFTER:
+                continue
+            for shape in shape_list:
+                for policy in parsed:
+                    if not policy.speculative:
+                        continue
+                    jobs.append(JobSpec(gpu, drafter, shape, policy.name, settings, tid))
+    return jobs
+
+
+def _percentile_ms(values_s: Sequence[float], q: float) -> float | None:
+    arr = np.asarray(values_s, dtype=np.float64)
+    arr = arr[~np.isnan(arr)]
+    return float(np.percentile(arr, q)) * 1e3 if arr.size else None
+
+
+def _server(job: JobSpec) -> ServerSpec:
+    s = job.settings
+    return ServerSpec(
+        gpu=job.gpu,
+        model=s.model,
+        drafter="eagle3" if job.drafter == NO_DRAFTER else job.drafter,
+        spec_steps=s.spec_steps,
+        topk=job.shape.topk if job.drafter != NO_DRAFTER else 1,
+        num_draft_tokens=job.shape.num_draft_tokens,
+        mem_fraction_static=s.mem_fraction_static,
+        max_running_requests=s.max_running_requests,
+        catalog_files=tuple(Path(p) for p in s.catalog_files),
+    )
+
+
+def _row_shape(job: JobSpec, policy: InEnginePolicy) -> dict[str, Any]:
+    if job.drafter == NO_DRAFTER:
+        return {
+            "name": "plain",
+            "steps": 0,
+            "topk": 0,
+            "num_draft_tokens": 0,
+            "candidate_steps": [],
+        }
+    steps = (
+        policy.candidate_steps[0] if len(policy.candidate_steps) == 1 else job.settings.spec_steps
+    )
+    topk = job.shape.topk
+    return {
+        "name": job.shape.name,
+        "steps": steps,
+        "topk": topk,
+        "num_draft_tokens": job.shape.num_draft_tokens if topk > 1 else steps + 1,
+        "candidate_steps": list(policy.candidate_steps),
+    }
+
+
+def _empty_row(job: JobSpec, shape: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": job.job_id,
+        "gpu": job.gpu,
+        "model": job.settings.model,
+        "drafter": job.drafter,
+        "shape": shape,
+        "policy": job.policy,
+        "status": "cannot-run",
+        "reason": None,
+        "fits": False,
+        "vram": None,
+        "max_multiplier": None,
+        "max_rps": None,
+        "capped": False,
+        "at_max": None,
+        "curve": [],
+        "replicas": None,
+        "cost_per_hour": None,
+        "cost_per_mtok": None,
+        "cost_per_mtok_at_capacity": None,
+        "saving_vs_none": None,
+        "launch_args": None,
+        "launch_shell": None,
+        "adaptive_config": None,
+        "launch_error": None,
+        "daemon_policy": None,
+        "timing": {"wall_s": 0.0, "evals": 0},
+    }
+
+
+def base_rps(trace: Trace) -> float:
+    """The trace's request rate: requests over the arrival span (one request: 1/s)."""
+    n = len(trace.requests)
+    return n / trace.duration_s if trace.duration_s > 0 else float(n)
+
+
+def run_job(job: JobSpec, trace: Trace) -> dict[str, Any]:
+    """Search one configuration; never raises for a configuration that cannot run.
+
+    A configuration that does not fit in VRAM, or that the simulator or SGLang cannot
+    run (e.g. adaptive speculation with an n-gram drafter), is a row whose ``status``
+    and ``reason`` say why.
+    """
+    started = time.perf_counter()
+    s = job.settings
+    policy = parse_policy(job.policy)
+    shape = _row_shape(job, policy)
+    row = _empty_row(job, shape)
+    try:
+        _plan, _used = vram_plan(
+            gpu=job.gpu,
+            model=s.model,
+            drafter=job.drafter,
+            steps=shape["steps"],
+            topk=max(1, shape["topk"]),
+            num_draft_tokens=job.shape.num_draft_tokens,
+            candidate_steps=policy.candidate_steps,
+            mem_fraction_static=s.mem_fraction_static,
+            max_running_requests=s.max_running_requests,
+            catalog_files=[Path(p) for p in s.catalog_files],
+        )
+    except (MemoryPlanError, ValueError) as exc:
+        row["reason"] = str(exc)
+        return row
+    vram = vram_document(_plan, shape=_used["shape"], max_running_requests=s.max_running_requests)
+    row["vram"] = vram
+    row["fits"] = vram["fits"]
+    if not vram["fits"]:
+        row["status"] = "does-not-fit"
+        row["reason"] = vram["message"]
+        return row
+
+    slo = Slo(tpot_ms=s.slo_tpot_ms, ttft_ms=s.slo_ttft_ms)
+    server = _server(job)
+    rate = base_rps(trace)
+
+    def evaluate(m: float) -> tuple[bool, dict[str, Any]]:
+        scaled = transform_trace(trace, rate_scale=m) if m != 1.0 else trace
+        prepared = prepare_run(server, policy, seed=s.seed, slo=slo)
+        result = prepared.run(scaled.requests)
+        tpot = _percentile_ms(result.tpot_s, s.tpot_percentile)
+        ttft = _percentile_ms(result.ttft_s, s.ttft_percentile)
+        ok = result.aborted == 0 and result.completed == len(scaled.requests)
+        if s.slo_tpot_ms is not None:
+            ok = ok and (tpot is None or tpot <= s.slo_tpot_ms)
+        if s.slo_ttft_ms is not None:
+            ok = ok and ttft is not None and ttft <= s.slo_ttft_ms
+        span = max(result.end_s - result.first_arrival_s, 1e-9)
+        mask = slo_mask(result, slo)
+        out_tokens = np.asarray(result.req_output_tokens, dtype=np.int64)
+        good = int(out_tokens[mask].sum()) if out_tokens.size else 0
+        accept = (
+            (result.accepted_drafts + result.verified_requests) / result.verified_requests
+            if result.verified_requests
+            else 1.0
+        )
+        return ok, {
+            "multiplier": m,
+            "rps": m * rate,
+            "passed": ok,
+            "tpot_ms": tpot,
+            "ttft_ms": ttft,
+            "throughput_tok_s": result.output_tokens / span,
+            "goodput_tok_s": good / span,
+            "slo_attainment": float(mask.mean()) if mask.size else None,
+            "completed": result.completed,
+            "aborted": result.aborted,
+            "mean_accept_length": accept,
+        }
+
+    try:
+        found = find_max_multiplier(evaluate, s.search)
+    except (PolicySpecError, MemoryPlanError, ValueError) as exc:
+        # e.g. SGLang's adaptive speculation with an NGRAM drafter or a tree shape
+        row["status"] = "cannot-run"
+        row["reason"] = str(exc)
+        row["timing"] = {"wall_s": time.perf_counter() - started, "evals": 0}
+        return row
+    row["curve"] = [metrics for _m, _ok, metrics in found.points]
+    row["capped"] = found.capped
+    row["timing"] = {"wall_s": time.perf_counter() - started, "evals": found.evals}
+    if found.best is None:
+        row["status"] = "slo-unmet"
+        row["max_multiplier"] = 0.0
+        row["max_rps"] = 0.0
+        row["reason"] = (
+            f"the SLO is not met even at rate multiplier {s.search.min_multiplier:g} "
+            f"({s.search.min_multiplier * rate:.3g} req/s)"
+        )
+        return row
+    row["status"] = "ok"
+    row["max_multiplier"] = found.best
+    row["max_rps"] = found.best * rate
+    row["at_max"] = next(m for x, _ok, m in found.points if x == found.best)
+    if found.capped:
+        row["reason"] = (
+            f"passes even at the search cap x{s.search.max_multiplier:g}: the true limit is higher"
+        )
+    return row
+
+
+# ------------------------------------------------------------------ the document
+
+
+def _launch(row: dict[str, Any], settings: SweepSettings, catalog: Catalog) -> None:
+    """Fill the row's SGLang launch configuration (adapters.launch_config)."""
+    from specgov.adapters.launch_config import (
+        LaunchConfigError,
+        SlotCandidates,
+        build_launch_config,
+        default_slots,
+        make_shape,
+        shape_from_flags,
+    )
+    from specgov.policies.types import SpecShape
+    from specgov.simulator.replay import SPECGOV_SLOT_CANDIDATES
+
+    policy = parse_policy(row["policy"])
+    knobs: dict[str, Any] = {
+        "mem_fraction_static": settings.mem_fraction_static,
+        "max_running_requests": settings.max_running_requests,
+    }
+    try:
+        if not policy.speculative:
+            launch = build_launch_config(SpecShape("NONE", 0, 0, 0, ()), **knobs)
+        else:
+            algo = catalog.drafter(row["drafter"]).algorithm.upper()
+            shape = row["shape"]
+            if policy.adaptive:
+                if policy.daemon_spec is not None:
+                    slots = tuple(
+                        SlotCandidates.of(bound, steps)
+                        for bound, steps in SPECGOV_SLOT_CANDIDATES.items()
+                    )
+                    row["daemon_policy"] = policy.name
+                else:
+                    slots = default_slots()
+                union = sorted({k for slot in slots for k in slot.candidate_steps})
+                spec_shape = shape_from_flags(
+                    algo, settings.spec_steps, 1, None, adaptive_candidates=union
+                )
+                launch = build_launch_config(spec_shape, slots, **knobs)
+            else:
+                spec_shape = make_shape(
+                    algo,
+                    shape["steps"],
+                    shape["topk"],
+                    shape["num_draft_tokens"],
+                    f"configuration {row['id']}",
+                )
+                launch = build_launch_config(spec_shape, **knobs)
+    except LaunchConfigError as exc:
+        row["launch_error"] = str(exc)
+        return
+    row["launch_args"] = launch.to_argv()
+    row["launch_shell"] = launch.to_shell()
+    row["adaptive_config"] = launch.adaptive_config_json()
+
+
+def build_document(
+    rows: Sequence[dict[str, Any]],
+    *,
+    trace: Trace,
+    settings: SweepSettings,
+    target_rps: float,
+    prices: Prices | None,
+    executor: dict[str, Any],
+) -> dict[str, Any]:
+    """Replicas, costs, savings against the plain server, launch flags and the best
+    configurations (module docstring: document shape)."""
+    if not (isinstance(target_rps, int | float) and math.isfinite(target_rps) and target_rps > 0):
+        raise SweepError(f"target_rps must be a positive number of requests/s, got {target_rps!r}")
+    catalog = Catalog.load([Path(p) for p in settings.catalog_files])
+    summary = trace.summary()
+    mean_out = float(summary["mean_output_tokens"] or 0.0)
+    mtok_per_hour = target_rps * mean_out * 3600 / 1e6
+    out_rows = [dict(r) for r in rows]
+    for row in out_rows:
+        if row["status"] != "ok":
+            continue
+        max_rps = float(row["max_rps"])
+        row["replicas"] = math.ceil(target_rps / max_rps - 1e-9)
+        if prices is not None:
+            per_replica = prices.per_gpu_hour(row["gpu"]) * 1  # tp_size 1 in a sweep
+            row["cost_per_hour"] = row["replicas"] * per_replica
+            row["cost_per_mtok"] = row["cost_per_hour"] / mtok_per_hour if mtok_per_hour else None
+            capacity_mtok = max_rps * mean_out * 3600 / 1e6
+            row["cost_per_mtok_at_capacity"] = (
+                per_replica / capacity_mtok if capacity_mtok else None
+            )
+        _launch(row, settings, catalog)
+    plain = {r["gpu"]: r for r in out_rows if r["drafter"] == NO_DRAFTER and r["status"] == "ok"}
+    for row in out_rows:
+        base = plain.get(row["gpu"])
+        if row["status"] != "ok" or base is None or row is base:
+            continue
+        saving: dict[str, Any] = {
+            "replicas": base["replicas"] - row["replicas"],
+            "capacity_ratio": row["max_rps"] / base["max_rps"],
+            "cost_per_hour": None,
+            "cost_fraction": None,
+        }
+        if row["cost_per_hour"] is not None and base["cost_per_hour"]:
+            saving["cost_per_hour"] = base["cost_per_hour"] - row["cost_per_hour"]
+            saving["cost_fraction"] = 1 - row["cost_per_hour"] / base["cost_per_hour"]
+        row["saving_vs_none"] = saving
+
+    best_by = "cost_per_hour" if prices is not None else "replicas"
+
+    def key(row: dict[str, Any]) -> tuple[float, float, str]:
+        first = row["cost_per_hour"] if prices is not None else row["replicas"]
+        return (float(first), -float(row["max_rps"]), row["id"])
+
+    ok_rows = [r for r in out_rows if r["status"] == "ok"]
+    best_per_gpu: dict[str, Any] = {}
+    for gpu in dict.fromkeys(r["gpu"] for r in out_rows):
+        candidates = [r for r in ok_rows if r["gpu"] == gpu]
+        if candidates:
+            best_per_gpu[gpu] = min(candidates, key=key)
+    return {
+        "configurations": out_rows,
+        "best": min(ok_rows, key=key) if ok_rows else None,
+        "best_by": best_by,
+        "best_per_gpu": best_per_gpu,
+        "trace": {**summary, "base_rps": base_rps(trace)},
+        "slo": {
+            "tpot_ms": settings.slo_tpot_ms,
+            "ttft_ms": settings.slo_ttft_ms,
+            "tpot_percentile": settings.tpot_percentile,
+            "ttft_percentile": settings.ttft_percentile,
+        },
+        "target_rps": float(target_rps),
+        "model": settings.model,
+        "seed": settings.seed,
+        "search": settings.search.to_json(),
+        "prices": (
+            {"currency": prices.currency, "gpu_hour": prices.gpu_hour, "source": prices.source}
+            if prices is not None
+            else None
+        ),
+        "executor": executor,
+    }
