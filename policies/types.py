@@ -199,9 +199,10 @@ class StepTable:
     produced_at_s: float
     ttl_s: float
     reason: str = ""
-    # Derived lookup arrays (not part of equality or the serialised form).
-    _bounds: tuple[int, ...] = field(init=False, repr=False, compare=False)
-    _steps: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    # Derived lookup arrays (not part of equality or the serialised form; the default
+    # lets the codec build a table from data, __post_init__ fills them in).
+    _bounds: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+    _steps: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         slots = self.slots

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from typing import Any, Final, TypeAlias, TypeVar
+from typing import Annotated, Any, Final, TypeAlias, TypeVar
 
+import msgspec
+
+from specgov.policies.codec import NonNegInt, PosInt
 from specgov.policies.daemon import PolicyState
 from specgov.policies.types import (
     Observation,
@@ -27,8 +30,11 @@ OVERRIDE_VERSION: Final = 1
 S = TypeVar("S", bound=PolicyState)
 T = TypeVar("T", bound=PolicyState)
 
-Slots: TypeAlias = tuple[tuple[int, int], ...]
-Candidates: TypeAlias = tuple[tuple[int, tuple[int, ...]], ...]
+# Slot layouts as the guard holds them; the annotations are also their schema (codec).
+Slots: TypeAlias = tuple[tuple[PosInt, NonNegInt], ...]
+Candidates: TypeAlias = tuple[
+    tuple[PosInt, Annotated[tuple[NonNegInt, ...], msgspec.Meta(min_length=1)]], ...
+]
 
 ROLLBACK_COOLDOWN: Final = "rollback_cooldown"
 _OBSERVATION_FIELDS: Final = frozenset(f.name for f in fields(Observation)) - {"time_s"}
