@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from specgov.simulator.memory import (
     DoesNotFitError,
     MemoryPlan,
     MemoryPlanError,
+    budget_memory,
     plan_memory,
     sglang_default_chunked_prefill_size,
     sglang_default_mem_fraction_static,
@@ -184,3 +186,80 @@ def test_describe() -> None:
 def test_bad_arguments(kwargs: dict[str, object], match: str) -> None:
     with pytest.raises(MemoryPlanError, match=match):
         _plan(**kwargs)
+
+
+# ----------------------------------------------------------- budget_memory (plan vram)
+
+
+def test_budget_memory_reports_a_plan_that_does_not_fit_instead_of_raising() -> None:
+    plan = budget_memory(L40S, LLAMA70, EAGLE3, candidate_steps=[1, 3], cuda_graph_max_bs=32)
+    assert not plan.fits and plan.kv_token_capacity == 0
+    assert plan.first_overflow == "target weights"
+    assert plan.overflow_message().startswith("llama-3.1-70b on l40s: weights 131.5 GiB")
+    assert "first item over the budget: target weights" in plan.overflow_message()
+    # plan_memory raises the same arithmetic.
+    with pytest.raises(DoesNotFitError, match="first item over the budget: target weights"):
+        plan_memory(L40S, LLAMA70, EAGLE3, candidate_steps=[1, 3], cuda_graph_max_bs=32)
+
+
+def test_first_overflow_names_the_item_that_crosses_the_static_budget() -> None:
+    # Static budget 16.5 GiB: 8B weights (14.96) and the EAGLE-3 head (0.78) fit, the
+    # 2 GiB drafter reserve does not.
+    plan = budget_memory(
+        H100,
+        LLAMA8,
+        EAGLE3,
+        mem_fraction_static=16.5 / 80,
+        candidate_steps=[3],
+        cuda_graph_max_bs=256,
+    )
+    assert plan.first_overflow == "drafter static reserve"
+    fits = _plan()
+    assert fits.fits and fits.first_overflow is None
+
+
+def test_items_add_up_to_the_gpu_and_list_every_tier() -> None:
+    plan = _plan()
+    items = dict(plan.items())
+    assert sum(items.values()) == pytest.approx(plan.total_gib, abs=1e-9)
+    for steps in SGLANG_DEFAULT_STEPS:
+        assert items[f"CUDA graphs + runtime state, steps {steps}"] > 0
+    assert items["target KV pool"] == pytest.approx(plan.kv_token_capacity * 131072 / GIB)
+    assert items["draft KV pool"] == pytest.approx(plan.kv_token_capacity * 4096 / GIB)
+    assert items["drafter static reserve"] == 2.0
+    assert items["left"] >= 0
+
+
+def test_eagle_and_standalone_reserves_match_reference(sglang_src: Path) -> None:
+    # REFERENCE.md section 1: "EAGLE reserves ~2 GB extra static memory for draft model
+    # and graphs; STANDALONE ~6 GB". The planner charges them in full, besides the draft
+    # weights, so the KV pool shrinks by at least that much against a plain server.
+    bare = _plan(drafter=None, candidate_steps=[])
+    eagle = _plan(candidate_steps=[3])
+    standalone = _plan(drafter=CATALOG.drafter("standalone"), candidate_steps=[3])
+    assert eagle.static_reserve_gib == pytest.approx(2.0)
+    assert standalone.static_reserve_gib == pytest.approx(6.0)
+    assert bare.kv_pool_gib - eagle.kv_pool_gib >= 2.0 + eagle.draft_weights_gib
+    assert bare.kv_pool_gib - standalone.kv_pool_gib >= 6.0 + standalone.draft_weights_gib
+    # /v1/loads `memory`: the same four fields SGLang's MemoryMetrics has, in GiB
+    # (memory_pool.py's GB is 1024**3), kv_cache_gb being the target pool only.
+    loads = eagle.sglang_loads_memory()
+    snapshot = (sglang_src / "sglang/srt/managers/load_snapshot.py").read_text()
+    start = snapshot.index("class MemoryMetrics")
+    block = snapshot[start : snapshot.index("\nclass ", start)]
+    assert re.findall(r"^    (\w+): ", block, flags=re.MULTILINE) == list(loads)
+    pool = (sglang_src / "sglang/srt/mem_cache/memory_pool.py").read_text()
+    assert "GB = 1024 * 1024 * 1024" in pool
+    assert loads["token_capacity"] == eagle.kv_token_capacity
+    assert loads["kv_cache_gb"] == round(eagle.kv_token_capacity * 131072 / GIB, 3)
+    assert loads["weight_gb"] == round(8.03e9 * 2 / GIB, 3)  # target only: 14.957
+    assert loads["graph_gb"] == round(eagle.cuda_graph_total_gib, 3)
+
+
+def test_activation_shortfall_shows_as_negative_runtime_left() -> None:
+    # mem_fraction_static 0.9 leaves 8 GiB of slack on H100, less than SGLang's own
+    # activation reserve for an 8192-token chunk (12.6 GiB): the plan says so.
+    plan = _plan(mem_fraction_static=0.9)
+    assert plan.fits
+    assert plan.runtime_left_gib == pytest.approx(8.0 - plan.activations_reserve_gib)
+    assert plan.runtime_left_gib < 0
