@@ -41,19 +41,23 @@ window (counted) instead of blocking.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import grp
 import json
 import logging
 import os
+import pwd
 import queue
 import re
 import socket
+import stat as stat_module
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from specgov.policies.types import PolicyTypeError, StepTable, TierStatsSnapshot
 from specgov.policies.validation import is_int, is_real
@@ -81,6 +85,11 @@ INVALID: Final = "invalid"
 CANDIDATE_MISMATCH: Final = "candidate_mismatch"
 EXPIRED: Final = "expired"
 INTERNAL_ERROR: Final = "internal_error"
+WRONG_OWNER: Final = "wrong_owner"  # the file is not the expected user's
+INSECURE_DIR: Final = "insecure_dir"  # the spool directory is writable by others
+FUTURE_DATED: Final = "future_dated"  # produced further ahead than the TTL cap reaches
+# Not a reason to ignore a table: the table is followed with its TTL cut to the cap.
+TTL_CAPPED: Final = "ttl_capped"
 
 # Reasons that are expected in normal operation (daemon not started yet, table aged
 # out): logged at INFO; the rest point at a bug or a misconfiguration: WARNING.
@@ -96,6 +105,327 @@ class SpoolError(ValueError):
     """A value handed to a spool writer or reader is malformed; the message names it."""
 
 
+# ------------------------------------------------------------- ownership and modes
+#
+# docs/spool-security.md is the operator's view of what follows. The rules:
+#
+# * the spool directory is owned by a trusted user (this process's, the configured
+#   daemon user's for the plugin, or root) and writable by nobody else: no write bit
+#   for others, and the group write bit only when a group is configured and the
+#   directory has that group (the two-user deployment);
+# * specgov creates what it needs 0700 (files 0600), or with a configured group
+#   02750 for the spool itself, 02770 for stats/ (which the server writes into) and
+#   0640 for files, so a daemon running as another user of that group can read them;
+# * the plugin follows a step table only if the file is owned by the expected user
+#   (its own uid, or SPECGOV_DAEMON_UID), and never longer than a TTL cap after it
+#   first read it (SPECGOV_MAX_TABLE_TTL_S, default DEFAULT_MAX_TABLE_TTL_S).
+
+SPOOL_GROUP_ENV: Final = "SPECGOV_SPOOL_GROUP"
+DAEMON_UID_ENV: Final = "SPECGOV_DAEMON_UID"
+MAX_TABLE_TTL_ENV: Final = "SPECGOV_MAX_TABLE_TTL_S"
+DEFAULT_MAX_TABLE_TTL_S: Final = 300.0
+# A TTL cap beyond a day would no longer bound anything an operator cares about.
+MAX_TABLE_TTL_CAP_S: Final = 86_400.0
+SPOOL_SUBDIR: Final = "specgov"
+
+_PRIVATE_DIR_MODE: Final = 0o700
+_GROUP_DIR_MODE: Final = 0o2750  # setgid: files created inside inherit the group
+_GROUP_STATS_DIR_MODE: Final = 0o2770  # the server (a group member) writes here
+_PRIVATE_FILE_MODE: Final = 0o600
+_GROUP_FILE_MODE: Final = 0o640
+
+
+class SpoolSecurityError(PermissionError):
+    """The spool directory is not safe to use; the message names the path and the fix.
+
+    A ``PermissionError`` (an ``OSError``), so every caller that already handles an
+    unwritable spool handles a refused one the same way.
+    """
+
+
+class _StatLike(Protocol):
+    @property
+    def st_mode(self) -> int: ...
+    @property
+    def st_uid(self) -> int: ...
+    @property
+    def st_gid(self) -> int: ...
+
+
+def _own_uid() -> int:
+    return os.geteuid()
+
+
+def resolve_gid(value: object, *, where: str) -> int | None:
+    """A group given as a name or a numeric gid (int or digit string); None stays None."""
+    if value is None:
+        return None
+    if is_int(value) and 0 <= value < 2**32:
+        return int(value)
+    if isinstance(value, str) and value.strip():
+        text = value.strip()
+        if text.isdecimal():
+            return resolve_gid(int(text), where=where)
+        try:
+            return grp.getgrnam(text).gr_gid
+        except KeyError:
+            raise SpoolError(
+                f"{where}: no group named {text!r} on this host; expected a group name "
+                "or a numeric gid"
+            ) from None
+    raise SpoolError(f"{where}: expected a group name or a numeric gid, got {value!r}")
+
+
+def resolve_uid(value: object, *, where: str) -> int | None:
+    """A user given as a name or a numeric uid (int or digit string); None stays None."""
+    if value is None:
+        return None
+    if is_int(value) and 0 <= value < 2**32:
+        return int(value)
+    if isinstance(value, str) and value.strip():
+        text = value.strip()
+        if text.isdecimal():
+            return resolve_uid(int(text), where=where)
+        try:
+            return pwd.getpwnam(text).pw_uid
+        except KeyError:
+            raise SpoolError(
+                f"{where}: no user named {text!r} on this host; expected a user name "
+                "or a numeric uid"
+            ) from None
+    raise SpoolError(f"{where}: expected a user name or a numeric uid, got {value!r}")
+
+
+def default_spool_dir(
+    env: Mapping[str, str] = os.environ,
+    *,
+    uid: int | None = None,
+    stat: Callable[[str], _StatLike] | None = None,
+) -> Path:
+    """Where the spool goes when the configuration does not say: never a world-writable
+    place such as ``/tmp``, where another local user could create it first.
+
+    In order: ``$XDG_RUNTIME_DIR/specgov`` when that runtime directory exists, is
+    absolute, belongs to ``uid`` and is private (the per-user tmpfs systemd-logind
+    makes, mode 0700); ``/run/specgov`` when it exists and belongs to ``uid`` (a systemd
+    unit's ``RuntimeDirectory=specgov``) or when ``uid`` is root (who may create it);
+    else ``$XDG_STATE_HOME/specgov/spool`` (default ``$HOME/.local/state``), beside the
+    daemon's state database.
+    """
+    me = _own_uid() if uid is None else uid
+    stat_fn = os.stat if stat is None else stat
+
+    def private_to_me(path: str) -> bool:
+        try:
+            st = stat_fn(path)
+        except OSError:
+            return False
+        return (
+            stat_module.S_ISDIR(st.st_mode)
+            and st.st_uid == me
+            and not st.st_mode & (stat_module.S_IWGRP | stat_module.S_IWOTH)
+        )
+
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime) and private_to_me(runtime):
+        return Path(runtime) / SPOOL_SUBDIR
+    run_dir = Path("/run") / SPOOL_SUBDIR
+    if me == 0 or private_to_me(str(run_dir)):
+        return run_dir
+    state = env.get("XDG_STATE_HOME", "")
+    if not (state and os.path.isabs(state)):
+        home = env.get("HOME", "") or str(Path.home())
+        state = str(Path(home) / ".local" / "state")
+    return Path(state) / SPOOL_SUBDIR / "spool"
+
+
+def _mode_text(mode: int) -> str:
+    return f"{stat_module.S_IMODE(mode):04o}"
+
+
+def spool_dir_problem(
+    path: Path,
+    st: _StatLike,
+    *,
+    group_gid: int | None,
+    trusted_uids: Collection[int] | None,
+) -> str | None:
+    """Why ``path`` (with stat result ``st``) must not be used as a spool directory, or
+    None. ``trusted_uids`` None skips the owner check (a subdirectory, whose creator the
+    parent's check already vouched for). The message names the fix."""
+    mode = st.st_mode
+    if not stat_module.S_ISDIR(mode):
+        return f"{path} is not a directory"
+    if trusted_uids is not None and st.st_uid not in trusted_uids:
+        owners = ", ".join(str(u) for u in sorted(trusted_uids))
+        return (
+            f"{path} is owned by uid {st.st_uid}, not by a trusted user (uid {owners}), so "
+            f"that user could rewrite it; fix: remove it and let specgov create it, or "
+            f"`chown` it to the daemon's user"
+        )
+    if mode & stat_module.S_IWOTH:
+        return (
+            f"{path} is writable by every user (mode {_mode_text(mode)}); fix: "
+            f"`chmod o-w {path}`, or point the spool at a directory of its own "
+            f"(default: {default_spool_dir()})"
+        )
+    if mode & stat_module.S_IWGRP and (group_gid is None or st.st_gid != group_gid):
+        if group_gid is None:
+            allow = (
+                f"or configure its group (gid {st.st_gid}) as the spool group "
+                f"(spool.group for the daemon, {SPOOL_GROUP_ENV} for the plugin) if "
+                "every member of it may steer the engine"
+            )
+        else:
+            allow = f"or `chgrp {group_gid} {path}` (the configured spool group)"
+        return (
+            f"{path} is writable by its group (gid {st.st_gid}, mode {_mode_text(mode)}), "
+            f"which is not the configured spool group; fix: `chmod g-w {path}` {allow}"
+        )
+    return None
+
+
+def check_spool_dir(
+    spool_dir: str | os.PathLike[str],
+    *,
+    group_gid: int | None = None,
+    trusted_uids: Collection[int] | None = None,
+    stat: Callable[[Path], _StatLike] | None = None,
+    subdirs: bool = True,
+) -> None:
+    """Raise :class:`SpoolSecurityError` unless ``spool_dir`` is safe (see
+    :func:`spool_dir_problem`); ``trusted_uids`` defaults to this process's uid and
+    root. With ``subdirs``, ``stats/`` is checked too when it exists (its mode only).
+    A missing ``spool_dir`` raises ``FileNotFoundError``."""
+    root = Path(spool_dir)
+    trusted = {_own_uid(), 0} if trusted_uids is None else set(trusted_uids)
+    if stat is None:
+        stat = os.stat
+    problem = spool_dir_problem(root, stat(root), group_gid=group_gid, trusted_uids=trusted)
+    if problem is None and subdirs:
+        stats_dir = root / STATS_DIRNAME
+        try:
+            st = stat(stats_dir)
+        except FileNotFoundError:
+            return
+        problem = spool_dir_problem(stats_dir, st, group_gid=group_gid, trusted_uids=None)
+    if problem is not None:
+        raise SpoolSecurityError(f"specgov spool: refusing {problem}")
+
+
+def _make_dir(path: Path, mode: int, group_gid: int | None) -> None:
+    """Create ``path`` (not its parents) with exactly ``mode`` and ``group_gid``; an
+    existing directory is left as it is (the operator's layout)."""
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        return
+    if group_gid is not None:
+        os.chown(path, -1, group_gid)
+    os.chmod(path, mode)  # after chown, which may clear the setgid bit; umask ignored
+
+
+def ensure_spool_dir(
+    spool_dir: str | os.PathLike[str],
+    *,
+    group_gid: int | None = None,
+    trusted_uids: Collection[int] | None = None,
+    create: bool = True,
+) -> Path:
+    """Create the spool (and its ``stats/``) if missing, then :func:`check_spool_dir`.
+
+    Created 0700/0700, or with ``group_gid`` 02750/02770 in that group. Missing
+    parents are created with the process's default mode. ``create`` False: a missing
+    spool raises ``FileNotFoundError`` (the plugin of a two-user deployment leaves the
+    spool's creation to the daemon, who must own it); ``stats/`` is still created.
+    """
+    root = Path(spool_dir)
+    if create and not root.is_dir():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        _make_dir(root, _PRIVATE_DIR_MODE if group_gid is None else _GROUP_DIR_MODE, group_gid)
+    check_spool_dir(root, group_gid=group_gid, trusted_uids=trusted_uids, subdirs=False)
+    stats_dir = root / STATS_DIRNAME
+    if not stats_dir.is_dir():
+        mode = _PRIVATE_DIR_MODE if group_gid is None else _GROUP_STATS_DIR_MODE
+        _make_dir(stats_dir, mode, group_gid)
+    check_spool_dir(root, group_gid=group_gid, trusted_uids=trusted_uids)
+    return root
+
+
+def file_mode_for(group_gid: int | None) -> int:
+    """The mode of the files specgov writes: 0600, or 0640 with a spool group."""
+    return _PRIVATE_FILE_MODE if group_gid is None else _GROUP_FILE_MODE
+
+
+def table_owner_problem(path: Path, st_uid: int, expected_uid: int) -> str | None:
+    """Why a step table with owner ``st_uid`` must not be followed, or None."""
+    if st_uid == expected_uid:
+        return None
+    return (
+        f"{path} is owned by uid {st_uid}, not by the daemon's uid {expected_uid}; only the "
+        f"daemon's tables are followed (set {DAEMON_UID_ENV} in the server's environment "
+        "when the daemon runs as another user)"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolSettings:
+    """The plugin's spool settings, from its environment (:meth:`from_env`).
+
+    ``group_gid``: the shared group of a two-user deployment (None: single user);
+    ``daemon_uid``: who writes the step tables (None: the server's own uid);
+    ``max_table_ttl_s``: the longest a table is followed after it was first read.
+    """
+
+    group_gid: int | None = None
+    daemon_uid: int | None = None
+    max_table_ttl_s: float = DEFAULT_MAX_TABLE_TTL_S
+
+    def __post_init__(self) -> None:
+        check_max_table_ttl_s(self.max_table_ttl_s, where="SpoolSettings.max_table_ttl_s")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> SpoolSettings:
+        """Read ``SPECGOV_SPOOL_GROUP``, ``SPECGOV_DAEMON_UID`` and
+        ``SPECGOV_MAX_TABLE_TTL_S``; unset or empty means the default. Raises
+        :class:`SpoolError` naming the variable."""
+        group = env.get(SPOOL_GROUP_ENV) or None
+        daemon = env.get(DAEMON_UID_ENV) or None
+        raw_ttl = env.get(MAX_TABLE_TTL_ENV) or None
+        ttl = DEFAULT_MAX_TABLE_TTL_S
+        if raw_ttl is not None:
+            try:
+                ttl = float(raw_ttl)
+            except ValueError:
+                raise SpoolError(
+                    f"env {MAX_TABLE_TTL_ENV}: expected a number of seconds, got {raw_ttl!r}"
+                ) from None
+        return cls(
+            group_gid=resolve_gid(group, where=f"env {SPOOL_GROUP_ENV}"),
+            daemon_uid=resolve_uid(daemon, where=f"env {DAEMON_UID_ENV}"),
+            max_table_ttl_s=check_max_table_ttl_s(ttl, where=f"env {MAX_TABLE_TTL_ENV}"),
+        )
+
+    @property
+    def table_owner_uid(self) -> int:
+        """Whose step tables are followed."""
+        return _own_uid() if self.daemon_uid is None else self.daemon_uid
+
+    @property
+    def trusted_uids(self) -> frozenset[int]:
+        """Who may own the spool directory: the server, the daemon, root."""
+        return frozenset({_own_uid(), self.table_owner_uid, 0})
+
+
+def check_max_table_ttl_s(value: object, *, where: str) -> float:
+    if not is_real(value) or not 0 < value <= MAX_TABLE_TTL_CAP_S:
+        raise SpoolError(
+            f"{where}: expected a number of seconds in (0, {MAX_TABLE_TTL_CAP_S:.0f}], "
+            f"got {value!r}"
+        )
+    return float(value)
+
+
 # ------------------------------------------------------------------- atomic writes
 
 
@@ -109,15 +439,28 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, fsync: bool = True) -> None:
+def atomic_write_bytes(
+    path: Path,
+    data: bytes,
+    *,
+    fsync: bool = True,
+    mode: int | None = None,
+    gid: int | None = None,
+) -> None:
     """Write ``data`` to ``path`` atomically: temp file in the same directory (same
     filesystem, so the rename is atomic), fsync, ``os.replace``, fsync the directory.
 
+    The file is 0600 (``mkstemp``'s mode), or ``mode``; ``gid`` sets its group. Both are
+    set before the rename, so no reader ever sees the file with other permissions.
     On failure the temp file is removed and ``path`` is left as it was.
     """
     directory = path.parent
     fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        if gid is not None:
+            os.fchown(fd, -1, gid)
+        if mode is not None:
+            os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as tmp:
             tmp.write(data)
             tmp.flush()
@@ -160,13 +503,17 @@ def write_step_table(
     *,
     fsync: bool = True,
     written_at_s: float | None = None,
+    group_gid: int | None = None,
 ) -> Path:
     """Publish ``table`` atomically for the engine; returns the file written.
 
     ``candidate_steps`` is the candidate union of the adaptive config the daemon
-    planned for; a plugin running another config ignores the table. Raises
-    :class:`SpoolError` (or :class:`PolicyTypeError`) for a malformed argument and
-    ``OSError`` when the directory cannot be written.
+    planned for; a plugin running another config ignores the table. The spool is
+    created (and checked) by :func:`ensure_spool_dir` with ``group_gid``; the file is
+    0600, or 0640 in ``group_gid``. Raises :class:`SpoolError` (or
+    :class:`PolicyTypeError`) for a malformed argument, :class:`SpoolSecurityError`
+    (an ``OSError``) for a spool others could write, and ``OSError`` when the
+    directory cannot be written.
     """
     if not isinstance(table, StepTable):
         raise SpoolError(f"write_step_table: expected a StepTable, got {type(table).__name__}")
@@ -182,10 +529,11 @@ def write_step_table(
         "candidate_steps": steps,
         "written_at_s": float(now),
     }
-    directory = Path(spool_dir)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = ensure_spool_dir(spool_dir, group_gid=group_gid)
     path = directory / TABLE_FILENAME
-    atomic_write_bytes(path, _dump(document), fsync=fsync)
+    atomic_write_bytes(
+        path, _dump(document), fsync=fsync, mode=file_mode_for(group_gid), gid=group_gid
+    )
     return path
 
 
@@ -276,10 +624,17 @@ class SpoolTableReader:
     """The plugin's view of the daemon's step table (``TablePolicy.table_source``).
 
     Call it at poll boundaries only: each call is one ``os.stat``; the file is read
-    and parsed again only when its (mtime_ns, size, inode) changed. Returns the table,
-    or None with the reason counted in ``ignored`` and ``last_reason`` set. Expiry is
-    judged on every call with ``clock`` (epoch seconds, like the daemon's
+    and parsed again only when its (mtime_ns, size, inode, owner) changed. Returns the
+    table, or None with the reason counted in ``ignored`` and ``last_reason`` set.
+    Expiry is judged on every call with ``clock`` (epoch seconds, like the daemon's
     ``produced_at_s``). Never raises.
+
+    ``settings`` (default :class:`SpoolSettings`: single user): each time the file
+    changed, the spool directory must pass :func:`check_spool_dir` (else
+    ``insecure_dir``) and the file must be owned by ``settings.table_owner_uid`` (else
+    ``wrong_owner``). A table is never followed past ``settings.max_table_ttl_s`` after
+    it was first read: a longer TTL is cut (counted in ``capped``, logged), and a table
+    produced further in the future than that is ``future_dated``.
     """
 
     def __init__(
@@ -290,8 +645,15 @@ class SpoolTableReader:
         *,
         log_interval_s: float = DEFAULT_LOG_INTERVAL_S,
         max_bytes: int = MAX_TABLE_BYTES,
+        settings: SpoolSettings | None = None,
     ) -> None:
-        self.path = Path(spool_dir) / TABLE_FILENAME
+        self.spool_dir = Path(spool_dir)
+        self.path = self.spool_dir / TABLE_FILENAME
+        self.settings = SpoolSettings() if settings is None else settings
+        if not isinstance(self.settings, SpoolSettings):
+            raise SpoolError(
+                f"SpoolTableReader: settings must be a SpoolSettings, got {settings!r}"
+            )
         self.candidate_steps = normalise_candidate_steps(
             candidate_steps, where="SpoolTableReader: candidate_steps"
         )
@@ -304,13 +666,14 @@ class SpoolTableReader:
         self._clock = clock
         self._max_bytes = max_bytes
         self._log = _RateLimitedLog(logger, log_interval_s, clock)
-        self._key: tuple[int, int, int] | None = None
+        self._key: tuple[int, int, int, int] | None = None
         self._table: StepTable | None = None
         self._rejection: _Rejected | None = None
         self.ignored: dict[str, int] = {}
         self.last_reason: str | None = None
         self.stats = 0  # os.stat calls
         self.reads = 0  # file reads (key changed)
+        self.capped = 0  # tables whose TTL was cut to settings.max_table_ttl_s
 
     def __call__(self) -> StepTable | None:
         try:
@@ -334,7 +697,7 @@ class SpoolTableReader:
             self._key = None
             self._ignore(_Rejected(UNREADABLE, f"stat failed: {exc}"))
             return None
-        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        key = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_uid)
         if key != self._key:
             self._load(key, st.st_size)
         if self._rejection is not None:
@@ -356,10 +719,25 @@ class SpoolTableReader:
         self.last_reason = None
         return table
 
-    def _load(self, key: tuple[int, int, int], size: int) -> None:
+    def _load(self, key: tuple[int, int, int, int], size: int) -> None:
         self._table = None
         self._rejection = None
         self._key = key
+        settings = self.settings
+        try:
+            check_spool_dir(
+                self.spool_dir,
+                group_gid=settings.group_gid,
+                trusted_uids=settings.trusted_uids,
+                subdirs=False,
+            )
+        except SpoolSecurityError as exc:
+            self._rejection = _Rejected(INSECURE_DIR, str(exc))
+            return
+        except OSError as exc:
+            self._key = None  # try again next poll
+            self._rejection = _Rejected(UNREADABLE, f"stat of the spool failed: {exc}")
+            return
         if size > self._max_bytes:
             self._rejection = _Rejected(
                 TOO_LARGE, f"{size} bytes, more than the {self._max_bytes} a step table may have"
@@ -370,7 +748,11 @@ class SpoolTableReader:
                 # Cache under the key of what was actually read: the file may have been
                 # replaced between stat and open; the next poll then sees a new key.
                 st = os.fstat(fh.fileno())
-                self._key = (st.st_mtime_ns, st.st_size, st.st_ino)
+                self._key = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_uid)
+                owner = table_owner_problem(self.path, st.st_uid, settings.table_owner_uid)
+                if owner is not None:
+                    self._rejection = _Rejected(WRONG_OWNER, owner)
+                    return
                 raw = fh.read(self._max_bytes + 1)
         except OSError as exc:
             self._key = None  # try again next poll
@@ -381,9 +763,37 @@ class SpoolTableReader:
             self._rejection = _Rejected(TOO_LARGE, f"more than {self._max_bytes} bytes")
             return
         try:
-            self._table = parse_step_table_document(raw, self.candidate_steps)
+            table = parse_step_table_document(raw, self.candidate_steps)
+            self._table = self._capped(table)
         except _Rejected as rejected:
             self._rejection = rejected
+
+    def _capped(self, table: StepTable) -> StepTable:
+        """``table`` with its lifetime ending at most ``max_table_ttl_s`` from now (the
+        first read of this file): a forged or stale "31-year" table cannot pin the
+        engine, whatever its ``produced_at_s``."""
+        cap_s = self.settings.max_table_ttl_s
+        latest_end_s = self._clock() + cap_s
+        ttl_s = min(table.ttl_s, cap_s, latest_end_s - table.produced_at_s)
+        if ttl_s <= 0.0:
+            raise _Rejected(
+                FUTURE_DATED,
+                f"table version {table.version} was produced at {table.produced_at_s:.3f}, "
+                f"more than the TTL cap of {cap_s:g} s ahead of this clock "
+                f"({MAX_TABLE_TTL_ENV}); are the daemon's and the server's clocks in step?",
+            )
+        if ttl_s >= table.ttl_s:
+            return table
+        self.capped += 1
+        with contextlib.suppress(Exception):
+            self._log(
+                TTL_CAPPED,
+                logging.WARNING,
+                f"specgov spool: {self.path}: table version {table.version} asks for a TTL "
+                f"of {table.ttl_s:g} s; following it for at most {ttl_s:g} s "
+                f"({MAX_TABLE_TTL_ENV}={cap_s:g}) [{self.capped} table(s) capped so far]",
+            )
+        return dataclasses.replace(table, ttl_s=ttl_s)
 
     def _ignore(self, rejected: _Rejected) -> None:
         reason = rejected.reason
@@ -440,11 +850,17 @@ def write_tier_stats(
     written_at_s: float | None = None,
     fsync: bool = True,
     keep: int = DEFAULT_STATS_KEEP,
+    settings: SpoolSettings | None = None,
 ) -> Path:
     """Write one statistics window atomically and prune the writer's old windows.
 
-    ``seq`` defaults to one more than the writer's newest file. Raises
-    :class:`SpoolError` for a malformed argument and ``OSError`` on IO failure.
+    ``seq`` defaults to one more than the writer's newest file. The spool is checked
+    (and created) by :func:`ensure_spool_dir` under ``settings`` (default: single
+    user); with a daemon uid configured the spool itself is not created here, since the
+    daemon must own it. The file is 0600, or 0640 in ``settings.group_gid``, so a
+    daemon running as another user of that group can read it. Raises
+    :class:`SpoolError` for a malformed argument, :class:`SpoolSecurityError` for a
+    spool others could write and ``OSError`` on IO failure.
     """
     if not isinstance(snapshot, TierStatsSnapshot):
         raise SpoolError(
@@ -453,8 +869,14 @@ def write_tier_stats(
     wid = _check_writer_id(default_writer_id() if writer_id is None else writer_id)
     if not is_int(keep) or keep < 1:
         raise SpoolError(f"write_tier_stats: keep must be an int >= 1, got {keep!r}")
-    stats_dir = Path(spool_dir) / STATS_DIRNAME
-    stats_dir.mkdir(parents=True, exist_ok=True)
+    cfg = SpoolSettings() if settings is None else settings
+    root = ensure_spool_dir(
+        spool_dir,
+        group_gid=cfg.group_gid,
+        trusted_uids=cfg.trusted_uids,
+        create=cfg.daemon_uid is None,
+    )
+    stats_dir = root / STATS_DIRNAME
     if seq is None:
         mine = [s for w, s, _ in _stats_files(stats_dir) if w == wid]
         seq = max(mine, default=-1) + 1
@@ -472,7 +894,9 @@ def write_tier_stats(
         "snapshot": snapshot.to_dict(),
     }
     path = stats_dir / f"tier_stats.{wid}.{seq:012d}.json"
-    atomic_write_bytes(path, _dump(document), fsync=fsync)
+    atomic_write_bytes(
+        path, _dump(document), fsync=fsync, mode=file_mode_for(cfg.group_gid), gid=cfg.group_gid
+    )
     _prune(stats_dir, wid, keep)
     return path
 
@@ -501,6 +925,8 @@ class TierStatsBatch:
     ``cursor`` (writer id -> last sequence number read) goes into the next call.
     ``skipped``: files that could not be read or parsed (the cursor moves past them).
     ``gaps``: windows pruned before they were read (the daemon polled too rarely).
+    ``unreadable``: of ``skipped``, files this process has no permission to read
+    (logged with the fix: the two-user deployment's group, docs/spool-security.md).
     """
 
     records: tuple[TierStatsRecord, ...]
@@ -508,6 +934,7 @@ class TierStatsBatch:
     skipped: int = 0
     gaps: int = 0
     errors: tuple[str, ...] = ()
+    unreadable: int = 0
 
 
 def _parse_stats(raw: bytes, writer_id: str, seq: int) -> TierStatsRecord:
@@ -530,24 +957,65 @@ def _parse_stats(raw: bytes, writer_id: str, seq: int) -> TierStatsRecord:
     )
 
 
+# The daemon's side: one rate-limited log per kind of read failure for the process.
+_read_log = _RateLimitedLog(logger, DEFAULT_LOG_INTERVAL_S, time.monotonic)
+
+
+def _permission_fix(path: Path) -> str:
+    try:
+        st = os.stat(path)
+        who = f"owner uid {st.st_uid}, group gid {st.st_gid}, mode {_mode_text(st.st_mode)}"
+    except OSError:
+        who = "its owner, group and mode unknown"
+    return (
+        f"this process (uid {_own_uid()}, groups {sorted(os.getgroups())}) cannot read "
+        f"{path} ({who}); fix: give the server and the daemon a shared group, set "
+        f"{SPOOL_GROUP_ENV}=<that group> in the server's environment (its statistics are "
+        "then written 0640 in that group) and spool.group in the daemon's config "
+        "(docs/spool-security.md, two-user deployment)"
+    )
+
+
 def read_tier_stats(
-    spool_dir: str | os.PathLike[str], cursor: Mapping[str, int] | None = None
+    spool_dir: str | os.PathLike[str],
+    cursor: Mapping[str, int] | None = None,
+    *,
+    group_gid: int | None = None,
+    trusted_uids: Collection[int] | None = None,
 ) -> TierStatsBatch:
     """Every statistics window written after ``cursor`` (None: all on disk), oldest first.
 
     Never raises for a bad or vanishing file (counted in ``skipped``, described in
-    ``errors``); raises ``OSError`` only if the statistics directory exists but cannot
-    be listed. A writer whose newest file is older than the cursor restarted its
-    sequence under the same id: all its files are returned again.
+    ``errors``; a file this process may not read is also counted in ``unreadable`` and
+    logged, rate-limited, with the path and the fix). Raises :class:`SpoolSecurityError`
+    if an existing spool fails :func:`check_spool_dir` (``group_gid``,
+    ``trusted_uids``: as there), and ``OSError`` if the statistics directory exists but
+    cannot be listed (logged the same way). A writer whose newest file is older than
+    the cursor restarted its sequence under the same id: all its files are returned
+    again.
     """
-    stats_dir = Path(spool_dir) / STATS_DIRNAME
+    root = Path(spool_dir)
+    stats_dir = root / STATS_DIRNAME
+    try:
+        check_spool_dir(root, group_gid=group_gid, trusted_uids=trusted_uids)
+    except FileNotFoundError:
+        pass  # nothing written yet
+    except SpoolSecurityError as exc:
+        _read_log("stats:insecure", logging.ERROR, str(exc))
+        raise
     seen = dict(cursor or {})
     by_writer: dict[str, list[tuple[int, Path]]] = {}
-    for wid, seq, path in _stats_files(stats_dir):
+    try:
+        listed = _stats_files(stats_dir)
+    except PermissionError:
+        _read_log("stats:list", logging.ERROR, f"specgov spool: {_permission_fix(stats_dir)}")
+        raise
+    for wid, seq, path in listed:
         by_writer.setdefault(wid, []).append((seq, path))
     records: list[TierStatsRecord] = []
     skipped = 0
     gaps = 0
+    unreadable = 0
     errors: list[str] = []
     new_cursor = dict(seen)
     for wid, files in by_writer.items():
@@ -565,6 +1033,15 @@ def read_tier_stats(
                 records.append(_parse_stats(path.read_bytes(), wid, seq))
             except FileNotFoundError:
                 gaps += 1  # pruned between listing and reading
+            except PermissionError as exc:
+                skipped += 1
+                unreadable += 1
+                errors.append(f"{path}: {exc}")
+                _read_log(
+                    "stats:read",
+                    logging.ERROR,
+                    f"specgov spool: tier statistics lost: {_permission_fix(path)}",
+                )
             except (OSError, ValueError, UnicodeDecodeError) as exc:
                 skipped += 1
                 errors.append(f"{path}: {exc}")
@@ -576,6 +1053,7 @@ def read_tier_stats(
         skipped=skipped,
         gaps=gaps,
         errors=tuple(errors),
+        unreadable=unreadable,
     )
 
 
@@ -602,6 +1080,7 @@ class BackgroundStatsWriter:
         fsync: bool = True,
         log_interval_s: float = DEFAULT_LOG_INTERVAL_S,
         write: Callable[..., Path] = write_tier_stats,
+        settings: SpoolSettings | None = None,
     ) -> None:
         if not is_int(max_queue) or max_queue < 1:
             raise SpoolError(
@@ -614,6 +1093,8 @@ class BackgroundStatsWriter:
         self._keep = keep
         self._fsync = fsync
         self._write = write
+        # Passed on only when given, so a custom ``write`` need not know the keyword.
+        self._write_kwargs: dict[str, Any] = {} if settings is None else {"settings": settings}
         self._queue: queue.Queue[object] = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -698,6 +1179,7 @@ class BackgroundStatsWriter:
             seq=seq,
             fsync=self._fsync,
             keep=self._keep,
+            **self._write_kwargs,
         )
 
     def _note_error(self, exc: BaseException) -> None:

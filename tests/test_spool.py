@@ -85,8 +85,8 @@ def test_round_trip_and_document_shape(tmp_path: Path) -> None:
     reader = SpoolTableReader(tmp_path, CANDIDATES, Clock())
     assert reader() == table()
     assert reader.ignored == {} and reader.last_reason is None
-    # No temp file is left behind.
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_table.json"]
+    # No temp file is left behind (stats/ is made for the plugin's statistics).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stats", "step_table.json"]
 
 
 def test_writer_rejects_bad_arguments(tmp_path: Path) -> None:
@@ -116,7 +116,7 @@ def test_failed_write_keeps_old_file_and_leaves_no_temp(
     with pytest.raises(OSError, match="disk full"):
         write_step_table(tmp_path, table(2), CANDIDATES)
     monkeypatch.undo()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_table.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["stats", "step_table.json"]
     assert SpoolTableReader(tmp_path, CANDIDATES, Clock())() == table(1)
 
 
@@ -211,7 +211,8 @@ def test_one_stat_per_poll_and_reread_only_on_change(
     monkeypatch.setattr("builtins.open", counting_open)
     for _ in range(50):
         assert reader() == table(1)
-    assert calls == {"stat": 50, "open": 1}
+    # One stat per poll, plus one of the spool directory when the file is (re)read.
+    assert calls == {"stat": 51, "open": 1}
     assert reader.stats == 50 and reader.reads == 1
     monkeypatch.undo()
     write_step_table(tmp_path, table(2), CANDIDATES)
