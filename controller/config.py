@@ -34,6 +34,13 @@ is required whenever ``control.listen`` is not loopback: :func:`load_config` che
 not by ``config validate``/``show``) that the variable is set.
 
 Relative paths are kept relative (to the daemon's working directory); ``~`` is expanded.
+
+Bounded input: a config file is at most :data:`CONFIG_MAX_BYTES` (1 MiB), a
+``SPECGOV_<GROUP>__<KEY>`` value at most :data:`ENV_VALUE_MAX_CHARS` (16 KiB); YAML
+anchors and aliases (``&name``, ``*name``: the alias-expansion "billion laughs" bomb) and
+nesting deeper than :data:`YAML_MAX_DEPTH` are refused with the file and line; error
+messages quote values elided (:mod:`reprlib`), escape control characters and are cut at
+:data:`MESSAGE_MAX_CHARS`.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import itertools
 import math
 import os
 import re
+import reprlib
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -52,6 +60,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from specgov.adapters.errors import escape_upstream
 from specgov.policies.guardrails import GuardrailConfig, GuardrailError
 from specgov.policies.spec import PolicySpec, PolicySpecError, parse_policy_spec
 from specgov.policies.types import Budget, PolicyTypeError
@@ -68,9 +77,37 @@ LOOP_MODES: Final[tuple[LoopMode, ...]] = ("observe", "plugin")
 LOG_FORMATS: Final[tuple[LogFormat, ...]] = ("text", "json")
 LOG_LEVELS: Final = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
+# Input bounds (module docstring). The packaged config.yaml is about 9 KB and no value
+# needs more than a few hundred characters, so these only stop abuse and accidents.
+CONFIG_MAX_BYTES: Final = 1024 * 1024
+ENV_VALUE_MAX_CHARS: Final = 16 * 1024
+YAML_MAX_DEPTH: Final = 16
+MESSAGE_MAX_CHARS: Final = 2000
+
 
 class ConfigError(ValueError):
-    """Bad configuration; the message names the source, key path, value and expected form."""
+    """Bad configuration; the message names the source, key path, value and expected form.
+
+    The message is one printable line of at most about :data:`MESSAGE_MAX_CHARS`
+    characters (control characters escaped, the rest cut with a marker).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(escape_upstream(message, MESSAGE_MAX_CHARS))
+
+
+_SHOW: Final = reprlib.Repr()
+_SHOW.maxlevel = 3
+_SHOW.maxstring = 200
+_SHOW.maxother = 200
+_SHOW.maxlong = 40
+for _limit in ("maxlist", "maxtuple", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
+    setattr(_SHOW, _limit, 12)
+
+
+def _show(value: object) -> str:
+    """``repr(value)`` for a message, elided: a huge value is never rendered whole."""
+    return _SHOW.repr(value)
 
 
 # ----------------------------------------------------------------------- value forms
@@ -93,7 +130,7 @@ def parse_duration(value: object, *, where: str = "duration", allow_zero: bool =
     """Seconds from ``"30s"``, ``"250ms"``, ``"5m"``, ``"1h"``, ``"30"`` or a number.
 
     Must be finite and > 0 (>= 0 with ``allow_zero``). Raises :class:`ConfigError`
-    ``"{where}: expected ..., got {value!r}"``; the CLI uses it for ``--ttl`` and friends.
+    ``"{where}: expected ..., got {_show(value)}"``; the CLI uses it for ``--ttl`` and friends.
     """
     seconds: float | None = None
     if is_real(value):  # finite: NaN, inf and ints beyond float range are refused below
@@ -106,7 +143,7 @@ def parse_duration(value: object, *, where: str = "duration", allow_zero: bool =
     ok = ok and (allow_zero or cast(float, seconds) > 0.0)
     if not ok:
         bound = ">= 0" if allow_zero else "> 0"
-        raise ConfigError(f"{where}: expected {DURATION_FORM} {bound}, got {value!r}")
+        raise ConfigError(f"{where}: expected {DURATION_FORM} {bound}, got {_show(value)}")
     return cast(float, seconds)
 
 
@@ -135,7 +172,7 @@ def parse_listen_address(value: object, *, where: str = "address") -> ListenAddr
     """``"127.0.0.1:9465"``, ``"[::1]:9465"``, ``"localhost:9465"`` -> ListenAddress."""
 
     def bad(why: str = "") -> ConfigError:
-        return ConfigError(f"{where}: expected {LISTEN_FORM}{why}, got {value!r}")
+        return ConfigError(f"{where}: expected {LISTEN_FORM}{why}, got {_show(value)}")
 
     if not isinstance(value, str):
         raise bad()
@@ -348,14 +385,14 @@ def _listen(value: object, where: str) -> ListenAddress:
 
 def _bool(value: object, where: str) -> bool:
     if not isinstance(value, bool):
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+        raise ConfigError(f"{where}: expected true or false, got {_show(value)}")
     return value
 
 
 def _choice(options: tuple[str, ...]) -> _Validator:
     def check(value: object, where: str) -> str:
         if not isinstance(value, str) or value not in options:
-            raise ConfigError(f"{where}: expected one of {', '.join(options)}, got {value!r}")
+            raise ConfigError(f"{where}: expected one of {', '.join(options)}, got {_show(value)}")
         return value
 
     return check
@@ -364,7 +401,7 @@ def _choice(options: tuple[str, ...]) -> _Validator:
 def _log_level(value: object, where: str) -> str:
     if not isinstance(value, str) or value.upper() not in LOG_LEVELS:
         levels = ", ".join(level.lower() for level in LOG_LEVELS)
-        raise ConfigError(f"{where}: expected one of {levels}, got {value!r}")
+        raise ConfigError(f"{where}: expected one of {levels}, got {_show(value)}")
     return value.upper()
 
 
@@ -372,7 +409,7 @@ def _path(value: object, where: str) -> Path:
     if isinstance(value, Path):
         value = str(value)
     if not isinstance(value, str) or not value.strip() or "\0" in value:
-        raise ConfigError(f"{where}: expected a non-empty path, got {value!r}")
+        raise ConfigError(f"{where}: expected a non-empty path, got {_show(value)}")
     return Path(value).expanduser()
 
 
@@ -380,14 +417,15 @@ def _optional_path(value: object, where: str) -> Path | None:
     if value is None:
         return None
     if not isinstance(value, str | Path):
-        raise ConfigError(f"{where}: expected a non-empty path or null, got {value!r}")
+        raise ConfigError(f"{where}: expected a non-empty path or null, got {_show(value)}")
     return _path(value, where)
 
 
 def _catalog_name(value: object, where: str) -> str:
     if not isinstance(value, str) or not _CATALOG_NAME_RE.fullmatch(value):
         raise ConfigError(
-            f"{where}: expected a catalog name (letters, digits, '_', '.', '+', '-'), got {value!r}"
+            f"{where}: expected a catalog name (letters, digits, '_', '.', '+', '-'), "
+            f"got {_show(value)}"
         )
     return value
 
@@ -408,12 +446,12 @@ def _env_name(value: object, where: str) -> str | None:
 def _url(value: object, where: str) -> str:
     form = "an http(s) base URL like 'http://127.0.0.1:30000'"
     if not isinstance(value, str):
-        raise ConfigError(f"{where}: expected {form}, got {value!r}")
+        raise ConfigError(f"{where}: expected {form}, got {_show(value)}")
     try:
         parts = urlsplit(value.strip())
         parts.port  # noqa: B018 - raises ValueError for a bad port
     except ValueError:
-        raise ConfigError(f"{where}: expected {form}, got {value!r}") from None
+        raise ConfigError(f"{where}: expected {form}, got {_show(value)}") from None
     if parts.username is not None or parts.password is not None:
         # Not echoed: the URL carries a credential.
         raise ConfigError(
@@ -425,7 +463,7 @@ def _url(value: object, where: str) -> str:
             f"{where}: expected {form} without '?query' or '#fragment' (value not shown)"
         )
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(f"{where}: expected {form}, got {value!r}")
+        raise ConfigError(f"{where}: expected {form}, got {_show(value)}")
     # No trailing slash, so clients can append "/metrics".
     return value.strip().rstrip("/")
 
@@ -434,7 +472,9 @@ def _policy_spec(value: object, where: str) -> str:
     if isinstance(value, PolicySpec):
         value = value.text
     if not isinstance(value, str):
-        raise ConfigError(f"{where}: expected a policy spec string like 'goodput', got {value!r}")
+        raise ConfigError(
+            f"{where}: expected a policy spec string like 'goodput', got {_show(value)}"
+        )
     try:
         parse_policy_spec(value)
     except PolicySpecError as exc:
@@ -461,7 +501,7 @@ def _allowed_steps(value: object, where: str) -> tuple[int, ...] | None:
     if not ok:
         raise ConfigError(
             f"{where}: expected null or a non-empty list of strictly increasing ints >= 0 "
-            f"like [0, 1, 3, 5], got {value!r}"
+            f"like [0, 1, 3, 5], got {_show(value)}"
         )
     return tuple(steps)
 
@@ -472,14 +512,14 @@ def _argv(value: object, where: str) -> tuple[str, ...] | None:
         return None
     if isinstance(value, str):
         raise ConfigError(
-            f"{where}: expected {form}, got the string {value!r}: a command line would need "
+            f"{where}: expected {form}, got the string {_show(value)}: a command line would need "
             f"a shell to split it, and specgov never runs one"
         )
     if not isinstance(value, list | tuple) or not value:
-        raise ConfigError(f"{where}: expected {form}, got {value!r}")
+        raise ConfigError(f"{where}: expected {form}, got {_show(value)}")
     for i, arg in enumerate(value):
         if not isinstance(arg, str) or not arg or "\0" in arg:
-            raise ConfigError(f"{where}[{i}]: expected a non-empty string, got {arg!r}")
+            raise ConfigError(f"{where}[{i}]: expected a non-empty string, got {_show(arg)}")
     return tuple(cast(list[str], value))
 
 
@@ -554,7 +594,7 @@ _Layer = dict[str, dict[str, _Raw]]
 
 
 def _unknown_group(group: object) -> str:
-    return f"unknown group {group!r}; valid groups: {', '.join(GROUPS)}"
+    return f"unknown group {_show(group)}; valid groups: {', '.join(GROUPS)}"
 
 
 def _unknown_key(group: str, key: object) -> str:
@@ -570,9 +610,52 @@ def _yaml_error(label: str, exc: yaml.YAMLError) -> ConfigError:
     return ConfigError(f"{where}: invalid YAML: {detail}")
 
 
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses anchors, aliases and deep nesting while composing, before
+    any expansion: an alias bomb costs nothing but its own bytes."""
+
+    def __init__(self, text: str, label: str) -> None:
+        super().__init__(text)
+        self._label = label
+        self._depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        event: yaml.Event = self.peek_event()  # type: ignore[no-untyped-call]  # stub lacks it
+        line = event.start_mark.line + 1 if event.start_mark is not None else 0
+        if isinstance(event, yaml.AliasEvent):
+            raise ConfigError(
+                f"{self._label}:{line}: YAML alias '*{_show_name(event.anchor)}' is not "
+                f"allowed in a specgov config (anchors and aliases are refused: they let a "
+                f"small file expand without bound); write the value out"
+            )
+        anchor = getattr(event, "anchor", None)
+        if anchor is not None:
+            raise ConfigError(
+                f"{self._label}:{line}: YAML anchor '&{_show_name(anchor)}' is not allowed "
+                f"in a specgov config (anchors and aliases are refused: they let a small "
+                f"file expand without bound); write the value out"
+            )
+        if isinstance(event, yaml.SequenceStartEvent | yaml.MappingStartEvent):
+            if self._depth >= YAML_MAX_DEPTH:
+                raise ConfigError(
+                    f"{self._label}:{line}: YAML nested deeper than {YAML_MAX_DEPTH} levels; "
+                    f"a specgov config needs at most 3 (group, key, list)"
+                )
+            self._depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self._depth -= 1
+        return super().compose_node(parent, index)
+
+
+def _show_name(anchor: object) -> str:
+    return escape_upstream(anchor, 40)
+
+
 def _yaml_layer(text: str, label: str, *, lines: bool = True) -> _Layer:
     """Parse a config document keeping each key's line; rejects duplicate keys."""
-    loader = yaml.SafeLoader(text)
+    loader = _BoundedLoader(text, label)
     try:
         root = loader.get_single_node()
         layer: _Layer = {}
@@ -592,7 +675,7 @@ def _yaml_layer(text: str, label: str, *, lines: bool = True) -> _Layer:
             if group in group_lines:
                 first = group_lines[group]
                 raise ConfigError(
-                    f"{label}:{line}: duplicate group {group!r} (first at line {first})"
+                    f"{label}:{line}: duplicate group {_show(group)} (first at line {first})"
                 )
             group_lines[group] = line
             layer[group] = {}
@@ -624,7 +707,7 @@ def _yaml_layer(text: str, label: str, *, lines: bool = True) -> _Layer:
         loader.dispose()
 
 
-def _key_of(loader: yaml.SafeLoader, node: yaml.Node, label: str, prefix: str) -> str:
+def _key_of(loader: _BoundedLoader, node: yaml.Node, label: str, prefix: str) -> str:
     line = node.start_mark.line + 1
     if node.tag.endswith(":merge"):
         raise ConfigError(f"{label}:{line}: YAML merge keys ('<<') are not supported")
@@ -647,13 +730,28 @@ def _env_layer(env: Mapping[str, str]) -> _Layer:
             raise ConfigError(f"env {name}: {form}: {_unknown_group(group)}")
         if key not in _SCHEMA[group]:
             raise ConfigError(f"env {name}: {form}: {_unknown_key(group, key)}")
-        try:
-            value = yaml.safe_load(env[name])
-        except yaml.YAMLError as exc:
-            problem = getattr(exc, "problem", None) or type(exc).__name__
-            raise ConfigError(f"env {name}: cannot read the value as YAML ({problem})") from None
+        text = env[name]
+        if len(text) > ENV_VALUE_MAX_CHARS:
+            raise ConfigError(
+                f"env {name}: the value has {len(text)} characters; a config override "
+                f"holds at most {ENV_VALUE_MAX_CHARS}"
+            )
+        value = _env_value(text, f"env {name}")
         layer.setdefault(group, {})[key] = _Raw(value, f"env {name}")
     return layer
+
+
+def _env_value(text: str, label: str) -> object:
+    """One environment value read as YAML, with the file's bounds (no aliases, depth)."""
+    loader = _BoundedLoader(text, label)
+    try:
+        node = loader.get_single_node()
+        return None if node is None else loader.construct_object(node, deep=True)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or type(exc).__name__
+        raise ConfigError(f"{label}: cannot read the value as YAML ({problem})") from None
+    finally:
+        loader.dispose()
 
 
 def _override_layer(overrides: Mapping[str, Any]) -> _Layer:
@@ -662,11 +760,11 @@ def _override_layer(overrides: Mapping[str, Any]) -> _Layer:
         group, dot, key = str(dotted).partition(".")
         if not dot or group not in _SCHEMA:
             raise ConfigError(
-                f"{CLI_LABEL}: override {dotted!r}: expected GROUP.KEY like 'loop.mode'; "
+                f"{CLI_LABEL}: override {_show(dotted)}: expected GROUP.KEY like 'loop.mode'; "
                 f"{_unknown_group(group)}"
             )
         if key not in _SCHEMA[group]:
-            raise ConfigError(f"{CLI_LABEL}: override {dotted!r}: {_unknown_key(group, key)}")
+            raise ConfigError(f"{CLI_LABEL}: override {_show(dotted)}: {_unknown_key(group, key)}")
         layer.setdefault(group, {})[key] = _Raw(value, CLI_LABEL)
     return layer
 
@@ -697,13 +795,7 @@ def load_config(
     layers: list[_Layer] = []
     if path is not None:
         label = str(path)
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except UnicodeDecodeError as exc:
-            raise ConfigError(f"{label}: not UTF-8 text ({exc.reason})") from None
-        except OSError as exc:
-            raise ConfigError(f"{label}: cannot read: {exc.strerror or exc}") from None
-        layers.append(_yaml_layer(text, label))
+        layers.append(_yaml_layer(_read_config_text(Path(path), label), label))
     layers.append(_env_layer(env))
     layers.append(_override_layer(overrides))
     for layer in layers:
@@ -712,6 +804,24 @@ def load_config(
     config = _build(merged, path)
     _check_relations(config)
     return config
+
+
+def _read_config_text(path: Path, label: str) -> str:
+    """The file's text; at most CONFIG_MAX_BYTES are read, whatever the file's size."""
+    try:
+        with path.open("rb") as file:
+            data = file.read(CONFIG_MAX_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{label}: cannot read: {exc.strerror or exc}") from None
+    if len(data) > CONFIG_MAX_BYTES:
+        raise ConfigError(
+            f"{label}: the file is larger than {CONFIG_MAX_BYTES} bytes (1 MiB), the most a "
+            f"specgov config may hold"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{label}: not UTF-8 text ({exc.reason})") from None
 
 
 def _build(merged: _Layer, path: Path | None) -> SpecgovConfig:

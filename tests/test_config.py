@@ -320,7 +320,7 @@ def test_bad_values_name_file_line_key_value_and_form(
         ("loop: fast\n", r"cfg\.yaml:1: loop: expected a mapping of keys"),
         ("loop:\n  mode: [observe\n", r"cfg\.yaml:\d+:\d+: invalid YAML: "),
         ("loop:\n\tmode: plugin\n", r"cfg\.yaml:2:1: invalid YAML: "),
-        ("base: &b {mode: plugin}\n", r"unknown group 'base'"),
+        ("base: &b {mode: plugin}\n", r"cfg\.yaml:1: YAML anchor '&b' is not allowed"),
         ("loop:\n  <<: {mode: plugin}\n", r"cfg\.yaml:2: YAML merge keys"),
         ("loop:\n  mode: !!python/name:os.system\n", r"cfg\.yaml:2:\d+: invalid YAML: "),
         ("a: 1\n---\nb: 2\n", r"cfg\.yaml:\d+:\d+: invalid YAML: "),
