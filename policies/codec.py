@@ -12,9 +12,10 @@ Conventions:
 
 * Fields whose names start with ``_`` are derived caches (``init=False``, with a
   default); they are never written, and rebuilt by ``__post_init__`` on load.
-* Unknown keys are ignored: a state written by a newer release loads in an older one
-  (downgrade after a rollout) and a field removed later does not strand old rows. A
-  missing required key, a wrong type or a value outside its constraint is an error.
+* Unknown keys are refused (a typo in a hand-edited state or an API body must not be
+  dropped silently), and so are a missing required key, a wrong type and a value outside
+  its constraint. A field with a default may be absent: a record written before the field
+  existed still loads.
 * Numbers are finite: :data:`Real` refuses NaN and +-inf (their magnitude bound is
   1e300), as :func:`specgov.policies.validation.is_real` does for hand-parsed input.
 
@@ -27,6 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Final, TypeAlias, TypeVar
 
 import msgspec
+import msgspec.inspect as mi
 
 __all__ = [
     "NonNegInt",
@@ -36,7 +38,9 @@ __all__ = [
     "PosReal",
     "Real",
     "from_data",
+    "from_versioned",
     "to_data",
+    "to_versioned",
 ]
 
 _BOUND: Final = 1e300
@@ -67,9 +71,81 @@ def from_data(
     """Validate ``data`` as ``kind`` (a dataclass, or a typing form such as
     ``tuple[X, ...]``); on failure raise ``error(f"{where}: {what} - at {path}")``."""
     try:
-        return msgspec.convert(data, kind, str_keys=True)
+        record = msgspec.convert(data, kind, str_keys=True)
     except msgspec.ValidationError as exc:
         raise error(f"{where}: {exc}") from None
+    unknown = _unknown_keys(msgspec.inspect.type_info(kind), data, "$")
+    if unknown is not None:
+        raise error(f"{where}: {unknown}")
+    return record
+
+
+def _unknown_keys(info: mi.Type, data: object, path: str) -> str | None:
+    """The first object in ``data`` with a key its dataclass does not have, described."""
+    if isinstance(info, mi.Metadata):
+        return _unknown_keys(info.type, data, path)
+    if isinstance(info, mi.DataclassType) and isinstance(data, Mapping):
+        names = {f.encode_name for f in info.fields}
+        extra = sorted(str(k) for k in data if k not in names)
+        if extra:
+            public = sorted(n for n in names if not n.startswith("_"))
+            return f"unknown key(s) {extra} - at `{path}`; expected keys {public}"
+        for f in info.fields:
+            if f.encode_name in data:
+                found = _unknown_keys(f.type, data[f.encode_name], f"{path}.{f.encode_name}")
+                if found is not None:
+                    return found
+        return None
+    if isinstance(info, mi.UnionType):
+        for option in info.types:
+            if isinstance(option, mi.DataclassType | mi.Metadata) and isinstance(data, Mapping):
+                return _unknown_keys(option, data, path)
+            if isinstance(option, mi.CollectionType | mi.TupleType) and isinstance(
+                data, list | tuple
+            ):
+                return _unknown_keys(option, data, path)
+        return None
+    if isinstance(data, list | tuple):
+        if isinstance(info, mi.TupleType):
+            items = list(zip(info.item_types, data, strict=False))
+        elif isinstance(info, mi.CollectionType):
+            items = [(info.item_type, item) for item in data]
+        else:
+            return None
+        for i, (item_info, item) in enumerate(items):
+            found = _unknown_keys(item_info, item, f"{path}[{i}]")
+            if found is not None:
+                return found
+        return None
+    if isinstance(info, mi.DictType) and isinstance(data, Mapping):
+        for key, value in data.items():
+            found = _unknown_keys(info.value_type, value, f"{path}[{key!r}]")
+            if found is not None:
+                return found
+    return None
+
+
+def to_versioned(record: object, version: int, *, key: str = "version") -> dict[str, Any]:
+    """:func:`to_data` of ``record`` with its format version under ``key``."""
+    return {key: version, **to_data(record)}
+
+
+def from_versioned(
+    kind: type[R],
+    data: object,
+    version: int,
+    *,
+    where: str,
+    error: Callable[[str], Exception],
+    key: str = "version",
+) -> R:
+    """:func:`from_data` of a record written by :func:`to_versioned` at ``version``."""
+    if not isinstance(data, Mapping):
+        raise error(f"{where}: expected an object, got {type(data).__name__}")
+    got = data.get(key)
+    if type(got) is not int or got != version:
+        raise error(f"{where}: key {key!r}: expected {version}, got {got!r}")
+    return from_data(kind, {k: v for k, v in data.items() if k != key}, where=where, error=error)
 
 
 def _drop_derived(data: Any) -> Any:

@@ -59,10 +59,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from specgov.policies.estimators._common import check_keys, is_int, is_real
+from specgov.policies.codec import from_data, to_data
+from specgov.policies.estimators._common import is_int, is_real
 from specgov.policies.types import PolicyTypeError, TierStatsSnapshot
 
 __all__ = [
@@ -89,18 +90,6 @@ def _check_version(owner: str, data: Mapping[str, Any], supported: int) -> None:
             f"{owner}.from_dict: key 'version': unsupported state version {version!r}; "
             f"this build reads version {supported}"
         )
-
-
-def _float_tuple(where: str, value: object, length: int) -> tuple[float, ...]:
-    if (
-        not isinstance(value, list | tuple)
-        or len(value) != length
-        or not all(is_real(v) and v >= 0 for v in value)
-    ):
-        raise PolicyTypeError(
-            f"{where}: expected a list of {length} finite numbers >= 0, got {value!r}"
-        )
-    return tuple(float(v) for v in value)
 
 
 # --------------------------------------------------------------------------- config
@@ -218,32 +207,6 @@ class SlotAcceptance:
                 f"number, got {self.last_change_s!r}"
             )
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "slot": self.slot,
-            "reached": list(self.reached),
-            "passed": list(self.passed),
-            "fast_reached": list(self.fast_reached),
-            "fast_passed": list(self.fast_passed),
-            "changes": self.changes,
-            "last_change_s": self.last_change_s,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], max_steps: int) -> SlotAcceptance:
-        keys = [f.name for f in fields(cls)]
-        check_keys("SlotAcceptance", data, keys)
-        where = "SlotAcceptance.from_dict: key"
-        return cls(
-            slot=data["slot"],
-            reached=_float_tuple(f"{where} 'reached'", data["reached"], max_steps),
-            passed=_float_tuple(f"{where} 'passed'", data["passed"], max_steps),
-            fast_reached=_float_tuple(f"{where} 'fast_reached'", data["fast_reached"], max_steps),
-            fast_passed=_float_tuple(f"{where} 'fast_passed'", data["fast_passed"], max_steps),
-            changes=data["changes"],
-            last_change_s=data["last_change_s"],
-        )
-
 
 def _empty_slot(slot: int, max_steps: int) -> SlotAcceptance:
     zeros = (0.0,) * max_steps
@@ -261,7 +224,7 @@ class AcceptanceState:
     # Shifts detected on the counts pooled over slots.
     pooled_changes: int = 0
     version: int = ACCEPTANCE_STATE_VERSION
-    _index: dict[int, int] = field(init=False, repr=False, compare=False)
+    _index: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not is_int(self.max_steps) or self.max_steps < 1:
@@ -306,41 +269,14 @@ class AcceptanceState:
         return self.pooled_changes + sum(s.changes for s in self.slots)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": self.version,
-            "max_steps": self.max_steps,
-            "last_time_s": self.last_time_s,
-            "pooled_changes": self.pooled_changes,
-            "slots": [s.to_dict() for s in self.slots],
-        }
+        data: dict[str, Any] = to_data(self)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AcceptanceState:
         if isinstance(data, Mapping):
             _check_version("AcceptanceState", data, ACCEPTANCE_STATE_VERSION)
-        check_keys(
-            "AcceptanceState",
-            data,
-            ("version", "max_steps", "last_time_s", "pooled_changes", "slots"),
-        )
-        max_steps = data["max_steps"]
-        if not is_int(max_steps) or max_steps < 1:
-            raise PolicyTypeError(
-                f"AcceptanceState.from_dict: key 'max_steps': expected an int >= 1, "
-                f"got {max_steps!r}"
-            )
-        raw = data["slots"]
-        if not isinstance(raw, list | tuple):
-            raise PolicyTypeError(
-                f"AcceptanceState.from_dict: key 'slots': expected a list, got {raw!r}"
-            )
-        return cls(
-            max_steps=max_steps,
-            slots=tuple(SlotAcceptance.from_dict(s, max_steps) for s in raw),
-            last_time_s=data["last_time_s"],
-            pooled_changes=data["pooled_changes"],
-            version=data["version"],
-        )
+        return from_data(cls, data, where="AcceptanceState.from_dict", error=PolicyTypeError)
 
 
 def initial_acceptance_state(

@@ -8,17 +8,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from specgov.policies.codec import from_versioned, to_versioned
 from specgov.policies.guardrails._common import (
     OVERRIDE_VERSION,
     GuardrailError,
     _bool,
     _int,
-    _keys,
     _opt_int,
     _real,
-)
-from specgov.policies.validation import (
-    is_int,
 )
 
 # ------------------------------------------------------------------------- override
@@ -107,43 +104,12 @@ class Override:
         return f"{what} ({self.reason!r}, until {self.expires_at_s:g} s)"
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": OVERRIDE_VERSION,
-            "slot": self.slot,
-            "steps": self.steps,
-            "disable_speculation": self.disable_speculation,
-            "pin_policy": self.pin_policy,
-            "expires_at_s": self.expires_at_s,
-            "reason": self.reason,
-            "created_at_s": self.created_at_s,
-        }
+        return to_versioned(self, OVERRIDE_VERSION)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Override:
-        keys = (
-            "version",
-            "slot",
-            "steps",
-            "disable_speculation",
-            "pin_policy",
-            "expires_at_s",
-            "reason",
-            "created_at_s",
-        )
-        d = _keys("Override.from_dict", data, keys)
-        if not is_int(d["version"]) or d["version"] != OVERRIDE_VERSION:
-            raise GuardrailError(
-                f"Override.from_dict: key 'version': expected {OVERRIDE_VERSION}, got "
-                f"{d['version']!r}"
-            )
-        return cls(
-            slot=d["slot"],
-            steps=d["steps"],
-            disable_speculation=d["disable_speculation"],
-            pin_policy=d["pin_policy"],
-            expires_at_s=d["expires_at_s"],
-            reason=d["reason"],
-            created_at_s=d["created_at_s"],
+        return from_versioned(
+            cls, data, OVERRIDE_VERSION, where="Override.from_dict", error=GuardrailError
         )
 
 
