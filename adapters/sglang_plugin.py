@@ -44,6 +44,18 @@ everywhere it was imported (``EAGLEWorkerV2`` builds it as
   passthrough mode propagate unchanged: that is SGLang behaving as SGLang.)
 * Times are wall-clock epoch seconds (``time.time()``) throughout, like the daemon's
   ``StepTable.produced_at_s``, so expiry compares like with like.
+* The spool belongs to its owner (docs/spool-security.md): a spool directory others
+  could write disables specgov at start (and stops tables being followed if it turns
+  so later); only tables owned by the daemon's uid (``SPECGOV_DAEMON_UID``, default
+  the server's own) are followed, never past the TTL cap (``SPECGOV_MAX_TABLE_TTL_S``);
+  statistics are written 0640 in ``SPECGOV_SPOOL_GROUP`` when one is set.
+* SGLang's next interface (REFERENCE.md section 1, upstream after 0.5.23): every method
+  accepts keyword arguments it does not know and ignores them; ``num_steps`` (also
+  positional, as upstream's ``AdaptiveController`` passes it) and ``ctx_repr`` are
+  handed on to SGLang's own instance when its method takes them, so passthrough stays
+  exactly SGLang; ``on_state_activated(steps)`` exists (upstream calls it after every
+  state switch) and is handed on the same way. specgov's tables have no context-length
+  dimension, so in table mode ``ctx_repr`` is not used for the choice.
 
 Importing this module imports neither torch nor sglang; :func:`register` imports
 SGLang's hook registry, and the TP channel imports torch at the first poll.
@@ -53,6 +65,7 @@ from __future__ import annotations
 
 import enum
 import importlib
+import inspect
 import json
 import logging
 import os
@@ -61,7 +74,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from specgov.adapters.spool import BackgroundStatsWriter, SpoolTableReader
+from specgov.adapters.spool import (
+    BackgroundStatsWriter,
+    SpoolSettings,
+    SpoolTableReader,
+    check_spool_dir,
+)
 from specgov.adapters.tp_sync import TableSync, TpChannel, default_channel
 from specgov.policies.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
@@ -99,6 +117,27 @@ class _Default(enum.Enum):
 
 
 _DEFAULT: Final = _Default.TOKEN
+
+
+def _keywords_taken(fn: object) -> frozenset[str] | None:
+    """The names ``fn`` takes by keyword; None when it takes ``**kwargs`` (any name)."""
+    try:
+        signature = inspect.signature(fn)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return frozenset()
+    names = set()
+    for param in signature.parameters.values():
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            return None
+        if param.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            names.add(param.name)
+    return frozenset(names)
+
+
+def _only_taken(kwargs: dict[str, Any], taken: frozenset[str] | None) -> dict[str, Any]:
+    if taken is None:
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in taken}
 
 
 def original_class() -> type | None:
@@ -151,8 +190,10 @@ def load_adaptive_config(cfg_path: str | os.PathLike[str] | None) -> AdaptiveCon
 class SpecgovAdaptiveParams:
     """Drop-in replacement for SGLang's ``AdaptiveSpeculativeParams``; see the module doc.
 
-    SGLang calls it with ``(initial_steps, cfg_path=None)`` only. The keyword-only
-    parameters exist for tests, benchmarks and the simulator:
+    SGLang 0.5.23 calls it with ``(initial_steps, cfg_path=None)`` only; any other
+    keyword argument (a later SGLang's) is handed to SGLang's own class when its
+    constructor takes it, and otherwise ignored. The keyword-only parameters exist for
+    tests, benchmarks and the simulator:
 
     * ``spool_dir``: default ``$SPECGOV_SPOOL_DIR`` (unset or empty: no spool);
     * ``original``: SGLang's class (default: as captured by :func:`register`; None:
@@ -160,7 +201,9 @@ class SpecgovAdaptiveParams:
     * ``channel_factory``: the TP group (default: SGLang's, found at the first poll);
     * ``clock``: epoch seconds (default ``time.time``);
     * ``stats_writer``: where rank 0's statistics go (default: a
-      :class:`BackgroundStatsWriter` on the spool; None: nowhere).
+      :class:`BackgroundStatsWriter` on the spool; None: nowhere);
+    * ``spool_settings``: group, daemon uid and TTL cap (default:
+      :meth:`SpoolSettings.from_env`).
     """
 
     def __init__(
@@ -175,14 +218,22 @@ class SpecgovAdaptiveParams:
         poll_every_batches: int = DEFAULT_POLL_EVERY_BATCHES,
         flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         stats_writer: Callable[[TierStatsSnapshot], object] | _Default | None = _DEFAULT,
+        spool_settings: SpoolSettings | _Default = _DEFAULT,
+        **sglang_kwargs: Any,
     ) -> None:
         original_cls: Any = original_class() if original is _DEFAULT else original
         if original_cls is not None and issubclass(original_cls, SpecgovAdaptiveParams):
             original_cls = None  # never wrap ourselves
-        # SGLang's own constructor first: its validation, its exceptions, its messages.
-        self._original: Any = (
-            None if original_cls is None else original_cls(initial_steps, cfg_path)
-        )
+        # SGLang's own constructor first: its validation, its exceptions, its messages;
+        # with the keyword arguments of a later SGLang that it takes.
+        self._ignored_keywords: set[str] = set()
+        self._original: Any = None
+        if original_cls is not None:
+            taken = _only_taken(sglang_kwargs, _keywords_taken(original_cls))
+            self._note_ignored(sglang_kwargs, taken)
+            self._original = original_cls(initial_steps, cfg_path, **taken)
+        else:
+            self._note_ignored(sglang_kwargs, {})
         self._clock = clock
         self._policy: TablePolicy | None = None
         self._sync: TableSync | None = None
@@ -210,6 +261,15 @@ class SpecgovAdaptiveParams:
         self._candidates: list[int] = list(self._passthrough.candidate_steps)
         self._candidate_set = frozenset(self._candidates)
         self._last_resort: int = self._passthrough.get_steps_for_batch(1)
+        # Which keywords of a later SGLang each of the passthrough's methods takes.
+        self._takes_get = _keywords_taken(self._passthrough.get_steps_for_batch)
+        self._takes_verify = _keywords_taken(self._passthrough.on_verify_complete)
+        activated = getattr(self._passthrough, "on_state_activated", None)
+        self._passthrough_activated: Callable[..., object] | None = (
+            activated if callable(activated) else None
+        )
+        self._takes_activated = _keywords_taken(activated) if callable(activated) else None
+        self.activated_steps: int | None = None
         if config is not None:
             try:
                 self._build(
@@ -220,6 +280,7 @@ class SpecgovAdaptiveParams:
                     poll_every_batches=poll_every_batches,
                     flush_interval_s=flush_interval_s,
                     stats_writer=stats_writer,
+                    spool_settings=spool_settings,
                 )
             except Exception as exc:
                 self._policy = None
@@ -236,6 +297,7 @@ class SpecgovAdaptiveParams:
         poll_every_batches: int,
         flush_interval_s: float,
         stats_writer: Callable[[TierStatsSnapshot], object] | _Default | None,
+        spool_settings: SpoolSettings | _Default,
     ) -> None:
         raw_dir = os.environ.get(SPOOL_DIR_ENV) if spool_dir is _DEFAULT else spool_dir
         self._spool_dir = Path(raw_dir) if raw_dir else None
@@ -246,9 +308,22 @@ class SpecgovAdaptiveParams:
                 f"config, SGLang {self._candidates}"
             )
         if self._spool_dir is not None:
-            self._reader = SpoolTableReader(self._spool_dir, self._candidates, self._clock)
+            settings = SpoolSettings.from_env() if spool_settings is _DEFAULT else spool_settings
+            if self._spool_dir.is_dir():
+                # Refuse a spool others could write before following anything from it
+                # (raises SpoolSecurityError: specgov disables itself, saying why).
+                check_spool_dir(
+                    self._spool_dir,
+                    group_gid=settings.group_gid,
+                    trusted_uids=settings.trusted_uids,
+                )
+            self._reader = SpoolTableReader(
+                self._spool_dir, self._candidates, self._clock, settings=settings
+            )
             self._writer = (
-                BackgroundStatsWriter(self._spool_dir) if stats_writer is _DEFAULT else stats_writer
+                BackgroundStatsWriter(self._spool_dir, settings=settings)
+                if stats_writer is _DEFAULT
+                else stats_writer
             )
         elif stats_writer is not _DEFAULT:
             self._writer = stats_writer
@@ -274,7 +349,8 @@ class SpecgovAdaptiveParams:
         """Union of the slots' candidate steps: the runtime states SGLang prebuilds."""
         return list(self._candidates)
 
-    def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
+    def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None, **kwargs: Any) -> None:
+        self._note_ignored(kwargs, {})
         self._passthrough.set_cuda_graph_bs(cuda_graph_bs)
         policy = self._policy
         if policy is not None:
@@ -283,10 +359,14 @@ class SpecgovAdaptiveParams:
             except Exception as exc:
                 self._note_error(exc)
 
-    def get_steps_for_batch(self, batch_size: int) -> int:
+    def get_steps_for_batch(self, batch_size: int, **kwargs: Any) -> int:
         policy = self._policy
+        if kwargs:
+            # ctx_repr (upstream's context-length buckets) and whatever comes next:
+            # SGLang's own instance gets what it takes; specgov's tables have no use for it.
+            kwargs = self._for_passthrough(kwargs, self._takes_get)
         if policy is None:
-            return self._passthrough.get_steps_for_batch(batch_size)  # type: ignore[no-any-return]
+            return self._passthrough.get_steps_for_batch(batch_size, **kwargs)  # type: ignore[no-any-return]
         try:
             sync = self._sync
             assert sync is not None
@@ -300,7 +380,7 @@ class SpecgovAdaptiveParams:
                     self._boundary = False
                     self._clock_override = None
                     self._enter_passthrough(sync)
-                    return self._passthrough.get_steps_for_batch(batch_size)  # type: ignore[no-any-return]
+                    return self._passthrough.get_steps_for_batch(batch_size, **kwargs)  # type: ignore[no-any-return]
                 self._log_table_mode(sync)
             steps = policy.get_steps_for_batch(batch_size)
             self._boundary = False
@@ -313,12 +393,23 @@ class SpecgovAdaptiveParams:
             return self._safe_steps(batch_size)
 
     def on_verify_complete(
-        self, num_correct_drafts_per_req: list[int], batch_size: int
+        self,
+        num_correct_drafts_per_req: list[int],
+        batch_size: int,
+        num_steps: int | None = None,
+        **kwargs: Any,
     ) -> int | None:
+        """``num_steps`` (upstream after 0.5.23: the steps the verified batch ran with,
+        passed third) and any other keyword go to SGLang's own instance when it takes
+        them; the table decides from its own record of the steps it chose."""
         policy = self._policy
+        if num_steps is not None:
+            kwargs["num_steps"] = num_steps
+        if kwargs:
+            kwargs = self._for_passthrough(kwargs, self._takes_verify)
         if policy is None:
             return self._passthrough.on_verify_complete(  # type: ignore[no-any-return]
-                num_correct_drafts_per_req, batch_size
+                num_correct_drafts_per_req, batch_size, **kwargs
             )
         if self._undecided:
             # A verify before the first decode lookup: feed both, answer as SGLang.
@@ -327,7 +418,7 @@ class SpecgovAdaptiveParams:
             except Exception as exc:
                 self._note_error(exc)
             return self._passthrough.on_verify_complete(  # type: ignore[no-any-return]
-                num_correct_drafts_per_req, batch_size
+                num_correct_drafts_per_req, batch_size, **kwargs
             )
         try:
             return policy.on_verify_complete(num_correct_drafts_per_req, batch_size)
@@ -335,9 +426,25 @@ class SpecgovAdaptiveParams:
             self._note_error(exc)
             return None
 
-    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
+    def cuda_graph_bs_for_step(self, step: int, **kwargs: Any) -> list[int] | None:
         """SGLang's own answer, so the engine captures exactly what it would without us."""
+        self._note_ignored(kwargs, {})
         return self._passthrough.cuda_graph_bs_for_step(step)  # type: ignore[no-any-return]
+
+    def on_state_activated(self, steps: int, **kwargs: Any) -> None:
+        """Upstream after 0.5.23 calls this after every runtime-state switch. Recorded in
+        ``activated_steps``; handed to SGLang's own instance when it has the method and
+        specgov is not answering from a table (then SGLang's instance sees exactly the
+        calls it would see without specgov)."""
+        self.activated_steps = steps
+        activated = self._passthrough_activated
+        if activated is None:
+            self._note_ignored(kwargs, {})
+            return
+        if kwargs:
+            kwargs = self._for_passthrough(kwargs, self._takes_activated)
+        if self._policy is None or self._undecided:
+            activated(steps, **kwargs)
 
     # ----------------------------------------------------------- introspection
 
@@ -433,6 +540,30 @@ class SpecgovAdaptiveParams:
         logger.warning(
             "specgov: disabled (%s); SGLang's own adaptive controller answers, unchanged", why
         )
+
+    @property
+    def ignored_keywords(self) -> frozenset[str]:
+        """Keyword arguments SGLang passed that neither specgov nor SGLang's own instance
+        takes (each logged once)."""
+        return frozenset(self._ignored_keywords)
+
+    def _for_passthrough(
+        self, kwargs: dict[str, Any], taken: frozenset[str] | None
+    ) -> dict[str, Any]:
+        passed = _only_taken(kwargs, taken)
+        if len(passed) != len(kwargs):
+            self._note_ignored(kwargs, passed)
+        return passed
+
+    def _note_ignored(self, kwargs: dict[str, Any], passed: dict[str, Any]) -> None:
+        for name in kwargs:
+            if name not in passed and name not in self._ignored_keywords:
+                self._ignored_keywords.add(name)
+                logger.info(
+                    "specgov: SGLang passes the keyword argument %r, which this specgov "
+                    "version does not use; ignored",
+                    name,
+                )
 
     def _note_error(self, exc: BaseException) -> None:
         self.errors += 1
