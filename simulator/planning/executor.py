@@ -24,6 +24,7 @@ input is a new job.
 
 from __future__ import annotations
 
+import importlib
 import json
 import multiprocessing
 import os
@@ -175,7 +176,8 @@ def _run_ray(
     finished: Callable[[JobSpec, dict[str, Any]], None],
 ) -> None:
     try:
-        import ray
+        # By name: Ray is an optional extra, and type-checking must not need it.
+        ray: Any = importlib.import_module("ray")
     except ImportError:
         raise ExecutorError(
             "executor 'ray' needs Ray: pip install 'specgov[ray]' (ray>=2.9)"
