@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
+import re
 import signal
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -37,8 +40,22 @@ from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.spool import read_tier_stats, write_step_table
 from specgov.controller.config import SpecgovConfig
+from specgov.controller.health import (
+    DEFAULT_TELEMETRY_MAX_AGE_S,
+    HealthInputs,
+    WarningThrottle,
+    escape_text,
+    liveness,
+    readiness,
+)
 from specgov.controller.own_metrics import DaemonMetrics
-from specgov.controller.state_store import StateStore, StoreUnavailable
+from specgov.controller.state_store import (
+    StateStore,
+    StoreCorrupt,
+    StoreReplaced,
+    StoreUnavailable,
+)
+from specgov.controller.store_journal import PendingWrite, StoreJournal, WriteBack, write_entry
 from specgov.policies.control_core import (
     AuditRecord,
     ControlCore,
@@ -73,6 +90,9 @@ MAX_OVERRIDE_TTL_S = 7 * 24 * 3600.0
 # A recommendation is handed to the apply command only above this predicted gain.
 APPLY_MIN_GAIN = 0.05
 SERVER_INFO_REFRESH_S = 30.0
+MAX_STORE_INCIDENTS = 10  # kept in the status document
+MEMORY_DECISIONS = 1000  # the audit tail kept when there is no store at all
+_NONFINITE = re.compile(r"\b(?:nan|[+-]?inf)\b", re.IGNORECASE)
 
 
 @dataclass
@@ -89,6 +109,7 @@ class DaemonStatus:
     decisions: int = 0
     tables_published: int = 0
     spool_error: str | None = None
+    spool_read_error: str | None = None
     recommendation: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -107,6 +128,9 @@ class Daemon:
         cpu_clock: Callable[[], float] = time.process_time,
         prior: StepCostPrior | None = None,
         config_loader: Callable[[], SpecgovConfig] | None = None,
+        journal: StoreJournal | None = None,
+        telemetry_max_age_s: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.store = store
@@ -118,6 +142,24 @@ class Daemon:
         self._config_loader = config_loader
         self._client = client
         self.status_info = DaemonStatus(started_at_s=clock())
+        # Readiness: telemetry older than this is "unavailable" (loop.telemetry_max_age_s
+        # when the configuration has it).
+        self.telemetry_max_age_s = (
+            telemetry_max_age_s
+            if telemetry_max_age_s is not None
+            else float(getattr(config.loop, "telemetry_max_age_s", DEFAULT_TELEMETRY_MAX_AGE_S))
+        )
+        self._throttle = WarningThrottle(
+            log, monotonic, on_suppressed=self.metrics.on_log_suppressed
+        )
+        self._journal = journal if journal is not None else StoreJournal()
+        self._store_incidents: deque[dict[str, Any]] = deque(maxlen=MAX_STORE_INCIDENTS)
+        self._last_tick_s: float | None = None
+        # Status parts that cost to build, keyed by the object they were built from.
+        self._table_doc: tuple[StepTable, dict[str, Any]] | None = None
+        self._observation_doc: tuple[Observation, dict[str, Any]] | None = None
+        # /v1/decisions answers, valid until the next audit row.
+        self._decisions_cache: dict[tuple[float | None, int], list[dict[str, Any]]] = {}
         self._builder = ObservationBuilder()
         self._observation: Observation | None = None
         self._stats_cursor: dict[str, int] | None = None
@@ -128,7 +170,7 @@ class Daemon:
         # (time, requests, prompt tokens, generation tokens) counter totals per scrape,
         # for the restart loop's workload summary.
         self._totals: list[tuple[float, float, float, float]] = []
-        self._memory_decisions: list[dict[str, Any]] = []  # when the store is unavailable
+        self._memory_decisions: list[dict[str, Any]] = []  # when there is no store at all
         # The operator's overrides by id: a cache of the store (the truth), re-read at
         # every decision; it carries on alone only while the store is unavailable.
         self._overrides: dict[str, Override] = {}
@@ -136,11 +178,36 @@ class Daemon:
         self._applied: tuple[str, float] | None = None  # (recommendation key, when applied)
         self._background: set[asyncio.Task[None]] = set()
         self.core = self._make_core(config)
+        self._start_store()
         self.core_state: CoreState = self._restore_state(self._initial_policy_spec())
         self._stop = asyncio.Event()
         self.exit_code = 0
 
     # ----------------------------------------------------------------- set-up
+
+    def _start_store(self) -> None:
+        """Open the store for this start. A corrupt file raises StoreRefused, a newer or
+        foreign one StoreSchemaError (both ValueErrors: the daemon does not start); a
+        missing one is created (the store logs a WARNING: empty state)."""
+        if self.store is None:
+            return
+        report = self.store.start()
+        if report.error is None:
+            return
+        self._store_failed(report.error)
+        if report.read_only:
+            note = (
+                f"state database {self.store.path} is read-only: restored what it holds; "
+                "writes are kept in memory until it is writable"
+            )
+        else:
+            note = (
+                f"state database {self.store.path} unusable at start ({report.error.cause}): "
+                "the daemon starts with empty state; writes are kept in memory until it "
+                "is usable"
+            )
+        self.status_info.notes.append(note)
+        log.warning("%s", note)
 
     def _initial_policy_spec(self) -> str:
         if self.store is not None:
@@ -208,7 +275,8 @@ class Daemon:
         returns those that expired since the last read, for the decision to say so."""
         now = self._clock()
         expired = tuple(o for o in self._overrides.values() if not o.is_active(now))
-        if self.store is not None:
+        # Writes waiting in the journal go first: the store's view lacks them.
+        if self.store is not None and (not self._journal.pending or self._write_back()):
             try:
                 records = self.store.list_overrides(now)
             except StoreUnavailable as exc:
@@ -218,11 +286,125 @@ class Daemon:
         self._overrides = {k: o for k, o in self._overrides.items() if o.is_active(now)}
         return expired
 
-    def _store_failed(self, exc: BaseException) -> None:
+    def _store_failed(self, exc: StoreUnavailable) -> None:
+        """Report a store failure at once: status, metric, journal; one log line per
+        burst (the first failure after the store worked), plus one per incident."""
+        kind = _store_failure_kind(exc)
+        self.metrics.on_store_failure(kind)
         message = f"state store unavailable, controlling from memory: {exc}"
-        if self.status_info.store_error != message:
-            log.error("%s", message)
+        if isinstance(exc, StoreReplaced):
+            incident = {"time_s": self._clock(), "kind": kind, "message": str(exc)}
+            self._store_incidents.append(incident)
+            message = f"state store: {exc.detail}; pending writes go back at the next write"
+            log.error("%s", escape_text(f"state database {exc.path}: {exc.detail}"))
+        elif self.status_info.store_error is None:
+            log.error(
+                "%s; audit rows and override changes are kept in memory (at most %d) and "
+                "written back when it returns",
+                escape_text(message),
+                self._journal.max_entries,
+            )
         self.status_info.store_error = message
+        self._journal.note_down(self._clock(), str(exc))
+
+    def _store_write(self, entry: PendingWrite) -> bool:
+        """Persist a decision row or override change, or queue it while the store is
+        down (earlier queued writes go first, so the store sees them in order)."""
+        store = self.store
+        if store is None:
+            return False
+        if not self._journal.pending or self._write_back():
+            try:
+                write_entry(store, entry)
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+            else:
+                return True
+        before = self._journal.dropped
+        self._journal.add(entry)
+        for k, n in self._journal.dropped.items():
+            self.metrics.on_journal_dropped(k, n - before.get(k, 0))
+        self.metrics.set_journal(len(self._journal))
+        return False
+
+    def _store_snapshot(self, key: str, write: Callable[[StateStore], object]) -> None:
+        """Persist a snapshot-like value (policy state, table, setting); while the store
+        is down only the latest per key is kept."""
+        store = self.store
+        if store is None:
+            return
+        if not self._journal.pending or self._write_back():
+            try:
+                write(store)
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
+            else:
+                return
+        self._journal.keep_latest(key, write)
+
+    def _write_back(self) -> bool:
+        """Write the journal back, then what the daemon holds (its overrides, so a file
+        recreated empty has them), then the gap as an audit row. True when done."""
+        store = self.store
+        assert store is not None
+        try:
+            result = self._journal.write_back(store, extra=self._holdings(), gap_row=self._gap_row)
+        except StoreUnavailable as exc:
+            self._store_failed(exc)
+            self.metrics.set_journal(len(self._journal))
+            return False
+        self.metrics.set_journal(0)
+        self._decisions_cache.clear()
+        self.status_info.store_error = None
+        dropped = sum(result.dropped.values())
+        log.warning(
+            "%s",
+            escape_text(
+                f"state store usable again after {self._clock() - result.down_since_s:.0f} s: "
+                f"{result.written} queued writes written back, {dropped} dropped"
+            ),
+        )
+        return True
+
+    def _holdings(self) -> Iterator[Callable[[StateStore], object]]:
+        now = self._clock()
+        for oid, override in self._overrides.items():
+            if override.is_active(now):
+                yield functools.partial(_put_override, {"id": oid, **override.to_dict()})
+
+    def _gap_row(self, result: WriteBack) -> dict[str, Any] | None:
+        """The audit row recording an outage of the store (None: nothing to record)."""
+        incidents = [i for i in self._store_incidents if i["time_s"] >= result.down_since_s]
+        dropped = sum(result.dropped.values())
+        if not (result.written or dropped or incidents):
+            return None
+        now = self._clock()
+        message = (
+            f"state store unavailable for {now - result.down_since_s:.1f} s "
+            f"({result.cause}); {result.written} audit rows and override changes kept in "
+            "memory and written back"
+        )
+        if dropped:
+            kinds = ", ".join(f"{n} {k}" for k, n in sorted(result.dropped.items()))
+            message += (
+                f"; {dropped} dropped ({kinds}): the journal holds at most "
+                f"{self._journal.max_entries}"
+            )
+        return {
+            "time_s": now,
+            "policy": self.policy.name,
+            "reason": "store_gap",
+            "message": message,
+            "inputs_summary": {
+                "store_down_from_s": result.down_since_s,
+                "store_back_at_s": now,
+                "written_back": result.written,
+                "dropped": dict(result.dropped),
+                "journal_max_entries": self._journal.max_entries,
+                "cause": result.cause,
+                "incidents": [i["message"] for i in incidents],
+            },
+        }
 
     # ------------------------------------------------------------- scraping
 
@@ -245,6 +427,7 @@ class Daemon:
         now = self._clock()
         try:
             scrape = await client.scrape_metrics()
+            self.metrics.on_nonfinite_dropped(_nonfinite_dropped(scrape.snapshot))
             info = None
             if self._server_info_at is None or now - self._server_info_at > SERVER_INFO_REFRESH_S:
                 info = await client.server_info()
@@ -265,20 +448,26 @@ class Daemon:
             self.status_info.permanent_error = str(exc)
             self.status_info.scrape_errors += 1
             self.metrics.on_scrape_error("permanent")
-            log.error("permanent telemetry error, not acting: %s", exc)
+            self._throttle.error(
+                "scrape-permanent", f"permanent telemetry error, not acting: {exc}"
+            )
             return None
         except (TemporaryScrapeError, ScrapeError) as exc:
             self.status_info.last_scrape_error = str(exc)
             self.status_info.scrape_errors += 1
             self.metrics.on_scrape_error("temporary")
-            log.warning("telemetry unavailable (will retry): %s", exc)
+            self._throttle.warning("scrape-temporary", f"telemetry unavailable (will retry): {exc}")
             return None
         except ValueError as exc:  # a malformed body
             self.status_info.last_scrape_error = f"malformed response: {exc}"
             self.status_info.scrape_errors += 1
             self.metrics.on_scrape_error("format")
-            log.warning("malformed telemetry: %s", exc)
+            self._throttle.warning("scrape-format", f"malformed telemetry: {exc}")
             return None
+        if self.status_info.last_scrape_error or self.status_info.permanent_error:
+            log.info("telemetry available again")
+        for kind in ("scrape-permanent", "scrape-temporary", "scrape-format"):
+            self._throttle.resolve(kind)
         self.status_info.permanent_error = None
         self.status_info.last_scrape_error = None
         self.status_info.last_scrape_s = now
@@ -369,11 +558,9 @@ class Daemon:
         self.metrics.set_restart_recommendation(
             rec.source, rec.shape.algorithm, rec.shape.num_steps, rec.predicted_gain
         )
-        if self.store is not None:
-            try:
-                self.store.set_setting("recommendation", data)
-            except StoreUnavailable as exc:
-                self._store_failed(exc)
+        self._store_snapshot(
+            "setting:recommendation", lambda s: s.set_setting("recommendation", data)
+        )
         if previous.get("key") != data["key"]:
             log.info("restart recommendation (%s): %s", rec.source, rec.summary)
         return data
@@ -437,7 +624,7 @@ class Daemon:
             note = f"cannot use the adaptive config {path}: {exc}"
             if note not in self.status_info.notes:
                 self.status_info.notes.append(note)
-            log.warning("%s", note)
+            self._throttle.warning("adaptive-config", note)
             return
         self._builder = builder
         self._adaptive_config_path = path
@@ -449,8 +636,16 @@ class Daemon:
         try:
             batch = read_tier_stats(spool, self._stats_cursor)
         except OSError as exc:
-            self.status_info.spool_error = f"cannot read {spool}: {exc}"
+            self.status_info.spool_read_error = f"cannot read {spool}: {exc}"
+            self.metrics.on_spool_failure("read")
+            self._throttle.warning(
+                "spool-read", f"cannot read the plugin statistics in {spool}: {exc}"
+            )
             return
+        if self.status_info.spool_read_error is not None:
+            log.info("plugin statistics in %s readable again", spool)
+            self.status_info.spool_read_error = None
+            self._throttle.resolve("spool-read")
         self._stats_cursor = dict(batch.cursor)
         self._stats_pending.extend(r.snapshot for r in batch.records)
 
@@ -480,10 +675,10 @@ class Daemon:
     def _save_policy_state(self, time_s: float) -> None:
         if self.store is None:
             return
-        try:
-            self.store.save_policy_state(self.policy.name, self.state.to_dict(), time_s)
-        except StoreUnavailable as exc:
-            self._store_failed(exc)
+        name, state = self.policy.name, self.state.to_dict()
+        self._store_snapshot(
+            f"policy_state:{name}", lambda s: s.save_policy_state(name, state, time_s)
+        )
 
     # The core's effects, carried out for real (through _Effects).
 
@@ -497,8 +692,12 @@ class Daemon:
             write_step_table(spool, publish.table, list(publish.candidates))
         except OSError as exc:
             self.status_info.spool_error = f"cannot write {spool}: {exc}"
-            log.error("cannot publish step table: %s", exc)
+            self.metrics.on_spool_failure("write")
+            self._throttle.error("spool-write", f"cannot publish step table: {exc}")
             return False
+        if self.status_info.spool_error is not None:
+            log.info("spool %s writable again", spool)
+            self._throttle.resolve("spool-write")
         self.status_info.spool_error = None
         self.status_info.tables_published += 1
         return True
@@ -514,19 +713,15 @@ class Daemon:
         self._persist(row)
 
     def _persist(self, record: dict[str, Any]) -> None:
+        self._decisions_cache.clear()
         if self.store is None:
             self._memory_decisions.append(record)
-            del self._memory_decisions[:-1000]
+            del self._memory_decisions[:-MEMORY_DECISIONS]
             return
-        try:
-            self.store.record_decision(**record)
-            if record["published"] and record["table_after"] is not None:
-                self.store.save_table(record["table_after"])
-            self.status_info.store_error = None
-        except StoreUnavailable as exc:
-            self._store_failed(exc)
-            self._memory_decisions.append(record)
-            del self._memory_decisions[:-1000]
+        self._store_write(PendingWrite("decision", float(record["time_s"]), record))
+        after = record["table_after"]
+        if record["published"] and after is not None:
+            self._store_snapshot("table", lambda s: s.save_table(after))
 
     # ------------------------------------------------ control service (API)
 
@@ -534,6 +729,7 @@ class Daemon:
         s = self.status_info
         now = self._clock()
         table = self.core_state.table
+        journal = self._journal
         return {
             "policy": self.policy.name,
             "configured_policy": self.core_state.configured_spec,
@@ -546,27 +742,73 @@ class Daemon:
             "permanent_error": s.permanent_error,
             "scrape_errors": s.scrape_errors,
             "store_error": s.store_error,
+            "store_journal": {
+                "entries": len(journal),
+                "max_entries": journal.max_entries,
+                "dropped": journal.dropped,
+                "down_since_s": journal.down_since_s,
+            },
+            "store_incidents": list(self._store_incidents),
             "spool_error": s.spool_error,
+            "spool_read_error": s.spool_read_error,
             "decisions": s.decisions,
             "tables_published": s.tables_published,
-            "table": table.to_dict() if table is not None else None,
+            "table": self._table_document(table),
             "table_age_s": None if table is None else now - table.produced_at_s,
             "slots": self._slot_layout(),
             "last_decision": s.last_decision,
             "overrides": self.list_overrides(),
-            "observation": inputs_summary(self._observation) if self._observation else None,
+            "observation": self._observation_document(),
             "recommendation": s.recommendation,
+            "health": self.health()["reasons"],
             "notes": list(s.notes),
         }
 
+    # Built once per table / observation, not once per status request (issue 9 §5):
+    # the documents are plain data, so the same object can be served again.
+    def _table_document(self, table: StepTable | None) -> dict[str, Any] | None:
+        if table is None:
+            return None
+        if self._table_doc is None or self._table_doc[0] is not table:
+            self._table_doc = (table, table.to_dict())
+        return self._table_doc[1]
+
+    def _observation_document(self) -> dict[str, Any] | None:
+        obs = self._observation
+        if obs is None:
+            return None
+        if self._observation_doc is None or self._observation_doc[0] is not obs:
+            self._observation_doc = (obs, inputs_summary(obs))
+        return self._observation_doc[1]
+
     def decisions(self, since_s: float | None, limit: int) -> list[dict[str, Any]]:
-        if self.store is not None:
+        """Newest first; the rows still in the journal come before the stored ones.
+        Answers are cached until the next audit row (the API may ask 100 times a second)."""
+        key = (since_s, limit)
+        cached = self._decisions_cache.get(key)
+        if cached is not None:
+            return cached
+        if self.store is None:
+            rows = [r for r in self._memory_decisions if since_s is None or r["time_s"] >= since_s]
+            return rows[-limit:][::-1]
+        queued = [
+            dict(r)
+            for r in reversed(self._journal.decisions())
+            if since_s is None or r["time_s"] >= since_s
+        ][:limit]
+        stored: list[dict[str, Any]] = []
+        if len(queued) < limit:
             try:
-                return [r.to_dict() for r in self.store.decisions(since_s=since_s, limit=limit)]
+                records = self.store.decisions(since_s=since_s, limit=limit - len(queued))
+                stored = [r.to_dict() for r in records]
             except StoreUnavailable as exc:
                 self._store_failed(exc)
-        rows = [r for r in self._memory_decisions if since_s is None or r["time_s"] >= since_s]
-        return rows[-limit:][::-1]
+                return queued  # not cached: the store may answer next time
+        out = queued + stored
+        if len(self._decisions_cache) > 64:
+            self._decisions_cache.clear()
+        self._decisions_cache[key] = out
+        return out
 
     def list_overrides(self) -> list[dict[str, Any]]:
         now = self._clock()
@@ -638,11 +880,7 @@ class Daemon:
         kept = with_override(tuple(self._overrides.values()), override)
         self._overrides = {k: v for k, v in self._overrides.items() if v in kept}
         self._overrides[override_id] = override
-        if self.store is not None:
-            try:
-                self.store.put_override(data)
-            except StoreUnavailable as exc:
-                self._store_failed(exc)
+        self._store_write(PendingWrite("override", now, data))
         log.info("override set: %s", override.describe())
         return data
 
@@ -655,18 +893,24 @@ class Daemon:
             kept = without_overrides(tuple(self._overrides.values()), slot=slot)
             self._overrides = {k: v for k, v in self._overrides.items() if v in kept}
         cleared = len(before - set(self._overrides))
-        if self.store is not None:
+        if self.store is None:
+            return cleared
+        selector: dict[str, Any]
+        if override_id is not None:
+            selector = {"override_id": override_id}
+        elif slot is not None:
+            selector = {"slot": slot}
+        else:
+            selector = {"all": True}
+        if override_id is not None and not cleared and not self._journal.pending:
+            # Not known here (set by another daemon on this file?): the store decides.
             try:
-                if override_id is not None:
-                    cleared = max(
-                        cleared, self.store.clear_override(override_id=override_id, now_s=now)
-                    )
-                elif slot is not None:
-                    self.store.clear_override(slot=slot, now_s=now)
-                else:
-                    self.store.clear_override(all=True, now_s=now)
+                cleared = self.store.clear_override(override_id=override_id, now_s=now)
             except StoreUnavailable as exc:
                 self._store_failed(exc)
+            else:
+                return cleared
+        self._store_write(PendingWrite("clear", now, selector))
         return cleared
 
     def set_policy(self, spec: str) -> dict[str, Any]:
@@ -679,9 +923,14 @@ class Daemon:
                 saved = self.store.load_policy_state(policy.name)
                 if saved is not None:
                     inner_state = policy.state_from_dict(saved).inner
-                self.store.set_setting("policy_spec", spec)
-            except (StoreUnavailable, ValueError) as exc:
+            except StoreUnavailable as exc:
+                self._store_failed(exc)
                 log.warning("policy switch: saved state not used: %s", exc)
+            except ValueError as exc:
+                log.warning("policy switch: saved state not used: %s", exc)
+            self._store_snapshot(
+                "setting:policy_spec", lambda s: s.set_setting("policy_spec", spec)
+            )
         self.core_state = self.core.configure(self.core_state, spec, inner_state)
         log.info("policy switched to %s", policy.name)
         return {"policy": policy.name}
@@ -689,9 +938,30 @@ class Daemon:
     def policies(self) -> dict[str, Any]:
         return {"current": self.policy.name, "kinds": list(KNOWN_KINDS)}
 
+    def _health_inputs(self) -> HealthInputs:
+        s = self.status_info
+        spool = s.spool_error or s.spool_read_error
+        return HealthInputs(
+            now_s=self._clock(),
+            started_at_s=s.started_at_s,
+            last_scrape_s=s.last_scrape_s,
+            last_scrape_error=s.last_scrape_error,
+            permanent_error=s.permanent_error,
+            spool_error=spool if self.config.loop.mode == "plugin" else None,
+            store_error=s.store_error,
+            telemetry_max_age_s=self.telemetry_max_age_s,
+            last_tick_s=self._last_tick_s,
+            decide_interval_s=self.config.loop.decide_interval_s,
+        )
+
     def health(self) -> dict[str, Any]:
-        ok = self.status_info.permanent_error is None
-        return {"ok": ok, "acting": ok, "store": self.status_info.store_error is None}
+        """Readiness: ok only with fresh telemetry, a writable spool (plugin mode), a
+        usable store and no permanent error; ``reasons`` says what fails."""
+        return readiness(self._health_inputs())
+
+    def liveness(self) -> dict[str, Any]:
+        """Liveness: the decision loop ticked recently (see controller/health.py)."""
+        return liveness(self._health_inputs())
 
     def recommend(self) -> dict[str, Any]:
         return self.status_info.recommendation or {
@@ -702,18 +972,25 @@ class Daemon:
     # ------------------------------------------------------------ the loops
 
     async def _every(self, interval_s: float, step: Callable[[], Awaitable[object]]) -> None:
+        # Fixed deadlines (start + k * interval), not "interval after the last step
+        # ended": a late wake-up on a busy loop then shortens the next wait instead of
+        # pushing every later step back. A step that overran skips the missed deadlines.
+        deadline = time.monotonic()
         while not self._stop.is_set():
-            started = time.monotonic()
             await step()
-            delay = max(0.0, interval_s - (time.monotonic() - started))
+            deadline += interval_s
+            now = time.monotonic()
+            if deadline < now:
+                deadline += interval_s * ((now - deadline) // interval_s + 1)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), timeout=delay)
+                await asyncio.wait_for(self._stop.wait(), timeout=deadline - now)
 
     async def _scrape_loop(self) -> None:
         await self._every(self.config.loop.scrape_interval_s, self.scrape_once)
 
     async def _decide_loop(self) -> None:
         async def step() -> None:
+            self._last_tick_s = self._clock()
             self.decide_once()
 
         await self._every(self.config.loop.decide_interval_s, step)
@@ -791,10 +1068,16 @@ class Daemon:
 
     async def close(self) -> None:
         if self.store is not None:
-            try:
-                self.store.save_policy_state(self.policy.name, self.state.to_dict(), self._clock())
-            except StoreUnavailable as exc:
-                self._store_failed(exc)
+            self._save_policy_state(self._clock())
+            if self._journal.pending:
+                log.error(
+                    "%s",
+                    escape_text(
+                        f"state store still unavailable at shutdown ({self._journal.cause}): "
+                        f"{len(self._journal)} audit rows and override changes kept in memory "
+                        "are lost"
+                    ),
+                )
         if self._client is not None:
             await self._client.aclose()
 
@@ -823,3 +1106,22 @@ class _Effects:
         task = loop.create_task(self._daemon._maybe_apply(data))
         self._daemon._background.add(task)
         task.add_done_callback(self._daemon._background.discard)
+
+
+def _store_failure_kind(exc: StoreUnavailable) -> str:
+    if isinstance(exc, StoreReplaced):
+        return "deleted" if exc.deleted else "replaced"
+    if isinstance(exc, StoreCorrupt):
+        return "corrupt"
+    return "unavailable"
+
+
+def _nonfinite_dropped(snapshot: Any) -> int:
+    """NaN/Inf sample values the parser dropped from one scrape (its ``unknown`` list
+    names the value in each reason; negative counters are dropped too but are finite)."""
+    unknown = getattr(snapshot, "unknown", ())
+    return sum(1 for u in unknown if _NONFINITE.search(str(getattr(u, "reason", ""))))
+
+
+def _put_override(data: Mapping[str, Any], store: StateStore) -> object:
+    return store.put_override(data)

@@ -84,6 +84,10 @@ DECIDE_DURATION_BUCKETS_S: Final = (
 # Kinds the daemon reports (controller/daemon.py); pre-created at 0 so that rate()
 # and increase() see a series before its first error.
 DEFAULT_SCRAPE_ERROR_KINDS: Final = ("temporary", "permanent", "format")
+# Store failure kinds (controller/daemon.py): unavailable (full or read-only disk, cannot
+# open), corrupt, deleted and replaced (the file under the daemon changed).
+STORE_FAILURE_KINDS: Final = ("unavailable", "corrupt", "deleted", "replaced")
+SPOOL_OPERATIONS: Final = ("write", "read")
 
 
 def _package_version() -> str:
@@ -273,6 +277,48 @@ class DaemonMetrics:
             registry=registry,
         )
         self._restart_labels: tuple[str, str, str] | None = None
+        self._store_failures = Counter(
+            f"{NAMESPACE}_store_failures",
+            "Failed writes or reads of the state database, by kind (unavailable: full or "
+            "read-only disk, cannot open; corrupt; deleted or replaced under the daemon).",
+            ["kind"],
+            registry=registry,
+        )
+        for kind in STORE_FAILURE_KINDS:
+            self._store_failures.labels(kind=kind)
+        self._spool_failures = Counter(
+            f"{NAMESPACE}_spool_failures",
+            "Failed spool operations (write: publishing a step table; read: the plugin's "
+            "statistics files).",
+            ["operation"],
+            registry=registry,
+        )
+        for op in SPOOL_OPERATIONS:
+            self._spool_failures.labels(operation=op)
+        self._nonfinite = Counter(
+            f"{NAMESPACE}_telemetry_nonfinite_values_dropped",
+            "NaN or infinite sample values in the server's /metrics that were dropped "
+            "(read as unknown, never as 0).",
+            registry=registry,
+        )
+        self._journal_entries = Gauge(
+            f"{NAMESPACE}_store_journal_entries",
+            "Audit rows and override changes waiting in memory for the state database.",
+            registry=registry,
+        )
+        self._journal_dropped = Counter(
+            f"{NAMESPACE}_store_journal_dropped",
+            "Writes dropped because the in-memory journal was full while the state "
+            "database was unavailable, by kind (decision, override, clear).",
+            ["kind"],
+            registry=registry,
+        )
+        self._suppressed = Counter(
+            f"{NAMESPACE}_log_lines_suppressed",
+            "Repeated warnings not logged (rate-limited per kind), by kind.",
+            ["kind"],
+            registry=registry,
+        )
 
         # Recorded state: the derived series' source when no snapshot callable is given.
         self._table: StepTable | None = None
@@ -310,6 +356,31 @@ class DaemonMetrics:
     def on_scrape_error(self, kind: str) -> None:
         """One failed scrape; ``kind`` is a short fixed word (bounded label values)."""
         self._scrape_errors.labels(kind=str(kind)).inc()
+
+    def on_store_failure(self, kind: str) -> None:
+        """One failed store call; ``kind`` one of :data:`STORE_FAILURE_KINDS`."""
+        self._store_failures.labels(kind=str(kind)).inc()
+
+    def on_spool_failure(self, operation: str) -> None:
+        """One failed spool write or read."""
+        self._spool_failures.labels(operation=str(operation)).inc()
+
+    def on_nonfinite_dropped(self, count: int) -> None:
+        """``count`` NaN/Inf values dropped from one scrape."""
+        if count > 0:
+            self._nonfinite.inc(count)
+
+    def set_journal(self, entries: int) -> None:
+        """Entries waiting in the store journal now."""
+        self._journal_entries.set(max(0, int(entries)))
+
+    def on_journal_dropped(self, kind: str, count: int = 1) -> None:
+        if count > 0:
+            self._journal_dropped.labels(kind=str(kind)).inc(count)
+
+    def on_log_suppressed(self, kind: str) -> None:
+        """One warning line not written by the rate limit."""
+        self._suppressed.labels(kind=str(kind)).inc()
 
     # ---------------------------------------------------------- recorded state
 

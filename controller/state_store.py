@@ -34,10 +34,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import shlex
 import sqlite3
+import stat
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,9 +66,12 @@ __all__ = [
     "Migration",
     "OverrideRecord",
     "PolicySnapshot",
+    "StartReport",
     "StateStore",
     "StoreCorrupt",
     "StoreError",
+    "StoreRefused",
+    "StoreReplaced",
     "StoreSchemaError",
     "StoreUnavailable",
 ]
@@ -101,6 +108,55 @@ class StoreUnavailable(Exception):
 
 class StoreCorrupt(StoreUnavailable):
     """SQLite reports the file as corrupt or not a database."""
+
+
+class StoreReplaced(StoreUnavailable):
+    """The file at the path is no longer the one the store had open (deleted or replaced).
+
+    Raised once, by the write that noticed; the store has already dealt with it (see
+    :meth:`StateStore.check_identity`): ``recovered`` says whether every committed row
+    is in the file now at the path (``saved_to``: where the old content went, if aside).
+    The write that raised was not made; the caller retries it.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        operation: str,
+        cause: BaseException,
+        *,
+        deleted: bool,
+        recovered: bool,
+        detail: str,
+        saved_to: Path | None = None,
+    ) -> None:
+        self.deleted = deleted
+        self.recovered = recovered
+        self.detail = detail
+        self.saved_to = saved_to
+        super().__init__(path, operation, cause)
+        self.args = (f"state database {path}: {detail}",)
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class StoreRefused(StoreError):
+    """The file cannot be trusted at start (corrupt): the daemon must not start on it."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartReport:
+    """What :meth:`StateStore.start` found.
+
+    ``created``: the file did not exist and was created empty. ``read_only``: the file
+    could only be opened for reading (restore works; writes fail until it is writable).
+    ``error``: why the store is unusable now (None: usable).
+    """
+
+    created: bool
+    read_only: bool = False
+    error: StoreUnavailable | None = None
 
 
 # --------------------------------------------------------------------------- schema
@@ -410,8 +466,16 @@ class StateStore:
         keep_tables: int = 1000,
         keep_decisions: int = 200_000,
         open_now: bool = True,
+        file_group: str | int | None = None,
     ) -> None:
         self._path = Path(path)
+        self._gid = _group_id(file_group)
+        # 0600: the audit log and overrides are the operator's business; 0640 when a
+        # group (e.g. the inference server's) is configured to read them.
+        self._file_mode = 0o600 if self._gid is None else 0o640
+        self._identity: tuple[int, int] | None = None
+        self._created_on_open: bool | None = None
+        self._read_only = False
         if synchronous not in ("FULL", "NORMAL"):
             raise StoreError(
                 f"StateStore.synchronous: expected 'FULL' or 'NORMAL', got {synchronous!r}"
@@ -473,6 +537,7 @@ class StateStore:
 
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
+        self._read_only = False
         if conn is not None:
             try:
                 conn.close()  # rolls back any open transaction
@@ -491,9 +556,12 @@ class StateStore:
         if self._conn is not None:
             return self._conn
         try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._make_parent()
+            created = self._create_file()
         except OSError as exc:
             self._unavailable(StoreUnavailable, op, exc)
+        if self._created_on_open is None:
+            self._created_on_open = created
         conn: sqlite3.Connection | None = None
         try:
             conn = self._connect(self._path)
@@ -521,7 +589,249 @@ class StateStore:
             raise
         assert conn is not None
         self._conn = conn
+        self._read_only = False
+        self._identity = self._stat_identity()
+        self._secure_files()
         return conn
+
+    # ------------------------------------------------------------ files and identity
+
+    def _make_parent(self) -> None:
+        parent = self._path.parent
+        if not parent.exists():
+            parent.mkdir(parents=True, mode=0o700 if self._gid is None else 0o750)
+
+    def _create_file(self) -> bool:
+        """Create the file with the state mode before SQLite does (SQLite gives the -wal
+        and -shm files the database file's mode); True if it was created."""
+        if os.path.lexists(self._path):
+            return False
+        try:
+            fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, self._file_mode)
+        except FileExistsError:
+            return False
+        try:
+            if self._gid is not None:
+                os.fchown(fd, -1, self._gid)
+            os.fchmod(fd, self._file_mode)  # the umask may have taken bits away
+        finally:
+            os.close(fd)
+        return True
+
+    def _secure_files(self) -> None:
+        """Take away permission bits beyond the state mode from the file, -wal and -shm
+        (never adds any: a read-only file stays read-only)."""
+        for path in (self._path, _sidecar(self._path, "-wal"), _sidecar(self._path, "-shm")):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            try:
+                if self._gid is not None and st.st_gid != self._gid:
+                    os.chown(path, -1, self._gid)
+                wanted = stat.S_IMODE(st.st_mode) & self._file_mode
+                if wanted != stat.S_IMODE(st.st_mode):
+                    os.chmod(path, wanted)
+                    log.info(
+                        "state file %s: mode %o -> %o (state files are private)",
+                        path,
+                        stat.S_IMODE(st.st_mode),
+                        wanted,
+                    )
+            except OSError as exc:
+                log.warning(
+                    "state file %s has mode %o, readable beyond its owner%s, and cannot be "
+                    "changed: %s",
+                    path,
+                    stat.S_IMODE(st.st_mode),
+                    "" if self._gid is None else " and group",
+                    exc,
+                )
+
+    def _stat_identity(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self._path)
+        except OSError:
+            return None
+        return (st.st_dev, st.st_ino)
+
+    def check_identity(self, op: str = "check_identity") -> None:
+        """Raise :class:`StoreReplaced` if the file at the path is not the one open.
+
+        Called before every write (a stat: microseconds). A deleted file is recreated
+        at the path from the still-open connection (SQLite's backup API reads the
+        unlinked file through its open descriptors), so no committed row is lost. A
+        replaced file is taken as the operator's choice: the old content is saved
+        beside it as ``<name>.replaced-<unix time>`` and the store switches to the new
+        file. Either way the store is usable again when this raises.
+        """
+        with self._lock:
+            if self._conn is None or self._identity is None or self._read_only:
+                return
+            now = self._stat_identity()
+            if now == self._identity:
+                return
+            if now is None and os.path.lexists(self._path):
+                return  # stat failed for another reason; the write will say why
+            self._recover_file(op, deleted=now is None)
+
+    def _recover_file(self, op: str, *, deleted: bool) -> NoReturn:
+        old = self._conn
+        assert old is not None
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        if deleted:
+            # Copy to a temporary name first: closing the old connection deletes
+            # "<path>-wal" by name, which must not be the new file's.
+            target = self._path.with_name(f"{self._path.name}.recovering-{stamp}")
+        else:
+            target = self._path.with_name(f"{self._path.name}.replaced-{stamp}")
+        cause: BaseException = FileNotFoundError(f"{self._path} no longer exists")
+        try:
+            self._make_parent()
+            fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, self._file_mode)
+            os.close(fd)
+            copy = sqlite3.connect(str(target), check_same_thread=False)
+            try:
+                old.backup(copy)
+            finally:
+                copy.close()
+            rows = _count_rows(old)
+        except (OSError, sqlite3.Error) as exc:
+            self._drop()
+            self._identity = None
+            what = "was deleted" if deleted else "was replaced by another file"
+            detail = (
+                f"{what} while the daemon ran; copying its open copy to {target} failed "
+                f"({exc}); the rows committed before are lost unless written back"
+            )
+            err = StoreReplaced(
+                self._path, op, exc, deleted=deleted, recovered=False, detail=detail
+            )
+            self._last_error = err
+            raise err from exc
+        self._drop()  # the old file's -wal/-shm names go with it
+        if deleted:
+            os.replace(target, self._path)
+            detail = (
+                f"was deleted while the daemon ran; recreated it from the daemon's open copy "
+                f"({rows} decisions and every other committed row kept)"
+            )
+            saved: Path | None = None
+        else:
+            detail = (
+                f"was replaced by another file while the daemon ran; the daemon now uses the "
+                f"new file; the old content ({rows} decisions) is saved as {target}"
+            )
+            saved = target
+        self._identity = None
+        err = StoreReplaced(
+            self._path, op, cause, deleted=deleted, recovered=True, detail=detail, saved_to=saved
+        )
+        self._last_error = err
+        raise err
+
+    # ----------------------------------------------------------------- start-up
+
+    def start(self) -> StartReport:
+        """Open the file for a daemon start and say what was found.
+
+        A missing file is created, with a WARNING that the daemon starts with empty
+        state. A corrupt file (SQLite cannot read it, or ``PRAGMA quick_check`` fails)
+        raises :class:`StoreRefused` with the recovery command: starting empty on it
+        would silently drop the audit log and overrides. A file that cannot be opened
+        for writing (read-only file, folder or disk) is opened read-only so every
+        readable part can be restored; writes then fail (:class:`StoreUnavailable`)
+        until it is writable. A newer or foreign file raises :class:`StoreSchemaError`.
+        """
+        with self._lock:
+            error: StoreUnavailable | None = None
+            conn: sqlite3.Connection | None
+            try:
+                conn = self._connection("start")
+            except StoreCorrupt as exc:
+                raise StoreRefused(self._corrupt_message(str(exc.cause))) from exc
+            except StoreUnavailable as exc:
+                error = exc
+                conn = self._open_read_only() if os.path.lexists(self._path) else None
+            created = bool(self._created_on_open)
+            if created:
+                log.warning(
+                    "state database %s did not exist: created it; the daemon starts with "
+                    "empty state (no audit log, overrides, learned policy state or table)",
+                    self._path,
+                )
+            if conn is not None:
+                try:
+                    rows = [str(r[0]) for r in conn.execute("PRAGMA quick_check").fetchall()]
+                except sqlite3.Error as exc:
+                    if _classify(exc) is not StoreCorrupt:
+                        raise
+                    rows = [str(exc)]
+                if rows != ["ok"]:
+                    self._drop()
+                    raise StoreRefused(self._corrupt_message("; ".join(rows[:3])))
+                if error is None:
+                    error = self._probe_write(conn)
+            return StartReport(created=created, read_only=self._read_only, error=error)
+
+    def _probe_write(self, conn: sqlite3.Connection) -> StoreUnavailable | None:
+        """Whether a write lock can be taken (SQLite opens a write-protected file
+        read-only without saying so); the connection stays for reading either way."""
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("ROLLBACK")
+        except sqlite3.Error as exc:
+            _rollback(conn)
+            kind = _classify(exc)
+            if kind is None:
+                raise
+            err = kind(self._path, "start", exc)
+            self._last_error = err
+            return err
+        return None
+
+    def _open_read_only(self) -> sqlite3.Connection | None:
+        """A read-only connection for restoring from a file that cannot be written."""
+        quoted = urllib.parse.quote(str(self._path.absolute()))
+        wal = os.path.lexists(_sidecar(self._path, "-wal"))
+        # immutable=1 when even the -shm cannot be made (read-only folder); it reads
+        # the main file only, so only when there is no -wal with commits in it.
+        for query in ("mode=ro", *(() if wal else ("mode=ro&immutable=1",))):
+            conn: sqlite3.Connection | None = None
+            try:
+                conn = sqlite3.connect(f"file:{quoted}?{query}", uri=True, check_same_thread=False)
+                conn.isolation_level = None
+                version = _read_version(conn)
+            except sqlite3.Error as exc:
+                if conn is not None:
+                    conn.close()
+                if _classify(exc) is StoreCorrupt:
+                    raise StoreRefused(self._corrupt_message(str(exc))) from exc
+                continue
+            self._refuse_newer(version)
+            log.warning(
+                "state database %s cannot be opened for writing: opened read-only to restore "
+                "what it holds; writes wait in memory until it is writable",
+                self._path,
+            )
+            self._conn = conn
+            self._read_only = True
+            self._identity = self._stat_identity()
+            return conn
+        return None
+
+    def _corrupt_message(self, cause: str) -> str:
+        p = shlex.quote(str(self._path))
+        rec = shlex.quote(f"{self._path}.recovered")
+        bad = shlex.quote(f"{self._path}.corrupt")
+        return (
+            f"state database {self._path} is corrupt ({cause}); refusing to start on it, "
+            "since starting empty would drop its audit log and overrides. Recover what is "
+            f"readable with: sqlite3 {p} .recover | sqlite3 {rec} && mv {p} {bad} && "
+            f"mv {rec} {p} -- or move it aside (mv {p} {bad}) to start with empty state"
+        )
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         version = _read_version(conn)
@@ -585,6 +895,7 @@ class StateStore:
         """Run ``fn`` in one transaction, committed before returning."""
         with self._lock:
             conn = self._connection(op)
+            self.check_identity(op)
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 result = fn(conn)
@@ -994,6 +1305,32 @@ class StateStore:
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _group_id(group: str | int | None) -> int | None:
+    if group is None:
+        return None
+    if isinstance(group, bool) or not isinstance(group, str | int):
+        raise StoreError(f"StateStore.file_group: expected a group name or id, got {group!r}")
+    if isinstance(group, int):
+        if group < 0:
+            raise StoreError(f"StateStore.file_group: expected a group id >= 0, got {group}")
+        return group
+    import grp
+
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise StoreError(f"StateStore.file_group: no group named {group!r}") from None
+
+
+def _sidecar(path: Path, suffix: str) -> Path:
+    return path.with_name(path.name + suffix)
+
+
+def _count_rows(conn: sqlite3.Connection) -> int:
+    row = conn.execute("SELECT count(*) FROM decisions").fetchone()
+    return 0 if row is None else int(row[0])
 
 
 def _read_version(conn: sqlite3.Connection) -> int:
