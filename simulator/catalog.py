@@ -13,6 +13,17 @@ add or override entries with YAML files of the same schema::
     drafters:
       my-drafter: {algorithm: EAGLE3, params_b: 0.5, kv_bytes_per_token: 4096,
                    static_reserve_gib: 2.0, acceptance_profile: eagle3-llama3.1-8b}
+    acceptance_profiles:          # what `specgov fit-acceptance` writes
+      my-fit:
+        source: "fit-acceptance of my-trace.jsonl"
+        default_domain: chat
+        domains:
+          chat: {rates: [0.69, 0.66, 0.69], token_correlation: 0.45, fit: {...}}
+
+An acceptance profile of a catalog file is used by name (``replay --acceptance-profile``
+or a drafter's ``acceptance_profile``) and wins over a built-in profile of that name.
+``token_correlation`` null (or absent) samples the rates per verify; ``fit`` is the
+fit's report, kept as written and not read by the simulator.
 
 A user entry replaces the built-in entry of the same name. Names and aliases are
 looked up case-insensitively. Every schema problem raises ``CatalogError`` naming
@@ -31,8 +42,10 @@ from typing import Any
 import yaml
 
 from specgov.policies.validation import is_int, is_real
+from specgov.simulator.acceptance import DomainAcceptance
 
 __all__ = [
+    "AcceptanceProfileSpec",
     "Catalog",
     "CatalogError",
     "DrafterSpec",
@@ -44,7 +57,7 @@ GIB = float(1 << 30)
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._/+-]*$")
 _ALGORITHMS = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM")
-_SECTIONS = ("gpus", "models", "drafters")
+_SECTIONS = ("gpus", "models", "drafters", "acceptance_profiles")
 _BUILTIN_FILES = ("gpus.yaml", "models.yaml", "drafters.yaml")
 
 
@@ -136,6 +149,21 @@ class DrafterSpec:
     def has_model(self) -> bool:
         """True when drafting runs a neural network (weights on the GPU)."""
         return self.params_b > 0 or any(v > 0 for _, v in self.params_b_by_target)
+
+
+@dataclass(frozen=True)
+class AcceptanceProfileSpec:
+    """An acceptance profile from a catalog file: per domain, rates and token correlation."""
+
+    name: str
+    domains: tuple[tuple[str, DomainAcceptance], ...]
+    default_domain: str | None = None
+    source: str = ""
+    aliases: tuple[str, ...] = ()
+
+    def as_profiles(self) -> dict[str, dict[str, DomainAcceptance]]:
+        """The ``profiles=`` argument of ``AcceptanceModel`` for this profile."""
+        return {self.name: dict(self.domains)}
 
 
 # --------------------------------------------------------------------------- parsing
@@ -297,16 +325,74 @@ def _drafter(ctx: _Ctx, path: str, name: str, entry: object) -> DrafterSpec:
     return DrafterSpec(name=name, params_b=default, params_b_by_target=tuple(by_target), **f)
 
 
+def _rates(ctx: _Ctx, path: str, value: object) -> tuple[float, ...]:
+    form = "a non-empty list of acceptance rates in [0, 1]"
+    if not isinstance(value, list) or not value:
+        raise ctx.fail(path, form, value)
+    out = []
+    for i, v in enumerate(value):
+        if not is_real(v) or not 0.0 <= v <= 1.0:
+            raise ctx.fail(f"{path}[{i}]", "an acceptance rate in [0, 1]", v)
+        out.append(float(v))
+    return tuple(out)
+
+
+def _correlation(ctx: _Ctx, path: str, value: object) -> float | None:
+    if value is None:
+        return None
+    out = _nonneg(ctx, path, value)
+    if out >= 1.0:
+        raise ctx.fail(path, "a number in [0, 1) or null", value)
+    return out
+
+
+def _mapping(ctx: _Ctx, path: str, value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ctx.fail(path, "a mapping", value)
+    return value
+
+
+_DOMAIN_FIELDS: dict[str, _Field] = {
+    "rates": (_rates, True),
+    "token_correlation": (_correlation, False),
+    "fit": (_mapping, False),
+}
+_PROFILE_FIELDS: dict[str, _Field] = {
+    "domains": (lambda c, p, v: v, True),  # parsed in _acceptance_profile
+    "default_domain": (_name, False),
+    "source": (_text, False),
+    "aliases": (_names, False),
+}
+
+
+def _acceptance_profile(ctx: _Ctx, path: str, name: str, entry: object) -> AcceptanceProfileSpec:
+    f = _fields(ctx, path, entry, _PROFILE_FIELDS)
+    raw = f.pop("domains")
+    if not isinstance(raw, dict) or not raw:
+        raise ctx.fail(f"{path}.domains", "a non-empty mapping of domain -> {rates: [...]}", raw)
+    domains: list[tuple[str, DomainAcceptance]] = []
+    for key, value in raw.items():
+        domain = _name(ctx, f"{path}.domains (domain name)", key)
+        d = _fields(ctx, f"{path}.domains.{key}", value, _DOMAIN_FIELDS)
+        domains.append((domain, DomainAcceptance(d["rates"], d.get("token_correlation"))))
+    default = f.pop("default_domain", None)
+    if default is not None and default not in dict(domains):
+        raise CatalogError(
+            f"{ctx.file}: {path}.default_domain: '{default}' is not one of its domains "
+            f"({', '.join(d for d, _ in domains)})"
+        )
+    return AcceptanceProfileSpec(name=name, domains=tuple(domains), default_domain=default, **f)
+
+
 _PARSERS: dict[str, Callable[[_Ctx, str, str, object], Any]] = {
     "gpus": _gpu,
     "models": _model,
     "drafters": _drafter,
+    "acceptance_profiles": _acceptance_profile,
 }
 
 
-def _parse_document(
-    file: str, text: str
-) -> dict[str, dict[str, GpuSpec | ModelSpec | DrafterSpec]]:
+def _parse_document(file: str, text: str) -> dict[str, dict[str, Any]]:
     ctx = _Ctx(file)
     try:
         doc = yaml.safe_load(text)
@@ -317,7 +403,7 @@ def _parse_document(
     form = f"a mapping with any of the sections {', '.join(_SECTIONS)}"
     if not isinstance(doc, dict):
         raise ctx.fail("(top level)", form, doc)
-    out: dict[str, dict[str, GpuSpec | ModelSpec | DrafterSpec]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for section, entries in doc.items():
         if section not in _SECTIONS:
             raise CatalogError(
@@ -327,7 +413,7 @@ def _parse_document(
             continue
         if not isinstance(entries, dict):
             raise ctx.fail(section, "a mapping of name -> entry", entries)
-        parsed: dict[str, GpuSpec | ModelSpec | DrafterSpec] = {}
+        parsed: dict[str, Any] = {}
         for raw_name, entry in entries.items():
             name = _name(ctx, f"{section} (entry name)", raw_name)
             if name in parsed:
@@ -343,7 +429,7 @@ def _parse_document(
 class _Index:
     """Name and alias lookup for one kind of entry."""
 
-    def __init__(self, kind: str, entries: Mapping[str, GpuSpec | ModelSpec | DrafterSpec]) -> None:
+    def __init__(self, kind: str, entries: Mapping[str, Any]) -> None:
         self.kind = kind
         self.entries: dict[str, Any] = dict(entries)
         self.lookup: dict[str, str] = {name: name for name in entries}
@@ -377,10 +463,12 @@ class Catalog:
         gpus: Mapping[str, GpuSpec],
         models: Mapping[str, ModelSpec],
         drafters: Mapping[str, DrafterSpec],
+        acceptance_profiles: Mapping[str, AcceptanceProfileSpec] | None = None,
     ) -> None:
         self._gpus = _Index("GPU", gpus)
         self._models = _Index("model", models)
         self._drafters = _Index("drafter", drafters)
+        self._acceptance = _Index("acceptance profile", acceptance_profiles or {})
         # Cross references: a drafter may only name targets the catalog knows.
         for drafter in drafters.values():
             refs = [*drafter.targets, *(t for t, _ in drafter.params_b_by_target)]
@@ -408,7 +496,9 @@ class Catalog:
         for file, text in sources:
             for section, entries in _parse_document(file, text).items():
                 merged[section].update(entries)
-        return cls(merged["gpus"], merged["models"], merged["drafters"])
+        return cls(
+            merged["gpus"], merged["models"], merged["drafters"], merged["acceptance_profiles"]
+        )
 
     def gpu(self, name: str) -> GpuSpec:
         spec: GpuSpec = self._gpus.get(name)
@@ -421,6 +511,19 @@ class Catalog:
     def drafter(self, name: str) -> DrafterSpec:
         spec: DrafterSpec = self._drafters.get(name)
         return spec
+
+    def acceptance_profile(self, name: str) -> AcceptanceProfileSpec | None:
+        """The catalog file's acceptance profile *name*, or None (a built-in one, if any)."""
+        if not isinstance(name, str):
+            raise CatalogError(f"acceptance profile name must be a string, got {name!r}")
+        key = self._acceptance.lookup.get(name.strip().lower())
+        spec: AcceptanceProfileSpec | None = (
+            self._acceptance.entries[key] if key is not None else None
+        )
+        return spec
+
+    def acceptance_profile_names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._acceptance.entries))
 
     def gpu_names(self) -> tuple[str, ...]:
         return tuple(sorted(self._gpus.entries))

@@ -32,7 +32,13 @@ from specgov.policies.spec import PolicySpecError as DaemonSpecError
 from specgov.policies.table import TablePolicy
 from specgov.policies.types import Budget, Observation
 from specgov.simulator.acceptance import AcceptanceModel
-from specgov.simulator.catalog import Catalog, DrafterSpec, GpuSpec, ModelSpec
+from specgov.simulator.catalog import (
+    AcceptanceProfileSpec,
+    Catalog,
+    DrafterSpec,
+    GpuSpec,
+    ModelSpec,
+)
 from specgov.simulator.closed_loop import ClosedLoop, ControlLoopConfig
 from specgov.simulator.cost import CostModel
 from specgov.simulator.engine import Engine, EngineConfig, EngineResult, VirtualClock
@@ -244,15 +250,54 @@ class BuiltServer:
     gpu: GpuSpec
     model: ModelSpec
     drafter: DrafterSpec
+    # The acceptance profile from a catalog file (e.g. `specgov fit-acceptance`'s), when
+    # the server's profile names one; None: a built-in profile.
+    acceptance: AcceptanceProfileSpec | None = None
 
 
 def resolve(server: ServerSpec) -> BuiltServer:
     catalog = Catalog.load(server.catalog_files)
+    drafter = catalog.drafter(server.drafter)
     return BuiltServer(
         gpu=catalog.gpu(server.gpu),
         model=catalog.model(server.model),
-        drafter=catalog.drafter(server.drafter),
+        drafter=drafter,
+        acceptance=catalog.acceptance_profile(
+            server.acceptance_profile or drafter.acceptance_profile
+        ),
     )
+
+
+def acceptance_model(
+    server: ServerSpec, built: BuiltServer, *, seed: int, token_model: bool = True
+) -> AcceptanceModel:
+    """The acceptance model of *server*: measured rates, a catalog file's profile (e.g.
+    fitted by ``specgov fit-acceptance``) or a built-in profile, in that order."""
+    ndt = server.num_draft_tokens if server.topk > 1 else None
+    kwargs: dict[str, Any] = {
+        "topk": server.topk,
+        "num_draft_tokens": ndt,
+        "seed": seed,
+        "token_model": token_model,
+    }
+    if server.burstiness is not None:
+        kwargs["burstiness"] = server.burstiness
+    if server.acceptance_rates is not None:
+        rates = tuple(server.acceptance_rates)
+        return AcceptanceModel(
+            "observed",
+            profiles={"observed": {domain: rates for domain in OBSERVED_DOMAINS}},
+            **kwargs,
+        )
+    if built.acceptance is not None:
+        spec = built.acceptance
+        return AcceptanceModel(
+            spec.name,
+            profiles=spec.as_profiles(),
+            default_domain=spec.default_domain,
+            **kwargs,
+        )
+    return AcceptanceModel(server.acceptance_profile or built.drafter.acceptance_profile, **kwargs)
 
 
 @dataclass
@@ -333,20 +378,7 @@ def prepare_run(
     cost = CostModel.from_catalog(b.gpu, b.model, drafter, topk=server.topk, num_draft_tokens=ndt)
     acceptance = None
     if policy.speculative:
-        kwargs: dict[str, Any] = {"topk": server.topk, "num_draft_tokens": ndt, "seed": seed}
-        if server.burstiness is not None:
-            kwargs["burstiness"] = server.burstiness
-        if server.acceptance_rates is not None:
-            rates = tuple(server.acceptance_rates)
-            acceptance = AcceptanceModel(
-                "observed",
-                profiles={"observed": {domain: rates for domain in OBSERVED_DOMAINS}},
-                **kwargs,
-            )
-        else:
-            acceptance = AcceptanceModel(
-                server.acceptance_profile or b.drafter.acceptance_profile, **kwargs
-            )
+        acceptance = acceptance_model(server, b, seed=seed)
     config = EngineConfig(
         kv_token_capacity=memory.kv_token_capacity,
         max_running_requests=server.max_running_requests,
