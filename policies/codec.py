@@ -16,6 +16,8 @@ Conventions:
   dropped silently), and so are a missing required key, a wrong type and a value outside
   its constraint. A field with a default may be absent: a record written before the field
   existed still loads.
+* A dataclass may name keys its other forms carry in ``CODEC_TOLERATED_KEYS`` (the
+  step table's spool ``schema``): they are accepted and not read.
 * Numbers are finite: :data:`Real` refuses NaN and +-inf (their magnitude bound is
   1e300), as :func:`specgov.policies.validation.is_real` does for hand-parsed input.
 
@@ -86,7 +88,8 @@ def _unknown_keys(info: mi.Type, data: object, path: str) -> str | None:
         return _unknown_keys(info.type, data, path)
     if isinstance(info, mi.DataclassType) and isinstance(data, Mapping):
         names = {f.encode_name for f in info.fields}
-        extra = sorted(str(k) for k in data if k not in names)
+        tolerated = getattr(info.cls, "CODEC_TOLERATED_KEYS", frozenset())
+        extra = sorted(str(k) for k in data if k not in names and k not in tolerated)
         if extra:
             public = sorted(n for n in names if not n.startswith("_"))
             return f"unknown key(s) {extra} - at `{path}`; expected keys {public}"

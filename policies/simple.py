@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from specgov.policies.codec import from_versioned, to_versioned
 from specgov.policies.types import (
     Budget,
     Decision,
@@ -187,21 +188,13 @@ class TableState:
     table: StepTable | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "table": None if self.table is None else self.table.to_dict(),
-        }
+        return to_versioned(self, STATE_VERSION)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TableState:
-        check_state_keys("TableState", data, ("version", "table"))
-        raw = data["table"]
-        if raw is None:
-            return cls()
-        try:
-            return cls(table=StepTable.from_dict(raw))
-        except (PolicyTypeError, TypeError) as exc:
-            raise PolicyStateError(f"TableState.from_dict: key 'table': {exc}") from exc
+        return from_versioned(
+            cls, data, STATE_VERSION, where="TableState.from_dict", error=PolicyStateError
+        )
 
 
 def check_state_keys(owner: str, data: object, keys: Sequence[str]) -> None:

@@ -13,7 +13,7 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from specgov.policies.validation import (
     check_int,
@@ -199,6 +199,8 @@ class StepTable:
     produced_at_s: float
     ttl_s: float
     reason: str = ""
+    # A table nested in a saved state may be in its spool form (to_dict), with "schema".
+    CODEC_TOLERATED_KEYS: ClassVar[frozenset[str]] = frozenset({"schema"})
     # Derived lookup arrays (not part of equality or the serialised form; the default
     # lets the codec build a table from data, __post_init__ fills them in).
     _bounds: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)

@@ -273,11 +273,11 @@ def test_state_round_trips_through_json() -> None:
 @pytest.mark.parametrize(
     ("data", "expected"),
     [
-        ({"version": 1}, "missing key(s) ['table']"),
+        ({"version": 1, "table": {"version": 1, "produced_at_s": 0, "ttl_s": 1}}, "`slots`"),
         ({"version": 2, "table": None}, "key 'version': expected 1, got 2"),
         ({"version": 1, "table": None, "x": 1}, "unknown key(s) ['x']"),
-        ({"version": 1, "table": {"slots": []}}, "key 'table'"),
-        ([1, 2], "expected a mapping"),
+        ({"version": 1, "table": {"slots": []}}, "at `$.table`"),
+        ([1, 2], "expected an object"),
     ],
 )
 def test_state_from_dict_names_the_bad_key(data: Any, expected: str) -> None:

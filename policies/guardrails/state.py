@@ -251,9 +251,6 @@ class GuardedState(Generic[S]):
             raise GuardrailError(f"{w}: missing key 'inner' (the policy's own state)")
         # The bookkeeping by its schema; the inner state by the policy that owns it.
         rest = {k: v for k, v in data.items() if k not in ("version", "inner")}
-        if isinstance(rest.get("table"), Mapping):
-            # States written before the codec held the table in its spool form.
-            rest["table"] = {k: v for k, v in rest["table"].items() if k != "schema"}
         state: GuardedState[Any] = from_data(
             GuardedState[Any], {**rest, "inner": None}, where=w, error=GuardrailError
         )
