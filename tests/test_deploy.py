@@ -119,7 +119,8 @@ def test_daemon_image_is_slim_non_root_with_a_healthcheck() -> None:
     assert len(health) == 1 and CONTROL_HEALTH in health[0]
     run = " ".join(v for k, v in steps if k == "RUN")
     # The spool: inside the runtime directory, group-shared, never world-writable.
-    assert "-m 2770 /run/specgov/spool" in run
+    assert "-m 2750 /run/specgov/spool " in run, "only the daemon writes tables"
+    assert "-m 2770 /run/specgov/spool/stats" in run, "the server's user writes statistics"
     assert "-m 0700 /var/lib/specgov" in run
     env = " ".join(v for k, v in steps if k == "ENV")
     assert "SPECGOV_SPOOL__DIR=/run/specgov/spool" in env
@@ -153,6 +154,7 @@ def test_plugin_image_installs_into_sglangs_environment() -> None:
     assert "pip install --no-cache-dir /tmp/dist/specgov-" in run
     env = " ".join(v for k, v in steps if k == "ENV")
     assert "SGLANG_PLUGINS=specgov" in env and "SPECGOV_SPOOL_DIR=/run/specgov/spool" in env
+    assert f"SPECGOV_SPOOL_GROUP={DAEMON_UID}" in env and f"SPECGOV_DAEMON_UID={DAEMON_UID}" in env
 
 
 def test_healthcheck_command_reads_the_health_endpoint() -> None:
@@ -197,7 +199,8 @@ def test_unit_is_hardened() -> None:
     # The spool: systemd's runtime directory for the user, group-shared, not /tmp.
     assert keys["RuntimeDirectory"] == ["specgov specgov/spool"]
     mode = int(keys["RuntimeDirectoryMode"][0], 8)
-    assert mode & 0o007 == 0, "never writable or readable by others"
+    assert mode == 0o2750, "only the daemon writes tables; never readable by others"
+    assert keys["ExecStartPre"] == ["/usr/bin/install -d -m 2770 /run/specgov/spool/stats"]
     assert "SPECGOV_SPOOL__DIR=/run/specgov/spool" in keys["Environment"]
     assert keys["ExecStart"][0].split()[1:3] == ["run", "--config"]
 
@@ -303,9 +306,11 @@ def test_pod_shares_a_private_spool_between_sglang_and_the_daemon() -> None:
     assert env["SPECGOV_SPOOL_DIR"] == spool and env["SGLANG_PLUGINS"] == "specgov"
     config = yaml.safe_load(_kind("ConfigMap")["data"]["config.yaml"])
     assert config["spool"]["dir"] == spool and config["loop"]["mode"] == "observe"
-    # Ownership: the emptyDir is 0777; the init container makes the spool 2770 as the
-    # daemon's user, and fsGroup puts both containers in that group.
-    assert "-m 2770 " + spool in " ".join(init["command"])
+    # Ownership: the emptyDir is 0777; the init container makes the spool 2750 and its
+    # stats/ 2770 as the daemon's user, and fsGroup puts both containers in that group.
+    script = " ".join(init["command"])
+    assert f"chmod 2750 {spool} " in script and f"chmod 2770 {spool}/stats" in script
+    assert env["SPECGOV_SPOOL_GROUP"] == env["SPECGOV_DAEMON_UID"] == str(DAEMON_UID)
     assert init["securityContext"]["runAsUser"] == DAEMON_UID
     assert pod["securityContext"]["fsGroup"] == DAEMON_UID
     assert daemon["securityContext"]["runAsUser"] == DAEMON_UID
@@ -408,3 +413,19 @@ def test_daemon_config_in_the_configmap_loads() -> None:
         config = load_config(path, env={})
     assert str(config.spool.dir) == "/run/specgov/spool"
     assert config.loop.mode == "observe"
+
+
+def test_init_container_spool_passes_the_spool_check(tmp_path: Path) -> None:
+    """The init container's script, run on a scratch directory, leaves a spool that
+    adapters.spool accepts for the two-user deployment (group write only on stats/)."""
+    from specgov.adapters.spool import check_spool_dir
+
+    init = _containers(_kind("Deployment")["spec"]["template"]["spec"])["spool-init"]
+    script = init["command"][2].replace("/run/specgov", str(tmp_path))
+    subprocess.run(["sh", "-c", script], check=True, timeout=30)
+    spool = tmp_path / "spool"
+    assert (spool.stat().st_mode & 0o7777, (spool / "stats").stat().st_mode & 0o7777) == (
+        0o2750,
+        0o2770,
+    )
+    check_spool_dir(spool, group_gid=os.getgid(), trusted_uids={os.geteuid()})

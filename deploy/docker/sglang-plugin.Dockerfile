@@ -19,5 +19,9 @@ RUN pip install --no-cache-dir /tmp/dist/specgov-*.whl && rm -rf /tmp/dist
 
 # Without SPECGOV_SPOOL_DIR, or without a valid table in it, the plugin chooses exactly
 # what SGLang's own adaptive controller would.
+# Two users (docs/spool-security.md): the server runs as its own user in group 10001 and
+# follows only tables written by the daemon's uid 10001.
 ENV SGLANG_PLUGINS=specgov \
-    SPECGOV_SPOOL_DIR=/run/specgov/spool
+    SPECGOV_SPOOL_DIR=/run/specgov/spool \
+    SPECGOV_SPOOL_GROUP=10001 \
+    SPECGOV_DAEMON_UID=10001
