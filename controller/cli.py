@@ -7,7 +7,6 @@ daemon's commands never pay for numpy/matplotlib start-up they do not use.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -16,22 +15,35 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from specgov.controller.policy_help import kinds_help
+
 if TYPE_CHECKING:
     from specgov.simulator.replay import ReplayReport
     from specgov.simulator.traces import Trace
 
 DEFAULT_REPLAY_POLICIES = ("none", "static:1", "static:3", "static:5", "static:7", "sglang-ema")
+_REPLAY_KINDS = kinds_help(replay=True)
+
+
+EXIT_USAGE = 2  # the README's code for bad usage, input or configuration
+
+
+class BadInput(click.ClickException):
+    """A bad option value, policy spec, catalog name or trace file: one line, exit 2."""
+
+    exit_code = EXIT_USAGE
 
 
 @contextmanager
 def _user_errors() -> Iterator[None]:
-    """Turn input errors (all ValueError/OSError subclasses here) into one clean line."""
+    """Turn input errors (all ValueError/OSError subclasses here) into one clean line
+    and the README's exit code 2 (bad usage or configuration)."""
     try:
         yield
     except click.ClickException:
         raise
     except (ValueError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
 
 
 @click.group(
@@ -44,6 +56,7 @@ def main() -> None:
 
 def _register_subcommands() -> None:
     # Each command module imports only click at load time; its work is lazy.
+    from specgov.controller.catalog_cmd import catalog_group
     from specgov.controller.config_cmd import config_group
     from specgov.controller.daemon_cmds import COMMANDS
     from specgov.controller.demo import demo_cmd
@@ -55,6 +68,7 @@ def _register_subcommands() -> None:
 
     main.add_command(sglang_args)
     main.add_command(config_group)
+    main.add_command(catalog_group)
     for command in COMMANDS:
         main.add_command(command)
     main.add_command(demo_cmd)
@@ -95,16 +109,21 @@ def _load_trace(
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
+    from specgov.controller.cli_format import number
+
+    return number(value, digits)
 
 
 def render_table(report: ReplayReport) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from specgov.controller.cli_format import (
+        goodput_legend,
+        is_overloaded,
+        overload_note,
+        percent,
+    )
 
     data = report.to_json()
     trace = data["trace"]
@@ -116,17 +135,20 @@ def render_table(report: ReplayReport) -> None:
         f"SLO TPOT {_fmt(data['slo']['tpot_ms'], 0)} ms | seed {data['seed']}"
     )
     base = next((p for p in data["policies"] if p["name"] == "sglang-ema"), None)
-    table = Table(title=title, title_justify="left")
+    overload = overload_note(data["policies"])
+    caption = goodput_legend(data["slo"], baseline=None if base is None else "sglang-ema")
+    caption += " Rates and latencies are in simulated time."
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for col in (
         "policy",
         "tok/s",
-        "goodput",
+        "goodput tok/s",
         "vs ema",
-        "TTFT p99 ms",
-        "TPOT p50",
-        "TPOT p99",
-        "ITL p99",
         "SLO %",
+        "TTFT p99 ms",
+        "TPOT p50 ms",
+        "TPOT p99 ms",
+        "ITL p99 ms",
         "acc len",
         "retract",
         "KV peak",
@@ -137,20 +159,21 @@ def render_table(report: ReplayReport) -> None:
         ratio = "-"
         if base is not None and base["goodput_tok_s"] > 0:
             ratio = f"{p['goodput_tok_s'] / base['goodput_tok_s']:.3f}x"
-        slo = p["slo_attainment"]
+            if is_overloaded(p):
+                ratio += " (overloaded)"
         table.add_row(
             p["name"],
             _fmt(p["throughput_tok_s"], 0),
             _fmt(p["goodput_tok_s"], 0),
             ratio,
+            percent(p["slo_attainment"], 1),
             _fmt(p["ttft_ms"]["p99"]),
             _fmt(p["tpot_ms"]["p50"], 2),
             _fmt(p["tpot_ms"]["p99"], 2),
             _fmt(p["itl_ms"]["p99"], 2),
-            _fmt(100.0 * slo if slo is not None else None),
             _fmt(p["mean_accept_length"], 2),
             str(p["retractions"]),
-            f"{100.0 * p['kv_peak_fraction']:.0f}%",
+            percent(p["kv_peak_fraction"]),
             str(p["tier_switches"]),
         )
     # Never squeeze the columns into ellipses: a narrow terminal wraps instead,
@@ -158,22 +181,30 @@ def render_table(report: ReplayReport) -> None:
     console = (
         Console(width=max(Console().width, 150)) if sys.stdout.isatty() else Console(width=200)
     )
+    if overload is not None:
+        # Before the table: the ratios below compare runs that mostly failed the SLO.
+        console.print(overload, style="bold red", markup=False, highlight=False)
     console.print(table)
 
 
+def _stderr_is_terminal() -> bool:
+    return sys.stderr.isatty()
+
+
 def _progress_factory() -> tuple[Callable[[str, int, int], None] | None, Callable[[], None]]:
-    """A rich progress bar on a terminal; nothing when output is piped."""
-    if not sys.stderr.isatty():
+    """A progress bar per policy on stderr when it is a terminal (whatever --output:
+    JSON goes to stdout); nothing when stderr is piped or captured."""
+    if not _stderr_is_terminal():
         return None, lambda: None
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(
-        TextColumn("{task.description}"),
+        TextColumn("replaying {task.description}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total} requests"),
         TimeElapsedColumn(),
-        console=Console(stderr=True),
+        console=Console(file=sys.stderr, force_terminal=True),
         transient=True,
     )
     tasks: dict[str, Any] = {}
@@ -233,7 +264,7 @@ def _run_replay(
         )
     except PriorOptionError as exc:  # a bad option value: usage error (exit 2)
         raise click.UsageError(str(exc)) from None
-    progress, stop = _progress_factory() if output == "table" else (None, lambda: None)
+    progress, stop = _progress_factory()
     try:
         report = replay(
             trace,
@@ -249,9 +280,21 @@ def _run_replay(
     if plot is not None:
         from specgov.simulator.plots import write_plots
 
-        written = write_plots([(r.policy.name, r.result.series) for r in report.runs], plot)
-        if output == "table":
-            click.echo(f"plots: {', '.join(str(p) for p in written)}", err=True)
+        server_info = report.server
+        context = (
+            f"{server_info['gpu']} {server_info['model']} + {server_info['drafter']}, "
+            f"{report.trace.get('requests')} requests of {report.trace.get('name', 'trace')}"
+        )
+        try:
+            written = write_plots(
+                [(r.policy.name, r.result.series) for r in report.runs],
+                plot,
+                slo_tpot_ms=slo_tpot_ms,
+                context=context,
+            )
+        except OSError as exc:  # the replay ran; the folder is the problem
+            raise click.ClickException(f"--plot {plot}: cannot write: {exc}") from None
+        click.echo(f"plots: {', '.join(str(p) for p in written)}", err=True)
     if output == "json":
         click.echo(json.dumps(report.to_json(), indent=2, allow_nan=False))
     else:
@@ -269,7 +312,13 @@ _server_options = [
         show_default=True,
         help="--speculative-num-steps (the initial step of adaptive policies).",
     ),
-    click.option("--topk", type=click.IntRange(min=1), default=1, show_default=True),
+    click.option(
+        "--topk",
+        type=click.IntRange(min=1),
+        default=1,
+        show_default=True,
+        help="--speculative-eagle-topk: 1 is a chain; more is a tree (no adaptive steps).",
+    ),
     click.option(
         "--num-draft-tokens",
         type=click.IntRange(min=1),
@@ -287,11 +336,18 @@ _server_options = [
         default=None,
         help="Acceptance burstiness (0 = i.i.d. draws).",
     ),
-    click.option("--max-running-requests", type=click.IntRange(min=1), default=None),
+    click.option(
+        "--max-running-requests",
+        type=click.IntRange(min=1),
+        default=None,
+        help="SGLang's --max-running-requests (default: SGLang's, from the KV pool size).",
+    ),
     click.option(
         "--mem-fraction-static",
         type=click.FloatRange(min=0.0, max=1.0, min_open=True),
         default=None,
+        help="SGLang's --mem-fraction-static: the share of GPU memory for weights and KV "
+        "(default: SGLang's rule).",
     ),
     click.option(
         "--catalog",
@@ -304,20 +360,35 @@ _server_options = [
         type=click.FloatRange(min=0.0, min_open=True),
         default=50.0,
         show_default=True,
+        help="SLO on each request's time per output token (ms); goodput counts the "
+        "requests within it.",
     ),
-    click.option("--slo-ttft-ms", type=click.FloatRange(min=0.0, min_open=True), default=None),
-    click.option("--seed", type=int, default=0, show_default=True),
+    click.option(
+        "--slo-ttft-ms",
+        type=click.FloatRange(min=0.0, min_open=True),
+        default=None,
+        help="SLO on time to first token (ms), in addition to TPOT (default: none).",
+    ),
+    click.option(
+        "--seed",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Seed of every random draw (acceptance, sampling, synthetic traces).",
+    ),
     click.option(
         "--output",
         type=click.Choice(["table", "json"]),
         default="table",
         show_default=True,
+        help="A table for people, or one JSON object for scripts (see the README).",
     ),
     click.option(
         "--plot",
         type=click.Path(file_okay=False, path_type=Path),
         default=None,
-        help="Write PNG time series per policy into this folder.",
+        help="Write PNG figures into this folder: per policy (load, steps per slot, "
+        "throughput, TPOT with the SLO) and a comparison.",
     ),
 ]
 
@@ -341,13 +412,40 @@ def _with_server_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     "--policy",
     "policies",
     multiple=True,
-    help="In-engine policy: none, static:K, sglang-ema. Repeatable.",
+    help=f"Policy to replay, repeatable: {_REPLAY_KINDS}. "
+    f"Default: {' '.join(DEFAULT_REPLAY_POLICIES)}. See `specgov policy list`.",
 )
-@click.option("--rate-scale", type=click.FloatRange(min=0.0, min_open=True), default=1.0)
-@click.option("--window-start-s", type=click.FloatRange(min=0.0), default=None)
-@click.option("--window-end-s", type=click.FloatRange(min=0.0), default=None)
-@click.option("--sample", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None)
-@click.option("--max-requests", type=click.IntRange(min=1), default=None)
+@click.option(
+    "--rate-scale",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Multiply the arrival rate (2 = arrivals twice as dense).",
+)
+@click.option(
+    "--window-start-s",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    help="Replay only arrivals from this many seconds into the trace.",
+)
+@click.option(
+    "--window-end-s",
+    type=click.FloatRange(min=0.0),
+    default=None,
+    help="Replay only arrivals before this many seconds into the trace.",
+)
+@click.option(
+    "--sample",
+    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
+    default=None,
+    help="Keep this fraction of the requests, drawn with --seed.",
+)
+@click.option(
+    "--max-requests",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Replay at most the first N requests (after the window).",
+)
 @click.option(
     "--concurrency",
     type=click.IntRange(min=1),

@@ -19,11 +19,16 @@ from typing import Any, NoReturn
 
 import click
 
+from specgov.controller.policy_help import kinds_help
+
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 
 DEFAULT_CONTROL_ADDR = "127.0.0.1:9465"
+
+# Built once at import from a dict of strings (no policy code is imported for it).
+_POLICY_KINDS = kinds_help(replay=False)
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -144,14 +149,32 @@ def _prior_for(config: Any) -> Any:
 
 
 @click.command("run")
-@click.option("--config", "config_file", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Config file (default: the packaged defaults, as in config.yaml).",
+)
 @click.option("--server", default=None, help="SGLang base URL (server.url).")
-@click.option("--spool-dir", type=click.Path(path_type=Path), default=None)
-@click.option("--state-db", type=click.Path(path_type=Path), default=None)
+@click.option(
+    "--spool-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Directory shared with the plugin (spool.dir; SPECGOV_SPOOL_DIR of the server).",
+)
+@click.option(
+    "--state-db", type=click.Path(path_type=Path), default=None, help="SQLite state store."
+)
 @click.option("--control-addr", default=None, help="HOST:PORT of the control API.")
 @click.option("--metrics-addr", default=None, help="HOST:PORT of the daemon's /metrics.")
-@click.option("--mode", type=click.Choice(["observe", "plugin"]), default=None)
-@click.option("--policy", default=None, help="Policy spec (policy.spec), e.g. goodput.")
+@click.option(
+    "--mode",
+    type=click.Choice(["observe", "plugin"]),
+    default=None,
+    help="observe: decide and record, publish nothing; plugin: publish step tables.",
+)
+@click.option("--policy", default=None, help=f"Policy spec (policy.spec): {_POLICY_KINDS}.")
 def run_cmd(
     config_file: Path | None,
     server: str | None,
@@ -189,12 +212,18 @@ def run_cmd(
 # ------------------------------------------------------------ client commands
 
 
-def _client(control_addr: str | None) -> Any:
-    from specgov.controller.control_client import ControlClient
+def _control_addr(control_addr: str | None) -> str:
+    return control_addr or os.environ.get("SPECGOV_CONTROL_ADDR") or _config_control_addr()
 
-    addr = control_addr or os.environ.get("SPECGOV_CONTROL_ADDR") or _config_control_addr()
+
+def _client(control_addr: str | None, timeout_s: float = 5.0) -> Any:
+    from specgov.controller.control_client import ControlAddressError, ControlClient
+
     token = os.environ.get("SPECGOV_CONTROL_TOKEN")
-    return ControlClient(addr, token=token or None)
+    try:
+        return ControlClient(_control_addr(control_addr), token=token or None, timeout_s=timeout_s)
+    except ControlAddressError as exc:
+        _fail(str(exc), EXIT_USAGE)
 
 
 def _config_control_addr() -> str:
@@ -239,65 +268,166 @@ def _emit(data: Any, output: str, render: Callable[[Any], None]) -> None:
 _control_option = click.option(
     "--control-addr",
     default=None,
-    help="HOST:PORT of the daemon's control API (default: from the config, 127.0.0.1:9465).",
+    help="HOST:PORT of the daemon's control API (default: $SPECGOV_CONTROL_ADDR, "
+    "else the config's control.listen, 127.0.0.1:9465).",
 )
 _output_option = click.option(
-    "--output", type=click.Choice(["table", "json"]), default="table", show_default=True
+    "--output",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A table for people, or the daemon's JSON (exact values, epoch seconds) for scripts.",
+)
+_verbose_option = click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Full decision messages (the inner policy's per-slot detail) instead of one line.",
 )
 
 
-def _table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+def _table(
+    title: str, columns: list[str], rows: list[list[Any]], caption: str | None = None
+) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=title, title_justify="left")
+    from specgov.controller.cli_format import text
+
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for col in columns:
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for row in rows:
-        table.add_row(*["-" if v is None else str(v) for v in row])
+        # Text(), not markup: values such as "[256]" print as written.
+        table.add_row(*[Text(text(v)) for v in row])
     Console(width=max(Console().width, 120)).print(table)
 
 
-def _steps(table: dict[str, Any] | None) -> str:
-    if not table:
-        return "-"
-    return ", ".join(f"bs>={slot}: {steps}" for slot, steps in table.get("slots", []))
+def _throughput(obs: dict[str, Any], status: dict[str, Any]) -> str:
+    """Output tokens per second of server time.
+
+    The daemon derives the rate from two scrapes over its own (wall) clock. Against a
+    real server that is real time; against the demo's simulated server running at X
+    simulated seconds per wall second (``sim_speed`` in the status) it is X times the
+    simulated rate, so the simulated rate is shown, and the wall rate beside it.
+    """
+    from specgov.controller.cli_format import is_number, number
+
+    wall = obs.get("gen_throughput_tok_s")
+    speed = status.get("sim_speed")
+    if not is_number(wall):
+        return number(None)
+    if is_number(speed) and speed > 0 and speed != 1:
+        return (
+            f"{number(wall / speed, 0)} tok/s simulated "
+            f"({number(wall, 0)} per wall second at {speed:g}x)"
+        )
+    return f"{number(wall, 0)} tok/s"
+
+
+def _errors(s: dict[str, Any]) -> str:
+    errors = [
+        f"{label}: {s[key]}"
+        for key, label in (
+            ("permanent_error", "stopped acting"),
+            ("last_scrape_error", "scrape"),
+            ("store_error", "state store"),
+            ("spool_error", "spool"),
+        )
+        if s.get(key)
+    ]
+    return "; ".join(errors) or "none"
+
+
+def _decision_line(row: dict[str, Any], now_s: float, verbose: bool) -> str:
+    from specgov.controller.cli_format import clock, decision_summary, humanize_epochs
+
+    message = humanize_epochs(str(row.get("message") or ""), now_s)
+    detail = message if verbose else decision_summary(message)
+    return f"{clock(row.get('time_s'), now_s)} {row.get('reason')}: {detail}"
 
 
 @click.command("status")
 @_control_option
 @_output_option
-def status_cmd(control_addr: str | None, output: str) -> None:
+@_verbose_option
+def status_cmd(control_addr: str | None, output: str, verbose: bool) -> None:
     """What the daemon is doing: policy, table per slot, telemetry, overrides."""
     client = _client(control_addr)
     data = _call(client.status)
 
     def render(s: dict[str, Any]) -> None:
+        from specgov.controller.cli_format import duration, number, relative, table_slots
+
+        now = time.time()
         obs = s.get("observation") or {}
         last = s.get("last_decision") or {}
         policy = s.get("policy")
         if s.get("pinned"):
             policy = f"{policy} (operator pin; configured: {s.get('configured_policy')})"
         rec = s.get("recommendation") or {}
+        table = s.get("table") or {}
+        age = s.get("table_age_s")
+        ttl = table.get("ttl_s")
+        if table and isinstance(age, int | float) and isinstance(ttl, int | float):
+            left = ttl - age
+            expiry = f"expires in {duration(left)}" if left > 0 else "expired: plugin on fallback"
+            age_text = f"{duration(age)} (TTL {duration(ttl)}, {expiry})"
+        else:
+            age_text = duration(age) if table else "no table published"
+        scrape_age = s.get("last_scrape_age_s")
         rows: list[list[Any]] = [
             ["policy", policy],
             ["mode", s.get("mode")],
             ["server", s.get("server")],
-            ["table", _steps(s.get("table"))],
-            ["table age s", _round(s.get("table_age_s"))],
-            ["last decision", f"{last.get('reason')}: {last.get('message')}" if last else None],
+            ["uptime", duration(s.get("uptime_s"))],
+            ["table", table_slots(table) + (f" (v{table['version']})" if table else "")],
+            ["table age", age_text],
+            ["last decision", _decision_line(last, now, verbose) if last else "none yet"],
             ["decisions / published", f"{s.get('decisions')} / {s.get('tables_published')}"],
-            ["running / queued", f"{obs.get('running')} / {obs.get('queued')}"],
-            ["accept length", obs.get("accept_length")],
-            ["throughput tok/s", obs.get("gen_throughput_tok_s")],
-            ["TPOT p50 ms", obs.get("tpot_p50_ms")],
-            ["overrides", len(s.get("overrides") or [])],
+            [
+                "last scrape",
+                "never" if scrape_age is None else relative(now - scrape_age, now),
+            ],
+            [
+                "running / queued requests",
+                f"{number(obs.get('running'))} / {number(obs.get('queued'))}",
+            ],
+            ["accept length (tokens/verify)", number(obs.get("accept_length"), 2)],
+            ["throughput (last window)", _throughput(obs, s)],
+            ["TPOT p50", number(obs.get("tpot_p50_ms"), 1, "ms")],
+            ["ITL p99", number(obs.get("itl_p99_ms"), 1, "ms")],
+            ["overrides", _overrides_line(s.get("overrides") or [], now)],
             ["restart recommendation", _recommendation_line(rec) if rec else "none"],
-            ["errors", s.get("permanent_error") or s.get("last_scrape_error") or "none"],
+            ["errors", _errors(s)],
         ]
+        notes = s.get("notes") or []
+        if notes:
+            rows.append(["notes", "; ".join(str(n) for n in notes)])
         _table("specgov status", ["", "value"], rows)
 
     _emit(data, output, render)
+
+
+def _overrides_line(items: list[dict[str, Any]], now_s: float) -> str:
+    if not items:
+        return "none"
+    return "; ".join(_override_text(o, now_s) for o in items)
+
+
+def _override_text(o: dict[str, Any], now_s: float) -> str:
+    from specgov.controller.cli_format import instant
+
+    if o.get("pin_policy"):
+        what = f"policy pinned to {o['pin_policy']}"
+    elif o.get("disable_speculation"):
+        what = "speculation off" + (f" in slot {o['slot']}" if o.get("slot") else " everywhere")
+    elif o.get("slot") is not None:
+        what = f"slot {o['slot']} -> {o.get('steps')} steps"
+    else:
+        what = f"every slot -> {o.get('steps')} steps"
+    return f"{what} until {instant(o.get('expires_at_s'), now_s)} ({o.get('reason')!r})"
 
 
 def _recommendation_line(rec: dict[str, Any]) -> str:
@@ -308,17 +438,25 @@ def _recommendation_line(rec: dict[str, Any]) -> str:
     return f"{rec['summary']} (from {rec.get('source')}{gain_text})"
 
 
-def _round(v: Any) -> Any:
-    return round(v, 1) if isinstance(v, float) else v
-
-
 @click.command("decisions")
 @_control_option
 @_output_option
+@_verbose_option
 @click.option("--since", default=None, help="Only decisions newer than this duration (e.g. 10m).")
-@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
-def decisions_cmd(control_addr: str | None, output: str, since: str | None, limit: int) -> None:
-    """The decision audit log, newest first, each with its reason."""
+@click.option(
+    "--limit",
+    type=click.IntRange(1, 1000),
+    default=20,
+    show_default=True,
+    help="At most this many decisions.",
+)
+def decisions_cmd(
+    control_addr: str | None, output: str, verbose: bool, since: str | None, limit: int
+) -> None:
+    """The decision audit log, newest first, each with its reason.
+
+    One line per decision; --verbose shows each full message, --output json every field.
+    """
     since_s = None
     if since is not None:
         from specgov.controller.config import ConfigError, parse_duration
@@ -331,20 +469,33 @@ def decisions_cmd(control_addr: str | None, output: str, since: str | None, limi
     data = _call(lambda: client.decisions(since_s=since_s, limit=limit))
 
     def render(rows: Any) -> None:
+        from specgov.controller.cli_format import (
+            clock,
+            decision_summary,
+            humanize_epochs,
+            relative,
+            table_slots,
+        )
+
+        now = time.time()
         items = rows.get("decisions", rows) if isinstance(rows, dict) else rows
-        _table(
-            "decisions (newest first)",
-            ["time", "reason", "published", "table after", "message"],
-            [
+        table_rows: list[list[Any]] = []
+        for r in items:
+            message = humanize_epochs(str(r.get("message") or ""), now)
+            table_rows.append(
                 [
-                    time.strftime("%H:%M:%S", time.localtime(r.get("time_s", 0))),
+                    f"{clock(r.get('time_s'), now)} ({relative(r.get('time_s'), now)})",
                     r.get("reason"),
                     r.get("published"),
-                    _steps(r.get("table_after")),
-                    r.get("message"),
+                    table_slots(r.get("table_after")) if r.get("published") else "-",
+                    message if verbose else decision_summary(message),
                 ]
-                for r in items
-            ],
+            )
+        _table(
+            "decisions (newest first)",
+            ["time", "reason", "published", "table published", "what happened"],
+            table_rows,
+            caption=None if verbose else "--verbose: the full message of each decision",
         )
 
     _emit(data, output, render)
@@ -358,8 +509,18 @@ def override_group() -> None:
 @override_group.command("set")
 @_control_option
 @_output_option
-@click.option("--slot", type=click.IntRange(min=1), default=None, help="Batch-size slot.")
-@click.option("--steps", type=click.IntRange(min=0), default=None)
+@click.option(
+    "--slot",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Batch-size slot (its lower bound, as `specgov status` lists them).",
+)
+@click.option(
+    "--steps",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Draft steps for the slot (one of its candidates; 0 turns speculation off there).",
+)
 @click.option("--disable", is_flag=True, help="Disable speculation in every slot.")
 @click.option("--pin-policy", default=None, help="Pin a policy spec for the TTL.")
 @click.option("--ttl", required=True, help="How long, e.g. 30m, 2h.")
@@ -374,32 +535,49 @@ def override_set(
     ttl: str,
     reason: str,
 ) -> None:
-    """Set a slot's steps, disable speculation, or pin a policy, for a TTL."""
+    """Set a slot's steps, disable speculation, or pin a policy, for a TTL.
+
+    A slot the engine lacks, or steps outside a slot's candidates, is refused with the
+    valid set (exit 2).
+    """
     client = _client(control_addr)
     data = _call(
         lambda: client.set_override(
             ttl=ttl, reason=reason, slot=slot, steps=steps, disable=disable, pin_policy=pin_policy
         )
     )
-    _emit(data, output, lambda d: click.echo(f"override set: {json.dumps(d, default=str)}"))
+    _emit(
+        data,
+        output,
+        lambda d: click.echo(f"override {d.get('id')} set: {_override_text(d, time.time())}"),
+    )
 
 
 @override_group.command("clear")
 @_control_option
-@click.option("--id", "override_id", default=None)
-@click.option("--slot", type=click.IntRange(min=1), default=None)
-@click.option("--all", "clear_all", is_flag=True)
+@_output_option
+@click.option("--id", "override_id", default=None, help="The override's id (override list).")
+@click.option("--slot", type=click.IntRange(min=1), default=None, help="Every override of a slot.")
+@click.option("--all", "clear_all", is_flag=True, help="Every override.")
 def override_clear(
-    control_addr: str | None, override_id: str | None, slot: int | None, clear_all: bool
+    control_addr: str | None,
+    output: str,
+    override_id: str | None,
+    slot: int | None,
+    clear_all: bool,
 ) -> None:
     """Clear one override (--id), a slot's (--slot) or all (--all)."""
     if sum(x is not None and x is not False for x in (override_id, slot, clear_all or None)) != 1:
         _fail("give exactly one of --id, --slot, --all", EXIT_USAGE)
     client = _client(control_addr)
-    data = _call(
+    cleared = _call(
         lambda: client.clear_override(override_id=override_id, slot=slot, clear_all=clear_all)
     )
-    click.echo(f"cleared: {json.dumps(data, default=str)}")
+    _emit(
+        {"cleared": cleared},
+        output,
+        lambda d: click.echo(f"cleared {d['cleared']} override{'s' if d['cleared'] != 1 else ''}"),
+    )
 
 
 @override_group.command("list")
@@ -411,18 +589,21 @@ def override_list(control_addr: str | None, output: str) -> None:
     data = _call(client.list_overrides)
 
     def render(d: Any) -> None:
+        from specgov.controller.cli_format import instant
+
+        now = time.time()
         items = d.get("overrides", d) if isinstance(d, dict) else d
         _table(
             "overrides",
-            ["id", "slot", "steps", "disable", "pin", "expires in s", "reason"],
+            ["id", "slot", "steps", "disable", "pin", "expires", "reason"],
             [
                 [
                     o.get("id"),
-                    o.get("slot"),
-                    o.get("steps"),
+                    "every" if o.get("slot") is None else o.get("slot"),
+                    "-" if o.get("steps") is None else o.get("steps"),
                     o.get("disable_speculation"),
-                    o.get("pin_policy"),
-                    _round(o.get("expires_at_s", 0) - time.time()),
+                    o.get("pin_policy") or "-",
+                    instant(o.get("expires_at_s"), now),
                     o.get("reason"),
                 ]
                 for o in items
@@ -434,25 +615,92 @@ def override_list(control_addr: str | None, output: str) -> None:
 
 @click.group("policy")
 def policy_group() -> None:
-    """The running policy."""
+    """Policy kinds (offline) and the running policy."""
 
 
 @policy_group.command("list")
 @_control_option
 @_output_option
 def policy_list(control_addr: str | None, output: str) -> None:
-    """Known policy kinds and the current one."""
-    client = _client(control_addr)
-    _emit(_call(client.policies), output, lambda d: click.echo(json.dumps(d, indent=2)))
+    """Known policy kinds, with examples and keys; the current one if a daemon answers.
+
+    Works without a daemon (exit 0): the current policy is then "unknown".
+    """
+    from specgov.controller.control_client import ControlClientError
+    from specgov.controller.policy_help import kinds_rows
+
+    addr = _control_addr(control_addr)
+    current: str | None = None
+    daemon: dict[str, Any] = {"address": addr, "reachable": False, "error": None}
+    try:
+        # A short timeout: the list is what was asked for, the current policy a bonus.
+        with _client(control_addr, timeout_s=1.0) as client:
+            current = client.policies().get("current")
+        daemon["reachable"] = True
+    except ControlClientError as exc:
+        daemon["error"] = str(exc)
+    rows = kinds_rows()
+    data = {
+        "current": current,
+        "kinds": [r["kind"] for r in rows],
+        "details": rows,
+        "daemon": daemon,
+    }
+
+    def render(d: dict[str, Any]) -> None:
+        caption = (
+            f"current policy: {d['current']} (daemon at {addr})"
+            if daemon["reachable"]
+            else f"current policy: unknown (no daemon answered at {addr})"
+        )
+        _table(
+            "policy kinds (spec syntax: KIND[:key=value,...])",
+            ["kind", "example", "what it does", "keys (default)"],
+            [
+                [
+                    r["kind"],
+                    r["example"],
+                    r["description"],
+                    ", ".join(f"{k}={_key_default(v)}" for k, v in r["keys"].items()) or "-",
+                ]
+                for r in d["details"]
+            ],
+            caption=caption,
+        )
+
+    _emit(data, output, render)
+
+
+def _key_default(value: Any) -> str:
+    return "unset" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 @policy_group.command("show")
 @_control_option
 @_output_option
 def policy_show(control_addr: str | None, output: str) -> None:
-    """The current policy."""
+    """The current policy and its parameters."""
     client = _client(control_addr)
-    _emit(_call(client.policy), output, lambda d: click.echo(json.dumps(d, indent=2)))
+    data = _call(client.policy)
+
+    def render(d: dict[str, Any]) -> None:
+        from specgov.controller.policy_help import DAEMON_KINDS
+        from specgov.policies.spec import PolicySpecError, parse_policy_spec
+
+        name = d.get("policy")
+        rows: list[list[Any]] = [["policy", name]]
+        try:
+            spec = parse_policy_spec(str(name))
+        except PolicySpecError:
+            spec = None
+        if spec is not None:
+            rows.append(["kind", spec.kind])
+            rows.append(["what it does", DAEMON_KINDS.get(spec.kind, ("", "unknown"))[1]])
+            given = ", ".join(f"{k}={v}" for k, v in spec.params.items())
+            rows.append(["parameters given", given or "none (defaults)"])
+        _table("specgov policy", ["", "value"], rows)
+
+    _emit(data, output, render)
 
 
 @policy_group.command("set")
@@ -460,9 +708,13 @@ def policy_show(control_addr: str | None, output: str) -> None:
 @_output_option
 @click.argument("spec")
 def policy_set(control_addr: str | None, output: str, spec: str) -> None:
-    """Switch the policy (e.g. `goodput:slo_tpot_ms=40`)."""
+    """Switch the policy (e.g. `goodput:slo_tpot_ms=40`); a bad spec exits 2."""
     client = _client(control_addr)
-    _emit(_call(lambda: client.set_policy(spec)), output, lambda d: click.echo(json.dumps(d)))
+    _emit(
+        _call(lambda: client.set_policy(spec)),
+        output,
+        lambda d: click.echo(f"policy switched to {d.get('policy')}"),
+    )
 
 
 @click.command("recommend")
@@ -477,14 +729,14 @@ def recommend_cmd(control_addr: str | None, output: str) -> None:
         launch = rec.get("launch") or {}
         rows: list[list[Any]] = [
             ["recommendation", _recommendation_line(rec)],
-            ["algorithm", shape.get("algorithm")],
+            ["algorithm", shape.get("algorithm") or "-"],
             [
                 "steps / topk / draft tokens",
                 "/".join(str(shape.get(k)) for k in ("num_steps", "topk", "num_draft_tokens"))
                 if shape
-                else None,
+                else "-",
             ],
-            ["launch flags", " ".join(launch.get("argv") or []) or None],
+            ["launch flags", " ".join(launch.get("argv") or []) or "-"],
             ["applied", rec.get("applied") or "no"],
         ]
         _table("specgov recommend", ["", "value"], rows)

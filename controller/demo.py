@@ -34,19 +34,34 @@ def _free_port(host: str = "127.0.0.1") -> int:
 # ------------------------------------------------------------------- the demo
 
 
-def _live_table(status: dict[str, Any], sim_state: dict[str, Any], recent: list[str]) -> Any:
+def _live_table(
+    status: dict[str, Any], sim_state: dict[str, Any], recent: list[str], speed: float
+) -> Any:
     from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
+
+    from specgov.controller.cli_format import is_number, number
 
     obs = status.get("observation") or {}
+    # The daemon measures rates over its own (wall) clock; the simulated server runs
+    # `speed` simulated seconds per wall second, so its simulated rate is that / speed.
+    wall_rate = obs.get("gen_throughput_tok_s")
+    sim_rate = wall_rate / speed if is_number(wall_rate) else None
     head = Table.grid(padding=(0, 2))
     head.add_row(
-        f"[b]sim time[/b] {sim_state.get('sim_time_s', 0):6.0f} s",
-        f"[b]running[/b] {obs.get('running')}",
-        f"[b]queued[/b] {obs.get('queued')}",
-        f"[b]accept len[/b] {obs.get('accept_length')}",
-        f"[b]tok/s[/b] {obs.get('gen_throughput_tok_s')}",
-        f"[b]TPOT p50 ms[/b] {obs.get('tpot_p50_ms')}",
+        f"[b]sim time[/b] {number(sim_state.get('sim_time_s'), 0)} s",
+        f"[b]running[/b] {number(obs.get('running'))}",
+        f"[b]queued[/b] {number(obs.get('queued'))}",
+        f"[b]accept len[/b] {number(obs.get('accept_length'), 2)}",
+        f"[b]output[/b] {number(sim_rate, 0)} tok/s",
+        f"[b]TPOT p50[/b] {number(obs.get('tpot_p50_ms'), 1)} ms",
+    )
+    units = Text(
+        f"tok/s: output tokens per simulated second over the daemon's last scrape window "
+        f"(the server runs {speed:g}x real time); TPOT in simulated ms; accept len: tokens "
+        "per verify, bonus included",
+        style="dim",
     )
     slots = Table(
         title="step table per batch-size slot (published by specgov)", title_justify="left"
@@ -60,14 +75,31 @@ def _live_table(status: dict[str, Any], sim_state: dict[str, Any], recent: list[
     log = Table(title="decisions (newest last)", title_justify="left", show_header=False)
     log.add_column("decision")
     for line in recent[-6:]:
-        log.add_row(line)
+        log.add_row(Text(line))
     plugin = (sim_state.get("plugin") or {}).get("mode")
     footer = (
         f"policy {status.get('policy')} | mode {status.get('mode')} | plugin {plugin} | "
         f"control API {status.get('_control')} (try: specgov status, specgov decisions, "
         "specgov override set --slot 1 --steps 0 --ttl 2m --reason test)"
     )
-    return Group(head, slots, log, footer)
+    return Group(head, units, slots, log, Text(footer))
+
+
+class _DemoStatus:
+    """Adds the simulated server's speed to the daemon's status (``sim_speed``), so
+    `specgov status` from another terminal shows simulated tokens per second too."""
+
+    def __init__(self, daemon: Any, speed: float) -> None:
+        self._daemon = daemon
+        self._speed = speed
+
+    def status(self) -> dict[str, Any]:
+        data: dict[str, Any] = self._daemon.status()
+        data["sim_speed"] = self._speed
+        return data
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._daemon, name)
 
 
 async def _run_demo(
@@ -82,6 +114,7 @@ async def _run_demo(
     from rich.console import Console
     from rich.live import Live
 
+    from specgov.controller.cli_format import clock, decision_summary
     from specgov.controller.config import load_config
     from specgov.controller.daemon_cmds import _prior_for
     from specgov.controller.state_store import StateStore
@@ -91,6 +124,13 @@ async def _run_demo(
 
     trace = generate_trace(DEFAULT_DEMO_SPEC)
     spool = workdir / "spool"
+    duration_s = trace.requests[-1].arrival_s - trace.requests[0].arrival_s if trace.requests else 0
+    click.echo(
+        f"starting a simulated SGLang server (H100, Llama-3.1-8B + EAGLE-3, {speed:g}x real "
+        f"time) replaying {len(trace.requests):,} requests over {duration_s / 60:.0f} simulated "
+        f"minutes (about {duration_s / speed:.0f} s here), and the specgov daemon "
+        f"(policy {policy}) ..."
+    )
     sim = SimServer(trace, ServerSpec(), speed=speed, spool_dir=spool, port=_free_port())
     sim.start()
     sim.wait_ready(60)
@@ -119,8 +159,9 @@ async def _run_demo(
     registry = CollectorRegistry()
     daemon = Daemon(config, store=store, registry=registry, prior=_prior_for(config))
     runners = []
+    service = _DemoStatus(daemon, speed)
     for app, addr in (
-        (make_app(daemon, token=None, listen_host=config.control.listen.host), config.control),
+        (make_app(service, token=None, listen_host=config.control.listen.host), config.control),
         (metrics_app(registry), config.metrics),
     ):
         runner = web.AppRunner(app, access_log=None)
@@ -139,13 +180,15 @@ async def _run_demo(
                 status["_control"] = control_addr
                 rows = daemon.decisions(None, 50)[::-1]
                 for r in rows[seen:] if len(rows) > seen else []:
-                    stamp = time.strftime("%H:%M:%S", time.localtime(r["time_s"]))
-                    recent.append(f"{stamp} {r['reason']}: {r['message'][:110]}")
+                    stamp = clock(r["time_s"], time.time())
+                    recent.append(f"{stamp} {r['reason']}: {decision_summary(r['message'])}")
                 seen = len(rows)
-                live.update(_live_table(status, state, recent))
+                live.update(_live_table(status, state, recent, speed))
                 if sim.results():
                     break
                 await asyncio.sleep(refresh_s)
+        # The live view's last frame stays on screen; what follows starts on a new line.
+        click.echo()
     finally:
         daemon.request_stop()
         with contextlib.suppress(Exception):
@@ -161,6 +204,13 @@ def _summary(live_results: list[Any], trace: Any) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from specgov.controller.cli_format import (
+        goodput_legend,
+        is_overloaded,
+        number,
+        overload_note,
+        percent,
+    )
     from specgov.simulator.metrics import Slo, summarise
     from specgov.simulator.replay import ServerSpec, replay
 
@@ -168,24 +218,57 @@ def _summary(live_results: list[Any], trace: Any) -> None:
     rows = []
     if live_results:
         rows.append(summarise("specgov (live, goodput)", live_results[0], slo))
-    click.echo("replaying the same trace with SGLang's built-in EMA for comparison ...")
+    click.echo(
+        f"replaying the same {len(trace.requests):,} requests in the simulator with SGLang's "
+        "built-in EMA and with no speculation, for comparison ..."
+    )
     report = replay(trace, ServerSpec(), ["sglang-ema", "none"], slo=slo)
     rows.extend(run.summary for run in report.runs)
     base = next(r for r in rows if r["name"] == "sglang-ema")
-    table = Table(title="same trace, side by side (SLO TPOT 50 ms)", title_justify="left")
-    for col in ("run", "tok/s", "goodput", "vs ema", "TPOT p50 ms", "TPOT p99 ms", "TTFT p99 ms"):
+    caption = goodput_legend(
+        {"tpot_ms": slo.tpot_ms, "ttft_ms": slo.ttft_ms}, baseline="sglang-ema"
+    )
+    caption += (
+        " Means over the whole trace, in simulated time (the live view shows the last seconds)."
+    )
+    table = Table(
+        title=f"same trace, side by side (SLO TPOT {slo.tpot_ms:g} ms)",
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+    )
+    for col in (
+        "run",
+        "tok/s",
+        "goodput tok/s",
+        "vs ema",
+        "SLO %",
+        "TPOT p50 ms",
+        "TPOT p99 ms",
+        "TTFT p99 ms",
+    ):
         table.add_column(col, justify="left" if col == "run" else "right")
     for r in rows:
+        ratio = "-"
+        if base["goodput_tok_s"]:
+            ratio = f"{r['goodput_tok_s'] / base['goodput_tok_s']:.3f}x"
+            if is_overloaded(r):
+                ratio += " (overloaded)"
         table.add_row(
             r["name"],
-            f"{r['throughput_tok_s']:,.0f}",
-            f"{r['goodput_tok_s']:,.0f}",
-            f"{r['goodput_tok_s'] / base['goodput_tok_s']:.3f}x" if base["goodput_tok_s"] else "-",
-            f"{r['tpot_ms']['p50']:.2f}",
-            f"{r['tpot_ms']['p99']:.2f}",
-            f"{r['ttft_ms']['p99']:,.0f}",
+            number(r["throughput_tok_s"], 0),
+            number(r["goodput_tok_s"], 0),
+            ratio,
+            percent(r["slo_attainment"], 1),
+            number(r["tpot_ms"]["p50"], 2),
+            number(r["tpot_ms"]["p99"], 2),
+            number(r["ttft_ms"]["p99"], 0),
         )
-    Console(width=max(Console().width, 110)).print(table)
+    console = Console(width=max(Console().width, 110))
+    overload = overload_note(rows)
+    if overload is not None:
+        console.print(overload, style="bold red", markup=False, highlight=False)
+    console.print(table)
     if not live_results:
         click.echo("(the live run was interrupted before the trace finished: no live row)")
 
@@ -212,6 +295,19 @@ def demo_cmd(
 ) -> None:
     """Live demo: a simulated SGLang server with a content- and load-shifting trace,
     the specgov daemon driving it, and a side-by-side summary against SGLang's EMA."""
+    from specgov.controller.config import ConfigError, parse_listen_address
+    from specgov.policies.spec import PolicySpecError, parse_policy_spec
+
+    # Bad options fail before anything starts (exit 2, the README's code for bad usage).
+    try:
+        parse_policy_spec(policy)
+    except PolicySpecError as exc:
+        raise click.BadParameter(str(exc), param_hint="--policy") from None
+    for flag, addr in (("--control-addr", control_addr), ("--metrics-addr", metrics_addr)):
+        try:
+            parse_listen_address(addr, where=flag)
+        except ConfigError as exc:
+            raise click.BadParameter(str(exc), param_hint=flag) from None
     logging.getLogger().setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
     tmp = None

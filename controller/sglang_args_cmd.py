@@ -1,6 +1,8 @@
 """`specgov sglang-args`: print SGLang launch flags and the adaptive-config JSON.
 
-Registered on the `specgov` group by ``controller/cli.py``. ``specgov.adapters`` is
+Registered on the `specgov` group by ``controller/cli.py``. Exit codes: 0 printed; 1
+the adaptive config could not be written; 2 bad usage (a combination SGLang would
+refuse or rewrite, an unreadable --from-replay report). ``specgov.adapters`` is
 imported inside the command, so other commands never pay for it.
 """
 
@@ -34,15 +36,22 @@ Examples:
 """
 
 
+class BadInput(click.ClickException):
+    """A combination SGLang would refuse, a bad flag value or an unreadable report:
+    exit 2, the README's code for bad usage (a failed write exits 1)."""
+
+    exit_code = 2
+
+
 def _read_report(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise click.ClickException(f"--from-replay {path}: cannot read: {exc.strerror}") from None
+        raise BadInput(f"--from-replay {path}: cannot read: {exc.strerror}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise click.ClickException(
+        raise BadInput(
             f"--from-replay {path}: not JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); "
             "expected the output of `specgov replay --output json`"
         ) from None
@@ -88,7 +97,7 @@ def _build(
             if value is not None
         ]
         if clash:
-            raise click.ClickException(
+            raise BadInput(
                 f"--from-replay chooses the shape and slots itself; drop {', '.join(clash)}"
             )
         rec = recommend_from_replay(
@@ -112,7 +121,7 @@ def _build(
         if algorithm is not None:
             clash.insert(0, "--algorithm")
         if clash:
-            raise click.ClickException(
+            raise BadInput(
                 f"--shape already gives algorithm, steps, topk and draft tokens; "
                 f"drop {', '.join(clash)}"
             )
@@ -123,7 +132,7 @@ def _build(
             algorithm, num_steps, topk, num_draft_tokens, adaptive_candidates=union
         )
     else:
-        raise click.ClickException(
+        raise BadInput(
             "nothing to configure: give --shape, --algorithm with --num-steps/--topk/"
             "--num-draft-tokens or with --slots, or --from-replay REPORT.json"
         )
@@ -210,7 +219,7 @@ def sglang_args(
             cuda_graph_max_bs_decode=cuda_graph_max_bs_decode,
         )
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
     config_json = cfg.adaptive_config_json()
     written = False
     if config_out is not None and config_json is not None:
