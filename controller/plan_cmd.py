@@ -37,7 +37,10 @@ def _write_report(out_dir: Path, **documents: Any) -> Path:
         module = importlib.import_module("specgov.simulator.planning.report")
     except ImportError as exc:
         raise click.ClickException(f"--report: the HTML report is not available ({exc})") from None
-    path = module.write_report(out_dir, **documents)
+    try:
+        path = module.write_report(out_dir, **documents)
+    except (ValueError, OSError) as exc:  # ReportError is a ValueError
+        raise click.ClickException(f"--report: {exc}") from None
     return Path(path)
 
 
@@ -493,8 +496,8 @@ def sweep_cmd(
     else:
         _render_sweep(doc)
     if report is not None:
-        vram_docs = [r["vram"] for r in doc["configurations"] if r["vram"] is not None]
-        path = _write_report(report, vram=vram_docs, sweep=doc, fleet=None)
+        # The report reads each row's VRAM document from the sweep document itself.
+        path = _write_report(report, vram=None, sweep=doc, fleet=None)
         click.echo(f"report: {path}", err=True)
 
 

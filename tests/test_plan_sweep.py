@@ -390,3 +390,17 @@ def test_command_table_and_errors(tmp_path: Path) -> None:
     assert "Traceback" not in missing.output
     nofile = _sweep("--trace", str(tmp_path / "nope.csv"))
     assert nofile.exit_code == 1 and "does not exist" in nofile.output
+
+
+def test_command_report(tmp_path: Path) -> None:
+    import importlib.util
+
+    out = tmp_path / "report"
+    result = _sweep("--policies", "static:3", "--report", str(out))
+    if importlib.util.find_spec("specgov.simulator.planning.report") is None:
+        assert result.exit_code == 1 and "the HTML report is not available" in result.output
+        return
+    assert result.exit_code == 0, result.output
+    html = (out / "index.html").read_text()
+    assert "static:3" in html and "h100" in html
+    assert json.loads((out / "data" / "sweep.json").read_text())["configurations"]
