@@ -1,0 +1,407 @@
+"""Fleet planning: N replicas behind a router on one trace, speculative and plain mixed.
+
+A speculative SGLang server cannot switch speculation off completely at run time:
+step 0 still pays the drafter's memory and its draft-extend pass (REFERENCE §1;
+vLLM measured a K=0 speculative engine at 232 tok/s where a plain one served 331
+at 8 concurrent requests, REFERENCE §3). So at high load the cheapest fleet may
+mix speculative replicas (fast at small batch) with plain ones (no drafter, more
+KV, cheaper steps at large batch), and route by load. This module simulates that:
+
+* a fleet is ``n`` speculative replicas (one in-engine or daemon policy, the
+  specs replay takes: ``static:K``, ``sglang-ema``, ``goodput``, ...) plus ``m``
+  plain replicas (``none``: no drafter memory, no step-0 cost), each built by
+  ``replay.prepare_run`` from the same catalog entries, so its KV pool and step
+  costs are what a real server of that kind would have;
+* the trace is scaled to the target rate and routed over the replicas in
+  lock-step virtual time (``fleet_engine``) by a router (``router``);
+* per fleet: goodput, SLO attainment, the latency percentiles the SLO is judged
+  on, GPUs and cost; then the best fleet for the target rate, the best plain and
+  the best speculative fleet, and what speculation saves.
+
+Judging (the same for every fleet, so rows compare):
+
+* a request meets the SLO when its TPOT is within ``slo_tpot_ms`` (single-token
+  requests have no TPOT and pass that part) and its TTFT within ``slo_ttft_ms``;
+  an aborted request meets neither and counts as an infinite latency;
+* a fleet *holds* the SLO when the ``slo_percentile``-th percentile (nearest
+  rank, over every request of the trace) of TPOT and of TTFT are within the
+  targets;
+* ``slo_attainment`` is the fraction of the trace's requests that met the SLO;
+  goodput is their output tokens over the fleet's span (first arrival to last
+  completion), as ``simulator.metrics`` defines it for one server.
+
+The best fleet is the cheapest that holds the SLO (cost per hour with prices,
+GPUs without), then the one with the most goodput. When none holds it, the plan
+says so and names the fleet closest to holding it (highest attainment).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from specgov.simulator.acceptance import AcceptanceModel
+from specgov.simulator.cost import CostModel
+from specgov.simulator.memory import MemoryPlan, MemoryPlanError
+from specgov.simulator.planning.fleet_engine import ReplicaStepper, simulate_fleet
+from specgov.simulator.planning.fleet_judge import _replica_row, choose, judge, recommendation_text
+from specgov.simulator.planning.fleet_launch import launch_args
+from specgov.simulator.planning.fleet_model import PerTokenTables, per_token_tables, slot_candidates
+from specgov.simulator.planning.fleet_spec import (
+    PLAIN,
+    FleetPlanConfig,
+    FleetShape,
+    FleetSpecError,
+    offered_rps,
+    scale_to_rps,
+)
+from specgov.simulator.planning.prices import Prices
+from specgov.simulator.planning.router import RouterSpec
+from specgov.simulator.planning.vram import vram_document
+from specgov.simulator.replay import (
+    BuiltServer,
+    InEnginePolicy,
+    PolicySpecError,
+    PreparedRun,
+    ServerSpec,
+    parse_policy,
+    prepare_run,
+    resolve,
+)
+from specgov.simulator.traces import Trace
+
+TABLE_DOC_LEN = 512
+
+
+@dataclass
+class _Kind:
+    """One replica kind, resolved once: its policy and a probe of its memory and costs."""
+
+    policy: InEnginePolicy
+    memory: MemoryPlan | None
+    error: str | None
+    launch: dict[str, Any]
+    probe: PreparedRun | None
+
+
+def _kind(server: ServerSpec, built: BuiltServer, name: str, cfg: FleetPlanConfig) -> _Kind:
+    policy = parse_policy(name)
+    launch = launch_args(
+        policy if policy.speculative else None,
+        algorithm=built.drafter.algorithm.upper(),
+        server=server,
+    )
+    try:
+        probe = prepare_run(server, policy, seed=cfg.seed, slo=cfg.slo, built=built)
+    except (MemoryPlanError, PolicySpecError, ValueError) as exc:
+        return _Kind(policy, None, str(exc), launch, None)
+    return _Kind(policy, probe.memory, None, launch, probe)
+
+
+def _domain_weights(trace: Trace) -> dict[str | None, float]:
+    weights: dict[str | None, float] = {}
+    for r in trace.requests:
+        weights[r.domain] = weights.get(r.domain, 0.0) + 1.0
+    return weights
+
+
+def _runnable_batch(prepared: PreparedRun, footprint_tokens: float) -> int:
+    """Requests a replica can run at once: its running cap and the KV pool's share."""
+    cfg = prepared.engine.config
+    by_kv = int(prepared.memory.kv_token_capacity // max(footprint_tokens, 1.0))
+    return max(1, min(cfg.running_cap, by_kv, 4096))
+
+
+def _tables(kind: _Kind, plain: _Kind, trace: Trace) -> PerTokenTables | None:
+    """The spec-aware router's per-token tables for this speculative kind."""
+    if kind.probe is None or plain.probe is None:
+        return None
+    engine = kind.probe.engine
+    acceptance = engine.acceptance
+    spec_cost = engine.cost
+    plain_cost = plain.probe.engine.cost
+    if (
+        not isinstance(acceptance, AcceptanceModel)
+        or not isinstance(spec_cost, CostModel)
+        or not isinstance(plain_cost, CostModel)
+    ):
+        return None
+    n = len(trace.requests)
+    context = sum(r.input_tokens + r.output_tokens / 2.0 for r in trace.requests) / n
+    footprint = sum(r.input_tokens + r.output_tokens for r in trace.requests) / n
+    return per_token_tables(
+        spec_cost,
+        plain_cost,
+        acceptance,
+        slot_candidates(kind.policy, engine.cuda_graph_bs),
+        context_tokens=context,
+        domain_weights=_domain_weights(trace),
+        spec_max_batch=_runnable_batch(kind.probe, footprint),
+        plain_max_batch=_runnable_batch(plain.probe, footprint),
+    )
+
+
+def _cost(
+    gpus: int, gpu: str, prices: Prices | None, throughput: float, goodput: float
+) -> dict[str, float | None]:
+    if prices is None or gpu not in prices.gpu_hour:
+        return {"cost_per_hour": None, "cost_per_mtok": None, "cost_per_good_mtok": None}
+    per_hour = gpus * prices.per_gpu_hour(gpu)
+    return {
+        "cost_per_hour": per_hour,
+        "cost_per_mtok": per_hour / (throughput * 3600.0) * 1e6 if throughput > 0 else None,
+        "cost_per_good_mtok": per_hour / (goodput * 3600.0) * 1e6 if goodput > 0 else None,
+    }
+
+
+def _simulate(
+    trace: Trace,
+    fleet: FleetShape,
+    spec: _Kind | None,
+    plain: _Kind,
+    router: RouterSpec,
+    tables: PerTokenTables | None,
+    *,
+    server: ServerSpec,
+    built: BuiltServer,
+    cfg: FleetPlanConfig,
+    progress: Callable[[int, int], None] | None,
+) -> dict[str, Any]:
+    replicas: list[ReplicaStepper] = []
+    kinds: list[tuple[str, MemoryPlan]] = []
+    for i in range(fleet.replicas):
+        kind = spec if i < fleet.speculative and spec is not None else plain
+        prepared = prepare_run(server, kind.policy, seed=cfg.seed, slo=cfg.slo, built=built)
+        loop = prepared.loop
+        replicas.append(
+            ReplicaStepper(
+                prepared.engine,
+                speculative=kind.policy.speculative,
+                on_tick=loop.on_tick if loop is not None else None,
+                tick_interval_s=loop.config.interval_s if loop is not None else 1.0,
+                metrics=prepared.metrics,
+            )
+        )
+        kinds.append(("speculative" if kind.policy.speculative else "plain", prepared.memory))
+    started = time.perf_counter()
+    built_router = router.build((tables.speculative, tables.plain) if tables is not None else None)
+    run = simulate_fleet(trace.requests, replicas, built_router, progress=progress)
+    wall = time.perf_counter() - started
+    row = judge(
+        run.results,
+        n_requests=len(trace.requests),
+        end_s=run.end_s,
+        slo=cfg.slo,
+        pct=cfg.slo_percentile,
+    )
+    row["per_replica"] = [
+        _replica_row(i, kind, result, memory)
+        for i, ((kind, memory), result) in enumerate(zip(kinds, run.results, strict=True))
+    ]
+    row["wall_s"] = wall
+    return row
+
+
+def plan_fleet(
+    trace: Trace,
+    server: ServerSpec,
+    cfg: FleetPlanConfig,
+    *,
+    target_rps: float | None = None,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Simulate every (fleet, policy, router) of *cfg* on *trace*; the JSON document.
+
+    With *target_rps* the trace is first scaled to that mean request rate. A fleet
+    whose replicas cannot be built (VRAM, an unsupported policy) is a row with
+    ``fits: false`` and the reason, never an exception.
+    """
+    scale = None
+    if target_rps is not None:
+        trace, scale = scale_to_rps(trace, target_rps)
+    built = resolve(server)
+    plain = _kind(server, built, PLAIN, cfg)
+    spec_kinds: dict[str, _Kind] = {}
+    for name in cfg.policies:
+        kind = _kind(server, built, name, cfg)
+        if not kind.policy.speculative:
+            raise FleetSpecError(
+                f"policy {name!r} is not speculative: plain replicas are the m of a fleet n+m; "
+                "give the speculative replicas' policies (static:K, sglang-ema, goodput, ...)"
+            )
+        if kind.policy.name in spec_kinds:
+            raise FleetSpecError(f"policy given twice: {kind.policy.name}")
+        spec_kinds[kind.policy.name] = kind
+    tables = {name: _tables(kind, plain, trace) for name, kind in spec_kinds.items()}
+    gpu = built.gpu.name
+
+    rows: list[dict[str, Any]] = []
+    cache: dict[tuple[str, str | None, str], dict[str, Any]] = {}
+    for fleet in cfg.fleets:
+        policy_names: list[str | None] = list(spec_kinds) if fleet.speculative else [None]
+        for pname in policy_names:
+            spec = spec_kinds[pname] if pname is not None else None
+            for router in cfg.routers:
+                table = tables.get(pname) if pname is not None else None
+                # spec-aware on a homogeneous fleet is least-loaded: simulate once.
+                routes_as = router.name
+                if router.kind == "spec-aware" and fleet.kind != "mixed":
+                    routes_as = "least-loaded"
+                row: dict[str, Any] = {
+                    "fleet": fleet.name,
+                    "kind": fleet.kind,
+                    "speculative_replicas": fleet.speculative,
+                    "plain_replicas": fleet.plain,
+                    "replicas": fleet.replicas,
+                    "gpus": fleet.replicas * 1,  # tp_size 1 per replica
+                    "gpu": gpu,
+                    "policy": pname,
+                    "router": router.name,
+                    "routes_as": routes_as,
+                }
+                kinds = ([spec] if spec is not None else []) + ([plain] if fleet.plain else [])
+                failed = next((k for k in kinds if k.error is not None), None)
+                if failed is not None:
+                    row.update(fits=False, reason=f"{failed.policy.name}: {failed.error}")
+                    row.update(meets_slo=False)
+                    rows.append(row)
+                    continue
+                if (
+                    router.kind == "spec-aware"
+                    and router.max_batch is None
+                    and fleet.kind == "mixed"
+                    and table is None
+                ):
+                    row.update(
+                        fits=True,
+                        meets_slo=False,
+                        reason="spec-aware: no per-token model for this drafter (its "
+                        "acceptance comes from a trace); give spec-aware:B",
+                    )
+                    rows.append(row)
+                    continue
+                key = (fleet.name, pname, routes_as if fleet.kind != "mixed" else router.name)
+                if key not in cache:
+                    cb = None
+                    if progress is not None:
+                        label = f"{fleet.name} {pname or 'plain'} {router.name}"
+
+                        def cb(done: int, total: int, _label: str = label) -> None:
+                            progress(_label, done, total)
+
+                    effective = router if fleet.kind == "mixed" else _least_loaded_if_aware(router)
+                    cache[key] = _simulate(
+                        trace,
+                        fleet,
+                        spec,
+                        plain,
+                        effective,
+                        table,
+                        server=server,
+                        built=built,
+                        cfg=cfg,
+                        progress=cb,
+                    )
+                measured = dict(cache[key])
+                row.update(fits=True, reason=None)
+                row.update(measured)
+                row.update(
+                    _cost(
+                        row["gpus"],
+                        gpu,
+                        cfg.prices,
+                        float(measured["throughput_tok_s"]),
+                        float(measured["goodput_tok_s"]),
+                    )
+                )
+                rows.append(row)
+
+    doc: dict[str, Any] = {
+        "trace": trace.summary(),
+        "rate_scale": scale,
+        "target_rps": target_rps,
+        "offered_rps": offered_rps(trace),
+        "server": {
+            "gpu": gpu,
+            "model": built.model.name,
+            "drafter": built.drafter.name,
+            "algorithm": built.drafter.algorithm,
+            "spec_steps": server.spec_steps,
+            "acceptance_profile": server.acceptance_profile or built.drafter.acceptance_profile,
+            "max_running_requests": server.max_running_requests,
+            "mem_fraction_static": server.mem_fraction_static,
+        },
+        "slo": {
+            "tpot_ms": cfg.slo.tpot_ms,
+            "ttft_ms": cfg.slo.ttft_ms,
+            "percentile": cfg.slo_percentile,
+        },
+        "seed": cfg.seed,
+        "prices": (
+            {
+                "currency": cfg.prices.currency,
+                "gpu_hour": dict(cfg.prices.gpu_hour),
+                "source": cfg.prices.source,
+            }
+            if cfg.prices is not None
+            else None
+        ),
+        "replica_kinds": {
+            name: {
+                "policy": kind.policy.name,
+                "speculative": kind.policy.speculative,
+                "fits": kind.error is None,
+                "reason": kind.error,
+                "kv_token_capacity": kind.memory.kv_token_capacity if kind.memory else None,
+                "speculation_pays_up_to_batch": _pays(tables.get(name)),
+                "predicted_ms_per_token": _table_doc(tables.get(name)),
+                "vram": _vram(kind, server),
+                "launch_args": kind.launch,
+            }
+            for name, kind in [(PLAIN, plain), *spec_kinds.items()]
+        },
+        "fleets": rows,
+    }
+    doc.update(
+        choose(
+            rows,
+            priced=cfg.prices is not None and gpu in cfg.prices.gpu_hour,
+            currency=cfg.prices.currency if cfg.prices is not None else None,
+        )
+    )
+    doc["recommendation"] = recommendation_text(doc)
+    return doc
+
+
+def _vram(kind: _Kind, server: ServerSpec) -> dict[str, Any] | None:
+    """The replica kind's VRAM breakdown in ``plan vram``'s document shape."""
+    if kind.memory is None:
+        return None
+    if kind.policy.speculative:
+        steps = server.spec_steps
+        shape = {"steps": steps, "topk": server.topk, "num_draft_tokens": steps + 1}
+    else:
+        shape = {"steps": 0, "topk": 0, "num_draft_tokens": 0}
+    doc = vram_document(kind.memory, shape=shape, max_running_requests=server.max_running_requests)
+    doc["policy"] = kind.policy.name
+    return doc
+
+
+def _pays(table: PerTokenTables | None) -> int | None:
+    return table.pays_up_to if table is not None else None
+
+
+def _table_doc(table: PerTokenTables | None) -> dict[str, list[float]] | None:
+    if table is None:
+        return None
+    # The first TABLE_DOC_LEN batch sizes: enough to see the crossing, not 4096 rows.
+    return {
+        "speculative": [1e3 * t for t in table.speculative[:TABLE_DOC_LEN]],
+        "plain": [1e3 * t for t in table.plain[:TABLE_DOC_LEN]],
+    }
+
+
+def _least_loaded_if_aware(router: RouterSpec) -> RouterSpec:
+    return RouterSpec("least-loaded") if router.kind == "spec-aware" else router
