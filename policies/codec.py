@@ -88,7 +88,7 @@ def _unknown_keys(info: mi.Type, data: object, path: str) -> str | None:
         return _unknown_keys(info.type, data, path)
     if isinstance(info, mi.DataclassType) and isinstance(data, Mapping):
         names = {f.encode_name for f in info.fields}
-        tolerated = getattr(info.cls, "CODEC_TOLERATED_KEYS", frozenset())
+        tolerated: frozenset[str] = getattr(info.cls, "CODEC_TOLERATED_KEYS", frozenset())
         extra = sorted(str(k) for k in data if k not in names and k not in tolerated)
         if extra:
             public = sorted(n for n in names if not n.startswith("_"))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, Final
 
+from specgov.policies.codec import from_data, from_versioned, to_data, to_versioned
 from specgov.policies.validation import (
     check_int,
     check_opt_int,
@@ -84,40 +85,15 @@ def _check_type(where: str, value: object, cls: type | tuple[type, ...], expecte
 # ------------------------------------------------------------------- dict helpers
 
 
-def _require_keys(
-    owner: str, data: Mapping[str, Any], required: Iterable[str], optional: Iterable[str] = ()
-) -> None:
-    if not isinstance(data, Mapping):
-        raise _fail(f"{owner}.from_dict", "expected a JSON object (mapping)", data)
-    req = set(required)
-    allowed = req | set(optional)
-    missing = sorted(req - data.keys())
-    if missing:
-        raise PolicyTypeError(
-            f"{owner}.from_dict: missing key(s) {missing}; expected keys {sorted(allowed)}"
-        )
-    unknown = sorted(str(k) for k in data.keys() - allowed)
-    if unknown:
-        raise PolicyTypeError(
-            f"{owner}.from_dict: unknown key(s) {unknown}; expected keys {sorted(allowed)}"
-        )
-    schema = data.get("schema")
-    if "schema" in req and (not is_int(schema) or schema != SCHEMA_VERSION):
-        raise _fail(f"{owner}.from_dict: key 'schema'", f"expected {SCHEMA_VERSION}", schema)
-
-
-def _as_int_tuple(where: str, value: object) -> tuple[int, ...]:
-    if not isinstance(value, list | tuple):
-        raise _fail(where, "expected a list of ints", value)
-    return tuple(value)
-
-
 # ------------------------------------------------------------------------ SpecShape
 
 
 @dataclass(frozen=True, slots=True)
 class SpecShape:
     """Restart-level speculation shape: what SGLang can only change at launch."""
+
+    # Nested in a recommendation it is in its own to_dict form, with "schema".
+    CODEC_TOLERATED_KEYS: ClassVar[frozenset[str]] = frozenset({"schema"})
 
     algorithm: str
     num_steps: int
@@ -158,27 +134,17 @@ class SpecShape:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA_VERSION,
-            "algorithm": self.algorithm,
-            "num_steps": self.num_steps,
-            "topk": self.topk,
-            "num_draft_tokens": self.num_draft_tokens,
-            "candidate_steps": list(self.candidate_steps),
-        }
+        return to_versioned(self, SCHEMA_VERSION, key="schema")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SpecShape:
-        keys = ("schema", "algorithm", "num_steps", "topk", "num_draft_tokens", "candidate_steps")
-        _require_keys("SpecShape", data, keys)
-        return cls(
-            algorithm=data["algorithm"],
-            num_steps=data["num_steps"],
-            topk=data["topk"],
-            num_draft_tokens=data["num_draft_tokens"],
-            candidate_steps=_as_int_tuple(
-                "SpecShape.from_dict: key 'candidate_steps'", data["candidate_steps"]
-            ),
+        return from_versioned(
+            cls,
+            data,
+            SCHEMA_VERSION,
+            key="schema",
+            where="SpecShape.from_dict",
+            error=PolicyTypeError,
         )
 
 
@@ -266,42 +232,18 @@ class StepTable:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA_VERSION,
-            "version": self.version,
-            "produced_at_s": self.produced_at_s,
-            "ttl_s": self.ttl_s,
-            "reason": self.reason,
-            "slots": [[b, s] for b, s in self.slots],
-        }
+        return to_versioned(self, SCHEMA_VERSION, key="schema")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepTable:
-        _require_keys(
-            "StepTable", data, ("schema", "version", "produced_at_s", "ttl_s", "slots"), ("reason",)
+        return from_versioned(
+            cls,
+            data,
+            SCHEMA_VERSION,
+            key="schema",
+            where="StepTable.from_dict",
+            error=PolicyTypeError,
         )
-        raw = data["slots"]
-        if not isinstance(raw, list | tuple):
-            raise _fail(
-                "StepTable.from_dict: key 'slots'", "expected a list of [bound, steps]", raw
-            )
-        pairs: list[tuple[int, int]] = []
-        for i, pair in enumerate(raw):
-            if not isinstance(pair, list | tuple) or len(pair) != 2:
-                raise _fail(
-                    f"StepTable.from_dict: key 'slots'[{i}]", "expected [bound, steps]", pair
-                )
-            pairs.append((pair[0], pair[1]))
-        return cls(
-            slots=tuple(pairs),
-            version=data["version"],
-            produced_at_s=data["produced_at_s"],
-            ttl_s=data["ttl_s"],
-            reason=data.get("reason", ""),
-        )
-
-
-# --------------------------------------------------------------------------- Budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,44 +334,6 @@ class TierStat:
             return None
         return self.step_time_sum_s / self.step_time_count
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "slot": self.slot,
-            "steps": self.steps,
-            "verify_calls": self.verify_calls,
-            "requests": self.requests,
-            "accepted_hist": list(self.accepted_hist),
-            "step_time_sum_s": self.step_time_sum_s,
-            "step_time_count": self.step_time_count,
-            "batch_size_sum": self.batch_size_sum,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TierStat:
-        keys = (
-            "slot",
-            "steps",
-            "verify_calls",
-            "requests",
-            "accepted_hist",
-            "step_time_sum_s",
-            "step_time_count",
-            "batch_size_sum",
-        )
-        _require_keys("TierStat", data, keys)
-        return cls(
-            slot=data["slot"],
-            steps=data["steps"],
-            verify_calls=data["verify_calls"],
-            requests=data["requests"],
-            accepted_hist=_as_int_tuple(
-                "TierStat.from_dict: key 'accepted_hist'", data["accepted_hist"]
-            ),
-            step_time_sum_s=data["step_time_sum_s"],
-            step_time_count=data["step_time_count"],
-            batch_size_sum=data["batch_size_sum"],
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class TierStatsSnapshot:
@@ -465,25 +369,17 @@ class TierStatsSnapshot:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": SCHEMA_VERSION,
-            "window_start_s": self.window_start_s,
-            "window_end_s": self.window_end_s,
-            "tiers": [t.to_dict() for t in self.tiers],
-        }
+        return to_versioned(self, SCHEMA_VERSION, key="schema")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TierStatsSnapshot:
-        _require_keys(
-            "TierStatsSnapshot", data, ("schema", "window_start_s", "window_end_s", "tiers")
-        )
-        raw = data["tiers"]
-        if not isinstance(raw, list | tuple):
-            raise _fail("TierStatsSnapshot.from_dict: key 'tiers'", "expected a list", raw)
-        return cls(
-            window_start_s=data["window_start_s"],
-            window_end_s=data["window_end_s"],
-            tiers=tuple(TierStat.from_dict(t) for t in raw),
+        return from_versioned(
+            cls,
+            data,
+            SCHEMA_VERSION,
+            key="schema",
+            where="TierStatsSnapshot.from_dict",
+            error=PolicyTypeError,
         )
 
 
@@ -665,32 +561,17 @@ class RestartRecommendation:
             _check_real(f"RestartRecommendation.evidence[{i}]", item[1])
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "shape": self.shape.to_dict(),
-            "source": self.source,
-            "summary": self.summary,
-            "predicted_gain": self.predicted_gain,
-            "evidence": dict(self.evidence),
-        }
+        data: dict[str, Any] = to_data(self)
+        data["shape"] = self.shape.to_dict()
+        data["evidence"] = dict(self.evidence)  # name -> number, as operators read it
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RestartRecommendation:
         w = "RestartRecommendation.from_dict"
-        if not isinstance(data, Mapping):
-            raise _fail(w, "expected an object", data)
-        missing = [k for k in ("shape", "source", "summary", "predicted_gain") if k not in data]
-        if missing:
-            raise _fail(w, f"keys {missing}", sorted(data))
-        evidence = data.get("evidence", {})
-        if not isinstance(evidence, Mapping):
-            raise _fail(f"{w}: key 'evidence'", "an object of name -> number", evidence)
-        return cls(
-            shape=SpecShape.from_dict(data["shape"]),
-            source=data["source"],
-            summary=data["summary"],
-            predicted_gain=data["predicted_gain"],
-            evidence=tuple((str(k), v) for k, v in evidence.items()),
-        )
+        if isinstance(data, Mapping) and isinstance(data.get("evidence"), Mapping):
+            data = {**data, "evidence": [[k, v] for k, v in data["evidence"].items()]}
+        return from_data(cls, data, where=w, error=PolicyTypeError)
 
 
 @dataclass(frozen=True, slots=True)
