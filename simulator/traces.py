@@ -32,7 +32,19 @@ public Azure 2023 traces hold no such rows.
 in-memory trace (e.g. a synthetic one) as ``transform_trace``.
 
 Every format error raises ``TraceFormatError`` with the message
-``"<file>:<line>: <what is wrong>; expected <form>"``.
+``"<file>:<line>: <what is wrong>; expected <form>"`` (quoted file text escaped and cut).
+
+Bounds (all formats; a row beyond one is a format error naming its line, found quickly
+and in bounded memory, since the file is read line by line):
+
+* a line holds at most :data:`MAX_LINE_BYTES` (4 MiB: room for an acceptance trace of a
+  million tokens), a CSV field or a JSON string at most :data:`MAX_FIELD_CHARS`;
+* a token count is at most :data:`MAX_TOKENS` (2^20, about the largest context served
+  today) and, with ``max_context_tokens`` (the model's context, when the caller knows
+  it), input + output tokens are at most that;
+* a time value is finite and at most :data:`MAX_TIMESTAMP_S` in magnitude (POSIX seconds
+  to the year 5138), and a trace spans at most :data:`MAX_SPAN_S` (30 days) from its first
+  request to its last, after ``rate_scale`` too: every simulated second costs work.
 """
 
 from __future__ import annotations
@@ -46,13 +58,19 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 
+from specgov.adapters.errors import escape_upstream
 from specgov.policies.validation import is_int, is_real
 
 __all__ = [
+    "MAX_FIELD_CHARS",
+    "MAX_LINE_BYTES",
+    "MAX_SPAN_S",
+    "MAX_TIMESTAMP_S",
+    "MAX_TOKENS",
     "TRACE_FORMATS",
     "Request",
     "Trace",
@@ -64,6 +82,13 @@ __all__ = [
 ]
 
 TRACE_FORMATS: tuple[str, ...] = ("azure", "mooncake", "generic", "acceptance")
+
+MAX_LINE_BYTES: Final = 4 * 1024 * 1024
+MAX_FIELD_CHARS: Final = 4096
+MAX_TOKENS: Final = 1 << 20
+MAX_TIMESTAMP_S: Final = 1e11
+MAX_SPAN_S: Final = 30 * 86400.0
+_PROBLEM_MAX_CHARS: Final = 600
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _AZURE_FORM = "CSV header TIMESTAMP,ContextTokens,GeneratedTokens and rows like " + (
@@ -104,9 +129,9 @@ class TraceFormatError(TraceError):
     """A trace file does not match its format; the message names file and line."""
 
     def __init__(self, file: str | os.PathLike[str], line: int, problem: str, form: str):
-        self.file = str(file)
+        self.file = escape_upstream(str(file), 400)
         self.line = line
-        self.problem = problem
+        self.problem = escape_upstream(problem, _PROBLEM_MAX_CHARS)  # quotes file text
         self.form = form
         super().__init__(f"{self.file}:{line}: {problem}; expected {form}")
 
@@ -261,7 +286,29 @@ def _csv_int(text: str, column: str, file: Path, line: int, form: str) -> int:
         raise TraceFormatError(file, line, f"{column} {text!r} is not an integer", form) from None
     if value < 0:
         raise TraceFormatError(file, line, f"{column} {value} is negative", form)
+    return _check_tokens(column, value, file, line, form)
+
+
+def _check_tokens(name: str, value: int, file: Path, line: int, form: str) -> int:
+    if value > MAX_TOKENS:
+        raise TraceFormatError(
+            file,
+            line,
+            f"{name} {value} is above the maximum of {MAX_TOKENS} tokens per request",
+            form,
+        )
     return value
+
+
+def _check_time(name: str, seconds: float, file: Path, line: int, form: str) -> float:
+    if not abs(seconds) <= MAX_TIMESTAMP_S:
+        raise TraceFormatError(
+            file,
+            line,
+            f"{name} {seconds:g} s is beyond the bound of {MAX_TIMESTAMP_S:g} s in magnitude",
+            form,
+        )
+    return seconds
 
 
 def _csv_float(text: str, column: str, file: Path, line: int, form: str) -> float:
@@ -282,7 +329,7 @@ def _json_int(obj: Mapping[str, Any], key: str, file: Path, line: int, form: str
         raise TraceFormatError(file, line, f"{key} {value!r} is not an integer", form)
     if value < 0:
         raise TraceFormatError(file, line, f"{key} {value} is negative", form)
-    return value
+    return _check_tokens(key, value, file, line, form)
 
 
 def _json_float(obj: Mapping[str, Any], key: str, file: Path, line: int, form: str) -> float:
@@ -300,38 +347,119 @@ def _json_domain(obj: Mapping[str, Any], file: Path, line: int, form: str) -> st
         return None
     if not isinstance(value, str) or not value:
         raise TraceFormatError(file, line, f"domain {value!r} is not a non-empty string", form)
+    if len(value) > MAX_FIELD_CHARS:
+        raise TraceFormatError(
+            file, line, f"domain has {len(value)} characters, more than {MAX_FIELD_CHARS}", form
+        )
     return value
 
 
 def _json_records(
-    file: Path, lines: Sequence[str], form: str
+    file: Path, lines: Iterable[str], form: str
 ) -> Iterator[tuple[int, dict[str, Any]]]:
     for index, raw in enumerate(lines):
         text = raw.strip()
         if not text:
             continue
         line = index + 1
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceFormatError(file, line, f"invalid JSON ({exc.msg})", form) from None
+        obj = _json_value(text, file, line, form)
         if not isinstance(obj, dict):
             raise TraceFormatError(file, line, f"a JSON {type(obj).__name__}, not an object", form)
         yield line, obj
 
 
-def _no_requests(file: Path, lines: Sequence[str], form: str) -> None:
-    raise TraceFormatError(file, len(lines) or 1, "the file holds no requests", form)
+def _json_value(text: str, file: Path, line: int, form: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(file, line, f"invalid JSON ({exc.msg})", form) from None
+    except ValueError as exc:  # an integer of more digits than int() reads
+        raise TraceFormatError(file, line, f"invalid JSON number ({exc})", form) from None
+    except RecursionError:
+        raise TraceFormatError(file, line, "JSON nested too deeply", form) from None
+
+
+def _no_requests(file: Path, lines: _Lines, form: str) -> None:
+    raise TraceFormatError(file, lines.count or 1, "the file holds no requests", form)
+
+
+class _Lines:
+    """The file's lines, read one at a time: at most MAX_LINE_BYTES each, UTF-8, split on
+    ``\\n`` only (as ``str.split("\\n")``: a final newline gives a last empty line).
+
+    ``str.splitlines`` would also break at \\x0c, \\u2028, ..., shifting the line numbers
+    in error messages away from what an editor shows. ``count``: lines read so far.
+    """
+
+    def __init__(self, file: Path) -> None:
+        self.file = file
+        self.count = 0
+
+    def __iter__(self) -> Iterator[str]:
+        self.count = 0
+        with self.file.open("rb") as stream:
+            ended_with_newline = True
+            while True:
+                raw = stream.readline(MAX_LINE_BYTES + 1)
+                if not raw:
+                    break
+                self.count += 1
+                ended_with_newline = raw.endswith(b"\n")
+                if ended_with_newline:
+                    raw = raw[:-1]
+                elif len(raw) > MAX_LINE_BYTES:
+                    raise TraceFormatError(
+                        self.file,
+                        self.count,
+                        f"the line is longer than {MAX_LINE_BYTES} bytes (4 MiB)",
+                        "one request per line of at most 4 MiB",
+                    )
+                try:
+                    yield raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise TraceFormatError(
+                        self.file, self.count, f"not UTF-8 text ({exc.reason})", "UTF-8 text"
+                    ) from None
+            if ended_with_newline:
+                self.count += 1
+                yield ""
+
+
+def _csv_rows(file: Path, lines: Iterable[str], form: str) -> Iterator[tuple[int, list[str]]]:
+    """CSV rows and their (last) line numbers; each field at most MAX_FIELD_CHARS."""
+    reader = csv.reader(lines)
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise TraceFormatError(
+                file,
+                reader.line_num,
+                f"malformed CSV ({exc}); a field holds at most {MAX_FIELD_CHARS} characters",
+                form,
+            ) from None
+        for col, text in enumerate(fields):
+            if len(text) > MAX_FIELD_CHARS:
+                raise TraceFormatError(
+                    file,
+                    reader.line_num,
+                    f"field {col + 1} has {len(text)} characters, more than {MAX_FIELD_CHARS}",
+                    form,
+                )
+        yield reader.line_num, fields
 
 
 # --------------------------------------------------------------------------------- readers
 
 
-def _read_azure(file: Path, lines: Sequence[str]) -> list[_Row]:
-    reader = csv.reader(lines)
-    header = next(reader, None)
-    if header is None:
+def _read_azure(file: Path, lines: _Lines) -> list[_Row]:
+    reader = _csv_rows(file, lines, _AZURE_FORM)
+    first = next(reader, None)
+    if first is None:
         raise TraceFormatError(file, 1, "the file is empty", _AZURE_FORM)
+    header = first[1]
     names = [h.strip().lstrip("\ufeff") for h in header]
     missing = [c for c in _AZURE_COLUMNS if c not in names]
     if missing:
@@ -342,8 +470,7 @@ def _read_azure(file: Path, lines: Sequence[str]) -> list[_Row]:
     width = len(names)
     rows: list[_Row] = []
     ref_s: int | None = None  # whole seconds of the first row; arrivals are relative to it
-    for fields in reader:
-        line = reader.line_num
+    for line, fields in reader:
         if not fields or (len(fields) == 1 and not fields[0].strip()):
             continue
         if len(fields) != width:
@@ -366,7 +493,7 @@ def _read_azure(file: Path, lines: Sequence[str]) -> list[_Row]:
     return rows
 
 
-def _read_mooncake(file: Path, lines: Sequence[str]) -> list[_Row]:
+def _read_mooncake(file: Path, lines: _Lines) -> list[_Row]:
     rows: list[_Row] = []
     for line, obj in _json_records(file, lines, _MOONCAKE_FORM):
         if "timestamp" not in obj:
@@ -375,7 +502,7 @@ def _read_mooncake(file: Path, lines: Sequence[str]) -> list[_Row]:
         rows.append(
             _Row(
                 line,
-                ts_ms / 1000.0,
+                _check_time("timestamp", ts_ms / 1000.0, file, line, _MOONCAKE_FORM),
                 _json_int(obj, "input_length", file, line, _MOONCAKE_FORM),
                 _json_int(obj, "output_length", file, line, _MOONCAKE_FORM),
             )
@@ -385,12 +512,13 @@ def _read_mooncake(file: Path, lines: Sequence[str]) -> list[_Row]:
     return rows
 
 
-def _read_generic_csv(file: Path, lines: Sequence[str]) -> list[_Row]:
+def _read_generic_csv(file: Path, lines: _Lines) -> list[_Row]:
     form = _GENERIC_CSV_FORM
-    reader = csv.reader(lines)
-    header = next(reader, None)
-    if header is None:
+    reader = _csv_rows(file, lines, form)
+    first = next(reader, None)
+    if first is None:
         raise TraceFormatError(file, 1, "the file is empty", form)
+    header = first[1]
     names = [h.strip().lstrip("\ufeff") for h in header]
     unknown = [n for n in names if n not in _GENERIC_KEYS]
     if unknown:
@@ -410,8 +538,7 @@ def _read_generic_csv(file: Path, lines: Sequence[str]) -> list[_Row]:
     )
     i_dom = names.index("domain") if "domain" in names else None
     rows: list[_Row] = []
-    for fields in reader:
-        line = reader.line_num
+    for line, fields in reader:
         if not fields or (len(fields) == 1 and not fields[0].strip()):
             continue
         if len(fields) != len(names):
@@ -422,7 +549,13 @@ def _read_generic_csv(file: Path, lines: Sequence[str]) -> list[_Row]:
         rows.append(
             _Row(
                 line,
-                _csv_float(fields[i_t].strip(), time_col, file, line, form),
+                _check_time(
+                    time_col,
+                    _csv_float(fields[i_t].strip(), time_col, file, line, form),
+                    file,
+                    line,
+                    form,
+                ),
                 _csv_int(fields[i_in].strip(), "input_tokens", file, line, form),
                 _csv_int(fields[i_out].strip(), "output_tokens", file, line, form),
                 domain,
@@ -433,7 +566,7 @@ def _read_generic_csv(file: Path, lines: Sequence[str]) -> list[_Row]:
     return rows
 
 
-def _read_generic_jsonl(file: Path, lines: Sequence[str], *, acceptance: bool) -> list[_Row]:
+def _read_generic_jsonl(file: Path, lines: _Lines, *, acceptance: bool) -> list[_Row]:
     form = _ACCEPTANCE_FORM if acceptance else _GENERIC_JSON_FORM
     rows: list[_Row] = []
     with_arrival: bool | None = None
@@ -455,7 +588,11 @@ def _read_generic_jsonl(file: Path, lines: Sequence[str], *, acceptance: bool) -
                 form + ", arrival_s on every record or on none",
             )
         with_arrival = has_arrival
-        arrival = _json_float(obj, time_key, file, line, form) if has_arrival else 0.0
+        arrival = 0.0
+        if has_arrival:
+            arrival = _check_time(
+                time_key, _json_float(obj, time_key, file, line, form), file, line, form
+            )
         n_in = _json_int(obj, "input_tokens", file, line, form)
         n_out = _json_int(obj, "output_tokens", file, line, form)
         acc: tuple[int, ...] | None = None
@@ -487,15 +624,14 @@ def _json_acc_len(value: Any, n_out: int, file: Path, line: int, form: str) -> t
 # ----------------------------------------------------------------------------- detection
 
 
-def _first_nonblank(lines: Sequence[str]) -> tuple[int, str] | None:
+def _first_nonblank(lines: Iterable[str]) -> tuple[int, str] | None:
     for index, raw in enumerate(lines):
         if raw.strip():
             return index + 1, raw.strip()
     return None
 
 
-def _detect(file: Path, lines: Sequence[str]) -> str:
-    first = _first_nonblank(lines)
+def _detect(file: Path, first: tuple[int, str] | None) -> str:
     if first is None:
         raise TraceFormatError(file, 1, "the file is empty", _ANY_FORM)
     line, text = first
@@ -506,10 +642,7 @@ def _detect(file: Path, lines: Sequence[str]) -> str:
     if suffix == ".csv" and looks_json:
         raise TraceFormatError(file, line, "a .csv file whose first line is JSON", _ANY_FORM)
     if looks_json:
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TraceFormatError(file, line, f"invalid JSON ({exc.msg})", _ANY_FORM) from None
+        obj = _json_value(text, file, line, _ANY_FORM)
         if not isinstance(obj, dict):
             raise TraceFormatError(file, line, "the first record is not a JSON object", _ANY_FORM)
         keys = set(obj)
@@ -529,7 +662,7 @@ def _detect(file: Path, lines: Sequence[str]) -> str:
             f"cannot tell the format from keys {sorted(keys)} (they match {what})",
             _ANY_FORM,
         )
-    names = {h.strip().lstrip("\ufeff") for h in next(csv.reader([text]))}
+    names = {h.strip().lstrip("\ufeff") for h in next(_csv_rows(file, [text], _ANY_FORM))[1]}
     if set(_AZURE_COLUMNS) <= names:
         return "azure"
     if names & {"arrival_s", "timestamp_s", "input_tokens", "output_tokens"}:
@@ -551,6 +684,7 @@ def load_trace(
     max_requests: int | None = None,
     seed: int = 0,
     default_domain: str | None = None,
+    max_context_tokens: int | None = None,
 ) -> Trace:
     """Read a trace file (formats: module docstring) and apply, in this order:
 
@@ -562,39 +696,38 @@ def load_trace(
     4. ``max_requests``: the first that many requests.
 
     Arrivals are re-based so the first kept request arrives at 0. ``default_domain`` labels
-    requests whose file gives no domain. Raises ``TraceError`` for bad options, a missing
-    file or an empty result, ``TraceFormatError`` (a ``TraceError``) for file contents.
+    requests whose file gives no domain. ``max_context_tokens``: the model's context, when
+    known; a row whose input + output tokens exceed it is a format error. Raises
+    ``TraceError`` for bad options, a missing file or an empty result,
+    ``TraceFormatError`` (a ``TraceError``) for file contents (bounds: module docstring).
     """
     _check_options(window_start_s, window_end_s, rate_scale, sample_fraction, max_requests, seed)
     if fmt is not None and fmt not in TRACE_FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}; valid formats: {', '.join(TRACE_FORMATS)}")
     if default_domain is not None and (not isinstance(default_domain, str) or not default_domain):
         raise TraceError(f"default_domain must be a non-empty string, got {default_domain!r}")
+    if max_context_tokens is not None and (
+        not is_int(max_context_tokens) or max_context_tokens < 2
+    ):
+        raise TraceError(f"max_context_tokens must be an int >= 2, got {max_context_tokens!r}")
     file = Path(path)
     if not file.is_file():
         what = "is a directory, not a file" if file.is_dir() else "does not exist"
         raise TraceError(f"trace file {str(file)!r} {what}")
-    try:
-        text = file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise TraceError(f"trace file {str(file)!r} is not UTF-8 text ({exc.reason})") from None
-    # split on \n only: str.splitlines also breaks at \x0c, \u2028, ..., which would shift
-    # the line numbers in error messages away from what an editor shows.
-    lines = text.split("\n")
-
-    detected = fmt if fmt is not None else _detect(file, lines)
+    lines = _Lines(file)
+    first = _first_nonblank(lines)
+    detected = fmt if fmt is not None else _detect(file, first)
     if detected == "azure":
         rows = _read_azure(file, lines)
     elif detected == "mooncake":
         rows = _read_mooncake(file, lines)
     elif detected == "acceptance":
         rows = _read_generic_jsonl(file, lines, acceptance=True)
+    elif first is not None and first[1].startswith("{"):
+        rows = _read_generic_jsonl(file, lines, acceptance=False)
     else:
-        first = _first_nonblank(lines)
-        if first is not None and first[1].startswith("{"):
-            rows = _read_generic_jsonl(file, lines, acceptance=False)
-        else:
-            rows = _read_generic_csv(file, lines)
+        rows = _read_generic_csv(file, lines)
+    _check_rows(file, rows, detected, first, max_context_tokens)
 
     kept = [r for r in rows if r.input_tokens >= 1 and r.output_tokens >= 1]
     if not kept:
@@ -627,6 +760,48 @@ def load_trace(
         max_requests=max_requests,
         seed=seed,
     )
+
+
+def _check_rows(
+    file: Path,
+    rows: Sequence[_Row],
+    fmt: str,
+    first: tuple[int, str] | None,
+    max_context_tokens: int | None,
+) -> None:
+    """Bounds across rows (module docstring): the span and the model's context."""
+    if fmt == "azure":
+        form = _AZURE_FORM
+    elif fmt == "mooncake":
+        form = _MOONCAKE_FORM
+    elif fmt == "acceptance":
+        form = _ACCEPTANCE_FORM
+    else:
+        is_json = first is not None and first[1].startswith("{")
+        form = _GENERIC_JSON_FORM if is_json else _GENERIC_CSV_FORM
+    if max_context_tokens is not None:
+        for r in rows:
+            if r.input_tokens + r.output_tokens > max_context_tokens:
+                raise TraceFormatError(
+                    file,
+                    r.line,
+                    f"{r.input_tokens} input + {r.output_tokens} output tokens exceed the "
+                    f"model's context of {max_context_tokens} tokens",
+                    form,
+                )
+    if not rows:
+        return
+    earliest = min(rows, key=lambda r: r.arrival_s)
+    for r in rows:
+        span = r.arrival_s - earliest.arrival_s
+        if span > MAX_SPAN_S:
+            raise TraceFormatError(
+                file,
+                r.line,
+                f"this request arrives {span:g} s after the earliest one (line "
+                f"{earliest.line}); a trace spans at most {MAX_SPAN_S:g} s (30 days)",
+                form,
+            )
 
 
 def transform_trace(
@@ -677,6 +852,12 @@ def transform_trace(
         return trace
 
     base = arrivals[idx[0]]
+    span_s = float((arrivals[idx[-1]] - base) / rate_scale)
+    if not span_s <= MAX_SPAN_S:
+        raise TraceError(
+            f"trace {trace.name!r}: rate_scale={rate_scale:g} stretches it to {span_s:g} s; "
+            f"a trace spans at most {MAX_SPAN_S:g} s (30 days)"
+        )
     requests = tuple(
         Request(
             arrival_s=float((arrivals[i] - base) / rate_scale),

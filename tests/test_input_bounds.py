@@ -11,6 +11,7 @@ bomb, not the 1.26 GB one; a 3 MB line against the line limit, not a 2 GB one).
 from __future__ import annotations
 
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,16 @@ from specgov.controller.config import (
     YAML_MAX_DEPTH,
     ConfigError,
     load_config,
+)
+from specgov.simulator.traces import (
+    MAX_FIELD_CHARS,
+    MAX_LINE_BYTES,
+    MAX_SPAN_S,
+    MAX_TIMESTAMP_S,
+    MAX_TOKENS,
+    TraceError,
+    TraceFormatError,
+    load_trace,
 )
 
 # A message quoting upstream or user text stays one short printable line.
@@ -141,3 +152,139 @@ def test_bounded_repr_elides_huge_and_nested_values() -> None:
     text = bounded_repr({"a": list(range(10**6)), "b": "x" * 10**6, "c": [[[[[1]]]]]})
     assert len(text) < 600 and "..." in text
     assert bounded_repr("\x1b[2J").isprintable()
+
+
+# ----------------------------------------------------------------------------- traces
+
+
+def _trace_error(path: Path, **kwargs: object) -> TraceFormatError:
+    start = time.perf_counter()
+    with pytest.raises(TraceFormatError) as err:
+        load_trace(path, **kwargs)  # type: ignore[arg-type]
+    assert time.perf_counter() - start < 10.0
+    message = str(err.value)
+    assert message.startswith(f"{path}:{err.value.line}: ")
+    assert len(message) < 3000 and message.isprintable()
+    return err.value
+
+
+def _jsonl(path: Path, *records: str) -> Path:
+    path.write_text("".join(r + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+FIRST = '{"arrival_s": 0, "input_tokens": 10, "output_tokens": 10}'
+CSV_HEADER = "arrival_s,input_tokens,output_tokens\n"
+
+
+def test_an_arrival_of_1e308_is_a_clear_error_at_its_line(tmp_path: Path) -> None:
+    # Old code accepted it; the simulator then ran out of memory.
+    path = _jsonl(
+        tmp_path / "t.jsonl", FIRST, FIRST.replace('"arrival_s": 0', '"arrival_s": 1e308')
+    )
+    err = _trace_error(path)
+    assert err.line == 2 and f"beyond the bound of {MAX_TIMESTAMP_S:g} s" in err.problem
+    mooncake = _jsonl(
+        tmp_path / "m.jsonl", '{"timestamp": 1e308, "input_length": 1, "output_length": 1}'
+    )
+    assert "timestamp 1e+305 s is beyond" in _trace_error(mooncake).problem
+
+
+def test_a_span_beyond_30_days_is_refused(tmp_path: Path) -> None:
+    late = FIRST.replace('"arrival_s": 0', f'"arrival_s": {MAX_SPAN_S + 1}')
+    err = _trace_error(_jsonl(tmp_path / "t.jsonl", FIRST, FIRST, late))
+    assert err.line == 3 and "after the earliest one (line 1)" in err.problem
+    assert "spans at most 2.592e+06 s (30 days)" in err.problem
+    # Epoch timestamps are fine: only the span counts.
+    epoch = [FIRST.replace('"arrival_s": 0', f'"arrival_s": {1.7e9 + i}') for i in range(3)]
+    assert load_trace(_jsonl(tmp_path / "e.jsonl", *epoch)).duration_s == 2.0
+    # rate_scale may not stretch a trace past the bound either.
+    day = FIRST.replace('"arrival_s": 0', '"arrival_s": 86400')
+    with pytest.raises(TraceError, match=r"rate_scale=0\.01 stretches it to 8\.64e\+06 s"):
+        load_trace(_jsonl(tmp_path / "d.jsonl", FIRST, day), rate_scale=0.01)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "needle"),
+    [
+        ("o.csv", CSV_HEADER + "0,10,2000000000\n", "output_tokens 2000000000 is above"),
+        ("i.csv", CSV_HEADER + "0," + "1" + "0" * 29 + ",10\n", "input_tokens 1000000000000"),
+        (
+            "o.jsonl",
+            '{"arrival_s": 0, "input_tokens": 10, "output_tokens": 2000000000}\n',
+            "output_tokens 2000000000 is above",
+        ),
+        (
+            "i.jsonl",
+            '{"arrival_s": 0, "input_tokens": 1' + "0" * 29 + ', "output_tokens": 1}\n',
+            "input_tokens 1" + "0" * 29 + " is above",
+        ),
+    ],
+)
+def test_token_counts_beyond_the_maximum_are_refused(
+    tmp_path: Path, name: str, text: str, needle: str
+) -> None:
+    # Old code accepted 2e9 output tokens (the simulator never finished) and 1e29 input.
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    err = _trace_error(path)
+    assert err.line == 2 if name.endswith(".csv") else err.line == 1
+    assert needle in err.problem and f"maximum of {MAX_TOKENS} tokens" in err.problem
+
+
+def test_the_models_context_bounds_input_plus_output_when_given(tmp_path: Path) -> None:
+    big = '{"arrival_s": 1, "input_tokens": 8000, "output_tokens": 200}'
+    path = _jsonl(tmp_path / "t.jsonl", FIRST, big)
+    assert len(load_trace(path).requests) == 2
+    err = _trace_error(path, max_context_tokens=8192)
+    assert err.line == 2
+    assert "8000 input + 200 output tokens exceed the model's context of 8192" in err.problem
+    with pytest.raises(TraceError, match="max_context_tokens must be an int >= 2"):
+        load_trace(path, max_context_tokens=0)
+
+
+def test_an_overlong_line_is_refused_quickly_in_bounded_memory(tmp_path: Path) -> None:
+    # A 12 MB line (three times the limit) stands in for the 2 GB one: the reader
+    # never holds more than one limit's worth of it.
+    path = tmp_path / "long.csv"
+    with path.open("w", encoding="utf-8") as out:
+        out.write(CSV_HEADER + "0,1,1\n" + "1," + "9" * (3 * MAX_LINE_BYTES) + ",1\n")
+    tracemalloc.start()
+    try:
+        err = _trace_error(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert err.line == 3 and f"longer than {MAX_LINE_BYTES} bytes (4 MiB)" in err.problem
+    assert peak < 3 * MAX_LINE_BYTES
+
+
+def test_csv_and_json_field_limits(tmp_path: Path) -> None:
+    # A field past csv's own limit (131072) was a csv.Error traceback.
+    path = tmp_path / "f.csv"
+    path.write_text(CSV_HEADER + "0,1,1\n" + '"' + "7" * 200_000 + '",1,1\n', encoding="utf-8")
+    err = _trace_error(path)
+    assert err.line == 3 and "malformed CSV" in err.problem
+    path.write_text(CSV_HEADER + "0,1," + "1" * 5000 + "\n", encoding="utf-8")
+    err = _trace_error(path)
+    assert f"field 3 has 5000 characters, more than {MAX_FIELD_CHARS}" in err.problem
+    domain = FIRST[:-1] + ', "domain": "' + "d" * 5000 + '"}'
+    err = _trace_error(_jsonl(tmp_path / "d.jsonl", domain))
+    assert "domain has 5000 characters" in err.problem
+
+
+def test_json_nesting_and_huge_integers_are_format_errors(tmp_path: Path) -> None:
+    # Old code: a RecursionError and a ValueError traceback.
+    nested = FIRST[:-1] + ', "acc_len": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    err = _trace_error(_jsonl(tmp_path / "n.jsonl", FIRST, nested))
+    assert err.line == 2 and "nested too deeply" in err.problem
+    digits = FIRST.replace('"input_tokens": 10', '"input_tokens": ' + "9" * 5000)
+    err = _trace_error(_jsonl(tmp_path / "h.jsonl", FIRST, digits))
+    assert err.line == 2 and "invalid JSON number" in err.problem
+
+
+def test_control_characters_from_the_file_are_escaped(tmp_path: Path) -> None:
+    path = tmp_path / "c.csv"
+    path.write_text(CSV_HEADER + "0,1\x1b[2J\x00,1\n", encoding="utf-8")
+    err = _trace_error(path)
+    assert "\\x1b" in str(err) and "\x1b" not in str(err) and "\x00" not in str(err)
