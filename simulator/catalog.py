@@ -45,6 +45,7 @@ from specgov.policies.validation import is_int, is_real
 from specgov.simulator.acceptance import DomainAcceptance
 
 __all__ = [
+    "PROVENANCE_KINDS",
     "AcceptanceProfileSpec",
     "Catalog",
     "CatalogError",
@@ -76,6 +77,8 @@ class GpuSpec:
     bandwidth_efficiency: float = 0.8
     compute_efficiency: float = 0.72
     aliases: tuple[str, ...] = ()
+    # field -> (measured | fitted | assumed, where the figure comes from)
+    provenance: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def achieved_bandwidth_bytes_s(self) -> float:
@@ -100,6 +103,8 @@ class ModelSpec:
     default_spec_topk: int
     default_spec_draft_tokens: int
     aliases: tuple[str, ...] = ()
+    # field -> (measured | fitted | assumed, where the figure comes from)
+    provenance: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def weight_bytes(self) -> float:
@@ -131,6 +136,8 @@ class DrafterSpec:
     params_b_by_target: tuple[tuple[str, float], ...] = ()
     targets: tuple[str, ...] = ()
     aliases: tuple[str, ...] = ()
+    # field -> (measured | fitted | assumed, where the figure comes from)
+    provenance: tuple[tuple[str, str, str], ...] = ()
 
     def supports(self, target: str) -> bool:
         return not self.targets or target.lower() in self.targets
@@ -160,6 +167,8 @@ class AcceptanceProfileSpec:
     default_domain: str | None = None
     source: str = ""
     aliases: tuple[str, ...] = ()
+    # field -> (measured | fitted | assumed, where the figure comes from)
+    provenance: tuple[tuple[str, str, str], ...] = ()
 
     def as_profiles(self) -> dict[str, dict[str, DomainAcceptance]]:
         """The ``profiles=`` argument of ``AcceptanceModel`` for this profile."""
@@ -243,6 +252,24 @@ def _text(ctx: _Ctx, path: str, value: object) -> str:
 
 _Field = tuple[Callable[[_Ctx, str, object], Any], bool]  # (parser, required)
 
+PROVENANCE_KINDS = ("measured", "fitted", "assumed")
+_PROVENANCE_FORM = "a mapping of field -> 'measured|fitted|assumed: where the figure comes from'"
+
+
+def _provenance(ctx: _Ctx, path: str, value: object) -> tuple[tuple[str, str, str], ...]:
+    """``provenance: {field: "kind: source"}`` of one entry (issue 11 §5)."""
+    if not isinstance(value, dict):
+        raise ctx.fail(path, _PROVENANCE_FORM, value)
+    out = []
+    for key, text in value.items():
+        kind, _, source = str(text).partition(":") if isinstance(text, str) else ("", "", "")
+        kind = kind.strip().lower()
+        if kind not in PROVENANCE_KINDS or not source.strip():
+            raise ctx.fail(f"{path}.{key}", "'measured|fitted|assumed: <source>'", text)
+        out.append((str(key), kind, source.strip()))
+    return tuple(out)
+
+
 _GPU_FIELDS: dict[str, _Field] = {
     "memory_gib": (_pos, True),
     "hbm_bandwidth_tb_s": (_pos, True),
@@ -284,9 +311,19 @@ def _fields(ctx: _Ctx, path: str, entry: object, spec: Mapping[str, _Field]) -> 
         raise ctx.fail(path, f"a mapping with keys {', '.join(spec)}", entry)
     out: dict[str, Any] = {}
     for key, value in entry.items():
+        if key == "provenance":
+            prov = _provenance(ctx, f"{path}.provenance", value)
+            unknown = [f for f, _, _ in prov if f not in entry or f in ("provenance", "aliases")]
+            if unknown:
+                raise CatalogError(
+                    f"{ctx.file}: {path}.provenance.{unknown[0]}: names no figure of this "
+                    "entry; provenance keys are the entry's own figure keys"
+                )
+            out[key] = prov
+            continue
         if key not in spec:
             raise CatalogError(
-                f"{ctx.file}: {path}.{key}: unknown key; valid keys: {', '.join(spec)}"
+                f"{ctx.file}: {path}.{key}: unknown key; valid keys: {', '.join(spec)}, provenance"
             )
         out[key] = spec[key][0](ctx, f"{path}.{key}", value)
     missing = [k for k, (_, required) in spec.items() if required and k not in out]

@@ -219,3 +219,51 @@ def test_specs_are_frozen(catalog: Catalog) -> None:
         assert isinstance(spec, GpuSpec | ModelSpec | DrafterSpec)
         with pytest.raises(AttributeError):
             spec.name = "x"  # type: ignore[misc]
+
+
+# ------------------------------------------------------------ provenance (issue 11 §5)
+
+_BUILTIN = Path(__file__).resolve().parents[1] / "simulator" / "data"
+_NOT_FIGURES = {"aliases", "provenance", "algorithm", "acceptance_profile", "targets"}
+
+
+@pytest.mark.parametrize("fname", ["gpus.yaml", "models.yaml", "drafters.yaml"])
+def test_every_builtin_figure_has_a_provenance(fname: str) -> None:
+    import yaml
+
+    doc = yaml.safe_load((_BUILTIN / fname).read_text(encoding="utf-8"))
+    (section,) = doc
+    catalog = Catalog.load()
+    lookup = {"gpus": catalog.gpu, "models": catalog.model, "drafters": catalog.drafter}
+    for name, entry in doc[section].items():
+        figures = {k for k in entry if k not in _NOT_FIGURES}
+        spec = lookup[section](name)
+        recorded = {field: kind for field, kind, _ in spec.provenance}
+        assert set(recorded) == figures, (fname, name, figures ^ set(recorded))
+        assert set(recorded.values()) <= {"measured", "fitted", "assumed"}
+
+
+def test_fitted_figures_name_what_they_were_fitted_to(catalog: Catalog) -> None:
+    prov = {f: (k, src) for f, k, src in catalog.drafter("eagle3").provenance}
+    assert prov["step_overhead_ms"][0] == "fitted" and "20780" in prov["step_overhead_ms"][1]
+    assert "53420" in prov["extend_overhead_ms"][1]
+    assert prov["verify_token_overhead_us"][0] == "fitted"
+    assert prov["verify_overhead_ms"][0] == "assumed"
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ("provenance: {memory_gib: 'guessed: me'}", r"gpus.g.provenance.memory_gib: expected"),
+        ("provenance: {memory_gib: 'measured:'}", "measured|fitted|assumed: <source>"),
+        ("provenance: {vram: 'measured: x'}", "provenance.vram: names no figure of this entry"),
+        ("provenance: [1]", "expected a mapping of field"),
+    ],
+)
+def test_provenance_is_validated(tmp_path: Path, body: str, match: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        "gpus:\n  g: {memory_gib: 1, hbm_bandwidth_tb_s: 1, bf16_tflops: 1, " + body + "}\n"
+    )
+    with pytest.raises(CatalogError, match=match):
+        Catalog.load([f])
