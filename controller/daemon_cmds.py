@@ -576,7 +576,8 @@ def override_clear(
     _emit(
         {"cleared": cleared},
         output,
-        lambda d: click.echo(f"cleared {d['cleared']} override{'s' if d['cleared'] != 1 else ''}"),
+        # "cleared: N", as scripts and the e2e test read it; JSON has {"cleared": N}.
+        lambda d: click.echo(f"cleared: {d['cleared']}"),
     )
 
 

@@ -41,7 +41,7 @@ def _live_table(
     from rich.table import Table
     from rich.text import Text
 
-    from specgov.controller.cli_format import is_number, number
+    from specgov.controller.cli_format import is_number, number, text
 
     obs = status.get("observation") or {}
     # The daemon measures rates over its own (wall) clock; the simulated server runs
@@ -78,8 +78,9 @@ def _live_table(
         log.add_row(Text(line))
     plugin = (sim_state.get("plugin") or {}).get("mode")
     footer = (
-        f"policy {status.get('policy')} | mode {status.get('mode')} | plugin {plugin} | "
-        f"control API {status.get('_control')} (try: specgov status, specgov decisions, "
+        f"policy {text(status.get('policy'))} | mode {text(status.get('mode'))} | "
+        f"plugin {text(plugin)} | control API {text(status.get('_control'))} "
+        "(try: specgov status, specgov decisions, "
         "specgov override set --slot 1 --steps 0 --ttl 2m --reason test)"
     )
     return Group(head, units, slots, log, Text(footer))
@@ -110,7 +111,8 @@ async def _run_demo(
     workdir: Path,
     policy: str,
     refresh_s: float,
-) -> tuple[list[Any], Any]:
+    trace: Any,
+) -> list[Any]:
     from rich.console import Console
     from rich.live import Live
 
@@ -120,17 +122,8 @@ async def _run_demo(
     from specgov.controller.state_store import StateStore
     from specgov.simulator.replay import ServerSpec
     from specgov.simulator.sim_server import SimServer
-    from specgov.simulator.synthetic import DEFAULT_DEMO_SPEC, generate_trace
 
-    trace = generate_trace(DEFAULT_DEMO_SPEC)
     spool = workdir / "spool"
-    duration_s = trace.requests[-1].arrival_s - trace.requests[0].arrival_s if trace.requests else 0
-    click.echo(
-        f"starting a simulated SGLang server (H100, Llama-3.1-8B + EAGLE-3, {speed:g}x real "
-        f"time) replaying {len(trace.requests):,} requests over {duration_s / 60:.0f} simulated "
-        f"minutes (about {duration_s / speed:.0f} s here), and the specgov daemon "
-        f"(policy {policy}) ..."
-    )
     sim = SimServer(trace, ServerSpec(), speed=speed, spool_dir=spool, port=_free_port())
     sim.start()
     sim.wait_ready(60)
@@ -187,8 +180,6 @@ async def _run_demo(
                 if sim.results():
                     break
                 await asyncio.sleep(refresh_s)
-        # The live view's last frame stays on screen; what follows starts on a new line.
-        click.echo()
     finally:
         daemon.request_stop()
         with contextlib.suppress(Exception):
@@ -197,7 +188,8 @@ async def _run_demo(
             await runner.cleanup()
         store.close()
         sim.stop()
-    return sim.results(), trace
+    results: list[Any] = sim.results()
+    return results
 
 
 def _summary(live_results: list[Any], trace: Any) -> None:
@@ -315,8 +307,18 @@ def demo_cmd(
         tmp = tempfile.TemporaryDirectory(prefix="specgov-demo-")
         workdir = Path(tmp.name)
     workdir.mkdir(parents=True, exist_ok=True)
+    from specgov.simulator.synthetic import DEFAULT_DEMO_SPEC, generate_trace
+
+    trace = generate_trace(DEFAULT_DEMO_SPEC)
+    span_s = trace.requests[-1].arrival_s - trace.requests[0].arrival_s if trace.requests else 0.0
+    click.echo(
+        f"starting a simulated SGLang server (H100, Llama-3.1-8B + EAGLE-3, {speed:g}x real "
+        f"time) replaying {len(trace.requests):,} requests over {span_s / 60:.0f} simulated "
+        f"minutes (about {span_s / speed:.0f} s here), and the specgov daemon "
+        f"(policy {policy}) ..."
+    )
     try:
-        results, trace = asyncio.run(
+        results = asyncio.run(
             _run_demo(
                 speed=speed,
                 control_addr=control_addr,
@@ -324,8 +326,11 @@ def demo_cmd(
                 workdir=workdir,
                 policy=policy,
                 refresh_s=0.5,
+                trace=trace,
             )
         )
+        # The live view's last frame stays on screen; the summary starts on a new line.
+        click.echo()
         _summary(results, trace)
     except KeyboardInterrupt:
         click.echo("\ninterrupted; stopped cleanly")
