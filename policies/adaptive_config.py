@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from specgov.policies.types import PolicyTypeError
+from specgov.policies.types import PolicyTypeError, SlotLayout
 from specgov.policies.validation import check_int, check_real, is_int
 
 # Identical to sglang 0.5.23's DEFAULT_ADAPTIVE_CONFIG (checked by a contract test).
@@ -137,6 +137,11 @@ class AdaptiveConfig:
     @property
     def bounds(self) -> tuple[int, ...]:
         return tuple(s.bound for s in self.slots)
+
+    @property
+    def layout(self) -> SlotLayout:
+        """The slot layout (bound, candidate steps) this config gives the engine."""
+        return tuple((s.bound, s.candidate_steps) for s in self.slots)
 
     @property
     def candidate_steps(self) -> list[int]:

@@ -35,6 +35,7 @@ from specgov.policies.types import (
     Observation,
     PolicyTypeError,
     ReasonCode,
+    SlotLayout,
     StepTable,
 )
 from specgov.policies.validation import check_int, check_real, is_int
@@ -48,7 +49,7 @@ DEFAULT_TTL_S: Final = 30.0
 LIMITED_BY_CANDIDATES: Final = ReasonCode.LIMITED_BY_CANDIDATES.value
 LIMITED_BY_BUDGET: Final = ReasonCode.LIMITED_BY_BUDGET.value
 
-Slots = tuple[tuple[int, tuple[int, ...]], ...]
+Slots = SlotLayout
 
 
 # ------------------------------------------------------------------ shared helpers

@@ -13,9 +13,17 @@ import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, Final
+from typing import Annotated, Any, ClassVar, Final, TypeAlias
 
-from specgov.policies.codec import from_data, from_versioned, to_data, to_versioned
+import msgspec
+
+from specgov.policies.codec import (
+    NonNegInt,
+    from_data,
+    from_versioned,
+    to_data,
+    to_versioned,
+)
 from specgov.policies.validation import (
     check_int,
     check_opt_int,
@@ -25,6 +33,14 @@ from specgov.policies.validation import (
 )
 
 SCHEMA_VERSION: Final = 1
+
+# The engine's slot layout, the one representation every layer uses: per batch-size
+# slot, sorted by lower bound, (bound, candidate steps) -- the steps SGLang captured
+# CUDA graphs for (its adaptive config's candidate_steps). The annotations are also its
+# schema when it is saved (codec).
+SlotLayout: TypeAlias = tuple[
+    tuple[NonNegInt, Annotated[tuple[NonNegInt, ...], msgspec.Meta(min_length=1)]], ...
+]
 
 # Algorithms a restart recommendation may name (SGLang's --speculative-algorithm values
 # specgov reasons about, plus NONE for "no speculation").
@@ -449,7 +465,7 @@ class Observation:
     spec_num_steps: int | None = None  # the sglang:spec_num_steps gauge (aged)
     # Per slot lower bound, the steps the engine captured for it (its adaptive
     # config's candidate_steps); a published table must stay inside these.
-    slot_candidates: tuple[tuple[int, tuple[int, ...]], ...] | None = None
+    slot_candidates: SlotLayout | None = None
 
     def __post_init__(self) -> None:
         _check_real("Observation.time_s", self.time_s)

@@ -398,3 +398,18 @@ def test_decision_errors_name_the_field(kwargs: dict[str, Any], field: str) -> N
     )
     with pytest.raises(PolicyTypeError, match="^" + field.replace(".", r"\.") + ":"):
         Decision(**{**base, **kwargs})
+
+
+def test_the_adaptive_config_gives_the_one_slot_layout_observations_and_the_guard_use() -> None:
+    from specgov.policies.adaptive_config import default_adaptive_config, parse_adaptive_config
+    from specgov.policies.codec import from_data, to_data
+    from specgov.policies.types import SlotLayout
+
+    layout = parse_adaptive_config(default_adaptive_config()).layout
+    assert layout == ((1, (1, 3, 5, 7)), (8, (0, 1, 3)), (32, (0, 1)), (64, (0,)))
+    assert Observation(time_s=1.0, slot_candidates=layout).slot_candidates == layout
+    # Saved and loaded through the codec with its constraints: no slot without steps.
+    saved = json.loads(json.dumps(to_data(layout)))
+    assert from_data(SlotLayout, saved, where="layout", error=PolicyTypeError) == layout
+    with pytest.raises(PolicyTypeError, match=r"length >= 1 - at `\$\[1\]\[1\]`"):
+        from_data(SlotLayout, [[1, [1]], [8, []]], where="layout", error=PolicyTypeError)

@@ -59,6 +59,7 @@ from specgov.policies.types import (
     Decision,
     Observation,
     ReasonCode,
+    SlotLayout,
     StepTable,
     TierStatsSnapshot,
 )
@@ -395,7 +396,7 @@ class GoodputPolicy:
         state: GoodputState,
         budget: Budget,
         current: StepTable | None,
-        slot_candidates: tuple[tuple[int, tuple[int, ...]], ...],
+        slot_candidates: SlotLayout,
     ) -> tuple[tuple[SlotPlan, ...], list[tuple[float, float, float]], GoodputState]:
         cfg = self._config
         now = observation.time_s

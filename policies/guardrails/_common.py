@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from typing import Annotated, Any, Final, TypeAlias, TypeVar
-
-import msgspec
+from typing import Any, Final, TypeAlias, TypeVar
 
 from specgov.policies.codec import NonNegInt, PosInt
 from specgov.policies.daemon import PolicyState
@@ -14,6 +12,7 @@ from specgov.policies.types import (
     Observation,
     PolicyTypeError,
     ReasonCode,
+    SlotLayout,
 )
 from specgov.policies.validation import (
     check_bool,
@@ -32,9 +31,7 @@ T = TypeVar("T", bound=PolicyState)
 
 # Slot layouts as the guard holds them; the annotations are also their schema (codec).
 Slots: TypeAlias = tuple[tuple[PosInt, NonNegInt], ...]
-Candidates: TypeAlias = tuple[
-    tuple[PosInt, Annotated[tuple[NonNegInt, ...], msgspec.Meta(min_length=1)]], ...
-]
+Candidates: TypeAlias = SlotLayout  # as the guard holds it: first bound published as 1
 
 ROLLBACK_COOLDOWN: Final = "rollback_cooldown"
 _OBSERVATION_FIELDS: Final = frozenset(f.name for f in fields(Observation)) - {"time_s"}
