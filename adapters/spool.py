@@ -72,6 +72,8 @@ STATS_DIRNAME: Final = "stats"
 DEFAULT_STATS_KEEP: Final = 64
 # A step table is a few hundred bytes; anything this large is not one of ours.
 MAX_TABLE_BYTES: Final = 1 << 20
+# A statistics window is a few KB (one entry per slot and step); bound what is read.
+MAX_STATS_BYTES: Final = 1 << 20
 DEFAULT_LOG_INTERVAL_S: Final = 60.0
 
 # Why SpoolTableReader returned None (keys of SpoolTableReader.ignored).
@@ -554,6 +556,9 @@ def parse_step_table_document(raw: bytes, candidate_steps: list[int]) -> StepTab
         # Our writer renames whole files into place, so undecodable bytes mean a
         # partial write by something else (or a truncated copy).
         raise _Rejected(TORN, f"not a complete JSON document ({exc})") from None
+    except RecursionError:
+        # json's decoder recurses per nesting level; a step table nests four deep.
+        raise _Rejected(INVALID, "JSON nested deeper than the decoder allows") from None
     if not isinstance(document, dict):
         raise _Rejected(INVALID, f"expected a JSON object, got {type(document).__name__}")
     kind = document.get("kind")
@@ -938,7 +943,10 @@ class TierStatsBatch:
 
 
 def _parse_stats(raw: bytes, writer_id: str, seq: int) -> TierStatsRecord:
-    document = json.loads(raw.decode("utf-8"))
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise SpoolError("JSON nested deeper than the decoder allows") from None
     if not isinstance(document, dict) or set(document) != _STATS_KEYS:
         raise SpoolError(f"expected a JSON object with keys {sorted(_STATS_KEYS)}")
     if document["kind"] != STATS_KIND:
@@ -974,6 +982,14 @@ def _permission_fix(path: Path) -> str:
         "then written 0640 in that group) and spool.group in the daemon's config "
         "(docs/spool-security.md, two-user deployment)"
     )
+
+
+def _read_bounded(path: Path, max_bytes: int) -> bytes:
+    with open(path, "rb") as fh:
+        raw = fh.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise SpoolError(f"more than {max_bytes} bytes; not a statistics window")
+    return raw
 
 
 def read_tier_stats(
@@ -1030,7 +1046,7 @@ def read_tier_stats(
             gaps += fresh[0][0] - last - 1
         for seq, path in fresh:
             try:
-                records.append(_parse_stats(path.read_bytes(), wid, seq))
+                records.append(_parse_stats(_read_bounded(path, MAX_STATS_BYTES), wid, seq))
             except FileNotFoundError:
                 gaps += 1  # pruned between listing and reading
             except PermissionError as exc:

@@ -509,14 +509,14 @@ def test_unreadable_statistics_are_logged_once_with_the_fix(
     # the daemon used to drop the error without a word.
     for seq in range(3):
         write_tier_stats(tmp_path, snapshot(NOW + seq), writer_id="w", seq=seq)
-    real_read = Path.read_bytes
+    real_open = open
 
-    def denied(self: Path) -> bytes:
-        if self.name.startswith("tier_stats."):
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_read(self)
+    def denied(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if Path(path).name.startswith("tier_stats."):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr(Path, "read_bytes", denied)
+    monkeypatch.setattr("builtins.open", denied)
     monkeypatch.setattr("specgov.adapters.spool._read_log._last_s", {})
     caplog.set_level(logging.ERROR, logger="specgov.adapters.spool")
     batch = read_tier_stats(tmp_path)
