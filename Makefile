@@ -9,7 +9,7 @@ SGLANG_VERSION := 0.5.23
 SGLANG_SRC ?= .cache/sglang-$(SGLANG_VERSION)/x
 SHARED_DATA ?= ../shared/data
 
-.PHONY: setup demo test lint typecheck importlint bench clean sglang-src
+.PHONY: setup demo test lint typecheck importlint bench clean sglang-src wheel dashboard
 
 setup: $(VENV)/.installed
 
@@ -56,6 +56,15 @@ typecheck: setup
 
 importlint: setup
 	$(BIN)/lint-imports
+
+# The release artefacts: sdist and wheel in dist/ (what tests/test_wheel.py builds and
+# installs; deploy/docker/sglang-plugin.Dockerfile copies the wheel from dist/).
+wheel: setup
+	$(BIN)/python -m build --outdir dist .
+
+# deploy/grafana/specgov-dashboard.json is generated; tests fail when it is stale.
+dashboard: setup
+	$(BIN)/python deploy/grafana/make_dashboard.py
 
 bench: setup
 	SPECGOV_SHARED_DATA=$(SHARED_DATA) $(BIN)/python benchmarks/bench_replay.py
