@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -86,7 +87,7 @@ def test_same_seed_is_reproducible_and_seed_matters() -> None:
 )
 def test_bad_input_is_one_clear_line(args: list[str], needle: str) -> None:
     result = CliRunner().invoke(main, ["replay", SMALL_SYNTH, *args])
-    assert result.exit_code != 0
+    assert result.exit_code == 2  # the README's code for bad usage or configuration
     assert needle in result.output
     assert "Traceback" not in result.output
 
@@ -97,7 +98,7 @@ def test_malformed_trace_names_file_and_line(tmp_path: Path) -> None:
         "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\nnope,1,x\n"
     )
     result = CliRunner().invoke(main, ["replay", str(bad), "--format", "azure"])
-    assert result.exit_code != 0
+    assert result.exit_code == 2
     assert "bad.csv" in result.output and ":3" in result.output
     assert "Traceback" not in result.output
 
@@ -106,7 +107,7 @@ def test_model_that_does_not_fit_fails_before_simulating() -> None:
     result = CliRunner().invoke(
         main, ["replay", SMALL_SYNTH, "--gpu", "l40s", "--model", "llama-3.1-70b"]
     )
-    assert result.exit_code != 0
+    assert result.exit_code == 2
     assert "GiB" in result.output
 
 
@@ -126,6 +127,12 @@ def test_table_output_and_plots(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "sglang-ema" in result.output and "TPOT" in result.output
+    # The table says what goodput and "vs ema" mean, and nothing is overloaded here.
+    flat = " ".join(result.output.split())
+    assert "goodput: output tokens per second (simulated) of the requests that met" in flat
+    assert "vs ema: goodput / sglang-ema's goodput on the same trace" in flat
+    assert "OVERLOADED" not in result.output and "None" not in result.output
+    assert "plots:" in result.output
     pngs = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
     assert pngs == ["comparison.png", "none.png", "sglang-ema.png"]
     for name in pngs:
@@ -179,3 +186,50 @@ def test_acceptance_trace_replay_follows_the_recorded_acceptance(tmp_path: Path)
     assert by_name["static:1"]["mean_accept_length"] == pytest.approx(2.0)
     assert by_name["static:3"]["mean_accept_length"] == pytest.approx(4.0)
     assert by_name["static:3"]["output_tokens"] == 20 * 41
+
+
+def test_missing_trace_file_exits_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["replay", str(tmp_path / "nope.csv")])
+    assert result.exit_code == 2, result.output
+    assert "nope.csv" in result.output and "Traceback" not in result.output
+
+
+def test_every_replay_option_has_help_text() -> None:
+    from specgov.controller.cli import replay
+
+    missing = [
+        p.name
+        for p in replay.params
+        if isinstance(p, click.Option) and not (p.help and p.help.strip())
+    ]
+    assert missing == []
+
+
+def test_an_overloaded_replay_says_so_before_the_goodput_ratios() -> None:
+    result = CliRunner().invoke(
+        main,
+        ["replay", "synthetic:duration=30,rate=60,seed=3", "--policy", "none", "--policy",
+         "sglang-ema"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert out.startswith("OVERLOADED: fewer than 50% of requests met the SLO"), out
+    assert "(overloaded)" in out
+    assert out.index("OVERLOADED") < out.index("vs ema")
+
+
+def test_progress_is_shown_on_a_terminal_and_not_when_piped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from specgov.controller import cli
+
+    args = ["replay", SMALL_SYNTH, "--policy", "none", "--policy", "static:3", "--output", "json"]
+    piped = CliRunner().invoke(main, args)
+    assert piped.exit_code == 0 and "requests" not in piped.stderr
+    monkeypatch.setattr(cli, "_stderr_is_terminal", lambda: True)
+    shown = CliRunner().invoke(main, args)
+    assert shown.exit_code == 0, shown.output
+    # JSON stays clean on stdout; the bars went to stderr, one per policy.
+    assert [p["name"] for p in json.loads(shown.stdout)["policies"]] == ["none", "static:3"]
+    assert "replaying none" in shown.stderr and "replaying static:3" in shown.stderr
+    assert "requests" in shown.stderr
