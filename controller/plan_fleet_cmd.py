@@ -163,6 +163,9 @@ def render_table(doc: Mapping[str, Any]) -> None:
             _fmt(row.get("cost_per_mtok"), 3),
         )
     console = Console()
+    if not console.is_terminal:
+        # Piped or captured: no width to fit, so do not squeeze the columns to 80.
+        console = Console(width=170)
     console.print(table)
     console.print(doc["recommendation"])
 

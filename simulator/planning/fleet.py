@@ -245,10 +245,8 @@ def plan_fleet(
             spec = spec_kinds[pname] if pname is not None else None
             for router in cfg.routers:
                 table = tables.get(pname) if pname is not None else None
-                # spec-aware on a homogeneous fleet is least-loaded: simulate once.
-                routes_as = router.name
-                if router.kind == "spec-aware" and fleet.kind != "mixed":
-                    routes_as = "least-loaded"
+                effective = _effective_router(router, fleet)
+                routes_as = effective.name
                 row: dict[str, Any] = {
                     "fleet": fleet.name,
                     "kind": fleet.kind,
@@ -282,7 +280,7 @@ def plan_fleet(
                     )
                     rows.append(row)
                     continue
-                key = (fleet.name, pname, routes_as if fleet.kind != "mixed" else router.name)
+                key = (fleet.name, pname, routes_as)
                 if key not in cache:
                     cb = None
                     if progress is not None:
@@ -291,7 +289,6 @@ def plan_fleet(
                         def cb(done: int, total: int, _label: str = label) -> None:
                             progress(_label, done, total)
 
-                    effective = router if fleet.kind == "mixed" else _least_loaded_if_aware(router)
                     cache[key] = _simulate(
                         trace,
                         fleet,
@@ -403,5 +400,14 @@ def _table_doc(table: PerTokenTables | None) -> dict[str, list[float]] | None:
     }
 
 
-def _least_loaded_if_aware(router: RouterSpec) -> RouterSpec:
-    return RouterSpec("least-loaded") if router.kind == "spec-aware" else router
+def _effective_router(router: RouterSpec, fleet: FleetShape) -> RouterSpec:
+    """The router as it acts on *fleet*: equivalent routers are simulated once.
+
+    One replica: every router sends it everything. A homogeneous fleet: spec-aware
+    (either form) has no plain replica to prefer, so it routes as least-loaded.
+    """
+    if fleet.replicas == 1:
+        return RouterSpec("least-loaded")
+    if router.kind == "spec-aware" and fleet.kind != "mixed":
+        return RouterSpec("least-loaded")
+    return router
