@@ -174,7 +174,14 @@ class FakeDaemon:
         return data
 
     def decisions(self, since_s: float | None, limit: int) -> Sequence[Mapping[str, Any]]:
-        return [self.decision][:limit]
+        expires = time.time() + 112.0
+        held = {
+            **self.decision,
+            "id": 12,
+            "reason": "held_override",
+            "message": f"table v2 unchanged; override slot 1 -> 0 ('t', until {expires:.1f} s)",
+        }
+        return [self.decision, held][:limit]
 
     def list_overrides(self) -> Sequence[Mapping[str, Any]]:
         return [self.override]
@@ -277,6 +284,8 @@ def test_decisions_are_one_line_each_with_detail_behind_verbose(
     assert "(12s ago)" in short.output
     assert "table v2 unchanged; held slots [64]" in short.output
     assert "k=4" not in short.output and "--verbose" in short.output
+    # An exact epoch in a message reads as a time: "until 13:08:09 (in 1m52s)".
+    assert IN_112_S.search(short.output), short.output
     _no_raw_values(short.output)
     full = cli(addr, "decisions", "--verbose").output.replace("\n", " ")
     assert "k=4" in full
