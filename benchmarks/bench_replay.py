@@ -107,7 +107,7 @@ if run.loop is not None:
     out["polls"] = polls
     for key, values in cost.items():
         out[key + "_ms"] = 1e3 * sum(values) / max(polls, 1)
-    out["decide_ms"] = sum(d.decide_ms for d in run.loop.log.decisions) / max(polls, 1)
+    out["decide_ms"] = sum(d.decide_ms or 0.0 for d in run.loop.log.decisions) / max(polls, 1)
 print(json.dumps(out))
 """
 

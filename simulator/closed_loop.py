@@ -71,19 +71,10 @@ class ControlLoopConfig:
 
 
 @dataclass
-class DecisionRecord:
-    time_s: float
-    reason: str
-    message: str
-    changed: bool
-    decide_ms: float
-    table: dict[str, Any] | None
-    published: bool = False
-
-
-@dataclass
 class ClosedLoopLog:
-    decisions: list[DecisionRecord] = field(default_factory=list)
+    """What the loop recorded: the core's audit rows (the daemon's rows, one type)."""
+
+    decisions: list[AuditRecord] = field(default_factory=list)
     restart_recommendations: list[tuple[float, RestartRecommendation]] = field(default_factory=list)
 
     @property
@@ -94,7 +85,7 @@ class ClosedLoopLog:
     def mean_decide_ms(self) -> float | None:
         if not self.decisions:
             return None
-        return sum(d.decide_ms for d in self.decisions) / len(self.decisions)
+        return sum(d.decide_ms or 0.0 for d in self.decisions) / len(self.decisions)
 
 
 ObserveFn = Callable[[float], Observation | None]
@@ -137,7 +128,6 @@ class ClosedLoop:
         self._cpu_clock = cpu_clock
         self.state: CoreState = core.initial_state(policy_spec)
         self.log = ClosedLoopLog()
-        self.records: list[AuditRecord] = []
         self._last_obs: Observation | None = None
         self._published: StepTable | None = None  # visible to the plugin
         self._pending: tuple[float, StepTable] | None = None  # written, not yet visible
@@ -168,19 +158,13 @@ class ClosedLoop:
         self._pending = (now + self.config.publish_delay_s, publish.table)
         return True
 
+    @property
+    def records(self) -> list[AuditRecord]:
+        """Every decision's audit row, in order (as the daemon's store keeps them)."""
+        return self.log.decisions
+
     def record(self, record: AuditRecord) -> None:
-        self.records.append(record)
-        self.log.decisions.append(
-            DecisionRecord(
-                time_s=record.time_s,
-                reason=record.reason,
-                message=record.message,
-                changed=record.changed,
-                decide_ms=record.decide_ms or 0.0,
-                table=None if record.table_after is None else record.table_after.to_dict(),
-                published=record.published,
-            )
-        )
+        self.log.decisions.append(record)
 
     def recommend(self, recommendation: RestartRecommendation, record: AuditRecord) -> None:
         self.log.restart_recommendations.append((record.time_s, recommendation))

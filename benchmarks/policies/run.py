@@ -83,7 +83,12 @@ def run_job(job: Job) -> report.RunResult:
         summary["mean_decide_ms"] = log.mean_decide_ms
         reasons = dict(Counter(d.reason for d in log.decisions))
         changes = [
-            {"time_s": d.time_s, "reason": d.reason, "message": d.message, "table": d.table}
+            {
+                "time_s": d.time_s,
+                "reason": d.reason,
+                "message": d.message,
+                "table": None if d.table_after is None else d.table_after.to_dict(),
+            }
             for d in log.decisions
             if d.changed
         ]
