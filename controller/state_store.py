@@ -474,6 +474,7 @@ class StateStore:
         # group (e.g. the inference server's) is configured to read them.
         self._file_mode = 0o600 if self._gid is None else 0o640
         self._identity: tuple[int, int] | None = None
+        self._sidecar_ids: dict[str, tuple[int, int]] = {}
         self._created_on_open: bool | None = None
         self._read_only = False
         if synchronous not in ("FULL", "NORMAL"):
@@ -591,6 +592,11 @@ class StateStore:
         self._conn = conn
         self._read_only = False
         self._identity = self._stat_identity()
+        self._sidecar_ids = {
+            suffix: ident
+            for suffix in ("-wal", "-shm")
+            if (ident := _identity(_sidecar(self._path, suffix))) is not None
+        }
         self._secure_files()
         return conn
 
@@ -651,11 +657,20 @@ class StateStore:
                 )
 
     def _stat_identity(self) -> tuple[int, int] | None:
-        try:
-            st = os.stat(self._path)
-        except OSError:
-            return None
-        return (st.st_dev, st.st_ino)
+        return _identity(self._path)
+
+    def _remove_stale_sidecars(self) -> None:
+        """Unlink the old file's -wal/-shm still under the path's names: SQLite would
+        replay that WAL into the new file (its frames are checked against the WAL
+        header, not the database). A -wal that came with a replacement file is kept."""
+        for suffix, ident in self._sidecar_ids.items():
+            path = _sidecar(self._path, suffix)
+            if _identity(path) == ident:
+                try:
+                    path.unlink()
+                except OSError as exc:
+                    log.warning("state file %s (the old file's) cannot be removed: %s", path, exc)
+        self._sidecar_ids = {}
 
     def check_identity(self, op: str = "check_identity") -> None:
         """Raise :class:`StoreReplaced` if the file at the path is not the one open.
@@ -711,7 +726,10 @@ class StateStore:
             )
             self._last_error = err
             raise err from exc
-        self._drop()  # the old file's -wal/-shm names go with it
+        # SQLite does not checkpoint or delete the WAL of a moved file on close; the old
+        # -wal/-shm names are removed here instead.
+        self._drop()
+        self._remove_stale_sidecars()
         if deleted:
             os.replace(target, self._path)
             detail = (
@@ -824,13 +842,12 @@ class StateStore:
 
     def _corrupt_message(self, cause: str) -> str:
         p = shlex.quote(str(self._path))
-        rec = shlex.quote(f"{self._path}.recovered")
         bad = shlex.quote(f"{self._path}.corrupt")
         return (
             f"state database {self._path} is corrupt ({cause}); refusing to start on it, "
             "since starting empty would drop its audit log and overrides. Recover what is "
-            f"readable with: sqlite3 {p} .recover | sqlite3 {rec} && mv {p} {bad} && "
-            f"mv {rec} {p} -- or move it aside (mv {p} {bad}) to start with empty state"
+            f"readable with: {recovery_command(self._path)} -- or move it aside "
+            f"(mv {p} {bad}) to start with empty state"
         )
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
@@ -1324,6 +1341,14 @@ def _group_id(group: str | int | None) -> int | None:
         raise StoreError(f"StateStore.file_group: no group named {group!r}") from None
 
 
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def _sidecar(path: Path, suffix: str) -> Path:
     return path.with_name(path.name + suffix)
 
@@ -1394,3 +1419,127 @@ def _override_from_row(row: Sequence[Any]) -> OverrideRecord:
     return OverrideRecord(
         id=str(ov_id), override=ov, cleared_at_s=None if cleared is None else float(cleared)
     )
+
+
+# --------------------------------------------------------------------------- recovery
+
+# Tables copied by recover_file, oldest schema first; their rows keep their ids.
+_RECOVER_TABLES: Final = ("decisions", "overrides", "policy_state", "tables", "settings")
+
+
+def recovery_command(path: Path) -> str:
+    """The shell command that recovers ``path`` (see :func:`recover_file`)."""
+    import sys
+
+    return (
+        f"{shlex.quote(sys.executable)} -m specgov.controller.state_store recover "
+        f"{shlex.quote(str(path))}"
+    )
+
+
+def _readable_rows(
+    src: sqlite3.Connection, table: str, columns: Sequence[str]
+) -> tuple[list[tuple[Any, ...]], int]:
+    """Every row of ``table`` that can be read, in rowid order, and how many rowid
+    probes hit unreadable pages. A corrupt page costs the rows on it only: the scan
+    resumes past it by seeking ever further rowids."""
+    cols = ", ".join(["rowid", *columns])
+    query = f"SELECT {cols} FROM {table} WHERE rowid >= ? ORDER BY rowid"
+    rows: list[tuple[Any, ...]] = []
+    try:
+        (top,) = src.execute(f"SELECT max(rowid) FROM {table}").fetchone()
+    except sqlite3.DatabaseError:
+        top = None  # the last page is unreadable: probe up to a far bound
+    limit = (1 << 40) if top is None else int(top)
+    floor, skipped, failures = 1, 0, 0
+    while floor <= limit:
+        try:
+            for row in src.execute(query, (floor,)):
+                rows.append(tuple(row[1:]))
+                floor = int(row[0]) + 1
+                failures = 0
+            break
+        except sqlite3.DatabaseError:
+            # The scan hit an unreadable page at or after ``floor``: step past it one
+            # rowid at a time across a few pages, then ever faster.
+            skipped += 1
+            failures += 1
+            floor += 1 if failures < 256 else 1 << min(failures - 256, 40)
+    return rows, skipped
+
+
+def recover_file(path: str | Path) -> dict[str, dict[str, int]]:
+    """Copy every readable row of a corrupt state database into a new file at ``path``.
+
+    The corrupt file (and its -wal/-shm) is kept as ``<name>.corrupt-<time>``. Returns
+    ``{table: {"rows": kept, "unreadable_probes": n}}``. The new file has the current
+    schema; ids are preserved, so audit ids stay what operators were told.
+    """
+    target = Path(path)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    fresh = target.with_name(f"{target.name}.recovered-{stamp}")
+    quoted = urllib.parse.quote(str(target.absolute()))
+    src = sqlite3.connect(f"file:{quoted}?mode=ro", uri=True)
+    report: dict[str, dict[str, int]] = {}
+    try:
+        StateStore(fresh).close()
+        dst = sqlite3.connect(str(fresh), isolation_level=None)
+        try:
+            dst.execute("BEGIN")
+            for table in _RECOVER_TABLES:
+                wanted = [str(r[1]) for r in dst.execute(f"PRAGMA table_info({table})")]
+                try:
+                    have = {str(r[1]) for r in src.execute(f"PRAGMA table_info({table})")}
+                except sqlite3.DatabaseError:
+                    have = set()
+                columns = [c for c in wanted if c in have]
+                if not columns:
+                    report[table] = {"rows": 0, "unreadable_probes": 0}
+                    continue
+                rows, skipped = _readable_rows(src, table, columns)
+                marks = ", ".join("?" for _ in columns)
+                dst.executemany(
+                    f"INSERT OR REPLACE INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows
+                )
+                report[table] = {"rows": len(rows), "unreadable_probes": skipped}
+            dst.execute("COMMIT")
+        finally:
+            dst.close()
+    finally:
+        src.close()
+    aside = target.with_name(f"{target.name}.corrupt-{stamp}")
+    for suffix in ("", "-wal", "-shm"):
+        old = _sidecar(target, suffix)
+        if os.path.lexists(old):
+            os.replace(old, _sidecar(aside, suffix))
+    os.replace(fresh, target)
+    for suffix in ("-wal", "-shm"):
+        leftover = _sidecar(fresh, suffix)
+        if os.path.lexists(leftover):
+            leftover.unlink()
+    return report
+
+
+def _main(argv: Sequence[str]) -> int:
+    if len(argv) != 2 or argv[0] != "recover":
+        print("usage: python -m specgov.controller.state_store recover STATE_DB")
+        return 2
+    path = Path(argv[1])
+    if not path.is_file():
+        print(f"error: {path}: no such file")
+        return 2
+    try:
+        report = recover_file(path)
+    except (OSError, sqlite3.Error) as exc:
+        print(f"error: cannot recover {path}: {exc}")
+        return 1
+    for table, counts in report.items():
+        print(f"{table}: {counts['rows']} rows recovered, {counts['unreadable_probes']} unreadable")
+    print(f"recovered into {path}; the corrupt file is kept beside it as {path.name}.corrupt-*")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    raise SystemExit(_main(sys.argv[1:]))

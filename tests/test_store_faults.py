@@ -1,0 +1,469 @@
+"""State that cannot vanish silently (issue 9 §1): each store failure of the issue, on
+real SQLite files under tmp_path, against the daemon (no SGLang server is needed: with
+no telemetry every decision holds, and every hold is an audit row).
+
+Disk full is an injected write error at the store's seam (its connection factory):
+while "full", every writing statement fails with SQLite's SQLITE_FULL message. (SQLite's
+``PRAGMA max_page_count`` is used for the store alone in test_state_store.py; here it
+would let small rows through into free space of existing pages, which a full disk's
+WAL appends would not.) A read-only database is made for real
+(file and folder modes, in a child process without root's capabilities).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import stat
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from specgov.controller.config import SpecgovConfig, load_config
+from specgov.controller.daemon import Daemon
+from specgov.controller.state_store import (
+    StateStore,
+    StoreRefused,
+    StoreReplaced,
+    StoreUnavailable,
+)
+from specgov.controller.store_journal import StoreJournal
+
+PIN = "static:steps=3"
+
+
+def _config(tmp_path: Path) -> SpecgovConfig:
+    return load_config(
+        None,
+        env={},
+        overrides={
+            "server.url": "http://127.0.0.1:9",  # never scraped here
+            "state.db_path": str(tmp_path / "state" / "state.db"),
+            "spool.dir": str(tmp_path / "spool"),
+            "loop.mode": "plugin",
+        },
+    )
+
+
+def _daemon(config: SpecgovConfig, store: StateStore, **kwargs: Any) -> Daemon:
+    return Daemon(config, store=store, registry=CollectorRegistry(), **kwargs)
+
+
+def _pin(daemon: Daemon, reason: str = "test") -> str:
+    made = daemon.set_override(
+        slot=None, steps=None, disable=False, pin_policy=PIN, ttl_s=3600, reason=reason
+    )
+    return str(made["id"])
+
+
+def _metric(daemon: Daemon, name: str, **labels: str) -> float:
+    value = daemon.registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def _close(daemon: Daemon) -> None:
+    asyncio.run(daemon.close())
+
+
+def _store_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "specgov.daemon" and r.levelno >= logging.ERROR and "state" in r.getMessage()
+    ]
+
+
+class _FullDiskConnection(sqlite3.Connection):
+    """A connection on a filesystem out of space while ``disk.full``: every statement
+    that writes fails as SQLite fails it then (SQLITE_FULL's message)."""
+
+    disk: _Capped
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        verb = sql.lstrip().split(None, 1)[0].upper()
+        if self.disk.full and verb in ("INSERT", "UPDATE", "DELETE", "CREATE", "ALTER"):
+            raise sqlite3.OperationalError("database or disk is full")
+        return super().execute(sql, parameters)
+
+
+class _Capped:
+    """The store's connection factory (its injection seam) with a disk that can fill."""
+
+    def __init__(self) -> None:
+        self.full = False
+
+    def __call__(self, path: Path) -> sqlite3.Connection:
+        conn = sqlite3.connect(str(path), factory=_FullDiskConnection, check_same_thread=False)
+        assert isinstance(conn, _FullDiskConnection)
+        conn.disk = self
+        return conn
+
+    def fill(self) -> None:
+        self.full = True
+
+    def free(self) -> None:
+        self.full = False
+
+
+# ------------------------------------------------------------------ deleted, replaced
+
+
+def test_deleted_db_is_noticed_reported_and_recreated_with_every_row(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(tmp_path)
+    db = config.state.db_path
+    daemon = _daemon(config, StateStore(db, open_now=False))
+    kept = [_pin(daemon, "keep")]
+    for _ in range(5):
+        daemon.decide_once()
+    for path in db.parent.glob("state.db*"):
+        path.unlink()
+    caplog.set_level(logging.INFO)
+    daemon.decide_once()  # the write notices: reported at once
+    status = daemon.status()
+    assert [i["kind"] for i in status["store_incidents"]] == ["deleted"]
+    assert "was deleted" in status["store_incidents"][0]["message"]
+    assert _metric(daemon, "specgov_store_failures_total", kind="deleted") == 1.0
+    assert len([m for m in _store_lines(caplog) if "was deleted" in m]) == 1
+    assert db.is_file()
+    for _ in range(3):
+        daemon.decide_once()
+    assert daemon.status()["store_error"] is None
+    made = daemon.status()["decisions"]
+    _close(daemon)
+
+    # The restart finds everything: all decisions, the gap row, both overrides.
+    with StateStore(db) as store:
+        rows = store.decisions(limit=1000)
+        assert len([r for r in rows if r.reason != "store_gap"]) == made == 9
+        gap = [r for r in rows if r.reason == "store_gap"]
+        assert len(gap) == 1 and "was deleted" in json.dumps(gap[0].inputs_summary)
+        assert store.integrity_check() == ["ok"]
+    again = _daemon(config, StateStore(db, open_now=False))
+    assert sorted(o["id"] for o in again.list_overrides()) == sorted(kept)
+    _close(again)
+
+
+def test_replaced_db_is_saved_aside_and_the_new_file_gets_the_daemons_state(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    db = config.state.db_path
+    daemon = _daemon(config, StateStore(db, open_now=False))
+    kept = _pin(daemon)
+    for _ in range(3):
+        daemon.decide_once()
+    other = tmp_path / "other.db"
+    with StateStore(other) as s:
+        s.record_decision(time_s=1.0, policy="elsewhere", reason="initial", message="x")
+    os.replace(other, db)
+    daemon.decide_once()
+    incident = daemon.status()["store_incidents"][-1]
+    assert incident["kind"] == "replaced" and "saved as" in incident["message"]
+    daemon.decide_once()
+    _close(daemon)
+    aside = list(db.parent.glob("state.db.replaced-*"))
+    assert len(aside) == 1
+    with StateStore(aside[0]) as old:
+        assert len(old.decisions(limit=100)) == 3  # nothing of the old file lost
+    with StateStore(db) as new:
+        policies = {r.policy for r in new.decisions(limit=100)}
+        assert "elsewhere" in policies  # the operator's file, kept
+        assert kept in {r.id for r in new.list_overrides(0.0, include_expired=True)}
+        assert any(r.reason == "store_gap" for r in new.decisions(limit=100))
+
+
+def test_store_replaced_is_raised_once_and_the_store_works_after(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    store = StateStore(db)
+    store.record_decision(time_s=1.0, policy="p", reason="r", message="m")
+    db.unlink()
+    with pytest.raises(StoreReplaced) as info:
+        store.record_decision(time_s=2.0, policy="p", reason="r", message="m")
+    assert info.value.deleted and info.value.recovered
+    store.record_decision(time_s=3.0, policy="p", reason="r", message="m")
+    assert [r.time_s for r in store.decisions()] == [3.0, 1.0]
+    store.close()
+
+
+# --------------------------------------------------------------------- disk full
+
+
+def test_disk_full_rows_are_journaled_and_written_back_with_a_gap_row(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(tmp_path)
+    capped = _Capped()
+    store = StateStore(config.state.db_path, connect=capped, open_now=False)
+    daemon = _daemon(config, store)
+    for _ in range(3):
+        daemon.decide_once()
+    capped.fill()
+    caplog.set_level(logging.INFO)
+    made_while_full = 6
+    for _ in range(made_while_full):
+        daemon.decide_once()
+    during = _pin(daemon, "set while full")
+    status = daemon.status()
+    assert status["store_error"] and "full" in status["store_error"]
+    health = daemon.health()
+    assert health["ok"] is False and health["store"] is False
+    assert any("full" in r for r in health["reasons"])
+    assert status["store_journal"]["entries"] >= made_while_full + 1
+    assert _metric(daemon, "specgov_store_failures_total", kind="unavailable") >= 1.0
+    assert _metric(daemon, "specgov_store_journal_entries") >= made_while_full + 1
+    assert len([m for m in _store_lines(caplog) if "full" in m]) == 1  # one per burst
+    assert len(daemon.decisions(None, 1000)) == 3 + made_while_full  # journal + stored
+
+    capped.free()
+    daemon.decide_once()
+    status = daemon.status()
+    assert status["store_error"] is None and status["store_journal"]["entries"] == 0
+    assert daemon.health()["ok"] is True
+    _close(daemon)
+    with StateStore(config.state.db_path) as s:
+        rows = s.decisions(limit=1000)
+        assert len([r for r in rows if r.reason != "store_gap"]) == 3 + made_while_full + 1
+        (gap,) = [r for r in rows if r.reason == "store_gap"]
+        assert gap.inputs_summary["written_back"] == made_while_full + 1
+        assert gap.inputs_summary["dropped"] == {}
+        assert "full" in gap.message
+        assert during in {r.id for r in s.list_overrides(0.0)}
+
+
+def test_journal_overflow_is_counted_and_recorded(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    capped = _Capped()
+    store = StateStore(config.state.db_path, connect=capped, open_now=False)
+    daemon = _daemon(config, store, journal=StoreJournal(max_entries=3))
+    daemon.decide_once()
+    capped.fill()
+    for _ in range(8):
+        daemon.decide_once()
+    status = daemon.status()["store_journal"]
+    assert status["entries"] == 3 and status["dropped"] == {"decision": 5}
+    assert _metric(daemon, "specgov_store_journal_dropped_total", kind="decision") == 5.0
+    capped.free()
+    daemon.decide_once()
+    _close(daemon)
+    with StateStore(config.state.db_path) as s:
+        rows = s.decisions(limit=100)
+        (gap,) = [r for r in rows if r.reason == "store_gap"]
+        assert gap.inputs_summary["dropped"] == {"decision": 5}
+        assert gap.inputs_summary["written_back"] == 3
+        assert "5 dropped (5 decision)" in gap.message and "at most 3" in gap.message
+        assert len(rows) == 1 + 3 + 1 + 1  # before, kept, after, the gap
+
+
+def test_overrides_cleared_while_the_store_is_down_stay_cleared(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    capped = _Capped()
+    daemon = _daemon(config, StateStore(config.state.db_path, connect=capped, open_now=False))
+    first = _pin(daemon, "first")
+    daemon.decide_once()
+    capped.fill()
+    daemon.decide_once()
+    assert daemon.clear_override(first, None) == 1
+    capped.free()
+    daemon.decide_once()
+    assert daemon.list_overrides() == []  # the store's stale view did not bring it back
+    _close(daemon)
+    with StateStore(config.state.db_path) as s:
+        assert s.list_overrides(0.0) == []
+
+
+# ----------------------------------------------------------------------- at start
+
+
+def test_missing_db_is_created_with_a_warning_about_empty_state(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(tmp_path)
+    caplog.set_level(logging.WARNING)
+    daemon = _daemon(config, StateStore(config.state.db_path, open_now=False))
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("starts with empty state" in m and str(config.state.db_path) in m for m in warnings)
+    _close(daemon)
+    caplog.clear()
+    again = _daemon(config, StateStore(config.state.db_path, open_now=False))
+    assert not any("empty state" in r.getMessage() for r in caplog.records)
+    _close(again)
+
+
+def _corrupt_a_middle_page(db: Path) -> None:
+    with sqlite3.connect(db) as raw:
+        page = raw.execute("PRAGMA page_size").fetchone()[0]
+        pages = raw.execute("PRAGMA page_count").fetchone()[0]
+    assert pages > 4
+    with db.open("r+b") as f:
+        f.seek(page * (pages - 2))
+        f.write(b"\xa5" * page)
+
+
+def test_corrupt_db_is_refused_with_the_recovery_command(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    db = config.state.db_path
+    daemon = _daemon(config, StateStore(db, open_now=False))
+    _pin(daemon)
+    for i in range(40):
+        daemon.store.record_decision(  # type: ignore[union-attr]
+            time_s=float(i), policy="p", reason="r", message="x" * 500
+        )
+    _close(daemon)
+    daemon.store.close()  # type: ignore[union-attr]
+    _corrupt_a_middle_page(db)
+    with pytest.raises(StoreRefused) as info:
+        _daemon(config, StateStore(db, open_now=False))
+    message = str(info.value)
+    assert str(db) in message and "corrupt" in message and " recover " in message
+    assert "refusing to start" in message
+    assert isinstance(info.value, ValueError)  # `specgov run` reports it, exit 2
+    command = message.split("Recover what is readable with: ")[1].split(" -- or ")[0]
+    out = subprocess.run(
+        ["sh", "-c", command], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "overrides: 1 rows recovered" in out.stdout, out.stdout
+    kept = int(out.stdout.split("decisions: ")[1].split(" rows")[0])
+    assert 0 < kept < 41  # the rows on the corrupt page are gone, the others kept
+    assert list(db.parent.glob("state.db.corrupt-*"))  # the corrupt file kept aside
+    recovered = _daemon(config, StateStore(db, open_now=False))
+    assert len(recovered.list_overrides()) == 1  # what was readable came back
+    assert len(recovered.decisions(None, 1000)) == kept
+    _close(recovered)
+
+
+def test_a_file_that_is_not_a_database_is_refused(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    config.state.db_path.parent.mkdir(parents=True)
+    config.state.db_path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(StoreRefused, match="refusing to start"):
+        _daemon(config, StateStore(config.state.db_path, open_now=False))
+
+
+_RO_CHILD = textwrap.dedent(
+    """
+    import json, sys
+    from prometheus_client import CollectorRegistry
+    from specgov.controller.config import load_config
+    from specgov.controller.daemon import Daemon
+    from specgov.controller.state_store import StateStore
+    config = load_config(None, env={}, overrides=json.loads(sys.argv[1]))
+    daemon = Daemon(config, store=StateStore(config.state.db_path, open_now=False),
+                    registry=CollectorRegistry())
+    record = daemon.decide_once()
+    print(json.dumps({
+        "overrides": [o["id"] for o in daemon.list_overrides()],
+        "policy": daemon.policy.name,
+        "store_error": daemon.status()["store_error"],
+        "journal": daemon.status()["store_journal"]["entries"],
+        "health": daemon.health(),
+    }))
+    """
+)
+
+
+def test_read_only_db_at_start_restores_every_readable_part(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    db = config.state.db_path
+    daemon = _daemon(config, StateStore(db, open_now=False))
+    kept = _pin(daemon)
+    daemon.decide_once()
+    _close(daemon)
+    daemon.store.close()  # type: ignore[union-attr]
+    overrides = {
+        "server.url": "http://127.0.0.1:9",
+        "state.db_path": str(db),
+        "spool.dir": str(tmp_path / "spool"),
+        "loop.mode": "plugin",
+    }
+    command = [sys.executable, "-c", _RO_CHILD, json.dumps(overrides)]
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv: file modes cannot be enforced")
+        command = [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner", *command]
+    db.chmod(0o444)
+    db.parent.chmod(0o555)
+    try:
+        out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        db.parent.chmod(0o700)
+        db.chmod(0o600)
+    if out.returncode != 0 and "setpriv" in out.stderr:
+        pytest.skip(f"cannot drop root's file capabilities here: {out.stderr.strip()}")
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["overrides"] == [kept]  # restored although the file is read-only
+    assert seen["policy"].startswith("static")  # the pin restored with it
+    assert seen["store_error"] and "read" in seen["store_error"].lower()
+    assert seen["journal"] >= 1  # the decision waits for the store
+    assert seen["health"]["ok"] is False and seen["health"]["store"] is False
+
+
+# ---------------------------------------------------------------------- file modes
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_state_files_are_private(tmp_path: Path) -> None:
+    db = tmp_path / "new" / "state.db"
+    with StateStore(db) as s:
+        s.record_decision(time_s=1.0, policy="p", reason="r", message="m")
+        files = sorted(db.parent.glob("state.db*"))
+        assert {f.name for f in files} >= {"state.db", "state.db-wal", "state.db-shm"}
+        assert {f.name: _mode(f) for f in files} == {f.name: 0o600 for f in files}
+        assert _mode(db.parent) == 0o700
+
+
+def test_a_configured_group_gets_read_access(tmp_path: Path) -> None:
+    gid = os.getgid()
+    db = tmp_path / "state.db"
+    with StateStore(db, file_group=gid) as s:
+        s.record_decision(time_s=1.0, policy="p", reason="r", message="m")
+        for f in db.parent.glob("state.db*"):
+            assert _mode(f) == 0o640 and f.stat().st_gid == gid, f
+
+
+def test_existing_files_lose_extra_bits_but_never_gain_any(tmp_path: Path) -> None:
+    loose, locked = tmp_path / "loose.db", tmp_path / "locked.db"
+    for path in (loose, locked):
+        StateStore(path).close()
+    loose.chmod(0o666)
+    locked.chmod(0o444)
+    StateStore(loose).close()
+    assert _mode(loose) == 0o600
+    with StateStore(locked) as s:
+        assert _mode(locked) == 0o400  # still read-only
+        assert s.integrity_check() == ["ok"]
+
+
+def test_unknown_group_is_a_clear_error(tmp_path: Path) -> None:
+    from specgov.controller.state_store import StoreError
+
+    with pytest.raises(StoreError, match="no group named 'no-such-group-x'"):
+        StateStore(tmp_path / "s.db", file_group="no-such-group-x")
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_modes(tmp_path: Path) -> Iterator[None]:
+    yield
+    for path in tmp_path.rglob("*"):  # let pytest clean up after chmod tests
+        if path.is_dir():
+            path.chmod(0o700)
+
+
+def test_unavailable_is_the_base_of_replaced() -> None:
+    assert issubclass(StoreReplaced, StoreUnavailable)
