@@ -51,6 +51,7 @@ figcaption { color: #566573; font-size: 0.85em; }
 """
 
 
+VRAM_HINT = "run specgov plan vram --report DIR"
 SWEEP_HINT = "run specgov plan sweep --report DIR"
 FLEET_HINT = "run specgov plan fleet --report DIR"
 
@@ -265,7 +266,7 @@ def _compact_json(obj: object) -> str:
 def _vram_section(page: _Page, docs: list[dict[str, Any]]) -> None:
     page.add("<h2>VRAM budgets</h2>")
     if not docs:
-        page.add('<p class="missing">No VRAM documents (run specgov plan vram --report).</p>')
+        page.add(f'<p class="missing">No VRAM documents ({VRAM_HINT}).</p>')
         return
     page.figure(
         "vram",
@@ -372,9 +373,7 @@ def _sweep_sections(page: _Page, sweep: Mapping[str, Any] | None) -> None:
     page.add("<h2>Sustainable load: throughput-latency curves</h2>")
     rows = _as_list((sweep or {}).get("configurations"))
     if sweep is None or not rows:
-        page.add(
-            '<p class="missing">No sweep in this report (run specgov plan sweep --report).</p>'
-        )
+        page.add(f'<p class="missing">No sweep in this report ({SWEEP_HINT}).</p>')
         for title in ("SLO frontier", "Replicas and cost"):
             page.add(f"<h2>{title}</h2><p class='missing'>No sweep in this report.</p>")
         return
@@ -530,9 +529,7 @@ def _fleet_section(page: _Page, fleet: Mapping[str, Any] | None) -> None:
     page.add("<h2>Fleet comparison</h2>")
     rows = _as_list((fleet or {}).get("fleets"))
     if fleet is None or not rows:
-        page.add(
-            '<p class="missing">No fleet plan in this report (run specgov plan fleet --report).</p>'
-        )
+        page.add(f'<p class="missing">No fleet plan in this report ({FLEET_HINT}).</p>')
         return
     slo = _sub(fleet, "slo")
     rps = fleet.get("offered_rps")

@@ -1,0 +1,279 @@
+"""The planning report: files, self-containment, data, and a render in headless Chromium.
+
+The Chromium test skips with a reason where no Chromium binary is installed, except
+when SPECGOV_REQUIRE_CHROMIUM=1 (CI sets it and installs Debian's chromium), where a
+missing browser fails.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PIL import Image
+
+from specgov.simulator.metrics import Slo
+from specgov.simulator.planning.executor import run_jobs
+from specgov.simulator.planning.fleet import plan_fleet
+from specgov.simulator.planning.fleet_spec import FleetPlanConfig, enumerate_fleets
+from specgov.simulator.planning.report import ReportError, write_report
+from specgov.simulator.planning.router import parse_routers
+from specgov.simulator.planning.search import SearchSettings
+from specgov.simulator.planning.sweep import SweepSettings, build_document, enumerate_jobs
+from specgov.simulator.planning.vram import vram_document, vram_plan
+from specgov.simulator.replay import ServerSpec
+from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+
+TRACE = generate_trace(parse_synthetic_spec("synthetic:duration=20,rate=4,seed=1"))
+CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
+FIGURES = (
+    "vram",
+    "curves_h100",
+    "slo_frontier",
+    "replicas_cost",
+    "fleets",
+    "where_speculation_pays",
+)
+
+
+@pytest.fixture(scope="module")
+def docs() -> dict[str, Any]:
+    vram = []
+    for gpu, model, drafter in (
+        ("h100", "llama-3.1-8b", "eagle3"),
+        ("h100", "llama-3.1-8b", None),
+        ("l40s", "llama-3.1-70b", "eagle3"),  # does not fit: shown with its overflow
+    ):
+        plan, used = vram_plan(gpu=gpu, model=model, drafter=drafter)
+        vram.append(vram_document(plan, shape=used["shape"], max_running_requests=None))
+    settings = SweepSettings(
+        slo_tpot_ms=12.0, slo_ttft_ms=1000.0, search=SearchSettings(rel_tol=0.2)
+    )
+    jobs = enumerate_jobs(
+        gpus=["h100"],
+        drafters=["eagle3"],
+        policies=["none", "static:3", "sglang-ema"],
+        settings=settings,
+        trace=TRACE,
+    )
+    rows, _ = run_jobs(jobs, TRACE, workers=1)
+    sweep = build_document(
+        rows, trace=TRACE, settings=settings, target_rps=20.0, prices=None, executor={}
+    )
+    cfg = FleetPlanConfig(
+        fleets=enumerate_fleets((2,), ["all"]),
+        routers=parse_routers("least-loaded,spec-aware"),
+        slo=Slo(tpot_ms=12.0, ttft_ms=1000.0),
+    )
+    fleet = plan_fleet(TRACE, ServerSpec(), cfg, target_rps=12.0)
+    return {"vram": vram, "sweep": sweep, "fleet": fleet}
+
+
+@pytest.fixture(scope="module")
+def report(docs: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("report")
+    return write_report(out, vram=docs["vram"], sweep=docs["sweep"], fleet=docs["fleet"])
+
+
+class _Refs(HTMLParser):
+    """Every tag and every src/href of a page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.srcs: list[str] = []
+        self.hrefs: list[str] = []
+        self.img_alts: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        a = dict(attrs)
+        if a.get("src") is not None:
+            self.srcs.append(str(a["src"]))
+        if a.get("href") is not None:
+            self.hrefs.append(str(a["href"]))
+        if tag == "img":
+            self.img_alts.append(str(a.get("alt")))
+
+
+def _refs(html_text: str) -> _Refs:
+    parser = _Refs()
+    parser.feed(html_text)
+    return parser
+
+
+def test_the_report_is_self_contained(report: Path) -> None:
+    text = report.read_text(encoding="utf-8")
+    refs = _refs(text)
+    # Nothing from anywhere else: no script, stylesheet link, font or remote image.
+    assert "script" not in refs.tags and "link" not in refs.tags
+    assert not re.search(r"@import|@font-face|url\(", text)
+    assert len(refs.srcs) == len(FIGURES)  # curves: one figure per GPU, one GPU here
+    assert all(src.startswith("data:image/png;base64,") for src in refs.srcs)
+    assert all(not re.match(r"[a-z]+:|//", h) for h in refs.hrefs), refs.hrefs
+    for href in refs.hrefs:
+        assert (report.parent / href).is_file(), href
+
+
+def test_every_figure_is_a_png_and_the_page_embeds_the_same_bytes(report: Path) -> None:
+    folder = report.parent / "figures"
+    assert sorted(p.stem for p in folder.glob("*.png")) == sorted(FIGURES)
+    embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', report.read_text())
+    files = {p.read_bytes() for p in folder.glob("*.png")}
+    assert {base64.b64decode(e) for e in embedded} == files
+    for path in folder.glob("*.png"):
+        with Image.open(path) as im:
+            assert im.format == "PNG" and im.width >= 600 and im.height >= 200
+
+
+def test_the_sections_and_the_recommendation(report: Path, docs: dict[str, Any]) -> None:
+    text = report.read_text()
+    for heading in (
+        "Recommendation",
+        "Launch configuration",
+        "VRAM budgets",
+        "Sustainable load: throughput-latency curves",
+        "SLO frontier",
+        "Replicas and cost",
+        "Fleet comparison",
+        "Data files",
+    ):
+        assert f">{heading}</h" in text, heading
+    best = docs["sweep"]["best"]
+    assert best["launch_shell"] in text.replace("&#x27;", "'")
+    assert "python -m sglang.launch_server" in text
+    assert "first item over the budget" in text  # the 70B on L40S overflow, explained
+    assert docs["fleet"]["recommendation"] in text.replace("&#x27;", "'")
+
+
+def test_the_data_files(report: Path, docs: dict[str, Any]) -> None:
+    data = report.parent / "data"
+    for name in ("vram", "sweep", "fleet"):
+        assert json.loads((data / f"{name}.json").read_text()) == docs[name]
+
+    def rows(name: str) -> list[dict[str, str]]:
+        with (data / name).open(newline="") as fh:
+            return list(csv.DictReader(fh))
+
+    configs = docs["sweep"]["configurations"]
+    assert [r["id"] for r in rows("sweep_configurations.csv")] == [c["id"] for c in configs]
+    points = sum(len(c["curve"]) for c in configs)
+    assert len(rows("sweep_curves.csv")) == points
+    fleets = rows("fleets.csv")
+    assert [(r["fleet"], r["router"]) for r in fleets] == [
+        (r["fleet"], r["router"]) for r in docs["fleet"]["fleets"]
+    ]
+    replicas = rows("fleet_replicas.csv")
+    assert len(replicas) == sum(len(r["per_replica"]) for r in docs["fleet"]["fleets"])
+    items = rows("vram_items.csv")
+    assert {r["item"] for r in items} >= {"target weights", "target KV pool", "left"}
+
+
+def test_absent_documents_say_which_command_fills_them(
+    tmp_path: Path, docs: dict[str, Any]
+) -> None:
+    only_fleet = write_report(tmp_path / "f", vram=None, sweep=None, fleet=docs["fleet"])
+    text = only_fleet.read_text()
+    assert "No sweep in this report (run specgov plan sweep --report DIR)" in text
+    assert "VRAM budget" in text  # the fleet's replica kinds carry their VRAM documents
+    nothing = write_report(tmp_path / "n", vram=None, sweep=None, fleet=None).read_text()
+    assert "No sweep or fleet plan in this report" in nothing
+    assert "No VRAM documents" in nothing and "No fleet plan in this report" in nothing
+
+
+def test_missing_optional_keys_are_tolerated(tmp_path: Path) -> None:
+    sweep = {"configurations": [{"gpu": "h100", "policy": "none", "max_rps": 2.0}]}
+    fleet = {"fleets": [{"fleet": "1+0", "router": "least-loaded", "goodput_tok_s": 10.0}]}
+    index = write_report(tmp_path, vram=[{"gpu": "h100"}], sweep=sweep, fleet=fleet)
+    text = index.read_text()
+    assert "h100 none" in text
+    assert (tmp_path / "figures" / "slo_frontier.png").is_file()
+    assert (tmp_path / "figures" / "fleets.png").is_file()
+
+
+def test_bad_documents_are_report_errors(tmp_path: Path) -> None:
+    with pytest.raises(ReportError, match="sweep must be a dict"):
+        write_report(tmp_path, vram=None, sweep=[], fleet=None)  # type: ignore[arg-type]
+    with pytest.raises(ReportError, match="fleet is not JSON-clean"):
+        write_report(tmp_path, vram=None, sweep=None, fleet={"x": float("nan")})
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    with pytest.raises(ReportError, match="cannot write the report"):
+        write_report(blocker, vram=None, sweep=None, fleet=None)
+
+
+# --------------------------------------------------------------------------- Chromium
+
+
+def _chromium() -> str:
+    for name in CHROMIUM_NAMES:
+        found = shutil.which(name)
+        if found:
+            return found
+    reason = (
+        f"no headless Chromium found ({', '.join(CHROMIUM_NAMES)} not on PATH); "
+        "install Debian's chromium to render the report"
+    )
+    if os.environ.get("SPECGOV_REQUIRE_CHROMIUM") == "1":
+        pytest.fail(f"{reason} (SPECGOV_REQUIRE_CHROMIUM=1, so this is an error)")
+    pytest.skip(reason)
+
+
+# Appended to a copy of the page only: the report itself carries no script.
+PROBE = """<script>
+window.addEventListener('load', function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; });
+  var out = document.createElement('pre');
+  out.id = 'figure-check';
+  out.textContent = 'FIGURES ' + ok.length + '/' + imgs.length + ' ' +
+    imgs.map(function (i) { return i.naturalWidth + 'x' + i.naturalHeight; }).join(',');
+  document.body.appendChild(out);
+});
+</script>"""
+
+
+def _browser(binary: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [binary, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", *args],
+        capture_output=True,
+        text=True,
+        timeout=240,  # a loaded CI machine starts Chromium slowly
+        cwd=cwd,
+        check=False,
+    )
+
+
+def test_headless_chromium_renders_every_figure(report: Path, tmp_path: Path) -> None:
+    binary = _chromium()
+    probe = tmp_path / "probe.html"
+    probe.write_text(report.read_text().replace("</body>", PROBE + "</body>"))
+    dom = _browser(
+        binary, "--virtual-time-budget=10000", "--dump-dom", probe.as_uri(), cwd=tmp_path
+    )
+    match = re.search(r"FIGURES (\d+)/(\d+) ([\dx,]*)", dom.stdout)
+    assert match, f"no probe output; chromium said: {dom.stderr[-2000:]}"
+    loaded, total = int(match.group(1)), int(match.group(2))
+    assert total == len(_refs(report.read_text()).srcs) and loaded == total, match.group(0)
+    for size in match.group(3).split(","):
+        width, height = (int(v) for v in size.split("x"))
+        assert width >= 600 and height >= 200
+    # Screenshots of the page itself, top and a tall full view.
+    for name, window in (("top", "1280,1400"), ("full", "1280,9000")):
+        shot = tmp_path / f"report-{name}.png"
+        done = _browser(
+            binary, f"--window-size={window}", f"--screenshot={shot}", report.as_uri(), cwd=tmp_path
+        )
+        assert shot.is_file(), done.stderr[-2000:]
+        with Image.open(shot) as im:
+            colours = im.convert("RGB").getcolors(maxcolors=1 << 20)
+            assert colours is not None and len(colours) > 50  # not a blank page
