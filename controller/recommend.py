@@ -86,8 +86,6 @@ class Recommendation:
     current_label: str
     current_goodput_tok_s: float
     predicted_gain: float
-    argv: tuple[str, ...]
-    adaptive_config: dict[str, Any] | None
     candidates: tuple[dict[str, Any], ...]
     workload: WorkloadSummary
     notes: tuple[str, ...] = field(default=())
@@ -118,8 +116,8 @@ class Recommendation:
             "current": self.current_label,
             "current_goodput_tok_s": self.current_goodput_tok_s,
             "predicted_gain": self.predicted_gain,
-            "argv": list(self.argv),
-            "adaptive_config": self.adaptive_config,
+            # Launch flags are not here: recommendation_document derives them once, from
+            # the structured recommendation's shape (its "launch" key).
             "candidates": list(self.candidates),
             "workload": self.workload.to_dict(),
             "notes": list(self.notes),
@@ -228,11 +226,6 @@ def recommend(
     current_label, current_goodput = _current_row(current, rows)
     gain = goodput / current_goodput - 1.0 if current_goodput > 0 else math.inf
     shape = _shape_of(policy, topk, ndt, drafter_algorithm=_algorithm(drafter))
-    launch = launch_for(shape, rationale=f"specgov recommend: {label}")
-    argv = tuple(launch["argv"])
-    adaptive = launch["adaptive_config"]
-    if launch["error"]:
-        notes.append(f"launch flags not produced: {launch['error']}")
     return Recommendation(
         label=label,
         policy=policy,
@@ -241,8 +234,6 @@ def recommend(
         current_label=current_label,
         current_goodput_tok_s=current_goodput,
         predicted_gain=gain,
-        argv=argv,
-        adaptive_config=adaptive,
         candidates=tuple(rows),
         workload=workload,
         notes=tuple(notes),

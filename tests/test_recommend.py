@@ -9,6 +9,7 @@ from specgov.controller.recommend import (
     WorkloadSummary,
     fit_acceptance_rate,
     recommend,
+    recommendation_document,
 )
 from specgov.policies.types import SpecShape
 
@@ -41,7 +42,10 @@ def test_light_load_good_acceptance_recommends_speculating_over_none() -> None:
     assert rec.policy != "none"
     assert rec.current_label == "no speculation"
     assert rec.predicted_gain > 0.0 or rec.predicted_gain == pytest.approx(0.0, abs=0.02)
-    assert rec.argv and "--speculative-algorithm" in rec.argv
+    # The launch flags come once, from the structured recommendation's shape.
+    doc = recommendation_document(rec.structured(), 0.0, rec.to_dict())
+    assert "--speculative-algorithm" in doc["launch"]["argv"] and doc["launch"]["error"] is None
+    assert "argv" not in doc["details"] and "adaptive_config" not in doc["details"]
     by_name = {r["candidate"]: r for r in rec.candidates}
     assert by_name["no speculation"]["tpot_p50_ms"] > by_name[rec.label]["tpot_p50_ms"]
 
