@@ -390,30 +390,41 @@ class AcceptanceSampler:
 class _Cold:
     """Stale-drafter penalty of one request (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND).
 
-    After a request went through step-0 verifies whose draft-extend was skipped, its next
-    ``verifies`` drafted verifies start cold: the i-th (0-based) rejects its first draft
-    with probability ``penalty * (verifies - i) / verifies`` (accepted drafts fall by
-    ``penalty`` on the first cold verify, recovering linearly). Its own random stream, so
-    a request that never goes stale draws exactly what it drew before.
+    With the flag, SGLang 0.5.23 replaces the step-0 draft-extend pass by zeroed stubs
+    (``EAGLEWorkerV2._stub_skipped_draft_extend``): an upshift then drafts from zeroed
+    hidden states and top-k ids, so the first drafted verify after it accepts nothing,
+    and the drafter's KV lacks every token generated at step 0. So after a request went
+    through such verifies, its next drafted verify rejects its first draft, and the
+    ``verifies`` after that reject it with probability ``penalty * (verifies - i) /
+    verifies`` for the i-th (0-based): accepted drafts fall by ``penalty`` at first,
+    recovering linearly. Its own random stream, so a request that never goes stale draws
+    exactly what it drew before.
     """
 
-    __slots__ = ("_key", "_rng", "left", "penalty", "pending", "total")
+    __slots__ = ("_key", "_rng", "forced", "left", "penalty", "pending", "total")
 
     def __init__(self, key: str) -> None:
         self._key = key
         self._rng: random.Random | None = None
+        self.forced = False
         self.left = 0
         self.total = 0
         self.penalty = 0.0
         self.pending = -1.0  # the next cold verify's uniform, drawn early by peek
 
     def start(self, penalty: float, verifies: int) -> None:
-        self.left = verifies
+        self.forced = True
+        self.left = verifies + 1  # the forced verify, then the recovery
         self.total = verifies
         self.penalty = penalty
 
     def rejects_first(self, consume: bool) -> bool:
         """Whether the next drafted verify loses its first draft (``left`` > 0 only)."""
+        if self.forced:
+            if consume:
+                self.forced = False
+                self.left -= 1
+            return True
         u = self.pending
         if u < 0.0:
             if self._rng is None:

@@ -199,6 +199,20 @@ class CostModel(Roofline):
             num_draft_tokens=self.num_draft_tokens,
         )
 
+    def draft_extend_pass_s(self, batch_size: float, steps: int, kv_tokens: float) -> float:
+        """The draft-extend pass inside ``decode_step_s(batch_size, steps, kv_tokens)``:
+        the drafter's forward over the verified tokens, its KV read and its launch
+        overhead. ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` saves it at steps 0."""
+        if not self.speculative:
+            return 0.0
+        self._check_steps(steps)
+        n = batch_size * self._vtok[steps]
+        p = self._p
+        t: float = (
+            (self._dw_p + (n * self._dcomp) ** p) ** self._ip + kv_tokens * self._dkv + self._dext_o
+        )
+        return t
+
     # ------------------------------------------------------------------ hot path
 
     def prefill_s(self, new_tokens: int, prefix_kv_tokens: int) -> float:

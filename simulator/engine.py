@@ -76,6 +76,23 @@ class Sampler(Protocol):
 
 
 @runtime_checkable
+class SkipZeroStepCost(Protocol):
+    """A cost model that can say what the step-0 draft-extend pass costs (the part
+    ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` saves)."""
+
+    def draft_extend_pass_s(self, batch_size: float, steps: int, kv_tokens: float) -> float: ...
+
+
+@runtime_checkable
+class StaleableSampler(Protocol):
+    """A sampler whose drafter state can go stale (see ``acceptance._Cold``)."""
+
+    def draw(self, steps: int) -> int: ...
+
+    def go_stale(self, penalty: float, verifies: int) -> None: ...
+
+
+@runtime_checkable
 class PeekableSampler(Protocol):
     """A sampler that can tell its next draw without consuming it (for the oracle)."""
 
@@ -163,6 +180,16 @@ class EngineConfig:
     num_draft_tokens: int | None = None
     sample_interval_s: float = 1.0
     record_events: bool = False
+    # SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND (0.5.23, experimental): step-0 verifies skip
+    # the draft-extend pass (cheaper), and requests that went through them draft cold
+    # after an upshift: the first drafted verify accepts nothing (zeroed stubs), then
+    # accepted drafts are cut by cold_penalty, recovering linearly over
+    # cold_recovery_verifies verifies. 0.146: vLLM #53426's measured 14.6 % lower
+    # acceptance after resuming with stale drafter state (DFlash drafter; assumed to
+    # carry over to EAGLE-3 in SGLang); 16 verifies: assumed (no public figure).
+    skip_zero_step_draft_extend: bool = False
+    cold_penalty: float = 0.146
+    cold_recovery_verifies: int = 16
 
     def __post_init__(self) -> None:
         if self.kv_token_capacity < 1:
@@ -189,6 +216,12 @@ class EngineConfig:
             )
         if self.sample_interval_s <= 0:
             raise EngineConfigError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")
+        if not 0.0 <= self.cold_penalty <= 1.0:
+            raise EngineConfigError(f"cold_penalty must be in [0, 1], got {self.cold_penalty}")
+        if self.cold_recovery_verifies < 1:
+            raise EngineConfigError(
+                f"cold_recovery_verifies must be >= 1, got {self.cold_recovery_verifies}"
+            )
 
     def verify_tokens_per_request(self, steps: int) -> int:
         if self.topk == 1 or steps == 0 or self.num_draft_tokens is None:
@@ -257,6 +290,10 @@ class Engine:
     ) -> None:
         if policy is not None and acceptance is None:
             raise EngineConfigError("a speculative policy needs an acceptance model")
+        if config.skip_zero_step_draft_extend and not isinstance(cost, SkipZeroStepCost):
+            raise EngineConfigError(
+                "skip_zero_step_draft_extend needs a cost model with draft_extend_pass_s()"
+            )
         self.config = config
         # Virtual time as seen by the policy: set before get_steps_for_batch and
         # after each forward, so a TablePolicy measures modelled step times.
@@ -402,6 +439,7 @@ class _Run:
         "running",
         "running_cap",
         "sampler",
+        "skip_zero",
         "slot_of_bsz",
         "steps_hist",
         "tick_interval_s",
@@ -435,6 +473,18 @@ class _Run:
         self.acceptance = engine.acceptance
         self.vclock = engine.clock
         self.decode_step_s = engine.cost.decode_step_s
+        self.skip_zero = cfg.skip_zero_step_draft_extend and engine.policy is not None
+        if self.skip_zero:
+            full = engine.cost.decode_step_s
+            extend = engine.cost.draft_extend_pass_s  # type: ignore[attr-defined]
+
+            def step_s(batch_size: int, steps: int, kv_tokens: int) -> float:
+                t = full(batch_size, steps, kv_tokens)
+                if steps == 0:
+                    t -= extend(batch_size, 0, kv_tokens)  # replaced by zeroed stubs
+                return t
+
+            self.decode_step_s = step_s
         self.prefill_s = engine.cost.prefill_s
         self.capacity = cfg.kv_token_capacity
         self.running_cap = cfg.running_cap
@@ -500,6 +550,12 @@ class _Run:
             sampler = self.acceptance.sampler(i, req.domain, req.acc_len)
             draw = sampler.draw
         state = RequestState(i, req, draw)
+        if self.skip_zero:
+            if not isinstance(sampler, StaleableSampler):
+                raise EngineConfigError(
+                    "skip_zero_step_draft_extend needs samplers with go_stale()"
+                )
+            state.go_stale = sampler.go_stale
         if self.oracle is not None:
             if not isinstance(sampler, PeekableSampler):
                 raise EngineConfigError(
@@ -896,6 +952,10 @@ class _Run:
                 if r.generated >= r.output_tokens:
                     done.append(r)
             emitted_total = len(running)
+            if self.skip_zero:
+                cfg = self.engine.config
+                for r in running:
+                    r.go_stale(cfg.cold_penalty, cfg.cold_recovery_verifies)  # type: ignore[misc]
         return accepted, emitted_total, done
 
     # ---- the result ----

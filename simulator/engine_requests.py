@@ -34,6 +34,7 @@ class RequestState:
         "draw",
         "first_token_s",
         "generated",
+        "go_stale",
         "index",
         "input_tokens",
         "kv_tokens",
@@ -54,6 +55,8 @@ class RequestState:
         self.domain = request.domain
         self.draw = draw
         self.peek: Callable[[int], int] | None = None
+        # Set when the engine skips the step-0 draft-extend pass (the drafter goes stale).
+        self.go_stale: Callable[[float, int], None] | None = None
         self.generated = 0
         self.kv_tokens = 0
         self.prefilled = 0

@@ -213,6 +213,9 @@ class ServerSpec:
     # truth, and is built for prior_gpu (None: the simulated gpu) - a wrong knee.
     prior_scale: float = 1.0
     prior_gpu: str | None = None
+    # SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 at launch: step 0 skips the draft-extend
+    # pass, upshifts draft cold (EngineConfig documents the cost model).
+    skip_zero_step_draft_extend: bool = False
 
     def __post_init__(self) -> None:
         check_prior_options(self.prior_scale, self.prior_gpu, self.catalog_files)
@@ -387,6 +390,7 @@ def prepare_run(
         topk=server.topk,
         num_draft_tokens=ndt,
         record_events=record_events,
+        skip_zero_step_draft_extend=server.skip_zero_step_draft_extend,
     )
     clock = VirtualClock()
     loop: ClosedLoop | None = None
@@ -552,6 +556,7 @@ def replay(
             "topk": server.topk,
             "num_draft_tokens": server.num_draft_tokens,
             "acceptance_profile": server.acceptance_profile or built.drafter.acceptance_profile,
+            "skip_zero_step_draft_extend": server.skip_zero_step_draft_extend,
             "prior": {"gpu": server.prior_gpu or built.gpu.name, "scale": server.prior_scale},
         },
         seed=seed,

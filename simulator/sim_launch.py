@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -63,6 +64,35 @@ from specgov.simulator.sim_served_metrics import ServedMetrics
 logger = logging.getLogger(__name__)
 
 ADAPTIVE_CONFIG_FILENAME: Final = "sglang_adaptive_config.json"
+SKIP_ZERO_STEP_ENV: Final = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+# sglang 0.5.23 srt/environ.py EnvBool.parse (case-insensitive).
+_ENV_TRUE = ("true", "1", "yes", "y")
+_ENV_FALSE = ("false", "0", "no", "n")
+
+
+def skip_zero_step_from_env(environ: Mapping[str, str]) -> bool | None:
+    """``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` as SGLang 0.5.23 parses it; None: unset."""
+    raw = environ.get(SKIP_ZERO_STEP_ENV)
+    if raw is None:
+        return None
+    value = raw.lower()
+    if value in _ENV_TRUE:
+        return True
+    if value in _ENV_FALSE:
+        return False
+    raise SimServerError(
+        f"{SKIP_ZERO_STEP_ENV}={raw!r}: expected one of {', '.join(_ENV_TRUE + _ENV_FALSE)} "
+        "(SGLang's boolean environment values)"
+    )
+
+
+def apply_launch_env(server: ServerSpec, environ: Mapping[str, str]) -> ServerSpec:
+    """*server* as a SGLang process launched with *environ* runs it: a set
+    ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` decides the skip flag."""
+    skip = skip_zero_step_from_env(environ)
+    if skip is None or skip == server.skip_zero_step_draft_extend:
+        return server
+    return dataclasses.replace(server, skip_zero_step_draft_extend=skip)
 
 
 class Launch:
@@ -78,7 +108,10 @@ class Launch:
         seed: int,
         speed: float,
         stats_interval_s: float,
+        environ: Mapping[str, str] | None = None,
     ) -> None:
+        # The simulated SGLang process reads its environment like SGLang does.
+        server = apply_launch_env(server, os.environ if environ is None else environ)
         self.server = server
         self.spool_dir = spool_dir
         self.seed = seed

@@ -150,6 +150,8 @@ class SimServer:
             speed=self.speed,
             stats_interval_s=self.stats_interval_s,
         )
+        # What the launch runs (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND applied).
+        self.server = self._launch.server
         self.policy_name = self._launch.policy_name
 
         self._http = HttpFront(self._make_app, host, port)
