@@ -273,6 +273,8 @@ def test_dashboard_shows_what_an_operator_watches() -> None:
         "specgov_override_active",
         "specgov_table_age_seconds",
         "specgov_scrape_errors_total",
+        "specgov_store_failures_total",
+        "specgov_spool_failures_total",
     ):
         assert needed in names, needed
     dashboard = _dashboard()
@@ -307,6 +309,8 @@ def test_rules_cover_the_failures_an_operator_must_hear_about() -> None:
         "SpecgovDaemonDown",
         "SpecgovTelemetryStale",
         "SpecgovTableExpired",
+        "SpecgovStoreUnavailable",
+        "SpecgovSpoolWriteFailures",
         "SpecgovRepeatedRollbacks",
         "SpecgovSpeculationCostsMoreThanItReturns",
         "SglangTpotSloBurn",

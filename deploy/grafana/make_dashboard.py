@@ -248,6 +248,43 @@ def dashboard() -> dict[str, Any]:
         unit="reqps",
         width=12,
     )
+    d.panel(
+        "State store failures",
+        "Failed state-database operations by kind (unavailable: full or read-only disk; "
+        "corrupt; deleted or replaced under the daemon), and the rows waiting in the "
+        "in-memory journal until the store returns.",
+        [
+            (
+                "sum by (kind) (increase(specgov_store_failures_total[$__rate_interval]))",
+                "{{kind}}",
+            ),
+            ("max(specgov_store_journal_entries)", "journal entries"),
+            (
+                "sum by (kind) (increase(specgov_store_journal_dropped_total[$__rate_interval]))",
+                "journal dropped: {{kind}}",
+            ),
+        ],
+    )
+    d.panel(
+        "Spool failures",
+        "Failed spool operations: write (publishing a step table) and read (the plugin's "
+        "statistics). docs/spool-security.md says what each refusal means.",
+        [("sum by (operation) (rate(specgov_spool_failures_total[5m]))", "{{operation}}")],
+        unit="reqps",
+    )
+    d.panel(
+        "Dropped telemetry values",
+        "NaN or infinite samples in the server's /metrics, read as unknown (never 0), and "
+        "repeated warnings the daemon did not log (rate-limited per kind).",
+        [
+            ("sum(rate(specgov_telemetry_nonfinite_values_dropped_total[5m]))", "non-finite"),
+            (
+                "sum by (kind) (rate(specgov_log_lines_suppressed_total[5m]))",
+                "suppressed: {{kind}}",
+            ),
+        ],
+        unit="reqps",
+    )
     return {
         "title": "specgov: speculation governor",
         "uid": "specgov-overview",
