@@ -438,3 +438,23 @@ def test_spool_dir_comes_from_the_environment(
     assert ours.spool_dir == tmp_path
     monkeypatch.setenv("SPECGOV_SPOOL_DIR", "")
     assert SpecgovAdaptiveParams(3, original=None).spool_dir is None
+
+
+def test_next_interface_without_sglangs_class(tmp_path: Path) -> None:
+    # Outside SGLang (EmaPolicy is the passthrough): the next interface's arguments are
+    # accepted in both modes, dropped (EmaPolicy takes none) and the answers unchanged.
+    for spool_dir in (None, tmp_path):
+        ours = make(spool_dir)
+        theirs = EmaPolicy(3)
+        rng = random.Random(12)
+        for i in range(300):
+            batch_size = rng.randint(1, 40)
+            steps = theirs.get_steps_for_batch(batch_size)
+            assert ours.get_steps_for_batch(batch_size, ctx_repr=4096) == steps, i
+            accepted = draw_accepted(rng, steps, batch_size, 0.7)
+            expected = theirs.on_verify_complete(accepted, batch_size)
+            assert ours.on_verify_complete(accepted, batch_size, steps, ctx_repr=4096) == expected
+            ours.on_state_activated(steps, reason="switch")
+        assert ours.activated_steps is not None
+        assert ours.ignored_keywords == {"ctx_repr", "num_steps", "reason"}
+        assert ours.errors == 0
