@@ -3,8 +3,13 @@
 Routes (all JSON; every error is ``{"error": "<message>"}``):
 
 ========  ==================  ==============================================================
-GET       /v1/health          ``service.health()``; 200, or 503 when its ``"ok"`` is false.
-                              Never needs the token (for liveness probes): keep it terse.
+GET       /v1/health          readiness: ``service.health()``; 200, or 503 when its ``"ok"``
+                              is false (``"reasons"`` says why: telemetry older than its
+                              bound, spool not writable, store down, a permanent error)
+GET       /v1/health/ready    the same (a Kubernetes readiness probe)
+GET       /v1/health/live     liveness: ``service.liveness()``; 200, or 503 when the
+                              decision loop is stuck (restart the daemon then). The three
+                              health routes never need the token: keep them terse.
 GET       /v1/status          ``service.status()``
 GET       /v1/decisions       query ``since`` (unix seconds, >= 0) and ``limit`` (1..1000,
                               default 100) -> ``{"decisions": [...], "count": n,
@@ -23,8 +28,8 @@ GET       /v1/recommend       ``service.recommend()``
 ========  ==================  ==============================================================
 
 Status codes: 400 for a malformed request (the message names the field or parameter and
-the expected form) and for a ``ValueError`` raised by the service (its message is the
-answer); 401 for a missing or wrong token; 404/405 for unknown routes or methods; 413 for
+the expected form; JSON nested deeper than :data:`MAX_JSON_DEPTH` is one) and for a
+``ValueError`` raised by the service (its message is the answer); 401 for a missing or wrong token; 404/405 for unknown routes or methods; 413 for
 a body over ``max_body_bytes``; 500 ("internal error") for anything else, with the
 traceback in the daemon's log and never in the answer.
 
@@ -57,7 +62,11 @@ logger = logging.getLogger(__name__)
 
 API_PREFIX: Final = "/v1"
 HEALTH_PATH: Final = f"{API_PREFIX}/health"
+HEALTH_PATHS: Final = frozenset({HEALTH_PATH, f"{HEALTH_PATH}/ready", f"{HEALTH_PATH}/live"})
 DEFAULT_MAX_BODY_BYTES: Final = 16384
+# Request bodies are flat objects; anything nested deeper is refused before parsing
+# (json.loads recurses once per level: 8,000 levels would be a RecursionError).
+MAX_JSON_DEPTH: Final = 8
 MAX_TTL_S: Final = 7 * 24 * 3600.0
 DEFAULT_DECISIONS_LIMIT: Final = 100
 MAX_DECISIONS_LIMIT: Final = 1000
@@ -75,6 +84,9 @@ _DURATION_RE: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|
 _UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _ID_RE: Final = re.compile(r"^[\x21-\x7e]{1,100}$")
 _TOKEN_RE: Final = re.compile(r"^[\x21-\x7e]+$")  # visible ASCII: sendable in a header
+# One pass: a string (its closing quote optional, so an unterminated one is consumed
+# once, not rescanned from every later quote) or a bracket.
+_JSON_TOKEN_RE: Final = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.DOTALL)
 
 
 class ControlApiConfigError(ValueError):
@@ -122,7 +134,11 @@ class ControlService(Protocol):
         ...
 
     def health(self) -> Mapping[str, Any]:
-        """``{"ok": bool, ...}``; ok false answers 503."""
+        """Readiness, ``{"ok": bool, ...}``; ok false answers 503."""
+        ...
+
+    def liveness(self) -> Mapping[str, Any]:
+        """Liveness, ``{"ok": bool, ...}``; ok false answers 503."""
         ...
 
     def recommend(self) -> Mapping[str, Any]: ...
@@ -240,6 +256,19 @@ def _reject_constant(name: str) -> Any:
     raise RequestError(f"request body: {name} is not valid JSON; expected a finite number")
 
 
+def json_depth(text: str) -> int:
+    """How deeply arrays and objects nest in ``text`` (brackets inside strings do not
+    count); linear in the length and never recursive, so safe on any body."""
+    depth = deepest = 0
+    for token in _JSON_TOKEN_RE.findall(text):
+        if token in ("[", "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif token in ("]", "}"):
+            depth -= 1
+    return deepest
+
+
 async def _json_object(request: web.Request, what: str) -> dict[str, Any]:
     limit = request.app[_MAX_BODY_KEY]
     if request.content_length is not None and request.content_length > limit:
@@ -249,6 +278,12 @@ async def _json_object(request: web.Request, what: str) -> dict[str, Any]:
         raise RequestError(f"{what}: expected a JSON object body, got an empty body")
     try:
         text = raw.decode("utf-8")
+        depth = json_depth(text)
+        if depth > MAX_JSON_DEPTH:
+            raise RequestError(
+                f"{what}: JSON nested {depth} levels deep; expected at most {MAX_JSON_DEPTH} "
+                "(the body is one flat object)"
+            )
         body = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
     except UnicodeDecodeError:
         raise RequestError(f"{what}: expected a UTF-8 JSON object body") from None
@@ -420,7 +455,7 @@ def _error_middleware(limit: int) -> Any:
 def _auth_middleware(expected_digest: bytes) -> Any:
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        open_route = request.method in ("GET", "HEAD") and request.path == HEALTH_PATH
+        open_route = request.method in ("GET", "HEAD") and request.path in HEALTH_PATHS
         if not open_route and not _token_matches(
             request.headers.get("Authorization", ""), expected_digest
         ):
@@ -441,6 +476,12 @@ def _service(request: web.Request) -> ControlService:
 async def _get_health(request: web.Request) -> web.Response:
     _query(request, ())
     data = _mapping(_service_call(_service(request).health), "health")
+    return json_response(data, 200 if data.get("ok", True) else 503)
+
+
+async def _get_liveness(request: web.Request) -> web.Response:
+    _query(request, ())
+    data = _mapping(_service_call(_service(request).liveness), "liveness")
     return json_response(data, 200 if data.get("ok", True) else 503)
 
 
@@ -572,6 +613,8 @@ def make_app(
     app[_MAX_BODY_KEY] = max_body_bytes
     r = app.router
     r.add_get(f"{API_PREFIX}/health", _get_health)
+    r.add_get(f"{API_PREFIX}/health/ready", _get_health)
+    r.add_get(f"{API_PREFIX}/health/live", _get_liveness)
     r.add_get(f"{API_PREFIX}/status", _get_status)
     r.add_get(f"{API_PREFIX}/decisions", _get_decisions)
     r.add_get(f"{API_PREFIX}/overrides", _get_overrides)

@@ -47,6 +47,7 @@ class FakeService:
         self.overrides: list[dict[str, Any]] = []
         self.current = "goodput"
         self.ok = True
+        self.alive = True
         self.raise_on: dict[str, BaseException] = {}
         self._next_id = 1
 
@@ -122,6 +123,10 @@ class FakeService:
     def health(self) -> dict[str, Any]:
         self._call("health")
         return {"ok": self.ok, "acting": self.ok}
+
+    def liveness(self) -> dict[str, Any]:
+        self._call("liveness")
+        return {"ok": self.alive}
 
     def recommend(self) -> dict[str, Any]:
         self._call("recommend")
@@ -772,3 +777,66 @@ def test_control_base_url_rejects(address: str) -> None:
 def test_client_errors_share_one_base() -> None:
     for cls in (DaemonUnreachableError, ControlRequestError, ControlAuthError, ControlServerError):
         assert issubclass(cls, ControlClientError)
+
+
+# ------------------------------------------------------- health routes, nesting depth
+
+
+def test_ready_and_live_routes_answer_503_when_not_ok_and_need_no_token() -> None:
+    service = FakeService()
+    app = app_for(service, token=TOKEN)
+    replies = run_requests(
+        app,
+        ("GET", "/v1/health/ready", {}),
+        ("GET", "/v1/health/live", {}),
+        ("GET", "/v1/status", {}),
+    )
+    assert [r.status for r in replies] == [200, 200, 401]
+    service.ok, service.alive = False, True
+    ready, live = run_requests(
+        app_for(service, token=TOKEN),
+        ("GET", "/v1/health/ready", {}),
+        ("GET", "/v1/health/live", {}),
+    )
+    assert (ready.status, live.status) == (503, 200)  # alive, not ready: leave it running
+    service.alive = False
+    live = one(app_for(service), "GET", "/v1/health/live")
+    assert live.status == 503 and live.body == {"ok": False}
+
+
+@pytest.mark.parametrize("depth", [9, 100, 8000])
+def test_deeply_nested_bodies_are_a_400_naming_the_bound(depth: int) -> None:
+    service = FakeService()
+    body = '{"reason": ' + "[" * depth + "]" * depth + ', "ttl": "1m", "steps": 1}'
+    for method, path in (("POST", "/v1/overrides"), ("PUT", "/v1/policy")):
+        reply = one(app_for(service), method, path, data=body)
+        assert reply.status == 400, reply.text
+        # The body's own object is the first level.
+        assert f"nested {depth + 1} levels deep; expected at most 8" in reply.body["error"]
+    assert "set_override" not in service.names() and "set_policy" not in service.names()
+
+
+def test_nesting_at_the_bound_reaches_field_validation() -> None:
+    body = '{"reason": ' + "[" * 7 + "]" * 7 + ', "ttl": "1m", "steps": 1}'
+    reply = one(app_for(FakeService()), "POST", "/v1/overrides", data=body)
+    assert reply.status == 400 and reply.body["error"].startswith("reason: expected")
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    service = FakeService()
+    reply = one(
+        app_for(service),
+        "POST",
+        "/v1/overrides",
+        json=good_override(reason='[[[[[[[[[[{{{{{{{{{{ \\" ]]]'),
+    )
+    assert reply.status == 201, reply.text
+
+
+def test_json_depth_is_linear_on_adversarial_strings() -> None:
+    from specgov.controller.control_api import json_depth
+
+    # An unterminated string full of escaped quotes: a naive string regex rescans it
+    # from every quote (quadratic: seconds for 16 KB).
+    assert json_depth('"' + '\\"' * 8000) == 0
+    assert json_depth('[{"a": "]]]", "b": [1, [2]]}]') == 4
