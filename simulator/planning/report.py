@@ -40,7 +40,7 @@ h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { border-bottom: 2px solid #d5
 .sub { color: #566573; margin-top: 0; }
 table { border-collapse: collapse; font-size: 0.85em; margin: 0.8em 0; }
 th, td { border: 1px solid #d5d8dc; padding: 0.25em 0.55em; text-align: right; }
-th { background: #f2f3f4; } td.l, th.l { text-align: left; }
+th { background: #f2f3f4; } td.l, th.l { text-align: left; } td.l { white-space: nowrap; }
 tr.best td { background: #e9f7ef; font-weight: 600; } tr.bad td { color: #7f8c8d; }
 .rec { background: #eaf2f8; border-left: 5px solid #2e86c1; padding: 0.8em 1em; }
 .missing { color: #7f8c8d; font-style: italic; }
