@@ -649,13 +649,23 @@ class _BoundedLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
 
+def _new_loader(text: str, label: str) -> _BoundedLoader:
+    try:
+        return _BoundedLoader(text, label)
+    except yaml.reader.ReaderError as exc:  # a character YAML forbids, found up front
+        line = text.count("\n", 0, max(exc.position, 0)) + 1
+        raise ConfigError(
+            f"{label}:{line}: invalid YAML: {exc.reason} (character U+{exc.character:04X})"
+        ) from None
+
+
 def _show_name(anchor: object) -> str:
     return escape_upstream(anchor, 40)
 
 
 def _yaml_layer(text: str, label: str, *, lines: bool = True) -> _Layer:
     """Parse a config document keeping each key's line; rejects duplicate keys."""
-    loader = _BoundedLoader(text, label)
+    loader = _new_loader(text, label)
     try:
         root = loader.get_single_node()
         layer: _Layer = {}
@@ -743,7 +753,7 @@ def _env_layer(env: Mapping[str, str]) -> _Layer:
 
 def _env_value(text: str, label: str) -> object:
     """One environment value read as YAML, with the file's bounds (no aliases, depth)."""
-    loader = _BoundedLoader(text, label)
+    loader = _new_loader(text, label)
     try:
         node = loader.get_single_node()
         return None if node is None else loader.construct_object(node, deep=True)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import reprlib
 import types
 import typing
 from collections.abc import Mapping
@@ -65,6 +66,9 @@ _WORD_RE: Final = re.compile(r"[A-Za-z0-9_.+-]+")
 _DIGITS_RE: Final = re.compile(r"[0-9]+")
 # Error messages quote the spec; a pasted novel is cut.
 _QUOTE_MAX: Final = 160
+# The longest spec text accepted (a batch-table of hundreds of entries fits); the control
+# API and the config pass user text here.
+MAX_SPEC_CHARS: Final = 4096
 
 
 class PolicySpecError(ValueError):
@@ -141,7 +145,24 @@ def _schema(kind: str) -> dict[str, _KeyType]:
 
 
 def _quote(text: str) -> str:
-    return text if len(text) <= _QUOTE_MAX else text[: _QUOTE_MAX - 3] + "..."
+    """``text`` for a message: cut at _QUOTE_MAX, unprintable characters (control, bidi,
+    line separators) escaped the way repr() does, so a message is one printable line."""
+    cut = text if len(text) <= _QUOTE_MAX else text[: _QUOTE_MAX - 3] + "..."
+    if cut.isprintable():
+        return cut
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in cut)
+
+
+_REPR: Final = reprlib.Repr()
+_REPR.maxstring = 80
+_REPR.maxother = 80
+for _limit in ("maxlist", "maxtuple", "maxdict", "maxset", "maxfrozenset"):
+    setattr(_REPR, _limit, 8)
+
+
+def _show(value: object) -> str:
+    """``repr(value)`` for a message, elided (a huge value is never rendered whole)."""
+    return _quote(_REPR.repr(value))
 
 
 def _convert(where: str, kind: str, key: str, value: object, spec: _KeyType) -> ParamValue:
@@ -149,7 +170,7 @@ def _convert(where: str, kind: str, key: str, value: object, spec: _KeyType) -> 
 
     def bad() -> PolicySpecError:
         return PolicySpecError(
-            f"{where}: parameter {key!r} of {kind}: expected {spec.form}, got {value!r}"
+            f"{where}: parameter {_show(key)} of {kind}: expected {spec.form}, got {_show(value)}"
         )
 
     if value is None or (spec.optional and isinstance(value, str) and value == "none"):
@@ -219,21 +240,21 @@ def _normalise(
     """Check ``kind`` and ``params`` the way the policy would; return them normalised."""
     if not isinstance(kind, str) or kind not in KNOWN_KINDS:
         raise PolicySpecError(
-            f"{where}: unknown policy kind {kind!r}; valid kinds: {', '.join(KNOWN_KINDS)}"
+            f"{where}: unknown policy kind {_show(kind)}; valid kinds: {', '.join(KNOWN_KINDS)}"
         )
     if not isinstance(params, Mapping):
-        raise PolicySpecError(f"{where}: parameters must be a mapping, got {params!r}")
+        raise PolicySpecError(f"{where}: parameters must be a mapping, got {_show(params)}")
     schema = _schema(kind)
     out: dict[str, ParamValue] = {}
     schedule: list[tuple[int, int]] = []
     for key, value in params.items():
         if not isinstance(key, str):
-            raise PolicySpecError(f"{where}: parameter keys must be str, got {key!r}")
+            raise PolicySpecError(f"{where}: parameter keys must be str, got {_show(key)}")
         if kind == "batch-table" and key not in schema:
             batch = _batch_size(key)
             if batch is None:
                 raise PolicySpecError(
-                    f"{where}: key {key!r} is not a batch size ({_SCHEDULE_FORM})"
+                    f"{where}: key {_show(key)} is not a batch size ({_SCHEDULE_FORM})"
                 )
             if str(batch) in out:
                 raise PolicySpecError(f"{where}: duplicate batch size {batch}")
@@ -242,8 +263,8 @@ def _normalise(
                 steps = int(value)
             if not is_int(steps) or steps < 0:
                 raise PolicySpecError(
-                    f"{where}: steps for batch size {batch} must be an int >= 0, got {value!r} "
-                    f"({_SCHEDULE_FORM})"
+                    f"{where}: steps for batch size {batch} must be an int >= 0, "
+                    f"got {_show(value)} ({_SCHEDULE_FORM})"
                 )
             out[str(batch)] = steps
             schedule.append((batch, steps))
@@ -251,7 +272,7 @@ def _normalise(
         if key not in schema:
             valid = ", ".join(schema) if schema else "(none: it takes no parameters)"
             raise PolicySpecError(
-                f"{where}: unknown parameter {key!r} for {kind}; valid keys: {valid}"
+                f"{where}: unknown parameter {_show(key)} for {kind}; valid keys: {valid}"
             )
         out[key] = _convert(where, kind, key, value, schema[key])
     _check_semantics(kind, out, schedule, where)
@@ -267,7 +288,7 @@ def _check_semantics(
         if steps is None:
             raise PolicySpecError(f"{where}: static needs a step count, e.g. static:3")
         if not isinstance(steps, int) or steps < 0:
-            raise PolicySpecError(f"{where}: static steps must be an int >= 0, got {steps!r}")
+            raise PolicySpecError(f"{where}: static steps must be an int >= 0, got {_show(steps)}")
     if kind == "batch-table":
         if not schedule:
             raise PolicySpecError(f"{where}: batch-table needs a schedule ({_SCHEDULE_FORM})")
@@ -310,7 +331,7 @@ class PolicySpec:
     text: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        where = _quote(self.text) if self.text else f"policy {self.kind!r}"
+        where = _quote(self.text) if self.text else f"policy {_show(self.kind)}"
         _, params = _normalise(self.kind, self.params, where)
         object.__setattr__(self, "params", types.MappingProxyType(params))
         if not self.text:
@@ -343,7 +364,12 @@ def format_policy_spec(spec: PolicySpec) -> str:
 def parse_policy_spec(text: str) -> PolicySpec:
     """Parse ``text``; raise :class:`PolicySpecError` naming the bad part."""
     if not isinstance(text, str):
-        raise PolicySpecError(f"a policy spec must be a str, got {text!r}")
+        raise PolicySpecError(f"a policy spec must be a str, got {_show(text)}")
+    if len(text) > MAX_SPEC_CHARS:
+        raise PolicySpecError(
+            f"{_quote(text)}: the spec has {len(text)} characters; a policy spec holds at "
+            f"most {MAX_SPEC_CHARS}"
+        )
     stripped = text.strip()
     where = _quote(stripped)
     if not stripped:
@@ -354,7 +380,7 @@ def parse_policy_spec(text: str) -> PolicySpec:
     kind = kind.strip()
     if kind not in KNOWN_KINDS:
         raise PolicySpecError(
-            f"{where}: unknown policy kind {kind!r}; valid kinds: {', '.join(KNOWN_KINDS)}"
+            f"{where}: unknown policy kind {_show(kind)}; valid kinds: {', '.join(KNOWN_KINDS)}"
         )
     params: dict[str, str] = {}
     if sep:
@@ -370,13 +396,15 @@ def parse_policy_spec(text: str) -> PolicySpec:
                 if kind == "static" and i == 0:
                     key, value = "steps", item
                 elif kind == "batch-table":
-                    raise PolicySpecError(f"{where}: item {item!r} is not N=K ({_SCHEDULE_FORM})")
+                    raise PolicySpecError(
+                        f"{where}: item {_show(item)} is not N=K ({_SCHEDULE_FORM})"
+                    )
                 else:
-                    raise PolicySpecError(f"{where}: item {item!r} is not key=value")
+                    raise PolicySpecError(f"{where}: item {_show(item)} is not key=value")
             if not key:
-                raise PolicySpecError(f"{where}: item {item!r} has no key before '='")
+                raise PolicySpecError(f"{where}: item {_show(item)} has no key before '='")
             if key in params:
-                raise PolicySpecError(f"{where}: duplicate key {key!r}")
+                raise PolicySpecError(f"{where}: duplicate key {_show(key)}")
             params[key] = value
     return PolicySpec(kind, params, stripped)
 
@@ -416,7 +444,7 @@ def build_daemon_policy(
     if isinstance(spec, str):
         spec = parse_policy_spec(spec)
     if not isinstance(spec, PolicySpec):
-        raise PolicySpecError(f"expected a PolicySpec or a spec string, got {spec!r}")
+        raise PolicySpecError(f"expected a PolicySpec or a spec string, got {_show(spec)}")
     try:
         return _build(spec.kind, spec.params, prior=prior)
     except PolicySpecError:

@@ -133,7 +133,7 @@ class TraceFormatError(TraceError):
         self.line = line
         self.problem = escape_upstream(problem, _PROBLEM_MAX_CHARS)  # quotes file text
         self.form = form
-        super().__init__(f"{self.file}:{line}: {problem}; expected {form}")
+        super().__init__(f"{self.file}:{line}: {self.problem}; expected {form}")
 
 
 @dataclass(frozen=True, slots=True)
