@@ -29,8 +29,9 @@ GET       /v1/recommend       ``service.recommend()``
 
 Status codes: 400 for a malformed request (the message names the field or parameter and
 the expected form; JSON nested deeper than :data:`MAX_JSON_DEPTH` is one) and for a
-``ValueError`` raised by the service (its message is the answer); 401 for a missing or wrong token; 404/405 for unknown routes or methods; 413 for
-a body over ``max_body_bytes``; 500 ("internal error") for anything else, with the
+``ValueError`` raised by the service (its message is the answer); 401 for a missing or
+wrong token; 404/405 for unknown routes or methods; 413 for a body over
+``max_body_bytes`` (16 KiB by default); 500 ("internal error") for anything else, with the
 traceback in the daemon's log and never in the answer.
 
 Security: the API listens on loopback by default. When ``listen_host`` is not loopback
