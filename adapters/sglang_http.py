@@ -38,6 +38,7 @@ from specgov.adapters.errors import (
     ScrapeError,
     TemporaryScrapeError,
     bounded_repr,
+    escape_upstream,
 )
 from specgov.adapters.prometheus_text import EXPECTED_FORMAT, MetricsSnapshot, parse_metrics
 from specgov.adapters.telemetry import METRICS_READ
@@ -436,5 +437,6 @@ class SGLangClient:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc)
+    # httpx/h11 texts can quote the server's bytes (a bad status line, a header).
+    text = escape_upstream(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

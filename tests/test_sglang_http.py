@@ -518,3 +518,16 @@ def test_a_body_past_max_body_bytes_is_refused_without_reading_it_all() -> None:
 
     with pytest.raises(ResponseFormatError, match="of 2000 bytes"):
         run(go_declared())
+
+
+def test_health_details_from_transport_errors_are_escaped() -> None:
+    def broken(request: httpx.Request) -> httpx.Response:
+        raise httpx.RemoteProtocolError("illegal status line: b'HTTP/1.1 200\x1b[2J\x00\r'")
+
+    async def go() -> Any:
+        async with client(broken) as c:
+            return await c.health()
+
+    result = run(go())
+    assert result.state is HealthState.UNREACHABLE
+    assert result.detail.isprintable() and "\\x1b" in result.detail
