@@ -5,7 +5,11 @@ Two kinds of series:
 * **Events**, pushed by the daemon as they happen: ``specgov_decisions_total{policy,
   reason}``, ``specgov_scrape_errors_total{kind}`` and the
   ``specgov_decide_duration_seconds`` histogram (:meth:`DaemonMetrics.on_decision`,
-  :meth:`DaemonMetrics.on_scrape_error`).
+  :meth:`DaemonMetrics.on_scrape_error`); ``specgov_store_failures_total{kind}``,
+  ``specgov_spool_failures_total{operation}``,
+  ``specgov_telemetry_nonfinite_values_dropped_total``,
+  ``specgov_store_journal_dropped_total{kind}``, the ``specgov_store_journal_entries``
+  gauge and ``specgov_log_lines_suppressed_total{kind}`` (issue 9 §4).
 * **Derived state**, read at scrape time by a custom collector from one callable that
   returns a :class:`DaemonSnapshot`: ``specgov_table_steps{slot}``,
   ``specgov_table_age_seconds``, ``specgov_accept_length_estimate{slot}``,

@@ -309,3 +309,27 @@ def test_metrics_endpoint_negotiates_openmetrics() -> None:
     assert content_type.startswith("application/openmetrics-text")
     assert text.rstrip().endswith("# EOF")
     assert 'specgov_scrape_errors_total{kind="temporary"} 1.0' in text
+
+
+def test_fault_counters_exist_at_zero_and_count() -> None:
+    registry = CollectorRegistry()
+    metrics = DaemonMetrics(registry)
+    get = registry.get_sample_value
+    for kind in ("unavailable", "corrupt", "deleted", "replaced"):
+        assert get("specgov_store_failures_total", {"kind": kind}) == 0.0
+    for op in ("write", "read"):
+        assert get("specgov_spool_failures_total", {"operation": op}) == 0.0
+    assert get("specgov_telemetry_nonfinite_values_dropped_total") == 0.0
+    metrics.on_store_failure("deleted")
+    metrics.on_spool_failure("write")
+    metrics.on_nonfinite_dropped(3)
+    metrics.on_nonfinite_dropped(0)
+    metrics.set_journal(7)
+    metrics.on_journal_dropped("decision", 2)
+    metrics.on_log_suppressed("scrape-temporary")
+    assert get("specgov_store_failures_total", {"kind": "deleted"}) == 1.0
+    assert get("specgov_spool_failures_total", {"operation": "write"}) == 1.0
+    assert get("specgov_telemetry_nonfinite_values_dropped_total") == 3.0
+    assert get("specgov_store_journal_entries") == 7.0
+    assert get("specgov_store_journal_dropped_total", {"kind": "decision"}) == 2.0
+    assert get("specgov_log_lines_suppressed_total", {"kind": "scrape-temporary"}) == 1.0

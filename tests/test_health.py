@@ -1,0 +1,242 @@
+"""Health that tells the truth (issue 9 §4): readiness and liveness, the counters for
+spool failures and NaN/Inf values, and rate-limited warnings."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from prometheus_client import CollectorRegistry
+
+from specgov.adapters.prometheus_text import parse_metrics
+from specgov.adapters.sglang_http import MetricsScrape
+from specgov.controller.config import SpecgovConfig, load_config
+from specgov.controller.control_api import make_app
+from specgov.controller.daemon import Daemon
+from specgov.controller.health import (
+    HealthInputs,
+    WarningThrottle,
+    escape_text,
+    liveness,
+    readiness,
+)
+from specgov.policies.control_core import Publish
+from specgov.policies.types import StepTable
+
+
+class Clock:
+    def __init__(self, now_s: float = 1000.0) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _inputs(**kwargs: Any) -> HealthInputs:
+    base: dict[str, Any] = {
+        "now_s": 100.0,
+        "started_at_s": 0.0,
+        "last_scrape_s": 99.0,
+        "last_scrape_error": None,
+        "permanent_error": None,
+        "spool_error": None,
+        "store_error": None,
+        "telemetry_max_age_s": 60.0,
+    }
+    return HealthInputs(**{**base, **kwargs})
+
+
+# ------------------------------------------------------------------ the verdicts
+
+
+def test_ready_when_everything_works() -> None:
+    verdict = readiness(_inputs())
+    assert verdict["ok"] is True and verdict["reasons"] == []
+
+
+@pytest.mark.parametrize(
+    ("change", "check", "reason"),
+    [
+        (
+            {"last_scrape_s": 10.0, "last_scrape_error": "connection refused"},
+            "telemetry",
+            "no telemetry for 90 s (bound 60 s): connection refused",
+        ),
+        ({"last_scrape_s": None}, "telemetry", "no telemetry yet for 100 s (bound 60 s)"),
+        ({"spool_error": "cannot write /s: EROFS"}, "spool", "spool: cannot write /s: EROFS"),
+        ({"store_error": "disk is full"}, "store", "store: disk is full"),
+        ({"permanent_error": "401"}, "acting", "not acting: 401"),
+    ],
+)
+def test_each_failing_check_makes_it_unready_with_its_reason(
+    change: dict[str, Any], check: str, reason: str
+) -> None:
+    verdict = readiness(_inputs(**change))
+    assert verdict["ok"] is False and verdict[check] is False
+    assert verdict["reasons"] == [reason]
+
+
+def test_telemetry_at_the_bound_is_still_fresh() -> None:
+    assert readiness(_inputs(last_scrape_s=40.0))["ok"] is True
+    assert readiness(_inputs(last_scrape_s=39.9))["ok"] is False
+
+
+def test_liveness_follows_the_decision_loop() -> None:
+    assert liveness(_inputs(last_tick_s=95.0, decide_interval_s=5.0))["ok"] is True
+    stuck = liveness(_inputs(last_tick_s=50.0, decide_interval_s=5.0))
+    assert stuck["ok"] is False and "has not ticked for 50 s (bound 30 s)" in stuck["reasons"][0]
+    # The bound grows with long intervals: 3 intervals.
+    assert liveness(_inputs(last_tick_s=0.0, now_s=100.0, decide_interval_s=60.0))["ok"] is True
+
+
+# ------------------------------------------------------------------- the throttle
+
+
+def test_repeated_warnings_are_rate_limited_per_kind_with_a_count(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock(0.0)
+    suppressed: list[str] = []
+    logger = logging.getLogger("test.throttle")
+    throttle = WarningThrottle(logger, clock, interval_s=60.0, on_suppressed=suppressed.append)
+    caplog.set_level(logging.WARNING, logger="test.throttle")
+    for i in range(10):
+        clock.now_s = float(i)
+        throttle.warning("scrape", f"server down {i}")
+        throttle.warning("spool", "spool unwritable")
+    assert [r.getMessage() for r in caplog.records] == ["server down 0", "spool unwritable"]
+    assert suppressed.count("scrape") == 9 and suppressed.count("spool") == 9
+    clock.now_s = 61.0
+    throttle.warning("scrape", "server down again")
+    assert caplog.records[-1].getMessage() == (
+        "server down again (9 similar message(s) suppressed in the last 61 s)"
+    )
+    assert throttle.resolve("spool") == 9
+    throttle.warning("spool", "spool unwritable")  # resolved: logged at once
+    assert caplog.records[-1].getMessage() == "spool unwritable"
+
+
+def test_logged_text_is_escaped_and_bounded() -> None:
+    assert escape_text("a\x1b[31mred\x00\r\nz") == "a\\x1b[31mred\\x00\\r\\nz"
+    long = escape_text("x" * 5000)
+    assert len(long) < 2100 and long.endswith("(3000 more characters)")
+
+
+# ------------------------------------------------------------- against the daemon
+
+
+def _config(tmp_path: Path, **extra: Any) -> SpecgovConfig:
+    return load_config(
+        None,
+        env={},
+        overrides={
+            "server.url": "http://127.0.0.1:9",
+            "state.db_path": str(tmp_path / "state.db"),
+            "spool.dir": str(tmp_path / "spool"),
+            "loop.mode": "plugin",
+            **extra,
+        },
+    )
+
+
+def _get(daemon: Daemon, path: str) -> tuple[int, Any]:
+    async def go() -> tuple[int, Any]:
+        app = make_app(daemon, token=None, listen_host="127.0.0.1")
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            reply = await client.get(path)
+            return reply.status, await reply.json()
+
+    return asyncio.run(go())
+
+
+def test_health_goes_503_when_telemetry_is_missing_past_the_bound(tmp_path: Path) -> None:
+    clock = Clock()
+    daemon = Daemon(
+        _config(tmp_path),
+        store=None,
+        registry=CollectorRegistry(),
+        clock=clock,
+        telemetry_max_age_s=30.0,
+    )
+    assert _get(daemon, "/v1/health")[0] == 200
+    clock.now_s += 31.0
+    status, body = _get(daemon, "/v1/health")
+    assert status == 503 and body["telemetry"] is False
+    assert body["reasons"] == ["no telemetry yet for 31 s (bound 30 s)"]
+    assert _get(daemon, "/v1/health/ready")[0] == 503
+    assert daemon.status()["health"] == body["reasons"]
+    # Alive all the same: a probe must not restart a daemon waiting for its server.
+    daemon.status_info.started_at_s = clock.now_s
+    assert _get(daemon, "/v1/health/live")[0] == 200
+
+
+def test_liveness_fails_when_the_decision_loop_stops_ticking(tmp_path: Path) -> None:
+    clock = Clock()
+    daemon = Daemon(_config(tmp_path), store=None, registry=CollectorRegistry(), clock=clock)
+    clock.now_s += 100.0  # decide interval 5 s: bound 30 s, never ticked since start
+    status, body = _get(daemon, "/v1/health/live")
+    assert status == 503 and "has not ticked" in body["reasons"][0]
+
+
+def test_unwritable_spool_is_counted_unready_and_logged_once_per_burst(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the spool folder should be")
+    config = _config(tmp_path, **{"spool.dir": str(blocker / "spool")})
+    daemon = Daemon(config, store=None, registry=CollectorRegistry())
+    table = StepTable(slots=((1, 2),), version=1, produced_at_s=0.0, ttl_s=60.0)
+    caplog.set_level(logging.INFO, logger="specgov.daemon")
+    for _ in range(10):
+        assert daemon._publish_table(Publish(table, (0, 1, 2))) is False
+    value = daemon.registry.get_sample_value
+    assert value("specgov_spool_failures_total", {"operation": "write"}) == 10.0
+    assert value("specgov_log_lines_suppressed_total", {"kind": "spool-write"}) == 9.0
+    lines = [r for r in caplog.records if "cannot publish" in r.getMessage()]
+    assert len(lines) == 1
+    health = daemon.health()
+    assert health["ok"] is False and health["spool"] is False
+    assert "cannot write" in health["reasons"][0]
+
+
+class _NanClient:
+    """Stands in for SGLangClient: a /metrics body with NaN and Inf values."""
+
+    BODY = (
+        "# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{model_name="m"} NaN\n'
+        "# TYPE sglang:num_queue_reqs gauge\n"
+        'sglang:num_queue_reqs{model_name="m"} +Inf\n'
+        "# TYPE sglang:generation_tokens_total counter\n"
+        'sglang:generation_tokens_total{model_name="m"} -1\n'
+    )
+
+    async def scrape_metrics(self) -> MetricsScrape:
+        return MetricsScrape(0.0, 0.001, parse_metrics(self.BODY), self.BODY)
+
+    async def server_info(self) -> dict[str, Any]:
+        return {}
+
+    async def loads(self) -> Any:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+def test_nan_and_inf_values_are_counted_where_the_observation_arrives(tmp_path: Path) -> None:
+    daemon = Daemon(
+        _config(tmp_path),
+        store=None,
+        registry=CollectorRegistry(),
+        client=_NanClient(),  # type: ignore[arg-type]
+    )
+    asyncio.run(daemon.scrape_once())
+    asyncio.run(daemon.scrape_once())
+    # Two non-finite values per scrape; the negative counter is dropped but finite.
+    value = daemon.registry.get_sample_value("specgov_telemetry_nonfinite_values_dropped_total")
+    assert value == 4.0
