@@ -293,6 +293,10 @@ def _rules() -> list[dict[str, Any]]:
     return [rule for group in data["groups"] for rule in group["rules"]]
 
 
+def rule_exprs() -> list[str]:
+    return [rule["expr"] for rule in _rules()]
+
+
 def test_rule_metrics_are_exported(exported: set[str]) -> None:
     unknown = {
         (rule["alert"], name)

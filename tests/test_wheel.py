@@ -19,12 +19,21 @@ a minute after the build; the test asserts that ``specgov`` itself resolves to t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import queue
+import re
+import signal
+import socket
 import subprocess
 import sys
 import sysconfig
 import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,10 +58,8 @@ class Installed:
     specgov: Path
     workdir: Path
 
-    def run(
-        self, *argv: str, env: dict[str, str] | None = None, timeout_s: float = 180
-    ) -> subprocess.CompletedProcess[str]:
-        # A clean environment: no SPECGOV_* settings or PYTHONPATH from the test run.
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        """A clean environment: no SPECGOV_* settings or PYTHONPATH from the test run."""
         base = {
             k: v
             for k, v in os.environ.items()
@@ -60,10 +67,15 @@ class Installed:
         }
         base["PATH"] = f"{self.prefix / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
         base["MPLBACKEND"] = "Agg"
+        return base | (extra or {})
+
+    def run(
+        self, *argv: str, env: dict[str, str] | None = None, timeout_s: float = 180
+    ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             argv,
             cwd=self.workdir,
-            env=base | (env or {}),
+            env=self.env(env),
             capture_output=True,
             text=True,
             timeout=timeout_s,
@@ -219,3 +231,113 @@ def test_plugin_entry_point_from_the_wheel(installed: Installed, sglang_src: Pat
     assert value == "specgov.adapters.sglang_plugin:register"
     assert kind == "REPLACE" and module == "specgov.adapters.sglang_plugin"
     assert Path(path).is_relative_to(installed.prefix)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _first_line(proc: subprocess.Popen[str], pattern: str, timeout_s: float) -> re.Match[str]:
+    """The first stdout line of ``proc`` matching ``pattern``, waited for up to a deadline."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        assert remaining > 0 and proc.poll() is None, f"no line matching {pattern!r}"
+        try:
+            m = re.search(pattern, lines.get(timeout=min(remaining, 1.0)))
+        except queue.Empty:
+            continue
+        if m is not None:
+            return m
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_from_the_wheel_to_a_daemon_in_observe_mode(installed: Installed) -> None:
+    """docs/operations.md's path with the installed wheel only: a server (the sim-server
+    with the plugin), `specgov doctor`, `specgov run --mode observe`, its health, status
+    and /metrics (every specgov metric the dashboard and alert rules name is served)."""
+    from test_dashboards import dashboard_exprs, metric_names, rule_exprs
+
+    spool = installed.workdir / "observe-spool"
+    spool.mkdir(mode=0o700, exist_ok=True)
+    sim = subprocess.Popen(
+        [str(installed.specgov), "sim-server", "--port", "0", "--speed", "10", "--loop",
+         "--spool-dir", str(spool)],
+        cwd=installed.workdir, env=installed.env(), stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    daemon: subprocess.Popen[str] | None = None
+    try:
+        url = _first_line(sim, r"server on (http://\S+)", 120).group(1)
+        control, metrics = _free_port(), _free_port()
+        daemon = subprocess.Popen(
+            [str(installed.specgov), "run", "--server", url, "--mode", "observe",
+             "--spool-dir", str(spool), "--state-db", str(installed.workdir / "state.db"),
+             "--control-addr", f"127.0.0.1:{control}", "--metrics-addr", f"127.0.0.1:{metrics}"],
+            cwd=installed.workdir, env=installed.env(), stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 120
+        status: dict[str, object] = {}
+        while True:
+            assert daemon.poll() is None, "the daemon exited"
+            assert time.monotonic() < deadline, f"no decision within 120 s: {status}"
+            code, body = (0, "")
+            with contextlib.suppress(OSError):
+                code, body = _get(f"http://127.0.0.1:{control}/v1/status")
+            if code == 200:
+                status = json.loads(body)
+                if status.get("last_decision"):
+                    break
+            time.sleep(0.2)
+        assert status["mode"] == "observe"
+        doctor = installed.run(
+            str(installed.specgov), "doctor", "--server", url, "--spool-dir", str(spool)
+        )
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        code, exposition = _get(f"http://127.0.0.1:{metrics}/metrics")
+        assert code == 200
+        families = set(re.findall(r"^# TYPE (\S+) ", exposition, flags=re.M))
+        samples = set(re.findall(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[ {]", exposition, flags=re.M))
+        named = {
+            n
+            for expr in [e for _, e in dashboard_exprs()] + rule_exprs()
+            for n in metric_names(expr)
+            if n.startswith("specgov")
+        }
+        suffixes = ("_total", "_bucket", "_sum", "_count", "_created", "_info")
+        unserved = sorted(
+            n
+            for n in named
+            if n not in samples and not any(n.removesuffix(x) in families for x in suffixes)
+        )
+        assert not unserved, f"the installed daemon does not serve {unserved}"
+    finally:
+        for proc in (daemon, sim):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in (daemon, sim):
+            if proc is not None:
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+    assert daemon.returncode == 0, daemon.stderr.read() if daemon.stderr else ""
