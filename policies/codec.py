@@ -21,6 +21,14 @@ Conventions:
 * Numbers are finite: :data:`Real` refuses NaN and +-inf (their magnitude bound is
   1e300), as :func:`specgov.policies.validation.is_real` does for hand-parsed input.
 
+Three learned states keep a compact encoding of their own, on purpose: the step-cost
+estimator's samples and the bandit's arms are rows of numbers (hundreds of them, saved
+at every decision: rows keep the state small and the save cheap) and the goodput and
+bandit RNG words are strings (128-bit integers). Their ``from_dict`` validates each row;
+everything else goes through this module. The operator's guardrail config is parsed by
+its own loader (``GuardrailConfig.from_dict``) because its errors name the config key
+(``guardrails.min_gain``), not a data path.
+
 Pure: msgspec is a serialisation library (no IO); policies may import it.
 """
 
