@@ -200,7 +200,10 @@ def test_unit_is_hardened() -> None:
     assert keys["RuntimeDirectory"] == ["specgov specgov/spool"]
     mode = int(keys["RuntimeDirectoryMode"][0], 8)
     assert mode == 0o2750, "only the daemon writes tables; never readable by others"
-    assert keys["ExecStartPre"] == ["/usr/bin/install -d -m 2770 /run/specgov/spool/stats"]
+    assert keys["ExecStartPre"] == [
+        "+/usr/bin/install -d -o specgov -g specgov -m 2770 /run/specgov/spool/stats"
+    ]
+    assert keys["RestrictSUIDSGID"] == ["yes"]
     assert "SPECGOV_SPOOL__DIR=/run/specgov/spool" in keys["Environment"]
     assert keys["ExecStart"][0].split()[1:3] == ["run", "--config"]
 
