@@ -42,6 +42,14 @@ Slot table syntax (``parse_slots``, the CLI's ``--slots``), entries separated by
     ema_alpha=0.3;1=1,3;16=0,1               a bare knob is a default for every slot
     default                                  SGLang's own default table
 
+Step 0's draft-extend pass: SGLang 0.5.23 runs it even at steps 0 unless the
+experimental environment variable ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` is true
+(``srt/environ.py``, read in ``eagle_worker_v2.py``); skipping leaves the drafter's state
+stale, so upshifts draft cold. ``LaunchConfig.skip_zero_step_draft_extend`` writes it
+into :meth:`LaunchConfig.environment` (refused unless a slot can choose 0, where it
+would have no effect); :func:`recommend_skip_zero_step` says when it pays: the slots
+that can choose 0 stayed there under load.
+
 No file IO here: callers write :meth:`LaunchConfig.adaptive_config_json` where
 :attr:`LaunchConfig.adaptive_config_path` says.
 """
@@ -64,6 +72,12 @@ from specgov.policies.types import ALGORITHMS, PolicyTypeError, SpecShape
 from specgov.policies.validation import is_int, is_real
 
 SGLANG_VERSION: Final = "0.5.23"
+SKIP_ZERO_STEP_ENV: Final = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+# recommend_skip_zero_step: the share of a slot's decode batches at steps 0 above which
+# the saved draft-extend pass outweighs the rare cold upshifts, and the batches needed
+# before a share means anything. Assumed (see the function's doc for the arithmetic).
+SKIP_ZERO_MIN_SHARE: Final = 0.9
+SKIP_ZERO_MIN_BATCHES: Final = 200
 DEFAULT_ADAPTIVE_CONFIG_PATH: Final = "specgov-adaptive-config.json"
 
 # The per-slot knobs AdaptiveStepSlot reads (cfg.get(name, default)); the ints must be
@@ -246,6 +260,7 @@ class LaunchConfig:
     max_running_requests: int | None = None
     cuda_graph_max_bs_decode: int | None = None
     rationale: str = ""
+    skip_zero_step_draft_extend: bool = False
 
     def __post_init__(self) -> None:
         shape = self.shape
@@ -284,6 +299,18 @@ class LaunchConfig:
         ):
             if value is not None and (not is_int(value) or value < 1):
                 raise LaunchConfigError(f"{flag}: expected an int >= 1, got {value!r}")
+        if not isinstance(self.skip_zero_step_draft_extend, bool):
+            raise LaunchConfigError(
+                "LaunchConfig.skip_zero_step_draft_extend: expected a bool, got "
+                f"{self.skip_zero_step_draft_extend!r}"
+            )
+        if self.skip_zero_step_draft_extend and not any(
+            0 in slot.candidate_steps for slot in self.slots
+        ):
+            raise LaunchConfigError(
+                f"{SKIP_ZERO_STEP_ENV} only changes steps-0 verifies, and no slot can choose "
+                "0: SGLang would ignore it (add 0 to a slot's candidate steps, or drop it)"
+            )
         if not isinstance(self.rationale, str):
             raise LaunchConfigError(
                 f"LaunchConfig.rationale: expected a str, got {self.rationale!r}"
@@ -402,6 +429,10 @@ class LaunchConfig:
         """The flags as one shell-quoted line."""
         return shlex.join(self.to_argv())
 
+    def environment(self) -> dict[str, str]:
+        """Environment variables the SGLang process must be started with."""
+        return {SKIP_ZERO_STEP_ENV: "1"} if self.skip_zero_step_draft_extend else {}
+
     def to_json(self) -> dict[str, Any]:
         """Machine-readable form (``specgov sglang-args --output json``)."""
         return {
@@ -412,6 +443,7 @@ class LaunchConfig:
             "shell": self.to_shell(),
             "adaptive_config_path": self.adaptive_config_path if self.adaptive else None,
             "adaptive_config": self.adaptive_config_json(),
+            "environment": self.environment(),
             "rationale": self.rationale,
         }
 
@@ -430,6 +462,7 @@ def build_launch_config(
     max_running_requests: int | None = None,
     cuda_graph_max_bs_decode: int | None = None,
     rationale: str = "",
+    skip_zero_step_draft_extend: bool = False,
 ) -> LaunchConfig:
     """A validated :class:`LaunchConfig`; fills ``shape.candidate_steps`` from the slots.
 
@@ -464,6 +497,46 @@ def build_launch_config(
         max_running_requests=max_running_requests,
         cuda_graph_max_bs_decode=cuda_graph_max_bs_decode,
         rationale=rationale,
+        skip_zero_step_draft_extend=skip_zero_step_draft_extend,
+    )
+
+
+def recommend_skip_zero_step(
+    batches_by_slot_steps: Mapping[tuple[int, int], int],
+    slots: Sequence[SlotCandidates],
+    *,
+    min_share: float = SKIP_ZERO_MIN_SHARE,
+    min_batches: int = SKIP_ZERO_MIN_BATCHES,
+) -> str | None:
+    """Why to launch with ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1``, or None.
+
+    *batches_by_slot_steps* counts decode batches per (slot bound, steps), as the
+    simulator's ``EngineResult.steps_hist`` or a tier-stats window holds them. It pays
+    when every slot that can choose 0 and ran at least *min_batches* batches spent at
+    least *min_share* of them at 0 (the high slots stayed off under load): each such
+    batch saves the draft-extend pass (6-9 % of a step for Llama-3.1-8B + EAGLE-3 on
+    H100), while an upshift costs one verify without accepted drafts and ~14.6 % less
+    acceptance for a while, and at a share of 0.9 upshifts are at most one batch in ten.
+    """
+    if not 0.0 < min_share <= 1.0:
+        raise LaunchConfigError(f"min_share: expected a fraction in (0, 1], got {min_share!r}")
+    if not is_int(min_batches) or min_batches < 1:
+        raise LaunchConfigError(f"min_batches: expected an int >= 1, got {min_batches!r}")
+    zero_slots = [s.bound for s in slots if 0 in s.candidate_steps]
+    shares: dict[int, tuple[float, int]] = {}
+    for bound in zero_slots:
+        total = sum(n for (slot, _), n in batches_by_slot_steps.items() if slot == bound)
+        if total >= min_batches:
+            shares[bound] = (batches_by_slot_steps.get((bound, 0), 0) / total, total)
+    if not shares or any(share < min_share for share, _ in shares.values()):
+        return None
+    seen = ", ".join(
+        f"slot {b}: {100 * share:.0f} % of {n} batches" for b, (share, n) in sorted(shares.items())
+    )
+    return (
+        f"the slots that can choose 0 stayed at 0 under load ({seen}): launch with "
+        f"{SKIP_ZERO_STEP_ENV}=1 to skip their draft-extend pass (experimental in SGLang "
+        f"{SGLANG_VERSION}; an upshift then drafts from stale state)"
     )
 
 

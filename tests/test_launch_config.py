@@ -665,7 +665,7 @@ def test_cli_errors_are_one_clean_line(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     res = invoke(*args)
-    assert res.exit_code == 1
+    assert res.exit_code == 2  # bad input is a usage error (issue 12 §4)
     assert "Traceback" not in res.output
     assert res.exception is None or isinstance(res.exception, SystemExit)
     assert res.stderr.startswith("Error: ")
@@ -676,7 +676,7 @@ def test_cli_bad_report_json(tmp_path: Path) -> None:
     path = tmp_path / "r.json"
     path.write_text('{"policies": [\n oops]}')
     res = invoke("--from-replay", str(path))
-    assert res.exit_code == 1
+    assert res.exit_code == 2
     assert "not JSON (line 2, column 2" in res.stderr
 
 
@@ -685,3 +685,61 @@ def test_cli_none_and_static_config_out(tmp_path: Path) -> None:
     res = invoke("--shape", "NONE", "--config-out", str(out))
     assert res.exit_code == 0 and res.stdout == ""
     assert "no speculation" in res.stderr and not out.exists()
+
+
+# ------------------------------------------- SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND
+
+
+def _eagle(candidates: tuple[int, ...] = (0, 1, 3)) -> SpecShape:
+    return SpecShape("EAGLE3", 3, 1, 4, candidates)
+
+
+def test_skip_zero_step_goes_into_the_environment_only() -> None:
+    from specgov.adapters.launch_config import SKIP_ZERO_STEP_ENV, SlotCandidates
+    from specgov.adapters.launch_config import build_launch_config as build
+
+    slots = [SlotCandidates.of(1, [1, 3]), SlotCandidates.of(32, [0, 1])]
+    plain = build(SpecShape("EAGLE3", 3, 1, 4, ()), slots)
+    skip = build(SpecShape("EAGLE3", 3, 1, 4, ()), slots, skip_zero_step_draft_extend=True)
+    assert skip.to_argv() == plain.to_argv()  # not a server flag in 0.5.23
+    assert plain.environment() == {} and plain.to_json()["environment"] == {}
+    assert skip.environment() == {SKIP_ZERO_STEP_ENV: "1"}
+    assert skip.to_json()["environment"] == {SKIP_ZERO_STEP_ENV: "1"}
+
+
+def test_skip_zero_step_without_a_zero_candidate_is_refused() -> None:
+    from specgov.adapters.launch_config import LaunchConfigError, SlotCandidates
+    from specgov.adapters.launch_config import build_launch_config as build
+
+    with pytest.raises(LaunchConfigError, match="no slot can choose 0: SGLang would ignore it"):
+        build(
+            SpecShape("EAGLE3", 3, 1, 4, ()),
+            [SlotCandidates.of(1, [1, 3])],
+            skip_zero_step_draft_extend=True,
+        )
+    with pytest.raises(LaunchConfigError, match="no slot can choose 0"):
+        build(SpecShape("EAGLE3", 3, 1, 4, (3,)), skip_zero_step_draft_extend=True)
+
+
+def test_recommend_skip_zero_step_when_the_high_slots_stay_at_zero() -> None:
+    from specgov.adapters.launch_config import (
+        SKIP_ZERO_STEP_ENV,
+        LaunchConfigError,
+        SlotCandidates,
+        recommend_skip_zero_step,
+    )
+
+    slots = [SlotCandidates.of(1, [1, 3, 5]), SlotCandidates.of(8, [0, 1, 3])]
+    slots.append(SlotCandidates.of(32, [0, 1]))
+    idle_high = {(1, 3): 500, (8, 0): 950, (8, 1): 50, (32, 0): 400}
+    why = recommend_skip_zero_step(idle_high, slots)
+    assert why is not None and SKIP_ZERO_STEP_ENV in why and "slot 8: 95 % of 1000" in why
+    # A slot that still drafts often: no.
+    assert recommend_skip_zero_step({(8, 0): 700, (8, 1): 300, (32, 0): 400}, slots) is None
+    # Too few batches to judge anywhere: no.
+    assert recommend_skip_zero_step({(8, 0): 50, (32, 0): 40}, slots) is None
+    # A slot too small to judge does not block the others.
+    assert recommend_skip_zero_step({(8, 0): 5, (8, 3): 5, (32, 0): 400}, slots) is not None
+    assert recommend_skip_zero_step({(1, 0): 999}, [SlotCandidates.of(1, [1, 3])]) is None
+    with pytest.raises(LaunchConfigError, match="min_share: expected a fraction"):
+        recommend_skip_zero_step(idle_high, slots, min_share=0.0)

@@ -589,3 +589,24 @@ def test_slot_candidates_json_shape_is_sglangs(sglang_src: Path, tmp_path: Path)
     real = asp.AdaptiveStepSlot(initial_steps=3, cfg=slot.to_json())
     for knob, value in slot.knobs:
         assert getattr(real, knob) == value
+
+
+def test_skip_zero_step_env_is_sglangs_step_zero_switch(sglang_src: Path) -> None:
+    """SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND is a boolean environment field, default
+    false, and eagle_worker_v2 skips the draft-extend pass with it only at steps 0 (what
+    LaunchConfig.environment and the simulator's skip flag assume)."""
+    from specgov.adapters.launch_config import SKIP_ZERO_STEP_ENV
+
+    environ = (sglang_src / "sglang/srt/environ.py").read_text(encoding="utf-8")
+    assert f"    {SKIP_ZERO_STEP_ENV} = EnvBool(False)\n" in environ
+    worker = (sglang_src / "sglang/srt/speculative/eagle_worker_v2.py").read_text(encoding="utf-8")
+    tree = ast.parse(worker)
+    guards = [
+        ast.unparse(node.test)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and SKIP_ZERO_STEP_ENV in ast.unparse(node.test)
+    ]
+    assert guards == [f"self.speculative_num_steps == 0 and envs.{SKIP_ZERO_STEP_ENV}.get()"], (
+        guards
+    )
+    assert "_stub_skipped_draft_extend" in worker
