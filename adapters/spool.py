@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import grp
 import json
 import logging
@@ -236,7 +237,12 @@ def default_spool_dir(
         return run_dir
     state = env.get("XDG_STATE_HOME", "")
     if not (state and os.path.isabs(state)):
-        home = env.get("HOME", "") or str(Path.home())
+        home = env.get("HOME", "")
+        if not home:
+            try:
+                home = str(Path.home())
+            except (KeyError, RuntimeError):  # no HOME and no passwd entry
+                return Path("/var/lib") / SPOOL_SUBDIR / "spool"
         state = str(Path(home) / ".local" / "state")
     return Path(state) / SPOOL_SUBDIR / "spool"
 
@@ -322,9 +328,21 @@ def _make_dir(path: Path, mode: int, group_gid: int | None) -> None:
         path.mkdir(mode=0o700)
     except FileExistsError:
         return
-    if group_gid is not None:
-        os.chown(path, -1, group_gid)
-    os.chmod(path, mode)  # after chown, which may clear the setgid bit; umask ignored
+    try:
+        if group_gid is not None:
+            os.chown(path, -1, group_gid)
+        os.chmod(path, mode)  # after chown, which may clear the setgid bit; umask ignored
+    except OSError as exc:
+        # Leave nothing half-made behind: a private directory without its group would
+        # pass the checks and lock the other user out without a word.
+        with contextlib.suppress(OSError):
+            path.rmdir()
+        raise SpoolSecurityError(
+            exc.errno,
+            f"specgov spool: cannot give {path} the group {group_gid} and mode "
+            f"{mode:04o} ({exc.strerror}); is this user (uid {_own_uid()}) a member of "
+            "that group?",
+        ) from None
 
 
 def ensure_spool_dir(
@@ -342,7 +360,13 @@ def ensure_spool_dir(
     spool's creation to the daemon, who must own it); ``stats/`` is still created.
     """
     root = Path(spool_dir)
-    if create and not root.is_dir():
+    if not root.is_dir():
+        if not create:
+            raise FileNotFoundError(
+                errno.ENOENT,
+                f"specgov spool: {root} does not exist; the daemon creates it (it must own "
+                f"it, {DAEMON_UID_ENV}): start the daemon first",
+            )
         root.parent.mkdir(parents=True, exist_ok=True)
         _make_dir(root, _PRIVATE_DIR_MODE if group_gid is None else _GROUP_DIR_MODE, group_gid)
     check_spool_dir(root, group_gid=group_gid, trusted_uids=trusted_uids, subdirs=False)

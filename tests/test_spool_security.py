@@ -678,3 +678,28 @@ def test_two_user_deployment_misconfigurations_are_reported(
     assert json.loads(done.stdout) == {"writers": [], "unreadable": 1}
     assert str(leftover) in done.stderr and "SPECGOV_SPOOL_GROUP" in done.stderr
     assert done.stderr.count("cannot read") == 1
+
+
+def test_a_group_that_cannot_be_given_leaves_nothing_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A non-member cannot chgrp: the half-made private directory would pass the checks
+    # and lock the other user out silently, so it is removed and the error says why.
+    def refuse(*_a: object, **_k: object) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr("specgov.adapters.spool.os.chown", refuse)
+    spool = tmp_path / "spool"
+    with pytest.raises(SpoolSecurityError, match=r"cannot give .* the group 4242.*member"):
+        ensure_spool_dir(spool, group_gid=4242)
+    assert not spool.exists()
+
+
+def test_the_plugin_of_a_two_user_deployment_leaves_creating_the_spool_to_the_daemon(
+    tmp_path: Path,
+) -> None:
+    spool = tmp_path / "spool"
+    settings = SpoolSettings(daemon_uid=OTHER)
+    with pytest.raises(FileNotFoundError, match="the daemon creates it"):
+        write_tier_stats(spool, snapshot(), writer_id="w", settings=settings)
+    assert not spool.exists()
