@@ -104,15 +104,31 @@ def main() -> int:
     walls: dict[int, float] = {}
     results: dict[int, list[dict[str, Any]]] = {}
     for workers in counts:
+        load = os.getloadavg()[0]
         started = time.perf_counter()
         rows, _ = run_jobs(jobs, trace, workers=workers)
         walls[workers] = time.perf_counter() - started
         results[workers] = rows
         evals = sum(r["timing"]["evals"] for r in rows)
-        print(f"workers {workers}: wall {walls[workers]:.1f} s, {evals} evaluations")
+        ok = sum(1 for r in rows if r["status"] == "ok")
+        # The jobs' own wall times, summed: against wall x workers it says whether the
+        # workers had their cores (efficiency near 1) or shared them with other load.
+        job_s = sum(r["timing"]["wall_s"] for r in rows)
+        print(
+            f"workers {workers}: wall {walls[workers]:.1f} s, {evals} evaluations, {ok} rows ok; "
+            f"job-seconds {job_s:.1f}, efficiency {job_s / (walls[workers] * workers):.2f}, "
+            f"loadavg at start {load:.2f}"
+        )
     first = results[counts[0]]
     identical = all(_strip(results[w]) == _strip(first) for w in counts)
     print(f"rows identical across worker counts: {identical}")
+    for w in counts:
+        for a, b in zip(_strip(first), _strip(results[w]), strict=True):
+            if a != b:
+                print(
+                    f"  differs ({w} workers): {a['gpu']} {a['drafter']} {a['policy']}: "
+                    f"{a['status']} {a['reason']} / {b['status']} {b['reason']}"
+                )
     out: dict[str, Any] = {
         "configurations": len(jobs),
         "requests": summary["requests"],
