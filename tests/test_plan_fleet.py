@@ -393,3 +393,45 @@ def test_plan_options_are_checked() -> None:
         _cfg(slo_percentile=0.0)
     with pytest.raises(FleetSpecError, match="need a policy"):
         _cfg(policies=())
+
+
+def _row(fleet: str, kind: str, gpus: int, tpot: float, goodput: float) -> dict[str, Any]:
+    spec, plain = (int(x) for x in fleet.split("+"))
+    return {
+        "fleet": fleet,
+        "kind": kind,
+        "speculative_replicas": spec,
+        "plain_replicas": plain,
+        "replicas": spec + plain,
+        "gpus": gpus,
+        "gpu": "h100",
+        "policy": "sglang-ema" if spec else None,
+        "router": "least-loaded",
+        "fits": True,
+        "meets_slo": tpot <= 50.0,
+        "slo_attainment": 1.0,
+        "slo_tpot_at_percentile_ms": tpot,
+        "slo_ttft_at_percentile_ms": 200.0,
+        "goodput_tok_s": goodput,
+        "cost_per_hour": None,
+    }
+
+
+def test_equal_cost_fleets_are_ranked_by_slo_headroom() -> None:
+    from specgov.simulator.planning.fleet_judge import choose, recommendation_text, slo_margin
+
+    slo = {"tpot_ms": 50.0, "ttft_ms": 2000.0, "percentile": 99.0}
+    rows = [
+        _row("2+1", "mixed", 3, 34.0, 9818.0),  # more goodput by noise, less headroom
+        _row("0+3", "plain", 3, 27.5, 9800.0),
+        _row("2+0", "speculative", 2, 80.0, 500.0),  # cheaper, does not hold
+    ]
+    assert slo_margin(rows[0], slo) == pytest.approx(34.0 / 50.0)
+    picked = choose(rows, priced=False, slo=slo)
+    assert picked["best"]["fleet"] == "0+3" and picked["best_plain"]["fleet"] == "0+3"
+    rows[1]["slo_tpot_at_percentile_ms"] = 40.0
+    picked = choose(rows, priced=False, slo=slo)
+    assert picked["best"]["fleet"] == "2+1"
+    assert picked["saving_vs_plain"]["saved"] == 0.0
+    doc = {"fleets": rows, "slo": slo, "offered_rps": 40.0, **picked}
+    assert "Speculation saves nothing here: the plain fleet 0+3" in recommendation_text(doc)

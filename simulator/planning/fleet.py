@@ -366,6 +366,7 @@ def plan_fleet(
             rows,
             priced=cfg.prices is not None and gpu in cfg.prices.gpu_hour,
             currency=cfg.prices.currency if cfg.prices is not None else None,
+            slo=doc["slo"],
         )
     )
     doc["recommendation"] = recommendation_text(doc)

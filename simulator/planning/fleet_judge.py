@@ -103,13 +103,40 @@ def _replica_row(index: int, kind: str, result: EngineResult, memory: MemoryPlan
     }
 
 
-def _price_key(row: Mapping[str, Any], priced: bool) -> tuple[float, float]:
+def slo_margin(row: Mapping[str, Any], slo: Mapping[str, Any] | None) -> float:
+    """How close the fleet runs to its SLO: the larger of TPOT and TTFT at the judged
+    percentile over their targets (1.0: on the edge; lower is more headroom)."""
+    worst = 0.0
+    for at, target in (
+        ("slo_tpot_at_percentile_ms", "tpot_ms"),
+        ("slo_ttft_at_percentile_ms", "ttft_ms"),
+    ):
+        value = row.get(at)
+        limit = (slo or {}).get(target)
+        if isinstance(value, int | float) and isinstance(limit, int | float) and limit > 0:
+            worst = max(worst, float(value) / float(limit))
+    return worst
+
+
+def _price_key(
+    row: Mapping[str, Any], priced: bool, slo: Mapping[str, Any] | None = None
+) -> tuple[float, float, float]:
+    # Cheapest first; at equal cost the most SLO headroom (fleets that hold serve the
+    # same tokens, so goodput differs by noise), then goodput.
     cost = row.get("cost_per_hour") if priced else row.get("gpus")
-    return (float(cost) if cost is not None else math.inf, -float(row.get("goodput_tok_s") or 0))
+    return (
+        float(cost) if cost is not None else math.inf,
+        round(slo_margin(row, slo), 3),
+        -float(row.get("goodput_tok_s") or 0),
+    )
 
 
 def choose(
-    rows: Sequence[Mapping[str, Any]], *, priced: bool, currency: str | None = None
+    rows: Sequence[Mapping[str, Any]],
+    *,
+    priced: bool,
+    currency: str | None = None,
+    slo: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The best fleet overall, the best plain and speculative ones, and the saving."""
     holding = [r for r in rows if r.get("fits") and r.get("meets_slo")]
@@ -117,7 +144,7 @@ def choose(
     def best_of(candidates: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
         if not candidates:
             return None
-        top: Mapping[str, Any] = min(candidates, key=lambda r: _price_key(r, priced))
+        top: Mapping[str, Any] = min(candidates, key=lambda r: _price_key(r, priced, slo))
         return dict(top)
 
     best = best_of(holding)
@@ -186,6 +213,11 @@ def recommendation_text(doc: Mapping[str, Any]) -> str:
         )
     elif best["kind"] != "plain" and doc.get("best_plain") is None:
         text += f" No plain fleet of up to {largest} replicas holds the SLO."
+    elif best["kind"] != "plain" and saving is not None:
+        text += (
+            f" Speculation saves nothing here: the plain fleet {doc['best_plain']['fleet']} "
+            f"holds the SLO at the same cost (it was ranked on SLO headroom)."
+        )
     return text
 
 
