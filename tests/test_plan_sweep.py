@@ -272,8 +272,15 @@ def test_process_pool_gives_the_same_rows_as_inline() -> None:
 
 def test_resume_skips_finished_jobs(tmp_path: Path) -> None:
     jobs = _jobs(policies=["static:3", "static:5"])
-    first, reused = run_jobs(jobs, TRACE, workers=1, results_dir=tmp_path)
+    on_disk: list[tuple[int, int]] = []
+
+    def progress(done: int, _total: int) -> None:
+        # Each job is on disk by the time its completion is reported.
+        on_disk.append((done, len(list((tmp_path / "jobs").glob("*.json")))))
+
+    first, reused = run_jobs(jobs, TRACE, workers=1, results_dir=tmp_path, progress=progress)
     assert reused == 0
+    assert on_disk == [(i, i) for i in range(len(jobs) + 1)]
     files = sorted((tmp_path / "jobs").glob("*.json"))
     assert [f.stem for f in files] == sorted(j.job_id for j in jobs)
     # A finished job is not re-run: its stored row comes back as written, timing included.
