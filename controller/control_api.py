@@ -110,7 +110,11 @@ class ControlService(Protocol):
 
     def status(self) -> Mapping[str, Any]: ...
 
-    def decisions(self, since_s: float | None, limit: int) -> Sequence[Mapping[str, Any]]: ...
+    def decisions(self, since_s: float | None, limit: int) -> Sequence[Mapping[str, Any]]:
+        """Newest first. May return the very same object again while the answer is
+        unchanged (it is then served from its cached JSON), so never mutate one after
+        returning it."""
+        ...
 
     def list_overrides(self) -> Sequence[Mapping[str, Any]]: ...
 
@@ -383,7 +387,13 @@ def _jsonable(value: Any, path: str = "$") -> Any:
 
 
 def json_response(data: Any, status: int = 200) -> web.Response:
-    body = json.dumps(_jsonable(data), sort_keys=True, allow_nan=False)
+    try:
+        # The C encoder on plain data first (issue 9 §5: the Python walk below cost
+        # milliseconds per status document); NaN/inf, non-dict mappings or foreign
+        # types make it raise, and the walk then converts (or names the bad path).
+        body = json.dumps(data, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        body = json.dumps(_jsonable(data), sort_keys=True, allow_nan=False)
     return web.Response(text=body, status=status, content_type="application/json")
 
 
@@ -420,6 +430,11 @@ def _service_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 _SERVICE_KEY: Final[web.AppKey[ControlService]] = web.AppKey("specgov_control_service")
 _MAX_BODY_KEY: Final[web.AppKey[int]] = web.AppKey("specgov_control_max_body_bytes", int)
+# (since_s, limit) -> (the service's answer object, its JSON): see _get_decisions.
+_DecisionsCache = dict[tuple[float | None, int], tuple[object, str]]
+_DECISIONS_BODY_KEY: Final[web.AppKey[_DecisionsCache]] = web.AppKey(
+    "specgov_control_decisions_bodies"
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -505,12 +520,26 @@ async def _get_decisions(request: web.Request) -> web.Response:
     limit = _query_int(params, "limit", 1, MAX_DECISIONS_LIMIT)
     if limit is None:
         limit = DEFAULT_DECISIONS_LIMIT
-    rows = _sequence(
-        _service_call(_service(request).decisions, since_s=since_s, limit=limit), "decisions"
+    answer = _service_call(_service(request).decisions, since_s=since_s, limit=limit)
+    # A service that hands back the same list until it changes (the daemon does, until
+    # its next audit row) has it serialised once, not once per request.
+    cache = request.app[_DECISIONS_BODY_KEY]
+    cached = cache.get((since_s, limit))
+    if cached is not None and cached[0] is answer:
+        rows_json = cached[1]
+    else:
+        rows = _sequence(answer, "decisions")
+        rows_json = json_response(rows).text or "[]"
+        if len(cache) >= 64:
+            cache.clear()
+        cache[(since_s, limit)] = (answer, rows_json)
+        answer = rows
+    count = len(answer)
+    since_json = json.dumps(since_s)
+    body = (
+        f'{{"count": {count}, "decisions": {rows_json}, "limit": {limit}, "since_s": {since_json}}}'
     )
-    return json_response(
-        {"decisions": rows, "count": len(rows), "since_s": since_s, "limit": limit}
-    )
+    return web.Response(text=body, content_type="application/json")
 
 
 async def _get_overrides(request: web.Request) -> web.Response:
@@ -612,6 +641,7 @@ def make_app(
     app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
     app[_SERVICE_KEY] = service
     app[_MAX_BODY_KEY] = max_body_bytes
+    app[_DECISIONS_BODY_KEY] = {}
     r = app.router
     r.add_get(f"{API_PREFIX}/health", _get_health)
     r.add_get(f"{API_PREFIX}/health/ready", _get_health)

@@ -160,6 +160,7 @@ class Daemon:
         self._observation_doc: tuple[Observation, dict[str, Any]] | None = None
         # /v1/decisions answers, valid until the next audit row.
         self._decisions_cache: dict[tuple[float | None, int], list[dict[str, Any]]] = {}
+        self._policy_name: tuple[object, str] | None = None
         self._builder = ObservationBuilder()
         self._observation: Observation | None = None
         self._stats_cursor: dict[str, int] | None = None
@@ -231,6 +232,15 @@ class Daemon:
     def policy(self) -> GuardedPolicy[Any]:
         """The policy running now (the configured one, or an operator's pin)."""
         return self.core.policy(self.core_state.policy_spec)
+
+    @property
+    def policy_name(self) -> str:
+        """The running policy's name, computed once per policy object (the goodput
+        policy's name renders its parameters: too slow for every status request)."""
+        policy = self.policy
+        if self._policy_name is None or self._policy_name[0] is not policy:
+            self._policy_name = (policy, policy.name)
+        return self._policy_name[1]
 
     @property
     def policy_spec(self) -> str:
@@ -392,7 +402,7 @@ class Daemon:
             )
         return {
             "time_s": now,
-            "policy": self.policy.name,
+            "policy": self.policy_name,
             "reason": "store_gap",
             "message": message,
             "inputs_summary": {
@@ -731,7 +741,7 @@ class Daemon:
         table = self.core_state.table
         journal = self._journal
         return {
-            "policy": self.policy.name,
+            "policy": self.policy_name,
             "configured_policy": self.core_state.configured_spec,
             "pinned": self.core_state.policy_spec != self.core_state.configured_spec,
             "mode": self.config.loop.mode,
@@ -936,7 +946,7 @@ class Daemon:
         return {"policy": policy.name}
 
     def policies(self) -> dict[str, Any]:
-        return {"current": self.policy.name, "kinds": list(KNOWN_KINDS)}
+        return {"current": self.policy_name, "kinds": list(KNOWN_KINDS)}
 
     def _health_inputs(self) -> HealthInputs:
         s = self.status_info

@@ -840,3 +840,70 @@ def test_json_depth_is_linear_on_adversarial_strings() -> None:
     # from every quote (quadratic: seconds for 16 KB).
     assert json_depth('"' + '\\"' * 8000) == 0
     assert json_depth('[{"a": "]]]", "b": [1, [2]]}]') == 4
+
+
+class _SameRows(FakeService):
+    """Hands back the same list object for two calls, then a new one (as the daemon does
+    until its next audit row)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[dict[str, Any]] = [{"id": 1, "time_s": 1.0, "gain": math.inf}]
+
+    def decisions(self, since_s: float | None, limit: int) -> list[dict[str, Any]]:
+        self._call("decisions", since_s=since_s, limit=limit)
+        if self.names().count("decisions") == 3:
+            self.rows = [{"id": 2, "time_s": 2.0}, {"id": 1, "time_s": 1.0}]
+        return self.rows
+
+
+def test_decisions_answer_is_serialised_once_per_answer_object() -> None:
+    first, second, third = run_requests(
+        app_for(_SameRows()),
+        ("GET", "/v1/decisions", {}),
+        ("GET", "/v1/decisions", {}),
+        ("GET", "/v1/decisions", {}),
+    )
+    assert first.body == {
+        "count": 1,
+        "decisions": [{"id": 1, "time_s": 1.0, "gain": None}],  # inf is unknown: null
+        "limit": 100,
+        "since_s": None,
+    }
+    assert second.text == first.text  # served from the cached JSON
+    assert [r["id"] for r in third.body["decisions"]] == [2, 1] and third.body["count"] == 2
+
+
+def test_load_benchmark_runs_tiny() -> None:
+    """benchmarks/bench_control_api_load.py end to end at a tiny scale: it measures and
+    prints both phases (no timing asserted: this machine's load is not the product's)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parents[1] / "benchmarks" / "bench_control_api_load.py"
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--rate",
+            "20",
+            "--duration-s",
+            "2",
+            "--decide-interval-s",
+            "0.5",
+            "--warmup-s",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    idle = next(line for line in lines if line.startswith("idle "))
+    load = next(line for line in lines if line.startswith("load "))
+    assert int(idle.split()[1]) == 0 and int(load.split()[1]) == 40  # requests sent
+    assert int(load.split()[2]) == 0  # no errors
+    assert any(line.startswith("targets: ") for line in lines)
