@@ -14,6 +14,7 @@ import email.utils
 import http.server
 import json
 import os
+import sys
 import threading
 import time
 import urllib.error
@@ -101,7 +102,15 @@ class Proxy:
             def log_message(self, *_args: object) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        class Server(http.server.ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: object, client_address: object) -> None:
+                # A client that gave up (the timeout test) closes mid-answer: expected.
+                if not isinstance(sys.exc_info()[1], ConnectionError):
+                    super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+        self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self._thread.start()
@@ -366,3 +375,40 @@ def test_bad_usage_exits_2(tmp_path: Path) -> None:
     bad.write_text("loop:\n  mode: sideways\n")
     result = runner.invoke(main, ["doctor", "--config", str(bad)])
     assert result.exit_code == 2 and "loop.mode" in result.output
+
+
+def test_config_file_supplies_server_and_spool(
+    good: tuple[SimServer, Path], tmp_path: Path
+) -> None:
+    """Without --server / --spool-dir the doctor reads server.url and spool.dir from
+    --config, the file the daemon will run with."""
+    sim, spool = good
+    config = tmp_path / "config.yaml"
+    config.write_text(f"server:\n  url: {sim.url}\nspool:\n  dir: {spool}\n")
+    code, checks, table = doctor("--config", str(config))
+    assert code == 0, table
+    assert sim.url in checks["reachable"]["detail"]
+    assert str(spool) in checks["spool"]["detail"]
+
+
+def test_timeout_applies_to_each_request(
+    good: tuple[SimServer, Path], proxy: Callable[[Rewrite], Proxy]
+) -> None:
+    answered = threading.Event()
+
+    def slow_server_info(
+        path: str, status: int, headers: dict[str, str], body: bytes
+    ) -> tuple[int, dict[str, str], bytes]:
+        if path.startswith("/server_info"):
+            answered.wait(5.0)  # released as soon as the doctor has given up
+        return status, headers, body
+
+    _, spool = good
+    p = proxy(slow_server_info)
+    try:
+        code, checks, _ = doctor("--server", p.url, "--spool-dir", str(spool), "--timeout-s", "0.5")
+    finally:
+        answered.set()
+    assert code == 1
+    assert checks["server_info"]["status"] == "fail"
+    assert "no answer within 0.5 s" in checks["server_info"]["detail"]
