@@ -196,3 +196,12 @@ def test_sim_server_launch_honours_the_environment(monkeypatch: pytest.MonkeyPat
         ServerSpec(), spool_dir=None, adaptive_config=None, seed=0, speed=1.0, stats_interval_s=1.0
     )
     assert not launch.server.skip_zero_step_draft_extend
+
+
+def test_launch_code_recommends_the_skip_when_sglangs_high_slots_stay_at_zero() -> None:
+    from specgov.adapters.launch_config import default_slots, recommend_skip_zero_step
+
+    busy = _run(ServerSpec(), "sglang-ema", _closed(128, out=300))
+    assert recommend_skip_zero_step(busy.steps_hist, default_slots()) is not None
+    quiet = _run(ServerSpec(), "sglang-ema", [Request(30.0 * i, 512, 300) for i in range(4)])
+    assert recommend_skip_zero_step(quiet.steps_hist, default_slots()) is None
