@@ -66,7 +66,7 @@ def escape_upstream(text: object, limit: int = DETAIL_MAX_CHARS) -> str:
     cut = total > limit
     if len(out) > limit:  # escapes made it longer: cut, and never inside an escape
         out = out[:limit]
-        slash = out.rfind("\\", limit - 10)
+        slash = out.rfind("\\", max(0, limit - 10))
         out = out[:slash] if slash >= 0 else out
         cut = True
     return f"{out}... [cut: {total} characters in all]" if cut else out
