@@ -37,6 +37,8 @@ K8S_VERSION = "1.30.0"  # the oldest Kubernetes these manifests promise to work 
 
 DAEMON_UID = 10001
 CONTROL_HEALTH = "http://127.0.0.1:9465/v1/health"
+LIVE = f"{CONTROL_HEALTH}/live"
+READY = f"{CONTROL_HEALTH}/ready"
 
 
 def _tool(name: str) -> str:
@@ -116,7 +118,7 @@ def test_daemon_image_is_slim_non_root_with_a_healthcheck() -> None:
     users = [v for k, v in steps if k == "USER"]
     assert users and users[-1] == f"{DAEMON_UID}:{DAEMON_UID}", "the last USER is the daemon's"
     health = [v for k, v in steps if k == "HEALTHCHECK"]
-    assert len(health) == 1 and CONTROL_HEALTH in health[0]
+    assert len(health) == 1 and LIVE in health[0]
     run = " ".join(v for k, v in steps if k == "RUN")
     # The spool: inside the runtime directory, group-shared, never world-writable.
     assert "-m 2750 /run/specgov/spool " in run, "only the daemon writes tables"
@@ -339,13 +341,20 @@ def test_adaptive_config_is_one_sglang_accepts() -> None:
     assert parsed is not None and steps >= 0
 
 
+def test_probe_paths_are_the_control_apis() -> None:
+    from specgov.controller.control_api import HEALTH_PATHS
+
+    for url in (LIVE, READY):
+        assert url.removeprefix("http://127.0.0.1:9465") in HEALTH_PATHS, url
+
+
 def test_probes_and_resources() -> None:
     pod = _kind("Deployment")["spec"]["template"]["spec"]
     containers = _containers(pod)
     daemon, sglang = containers["specgov"], containers["sglang"]
-    for probe in ("livenessProbe", "readinessProbe"):
+    for probe, url in (("livenessProbe", LIVE), ("readinessProbe", READY)):
         script = daemon[probe]["exec"]["command"][2]
-        assert CONTROL_HEALTH in script
+        assert url in script
         compile(script, probe, "exec")  # valid Python
     assert sglang["startupProbe"]["httpGet"]["path"] == "/health"
     for c in containers.values():
@@ -353,14 +362,15 @@ def test_probes_and_resources() -> None:
     assert sglang["resources"]["limits"]["nvidia.com/gpu"] == 1
 
 
-def test_liveness_probe_passes_on_503_and_fails_on_no_answer() -> None:
-    """Liveness: the API answers (a 503 'not acting' is alive); readiness needs 200."""
+def test_probes_follow_live_and_ready() -> None:
+    """A daemon that ticks but cannot act (ready 503, live 200) stays alive and is taken
+    out of service; nothing answering fails both."""
     import http.server
     import threading
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            self.send_response(503)
+            self.send_response(200 if self.path.endswith("/live") else 503)
             self.end_headers()
 
         def log_message(self, *_args: object) -> None:
