@@ -101,7 +101,7 @@ class Override:
             what = f"{where} -> 0 (speculation disabled)"
         else:
             what = f"{where} -> {self.steps}"
-        return f"{what} ({self.reason!r}, until {self.expires_at_s:g} s)"
+        return f"{what} ({self.reason!r}, until {self.expires_at_s:.1f} s)"
 
     def to_dict(self) -> dict[str, Any]:
         return to_versioned(self, OVERRIDE_VERSION)

@@ -433,7 +433,7 @@ def rollback(
         if refused:
             p = p.hold([b for b, _, _ in refused], ctx.current, ReasonCode.HELD_NO_CHANGE)
             text = "; ".join(
-                f"slot {b} {current[b]}->{k} blocked until {blk.until_s:g} s after a rollback"
+                f"slot {b} {current[b]}->{k} blocked until {blk.until_s:.1f} s after a rollback"
                 for b, k, blk in refused
             )
             p = p.note(text, ROLLBACK_COOLDOWN)
