@@ -114,10 +114,11 @@ def main() -> int:
         # The jobs' own wall times, summed: against wall x workers it says whether the
         # workers had their cores (efficiency near 1) or shared them with other load.
         job_s = sum(r["timing"]["wall_s"] for r in rows)
+        cpu_s = sum(r["timing"]["cpu_s"] for r in rows)
         print(
             f"workers {workers}: wall {walls[workers]:.1f} s, {evals} evaluations, {ok} rows ok; "
-            f"job-seconds {job_s:.1f}, efficiency {job_s / (walls[workers] * workers):.2f}, "
-            f"loadavg at start {load:.2f}"
+            f"job-seconds {job_s:.1f} (CPU {cpu_s:.1f}), efficiency "
+            f"{job_s / (walls[workers] * workers):.2f}, loadavg at start {load:.2f}"
         )
     first = results[counts[0]]
     identical = all(_strip(results[w]) == _strip(first) for w in counts)

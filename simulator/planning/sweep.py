@@ -82,7 +82,8 @@ each document (``vram.vram_document``)::
            "launch_args": [str] | None,          # SGLang flags (adapters.launch_config)
            "launch_shell": str | None, "adaptive_config": dict | None,
            "launch_error": str | None, "daemon_policy": str | None,
-           "timing": {"wall_s": float, "evals": int}}   # the only non-deterministic part
+           "timing": {"wall_s": float, "cpu_s": float, "evals": int}}
+                                       # timing: the only non-deterministic part
 
     POINT = {"multiplier": float, "rps": float, "passed": bool,
              "tpot_ms": float | None, "ttft_ms": float | None,    # at the percentiles
@@ -363,7 +364,7 @@ def _empty_row(job: JobSpec, shape: dict[str, Any]) -> dict[str, Any]:
         "adaptive_config": None,
         "launch_error": None,
         "daemon_policy": None,
-        "timing": {"wall_s": 0.0, "evals": 0},
+        "timing": {"wall_s": 0.0, "cpu_s": 0.0, "evals": 0},
     }
 
 
@@ -381,6 +382,7 @@ def run_job(job: JobSpec, trace: Trace) -> dict[str, Any]:
     and ``reason`` say why.
     """
     started = time.perf_counter()
+    cpu_started = time.process_time()
     s = job.settings
     policy = parse_policy(job.policy)
     shape = _row_shape(job, policy)
@@ -453,11 +455,20 @@ def run_job(job: JobSpec, trace: Trace) -> dict[str, Any]:
         # e.g. SGLang's adaptive speculation with an NGRAM drafter or a tree shape
         row["status"] = "cannot-run"
         row["reason"] = str(exc)
-        row["timing"] = {"wall_s": time.perf_counter() - started, "evals": 0}
+        row["timing"] = {
+            "wall_s": time.perf_counter() - started,
+            "cpu_s": time.process_time() - cpu_started,
+            "evals": 0,
+        }
         return row
     row["curve"] = [metrics for _m, _ok, metrics in found.points]
     row["capped"] = found.capped
-    row["timing"] = {"wall_s": time.perf_counter() - started, "evals": found.evals}
+    # CPU seconds beside wall seconds: on a shared machine they tell contention apart.
+    row["timing"] = {
+        "wall_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu_started,
+        "evals": found.evals,
+    }
     if found.best is None:
         row["status"] = "slo-unmet"
         row["max_multiplier"] = 0.0
