@@ -476,6 +476,7 @@ class StateStore:
         self._identity: tuple[int, int] | None = None
         self._sidecar_ids: dict[str, tuple[int, int]] = {}
         self._created_on_open: bool | None = None
+        self._opened_once = False
         self._read_only = False
         if synchronous not in ("FULL", "NORMAL"):
             raise StoreError(
@@ -584,12 +585,21 @@ class StateStore:
             if kind is None:
                 raise
             self._unavailable(kind, op, exc)
+        except StoreSchemaError as exc:
+            if conn is not None:
+                conn.close()
+            if not self._opened_once:
+                raise  # at start: refuse the file
+            # Once running, a file swapped for a foreign or newer one is an outage of
+            # the store (the daemon keeps its writes), not a reason to stop controlling.
+            self._unavailable(StoreUnavailable, op, exc)
         except BaseException:
             if conn is not None:
                 conn.close()
             raise
         assert conn is not None
         self._conn = conn
+        self._opened_once = True
         self._read_only = False
         self._identity = self._stat_identity()
         self._sidecar_ids = {

@@ -467,3 +467,23 @@ def _no_leftover_modes(tmp_path: Path) -> Iterator[None]:
 
 def test_unavailable_is_the_base_of_replaced() -> None:
     assert issubclass(StoreReplaced, StoreUnavailable)
+
+
+def test_a_foreign_file_swapped_in_while_running_is_an_outage_not_a_crash(
+    tmp_path: Path,
+) -> None:
+    config = _config(tmp_path)
+    db = config.state.db_path
+    daemon = _daemon(config, StateStore(db, open_now=False))
+    daemon.decide_once()
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as raw:
+        raw.execute("CREATE TABLE something_else (x)")
+    os.replace(foreign, db)
+    for _ in range(3):
+        daemon.decide_once()  # never raises: the writes wait in the journal
+    status = daemon.status()
+    assert "not a specgov state database" in (status["store_error"] or "")
+    assert status["store_journal"]["entries"] >= 2
+    assert daemon.health()["store"] is False
+    _close(daemon)
