@@ -396,3 +396,16 @@ def test_profile_entries_and_default_domain_are_validated() -> None:
     assert model.token_correlation("chat") == 0.3
     single = AcceptanceModel("q", seed=0, profiles={"q": {"default": (0.5,)}})
     assert single.resolve_domain(None) == "default"
+
+
+def test_token_sampler_positions_survive_long_step_zero_stretches() -> None:
+    # 1000 steps-0 verifies (four latent chunks) between two drafted ones: the request's
+    # acceptance at a position does not depend on how it got there.
+    model = AcceptanceModel(EAGLE, seed=6)
+    a, b = model.sampler(2, "chat"), model.sampler(2, "chat")
+    for _ in range(1000):
+        a.draw(0)
+    first = a.draw(7)
+    while b.position < 1000:
+        b.draw(1 if b.position < 998 else 0)
+    assert b.position == 1000 and b.draw(7) == first

@@ -168,7 +168,8 @@ def test_upshifts_after_skipped_step_zero_accept_less_in_the_engine() -> None:
     base, skip = run(ServerSpec()), run(SKIP)
     # Each upshift: one verify accepts nothing, then 16 recover from -14.6 %.
     assert skip.accepted_drafts < 0.95 * base.accepted_drafts
-    assert skip.decode_time_s < base.decode_time_s
+    # Fewer accepted drafts: the same tokens take more decode batches.
+    assert skip.decode_batches > base.decode_batches
 
 
 # ------------------------------------------------------------ the sim-server's env
