@@ -1,0 +1,585 @@
+"""Fault injection against the daemon and the plugin (issue 9 §7), in virtual time.
+
+The daemon runs over a recorded closed-loop replay: each tick's ``/metrics`` text and the
+plugin's statistics windows come from a simulated server driven by specgov's goodput
+policy, served to the daemon's own SGLang client over ``httpx.MockTransport`` (a real
+aiohttp server on loopback for the slow-response case) with the daemon's wall clock,
+monotonic clock and the client's sleep all injected. A fault is a change of what the
+fake server answers: connection refused, 5xx, a connection dropped mid-body, a slow
+answer, a restart between two requests of one scrape, a 10-minute outage, a garbled
+body, a clock step. Each test asserts what the daemon records (audit rows), publishes
+(the spool file as the plugin's reader sees it), reports (status, health) and counts
+(its Prometheus metrics) — never only that nothing crashed.
+
+The plugin's side (torn, stale and future-version tables, clock steps) drives
+``SpecgovAdaptiveParams`` through its ``clock`` seam, with EmaPolicy as SGLang's
+controller (the contract tests show they answer alike).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from prometheus_client import CollectorRegistry
+
+from specgov.adapters.sglang_http import SGLangClient
+from specgov.adapters.spool import SpoolTableReader, write_tier_stats
+from specgov.controller.config import load_config
+from specgov.controller.daemon import Daemon
+from specgov.controller.state_store import StateStore
+from specgov.policies.control_core import AuditRecord, ControlInputs, CoreState
+from specgov.policies.guardrails import GuardrailConfig
+from specgov.policies.types import Observation, ReasonCode, StepTable, TierStatsSnapshot
+from specgov.simulator.cost import CostModel
+from specgov.simulator.metrics import Slo
+from specgov.simulator.priors import step_cost_prior
+from specgov.simulator.replay import (
+    ServerSpec,
+    parse_policy,
+    prepare_run,
+    resolve,
+    specgov_adaptive_config,
+    specgov_server_info,
+)
+from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+
+GUARD = GuardrailConfig()  # the daemon runs with the defaults
+HOLDS = {ReasonCode.HELD_STALE_TELEMETRY.value, ReasonCode.HELD_UNKNOWN_TELEMETRY.value}
+RETRIES = 1  # each scrape request is tried twice
+
+
+# ----------------------------------------------------------------- the recording
+
+
+@dataclass
+class Recording:
+    """What a simulated server served at each decision tick of a closed-loop replay."""
+
+    times: list[float] = field(default_factory=list)
+    texts: list[bytes] = field(default_factory=list)
+    stats: list[tuple[TierStatsSnapshot, ...]] = field(default_factory=list)
+    kv_capacity: int = 0
+    spec_steps: int = 3
+
+
+def _record_replay() -> Recording:
+    server = ServerSpec(gpu="h100", model="llama-3.1-8b", drafter="eagle3")
+    run = prepare_run(server, parse_policy("goodput"), seed=3, slo=Slo())
+    loop, metrics = run.loop, run.metrics
+    assert loop is not None and metrics is not None
+    rec = Recording(kv_capacity=run.memory.kv_token_capacity, spec_steps=server.spec_steps)
+    render = metrics.render_families
+    rendered: list[bytes] = []
+
+    def recording_render(families: Any) -> bytes:
+        text = render(families)
+        rendered.append(text)
+        return text
+
+    metrics.render_families = recording_render  # type: ignore[method-assign]
+    observe = loop.observe
+
+    def recording_observe(now_s: float) -> Observation | None:
+        obs = observe(now_s)
+        rec.times.append(now_s)
+        rec.texts.append(rendered[-1])
+        return obs
+
+    decide = loop.core.decide
+
+    def recording_decide(state: CoreState, inputs: ControlInputs, timer: Any = None) -> Any:
+        rec.stats.append(inputs.tier_stats)
+        return decide(state, inputs, timer)
+
+    loop.core.decide = recording_decide  # type: ignore[method-assign]
+    loop.observe = recording_observe
+    trace = generate_trace(parse_synthetic_spec("synthetic:duration=240,rate=6,seed=5"))
+    run.run(trace.requests)
+    assert len(rec.times) == len(rec.stats) >= 40, "the trace must outlast the tests"
+    return rec
+
+
+@pytest.fixture(scope="module")
+def rec() -> Recording:
+    return _record_replay()
+
+
+# ------------------------------------------------------------------- the harness
+
+
+class Clock:
+    """The daemon's wall clock and monotonic clock, the client's and the plugin's."""
+
+    def __init__(self, now_s: float = 0.0) -> None:
+        self.now_s = now_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class NoSleep:
+    """The client's backoff sleep: recorded, never waited."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.delays.append(seconds)
+
+
+# A fault: None (answer), "refused" (nothing listening), "reset" (the connection drops
+# before the body is complete), or an HTTP status code.
+Fault = str | int | None
+
+
+class FakeServer:
+    """SGLang's routes over one recording: ``/metrics`` serves ``text``; ``fault``
+    (and ``faults_by_path``) turns answers into failures. Every request is logged."""
+
+    def __init__(self, server_info: dict[str, Any]) -> None:
+        self.server_info = server_info
+        self.text: bytes = b""
+        self.fault: Fault = None
+        self.faults_by_path: dict[str, Fault] = {}
+        self.requests: list[str] = []
+
+    def answer(self, path: str) -> tuple[int, bytes]:
+        """(status, body), or raises the transport error of the fault."""
+        self.requests.append(path)
+        fault = self.faults_by_path.get(path, self.fault)
+        if fault == "refused":
+            raise httpx.ConnectError("[Errno 111] Connection refused")
+        if fault == "reset":
+            raise httpx.RemoteProtocolError(
+                "peer closed connection without sending complete message body"
+            )
+        if isinstance(fault, int):
+            return fault, b"upstream trouble"
+        if path == "/metrics":
+            return 200, self.text
+        if path == "/server_info":
+            return 200, json.dumps(self.server_info).encode()
+        return 404, b'{"detail": "Not Found"}'  # no /v1/loads: gauges suffice
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        code, body = self.answer(request.url.path)
+        return httpx.Response(code, content=body, headers={"Content-Type": "text/plain"})
+
+    def count(self, path: str) -> int:
+        return self.requests.count(path)
+
+
+class Harness:
+    """A daemon (real store, spool and client) over a :class:`FakeServer`."""
+
+    def __init__(
+        self,
+        rec: Recording,
+        tmp: Path,
+        *,
+        base_url: str = "http://sglang.test",
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout_s: float = 5.0,
+        **config: Any,
+    ) -> None:
+        self.rec = rec
+        self.spool = tmp / "spool"
+        self.spool.mkdir(mode=0o700)
+        adaptive = tmp / "adaptive.json"
+        adaptive.write_text(json.dumps(specgov_adaptive_config()))
+        info = specgov_server_info(
+            algorithm="EAGLE3", spec_steps=rec.spec_steps, kv_capacity=rec.kv_capacity
+        )
+        info["speculative_adaptive_config"] = str(adaptive)
+        self.server = FakeServer(info)
+        self.clock = Clock(rec.times[0])
+        self.sleep = NoSleep()
+        self.client = SGLangClient(
+            base_url,
+            rng=random.Random(0),
+            transport=transport or httpx.MockTransport(self.server.handler),
+            retries=RETRIES,
+            timeout_s=timeout_s,
+            clock=self.clock,
+            sleep=self.sleep,
+        )
+        slo = Slo()
+        self.config = load_config(
+            None,
+            env={},
+            overrides={
+                "server.url": base_url,
+                "spool.dir": str(self.spool),
+                "state.db_path": str(tmp / "state.db"),
+                "loop.mode": "plugin",
+                "policy.spec": "goodput",
+                "budget.slo_tpot_ms": slo.tpot_ms,
+                "budget.slo_ttft_p99_ms": slo.ttft_ms,
+                **config,
+            },
+        )
+        catalog = resolve(ServerSpec())
+        prior = step_cost_prior(CostModel.from_catalog(catalog.gpu, catalog.model, catalog.drafter))
+        self.store = StateStore(self.config.state.db_path)
+        self.registry = CollectorRegistry()
+        self.daemon = Daemon(
+            self.config,
+            store=self.store,
+            registry=self.registry,
+            client=self.client,
+            clock=self.clock,
+            monotonic=self.clock,
+            prior=prior,
+        )
+        self.records: list[AuditRecord] = []
+        self._seq = 0
+
+    async def tick(
+        self, i: int, *, offset_s: float = 0.0, stats: bool = True, jump_to_s: float | None = None
+    ) -> AuditRecord:
+        """One decision interval: tick ``i`` of the recording, ``offset_s`` later (or
+        at ``jump_to_s``): the plugin's windows written, one scrape, one decision."""
+        shift = offset_s if jump_to_s is None else jump_to_s - self.rec.times[i]
+        self.clock.now_s = self.rec.times[i] + shift
+        self.server.text = self.rec.texts[i]
+        if stats:
+            for snap in self.rec.stats[i]:
+                moved = replace(
+                    snap,
+                    window_start_s=snap.window_start_s + shift,
+                    window_end_s=snap.window_end_s + shift,
+                )
+                self._seq += 1
+                write_tier_stats(self.spool, moved, writer_id="rank0", seq=self._seq)
+        await self.daemon.scrape_once()
+        self.daemon._last_tick_s = self.clock()  # what the decide loop's step does first
+        record = self.daemon.decide_once()
+        self.records.append(record)
+        return record
+
+    async def until_published(self, max_ticks: int = 20) -> int:
+        """Ticks from 0 until the first table is published; the next tick's index."""
+        for i in range(max_ticks):
+            if (await self.tick(i)).published:
+                return i + 1
+        raise AssertionError(f"no table in {max_ticks} ticks: {self.daemon.status()}")
+
+    async def close(self) -> None:
+        await self.daemon.close()
+        self.store.close()
+
+    # What the operator and the engine see.
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+    def scrape_errors(self) -> dict[str, float]:
+        return {
+            kind: self.metric("specgov_scrape_errors_total", kind=kind)
+            for kind in ("temporary", "permanent", "format")
+        }
+
+    def candidates(self) -> list[int]:
+        doc = json.loads((self.spool / "step_table.json").read_text())
+        return list(doc["candidate_steps"])
+
+    def plugin_view(self, clock: Callable[[], float] | None = None) -> SpoolTableReader:
+        """A fresh plugin reader of the spool (judging expiry at ``clock``), polled once."""
+        reader = SpoolTableReader(self.spool, self.candidates(), clock or self.clock)
+        reader()
+        return reader
+
+    def stored_rows(self) -> list[Any]:
+        return self.store.decisions(limit=10_000)
+
+
+def _run(h: Harness, body: Callable[[], Any]) -> None:
+    async def go() -> None:
+        try:
+            await body()
+        finally:
+            await h.close()
+
+    asyncio.run(go())
+
+
+def _slots(table: StepTable | None) -> Any:
+    return None if table is None else table.slots
+
+
+# ------------------------------------------------- 1. refused, 5xx, dropped body
+
+FAULT_TEXT = {
+    "refused": "connection failed",
+    "reset": "peer closed connection",
+    500: "500",
+    502: "502",
+    503: "503",
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULT_TEXT), ids=str)
+def test_a_temporary_fault_holds_the_table_keeps_health_and_recovers(
+    rec: Recording, tmp_path: Path, fault: Fault, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness(rec, tmp_path)
+    caplog.set_level(logging.INFO, logger="specgov.daemon")
+    fault_ticks = 5  # 25 s: past max_staleness_s (10 s), within the health bound (60 s)
+
+    async def body() -> None:
+        i = await h.until_published()
+        in_force = h.daemon.core_state.table
+        assert in_force is not None
+        metrics_before = h.server.count("/metrics")
+        h.server.fault = fault
+        during = [await h.tick(i + k) for k in range(fault_ticks)]
+        status = h.daemon.status()
+
+        # Recorded as temporary, retried, never taken for a permanent error.
+        assert FAULT_TEXT[fault] in (status["last_scrape_error"] or ""), status
+        assert status["permanent_error"] is None
+        assert status["scrape_errors"] == fault_ticks
+        assert h.scrape_errors() == {"temporary": fault_ticks, "permanent": 0, "format": 0}
+        assert h.server.count("/metrics") - metrics_before == fault_ticks * (RETRIES + 1)
+        # Every decision is in the audit log; once the telemetry is stale each one holds
+        # the table in force, and no decision changes the steps.
+        assert len(h.stored_rows()) == len(h.records)
+        stale = [r for r in during if r.inputs_summary["staleness_s"] > GUARD.max_staleness_s]
+        assert len(stale) >= 2
+        assert all(r.reason == ReasonCode.HELD_STALE_TELEMETRY.value for r in stale), stale
+        assert all(_slots(r.table_in_force) == in_force.slots for r in during)
+        # The engine keeps following the held table (re-issued before its TTL).
+        view = h.plugin_view()
+        assert view.last_reason is None and _slots(view()) == in_force.slots
+        # 25 s without telemetry is within the bound: still ready, alive.
+        assert h.daemon.health()["ok"] is True and h.daemon.liveness()["ok"] is True
+        # One warning for the burst, not one per failed scrape.
+        warned = [r for r in caplog.records if "telemetry unavailable" in r.getMessage()]
+        assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+
+        h.server.fault = None
+        after = [await h.tick(i + fault_ticks + k) for k in range(3)]
+        status = h.daemon.status()
+        assert status["last_scrape_error"] is None and status["last_scrape_age_s"] == 0.0
+        assert any("telemetry available again" in r.getMessage() for r in caplog.records)
+        assert h.scrape_errors()["temporary"] == fault_ticks  # nothing more counted
+        assert after[-1].reason not in HOLDS, after[-1]
+        assert after[-1].inputs_summary["staleness_s"] <= GUARD.max_staleness_s
+
+    _run(h, body)
+
+
+# ------------------------------------------------------------ 2. a 10-minute outage
+
+
+def test_a_ten_minute_outage_freezes_then_lets_the_table_expire_and_control_resumes(
+    rec: Recording, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    h = Harness(rec, tmp_path)
+    caplog.set_level(logging.INFO, logger="specgov.daemon")
+    outage_s, step_s = 600.0, 5.0
+    bound_s = h.daemon.telemetry_max_age_s
+
+    async def body() -> None:
+        i = await h.until_published()
+        for _ in range(3):
+            await h.tick(i)
+            i += 1
+        in_force = h.daemon.core_state.table
+        assert in_force is not None
+        last_fresh_s = h.clock()
+        # The server is down: nothing listens, and its plugin writes no statistics.
+        h.server.fault = "refused"
+        during: list[AuditRecord] = []
+        ready: list[tuple[float, bool, list[str]]] = []
+        followed: list[tuple[float, bool]] = []
+        for n in range(1, int(outage_s / step_s) + 1):
+            during.append(await h.tick(i, jump_to_s=last_fresh_s + n * step_s, stats=False))
+            health = h.daemon.health()
+            ready.append((n * step_s, bool(health["ok"]), list(health["reasons"])))
+            assert h.daemon.liveness()["ok"] is True  # the loop ticks: never restart it
+            followed.append((n * step_s, h.plugin_view().last_reason is None))
+        status = h.daemon.status()
+
+        # Every decision recorded, each one holding the steps in force.
+        assert len(h.stored_rows()) == len(h.records)
+        assert all(r.reason in HOLDS for r in during), {r.reason for r in during}
+        assert all(_slots(r.table_in_force) == in_force.slots for r in during)
+        # The held table is re-issued before its TTL for frozen_keepalive_s after the
+        # last fresh telemetry, then left to expire: the engine falls back to SGLang's
+        # own controller instead of following a table nobody is watching.
+        reissued = [r.time_s - last_fresh_s for r in during if r.published]
+        assert reissued and max(reissued) <= GUARD.frozen_keepalive_s
+        assert len(reissued) >= GUARD.frozen_keepalive_s / (GUARD.table_ttl_s / 2) - 1
+        keep_until_s = GUARD.frozen_keepalive_s + GUARD.table_ttl_s
+        assert all(ok for t, ok in followed if t < GUARD.frozen_keepalive_s)
+        assert not any(ok for t, ok in followed if t >= keep_until_s)
+        assert h.plugin_view().last_reason == "expired"
+        # Ready while the telemetry is within its bound, then 503 saying why.
+        assert all(ok for t, ok, _ in ready if t <= bound_s)
+        late = [reasons for t, ok, reasons in ready if t > bound_s]
+        assert late and all(reasons for reasons in late)
+        assert not any(ok for t, ok, _ in ready if t > bound_s)
+        assert late[-1] == [
+            f"no telemetry for {outage_s:.0f} s (bound {bound_s:g} s): "
+            f"{status['last_scrape_error']}"
+        ]
+        # Counted, and logged once a minute with the count of what was held back.
+        n_scrapes = len(during)
+        assert h.scrape_errors() == {"temporary": n_scrapes, "permanent": 0, "format": 0}
+        assert status["permanent_error"] is None and status["last_scrape_age_s"] == outage_s
+        lines = [m for r in caplog.records if "telemetry unavailable" in (m := r.getMessage())]
+        # 10 minutes at one line a minute (the first line, then one per 60 s).
+        assert outage_s / 60 - 1 <= len(lines) <= outage_s / 60 + 1
+        assert "similar message(s) suppressed" in lines[-1]
+        suppressed = h.metric("specgov_log_lines_suppressed_total", kind="scrape-temporary")
+        assert suppressed == n_scrapes - len(lines)
+
+        # The server is back: fresh telemetry, ready again, a table the engine follows.
+        h.server.fault = None
+        after: list[AuditRecord] = []
+        for k in range(8):
+            after.append(await h.tick(i + k, offset_s=outage_s))
+            if after[-1].published and after[-1].reason not in HOLDS:
+                break
+        assert after[-1].published and after[-1].reason not in HOLDS, [r.message for r in after]
+        assert after[-1].table_after is not None
+        assert after[-1].table_after.produced_at_s == h.clock()
+        assert h.daemon.health()["ok"] is True, h.daemon.health()
+        assert h.daemon.status()["last_scrape_error"] is None
+        view = h.plugin_view()
+        assert view.last_reason is None and _slots(view()) == after[-1].table_after.slots
+        assert h.scrape_errors()["temporary"] == n_scrapes
+
+    _run(h, body)
+
+
+# -------------------------------------------------- 3. a restart in mid-scrape
+
+
+def test_a_server_restart_between_two_requests_of_a_scrape(rec: Recording, tmp_path: Path) -> None:
+    h = Harness(rec, tmp_path)
+
+    async def body() -> None:
+        i = await h.until_published()
+        for _ in range(3):
+            await h.tick(i)
+            i += 1
+        in_force = h.daemon.core_state.table
+        assert in_force is not None
+        last_scrape_s = h.daemon.status()["last_scrape_age_s"], h.clock()
+        # The old server answers /metrics, then goes away before /v1/loads.
+        h.server.faults_by_path["/v1/loads"] = "refused"
+        half = await h.tick(i)
+        status = h.daemon.status()
+        assert (
+            "/v1/loads" in status["last_scrape_error"]
+            and "connection failed" in (status["last_scrape_error"])
+        )
+        # The half scrape is dropped whole: the telemetry in use is the previous one.
+        assert status["last_scrape_age_s"] == h.clock() - last_scrape_s[1]
+        assert h.scrape_errors() == {"temporary": 1, "permanent": 0, "format": 0}
+        assert _slots(half.table_in_force) == in_force.slots
+
+        # The restarted server: every counter from zero again (the recording's start).
+        h.server.faults_by_path.clear()
+        offset_s = h.clock() + 5.0 - rec.times[0]
+        first = await h.tick(0, offset_s=offset_s)
+        info_before = h.server.count("/server_info")
+        # Counters went down: the window is unknown (never a negative rate), the table
+        # held, and the server's shape is fetched again at once, not in 30 s.
+        assert first.reason in HOLDS, first
+        assert first.inputs_summary.get("generation_tokens") is None
+        assert _slots(first.table_in_force) == in_force.slots
+        await h.tick(1, offset_s=offset_s)
+        assert h.server.count("/server_info") == info_before + 1
+        await h.tick(2, offset_s=offset_s)
+        assert h.server.count("/server_info") == info_before + 1  # then every 30 s again
+        # Then control resumes on the new server's telemetry.
+        for k in range(3, 16):
+            r = await h.tick(k, offset_s=offset_s)
+            if r.reason not in HOLDS and r.published:
+                break
+        assert r.reason not in HOLDS and r.published, h.records[-3:]
+        rows = h.stored_rows()
+        assert len(rows) == len(h.records)
+        gen = [row.inputs_summary.get("generation_tokens") for row in rows]
+        assert all(g is None or g >= 0 for g in gen)
+        assert h.daemon.status()["last_scrape_error"] is None
+        view = h.plugin_view()
+        assert view.last_reason is None and r.table_after is not None
+        assert _slots(view()) == r.table_after.slots
+
+    _run(h, body)
+
+
+# --------------------------------------------------- 4. slow past the timeout
+
+
+def test_an_answer_slower_than_the_timeout_is_a_temporary_error_that_never_stalls(
+    rec: Recording, tmp_path: Path
+) -> None:
+    timeout_s = 0.3
+
+    async def body() -> None:
+        gate = asyncio.Event()
+        slow = {"on": False}
+        holder: dict[str, FakeServer] = {}
+
+        async def handle(request: web.Request) -> web.Response:
+            if slow["on"] and request.path == "/metrics":
+                await gate.wait()  # past the client's timeout
+            code, payload = holder["server"].answer(request.path)
+            return web.Response(status=code, body=payload, content_type="text/plain")
+
+        app = web.Application()
+        app.router.add_route("GET", "/{tail:.*}", handle)
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        h = Harness(
+            rec,
+            tmp_path,
+            base_url=str(server.make_url("")).rstrip("/"),
+            transport=httpx.AsyncHTTPTransport(),  # real sockets: the timeout is httpx's
+            timeout_s=timeout_s,
+        )
+        holder["server"] = h.server
+        try:
+            i = await h.until_published()
+            in_force = h.daemon.core_state.table
+            slow["on"] = True
+            started = time.monotonic()
+            held = await h.tick(i)
+            waited_s = time.monotonic() - started
+            # Both attempts ran into the timeout; the round ended, the decision was made.
+            assert (RETRIES + 1) * timeout_s * 0.9 <= waited_s < 30.0
+            status = h.daemon.status()
+            assert f"timed out after {timeout_s:g} s" in status["last_scrape_error"], status
+            assert status["permanent_error"] is None
+            assert h.scrape_errors() == {"temporary": 1, "permanent": 0, "format": 0}
+            assert len(h.stored_rows()) == len(h.records)
+            assert in_force is not None and _slots(held.table_in_force) == in_force.slots
+            slow["on"] = False
+            gate.set()
+            await h.tick(i + 1)
+            assert h.daemon.status()["last_scrape_error"] is None
+            assert h.daemon.status()["last_scrape_age_s"] == 0.0
+        finally:
+            gate.set()
+            await h.close()
+            await server.close()
+
+    asyncio.run(body())
