@@ -361,6 +361,8 @@ class SpecgovAdaptiveParams:
 
     def get_steps_for_batch(self, batch_size: int, **kwargs: Any) -> int:
         policy = self._policy
+        if policy is None and not kwargs:  # passthrough under 0.5.23: as cheap as can be
+            return self._passthrough.get_steps_for_batch(batch_size)  # type: ignore[no-any-return]
         if kwargs:
             # ctx_repr (upstream's context-length buckets) and whatever comes next:
             # SGLang's own instance gets what it takes; specgov's tables have no use for it.
@@ -403,6 +405,10 @@ class SpecgovAdaptiveParams:
         passed third) and any other keyword go to SGLang's own instance when it takes
         them; the table decides from its own record of the steps it chose."""
         policy = self._policy
+        if policy is None and num_steps is None and not kwargs:  # passthrough under 0.5.23
+            return self._passthrough.on_verify_complete(  # type: ignore[no-any-return]
+                num_correct_drafts_per_req, batch_size
+            )
         if num_steps is not None:
             kwargs["num_steps"] = num_steps
         if kwargs:
