@@ -236,8 +236,11 @@ def _render_sweep(doc: dict[str, Any]) -> None:
             vs,
             (row["reason"] or "")[:80],
         )
+    # highlight=False: no colouring of the numbers and brackets in the plain lines
     console = (
-        Console(width=max(Console().width, 160)) if sys.stdout.isatty() else Console(width=220)
+        Console(width=max(Console().width, 160), highlight=False)
+        if sys.stdout.isatty()
+        else Console(width=220, highlight=False)
     )
     console.print(table)
     for gpu, best in doc["best_per_gpu"].items():
@@ -246,7 +249,8 @@ def _render_sweep(doc: dict[str, Any]) -> None:
             f"{best['replicas']} replica(s) at {best['max_rps']:.2f} req/s each"
         )
         if best["launch_shell"] is not None:
-            console.print(f"  sglang flags: {best['launch_shell']}", soft_wrap=True)
+            flags = best["launch_shell"] or "(none: no speculation)"
+            console.print(f"  sglang flags: {flags}", soft_wrap=True)
         if best["adaptive_config"] is not None:
             console.print(
                 f"  adaptive config: {json.dumps(best['adaptive_config'])}", soft_wrap=True
