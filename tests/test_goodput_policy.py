@@ -798,3 +798,31 @@ def test_config_parses_strings_and_names_bad_keys() -> None:
     with pytest.raises(GoodputConfigError, match="'restart_cost_s'"):
         GoodputConfig(restart_cost_s=-1.0)
     assert GoodputConfig.from_params({"restart_after_s": "0"}).restart_after_s == 0.0
+
+
+# ------------------------------------------------------------- a prior with a wrong knee
+
+# The step-cost prior of another GPU of the catalog (an L40S: about 3x slower, and a
+# knee at more batched tokens, so it believes verification and drafting cost relatively
+# less than on the H100 the world runs on): a wrong shape, not only a wrong scale.
+OTHER_GPU_PRIOR = step_cost_prior(
+    CostModel.from_catalog(
+        CATALOG.gpu("l40s"), CATALOG.model("llama-3.1-8b"), CATALOG.drafter("eagle3")
+    )
+)
+# EAGLE-3-like falling acceptance: on the H100 at one request k=3 is best; the L40S
+# prior, scaled to the H100's step time at k=3 alone, would still put k=7 near it.
+FALLING = (0.8, 0.7, 0.62, 0.55, 0.5, 0.45, 0.4)
+
+
+def test_a_prior_with_a_wrong_knee_ends_at_the_true_optimum() -> None:
+    world = World(FALLING, ((1, ALL_STEPS, 1, 3),))
+    assert world.optimum() == {1: 3}
+    assert world.goodput(1, 7) < 0.95 * world.goodput(1, 3)  # a wrong k=7 costs > 5 %
+    pol = GoodputPolicy(GoodputConfig(ttl_s=3600.0, explore=0.0), prior=OTHER_GPU_PRIOR)
+    result = run(world, pol, 30)
+    assert steps_of(result.table) == {1: 3}
+    # ... and it stays there: what it learned at k=3 does not make larger k look free.
+    later = run(world, pol, 60, prev=result)
+    assert steps_of(later.table) == {1: 3}
+    assert all(steps_of(d.table)[1] <= 4 for d in later.decisions if d.table is not None)

@@ -46,7 +46,7 @@ State
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -566,6 +566,40 @@ def _huber_weights(resid: np.ndarray, config: StepCostConfig) -> np.ndarray:
     return out
 
 
+def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
+    """The weighted median (lower on a tie); 1.0 when the weights are all zero."""
+    order = np.argsort(values)
+    cum = np.cumsum(weights[order])
+    if cum[-1] <= 0:
+        return 1.0
+    return float(values[order][int(np.searchsorted(cum, 0.5 * cum[-1]))])
+
+
+def _recalibration(
+    ratios: np.ndarray, weights: np.ndarray, steps: Sequence[int], config: StepCostConfig
+) -> float:
+    """The factor that scales the prior the fit is pulled towards.
+
+    While the samples cover one step count only, the fit cannot tell which coefficients
+    are off; pulled towards the raw prior, the least-penalised terms (the per-draft-step
+    ones) absorb the whole scale error and the predicted cost goes flat in the steps, so
+    an unrun larger step count looks free. Pulled towards the prior recalibrated by one
+    factor (the weighted median of observed / predicted), the fit keeps the prior's shape
+    where the data is silent, and is exact when the prior's only error is its scale.
+    The pull (``prior_strength`` windows on each of the coefficients) outweighs a few
+    windows, so this matters until the data dominates: once a second step count holds
+    as much weight as the whole pull, the data pins the cost per step and the pull
+    returns to the prior itself (log-linearly in between).
+    """
+    by_steps: dict[int, float] = {}
+    for k, wk in zip(steps, weights, strict=True):
+        by_steps[k] = by_steps.get(k, 0.0) + float(wk)
+    covered = sorted(by_steps.values(), reverse=True)
+    second = covered[1] if len(covered) > 1 else 0.0
+    trust = min(1.0, second / (N_FEATURES * config.prior_strength))
+    return _weighted_median(ratios, weights) ** (1.0 - trust)
+
+
 def _fit(
     prior: StepCostPrior,
     samples: tuple[StepSample, ...],
@@ -583,10 +617,11 @@ def _fit(
     y = np.asarray([s.step_s for s in samples]) / base
     age = np.maximum(0.0, now_s - np.asarray([s.time_s for s in samples]))
     w = np.asarray([s.weight for s in samples]) * 0.5 ** (age / config.half_life_s)
+    target = theta0 * _recalibration(y, w, [s.steps for s in samples], config)
     scales = _penalty_scales(prior, config)
     root_l = math.sqrt(config.prior_strength)
     pen_x = np.diag(root_l * scales)
-    pen_y = root_l * scales * theta0
+    pen_y = root_l * scales * target
     theta = theta0 if start is None else np.asarray(start)
     huber = _huber_weights(y - x @ theta, config) if start is not None else np.ones(len(y))
     for _ in range(config.irls_iterations):
