@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from specgov.adapters.errors import escape_upstream
 from specgov.policies.types import PolicyTypeError, StepTable, TierStatsSnapshot
 from specgov.policies.validation import is_int, is_real
 
@@ -624,6 +625,30 @@ def parse_step_table_document(raw: bytes, candidate_steps: list[int]) -> StepTab
         return StepTable.from_dict(document["table"])
     except PolicyTypeError as exc:
         raise _Rejected(INVALID, f"key 'table': {exc}") from None
+
+
+def read_published_table(spool_dir: str | os.PathLike[str]) -> StepTable | None:
+    """The table the daemon last wrote into the spool, as the engine may follow it now;
+    None when there is none or it does not parse (the daemon then starts from its store).
+
+    A daemon killed between writing a table and recording it restarts with a store one
+    table behind the engine: its next version must still be newer than this one.
+    """
+    path = Path(spool_dir) / TABLE_FILENAME
+    try:
+        raw = _read_bounded(path, MAX_TABLE_BYTES)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        logger.warning("cannot read the published table %s: %s", path, escape_upstream(exc))
+        return None
+    try:
+        document = json.loads(raw.decode("utf-8"))
+        table = document["table"] if isinstance(document, dict) else None
+        return None if table is None else StepTable.from_dict(table)
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
+        logger.warning("published table %s ignored: %s", path, escape_upstream(exc))
+        return None
 
 
 class _RateLimitedLog:

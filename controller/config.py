@@ -61,6 +61,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from specgov.adapters.errors import escape_upstream
+from specgov.adapters.spool import SpoolError, default_spool_dir, resolve_gid
 from specgov.policies.guardrails import GuardrailConfig, GuardrailError
 from specgov.policies.spec import PolicySpec, PolicySpecError, parse_policy_spec
 from specgov.policies.types import Budget, PolicyTypeError
@@ -225,9 +226,16 @@ class ServerConfig:
 
 @dataclass(frozen=True, slots=True)
 class SpoolConfig:
-    """The directory shared with the in-engine plugin; None: no plugin (observe mode only)."""
+    """The directory shared with the in-engine plugin; None: no plugin (observe mode only).
 
-    dir: Path | None = Path("/tmp/specgov-spool")
+    The default (``auto`` in a file) is :func:`~specgov.adapters.spool.default_spool_dir`,
+    never a world-writable place like ``/tmp`` where another user could create it first.
+    ``group``: the gid shared with the server in a two-user deployment (given as a name
+    or a gid; docs/spool-security.md); None: one user, everything 0700/0600.
+    """
+
+    dir: Path | None = field(default_factory=default_spool_dir)
+    group: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +245,8 @@ class LoopConfig:
     mode: LoopMode = "observe"
     scrape_interval_s: float = 1.0
     decide_interval_s: float = 5.0
+    # Readiness (/v1/health) fails when no telemetry arrived for longer than this.
+    telemetry_max_age_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +264,8 @@ class StateConfig:
     """The SQLite state database."""
 
     db_path: Path = Path("~/.local/state/specgov/state.db")  # "~" expanded when loaded
+    # Group given read access to the state files (0640 instead of 0600); None: nobody.
+    group: str | int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -413,12 +425,35 @@ def _path(value: object, where: str) -> Path:
     return Path(value).expanduser()
 
 
+def _spool_dir(value: object, where: str) -> Path | None:
+    if isinstance(value, str) and value.strip() == "auto":
+        return default_spool_dir()
+    return _optional_path(value, where)
+
+
+def _spool_group(value: object, where: str) -> int | None:
+    try:
+        return resolve_gid(value, where=where)
+    except SpoolError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _optional_path(value: object, where: str) -> Path | None:
     if value is None:
         return None
     if not isinstance(value, str | Path):
         raise ConfigError(f"{where}: expected a non-empty path or null, got {_show(value)}")
     return _path(value, where)
+
+
+def _optional_group(value: object, where: str) -> str | int | None:
+    if value is None or (is_int(value) and not isinstance(value, bool) and value >= 0):
+        return cast("int | None", value)
+    if isinstance(value, str) and value.strip() and value == value.strip():
+        return value
+    raise ConfigError(
+        f"{where}: expected a group name, a group id >= 0 or null, got {_show(value)}"
+    )
 
 
 def _catalog_name(value: object, where: str) -> str:
@@ -539,11 +574,12 @@ def _guardrail_value(key: str, default: object) -> _Validator:
 
 _SCHEMA: Final[dict[str, dict[str, _Validator]]] = {
     "server": {"url": _url, "api_key_env": _env_name, "timeout_s": _duration},
-    "spool": {"dir": _optional_path},
+    "spool": {"dir": _spool_dir, "group": _spool_group},
     "loop": {
         "mode": _choice(LOOP_MODES),
         "scrape_interval_s": _duration,
         "decide_interval_s": _duration,
+        "telemetry_max_age_s": _duration,
     },
     "policy": {"spec": _policy_spec},
     "budget": {
@@ -554,7 +590,7 @@ _SCHEMA: Final[dict[str, dict[str, _Validator]]] = {
         "allowed_steps": _allowed_steps,
     },
     "guardrails": {f.name: _guardrail_value(f.name, f.default) for f in fields(GuardrailConfig)},
-    "state": {"db_path": _path},
+    "state": {"db_path": _path, "group": _optional_group},
     "metrics": {"listen": _listen},
     "control": {"listen": _listen, "token_env": _env_name},
     "recommend": {"enabled": _bool, "interval_s": _duration, "apply_command": _argv},

@@ -35,13 +35,18 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from specgov.adapters.errors import PermanentScrapeError, ScrapeError, TemporaryScrapeError
+from specgov.adapters.errors import (
+    PermanentScrapeError,
+    ResponseFormatError,
+    ScrapeError,
+    TemporaryScrapeError,
+    escape_upstream,
+)
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.sglang_http import SGLangClient
-from specgov.adapters.spool import read_tier_stats, write_step_table
+from specgov.adapters.spool import read_published_table, read_tier_stats, write_step_table
 from specgov.controller.config import SpecgovConfig
 from specgov.controller.health import (
-    DEFAULT_TELEMETRY_MAX_AGE_S,
     HealthInputs,
     WarningThrottle,
     escape_text,
@@ -142,12 +147,11 @@ class Daemon:
         self._config_loader = config_loader
         self._client = client
         self.status_info = DaemonStatus(started_at_s=clock())
-        # Readiness: telemetry older than this is "unavailable" (loop.telemetry_max_age_s
-        # when the configuration has it).
+        # Readiness: telemetry older than this is "unavailable" (loop.telemetry_max_age_s).
         self.telemetry_max_age_s = (
             telemetry_max_age_s
             if telemetry_max_age_s is not None
-            else float(getattr(config.loop, "telemetry_max_age_s", DEFAULT_TELEMETRY_MAX_AGE_S))
+            else config.loop.telemetry_max_age_s
         )
         self._throttle = WarningThrottle(
             log, monotonic, on_suppressed=self.metrics.on_log_suppressed
@@ -275,6 +279,17 @@ class Daemon:
                 self._store_failed(exc)
             except ValueError as exc:
                 log.warning("saved table ignored: %s", exc)
+        # A kill between writing a table and recording it leaves the spool a table ahead
+        # of the store: the engine may be following it, and the next version must be newer.
+        spool = self.config.spool.dir
+        published = None if spool is None else read_published_table(spool)
+        if published is not None and (table is None or published.version > table.version):
+            log.info(
+                "the spool holds table v%d, newer than the store's (v%s): continuing from it",
+                published.version,
+                "-" if table is None else table.version,
+            )
+            table = published
         state = self.core.initial_state(spec, guard)
         if table is not None:
             state = replace(state, table=table)
@@ -445,8 +460,10 @@ class Daemon:
                 self._load_adaptive_config(info)
             try:
                 loads = await client.loads()
-            except PermanentScrapeError:
-                loads = None  # older servers have no /v1/loads; gauges suffice
+            except (PermanentScrapeError, ResponseFormatError):
+                # Older servers have no /v1/loads, and a body that does not parse (now a
+                # temporary "format" error) must not cost the round either: gauges suffice.
+                loads = None
             obs = self._builder.feed(now, scrape.snapshot, info, loads)
             self._note_totals(now, scrape.snapshot)
             report = self._builder.last_report
@@ -462,17 +479,27 @@ class Daemon:
                 "scrape-permanent", f"permanent telemetry error, not acting: {exc}"
             )
             return None
+        except ResponseFormatError as exc:
+            # A malformed or truncated body (issue 9): temporary, so the last good table
+            # stays alive as in an outage, but counted apart from one. The message is
+            # already escaped and bounded (adapters/errors.py).
+            self.status_info.last_scrape_error = f"malformed response: {exc}"
+            self.status_info.scrape_errors += 1
+            self.metrics.on_scrape_error(exc.kind)  # "format"
+            self._throttle.warning("scrape-format", f"malformed telemetry (will retry): {exc}")
+            return None
         except (TemporaryScrapeError, ScrapeError) as exc:
             self.status_info.last_scrape_error = str(exc)
             self.status_info.scrape_errors += 1
             self.metrics.on_scrape_error("temporary")
             self._throttle.warning("scrape-temporary", f"telemetry unavailable (will retry): {exc}")
             return None
-        except ValueError as exc:  # a malformed body
-            self.status_info.last_scrape_error = f"malformed response: {exc}"
+        except ValueError as exc:  # a malformed value past the adapters' own checks
+            detail = escape_upstream(exc)
+            self.status_info.last_scrape_error = f"malformed response: {detail}"
             self.status_info.scrape_errors += 1
             self.metrics.on_scrape_error("format")
-            self._throttle.warning("scrape-format", f"malformed telemetry: {exc}")
+            self._throttle.warning("scrape-format", f"malformed telemetry: {detail}")
             return None
         if self.status_info.last_scrape_error or self.status_info.permanent_error:
             log.info("telemetry available again")
@@ -644,7 +671,7 @@ class Daemon:
         if spool is None:
             return
         try:
-            batch = read_tier_stats(spool, self._stats_cursor)
+            batch = read_tier_stats(spool, self._stats_cursor, group_gid=self.config.spool.group)
         except OSError as exc:
             self.status_info.spool_read_error = f"cannot read {spool}: {exc}"
             self.metrics.on_spool_failure("read")
@@ -698,8 +725,14 @@ class Daemon:
             self.status_info.spool_error = "plugin mode needs spool.dir"
             return False
         try:
-            Path(spool).mkdir(parents=True, exist_ok=True)
-            write_step_table(spool, publish.table, list(publish.candidates))
+            # Creates the spool 0700 (02750 with spool.group) and refuses one that
+            # others could write (SpoolSecurityError, an OSError naming the fix).
+            write_step_table(
+                spool,
+                publish.table,
+                list(publish.candidates),
+                group_gid=self.config.spool.group,
+            )
         except OSError as exc:
             self.status_info.spool_error = f"cannot write {spool}: {exc}"
             self.metrics.on_spool_failure("write")

@@ -84,7 +84,7 @@ async def serve_daemon(
     from specgov.controller.own_metrics import metrics_app
     from specgov.controller.state_store import StateStore
 
-    store = StateStore(config.state.db_path, open_now=False)
+    store = StateStore(config.state.db_path, open_now=False, file_group=config.state.group)
     registry = CollectorRegistry()
     config_file = config.source_path
 

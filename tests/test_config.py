@@ -12,6 +12,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from specgov.adapters.spool import default_spool_dir
 from specgov.controller.config import (
     DEFAULTS_LABEL,
     NO_BUDGET_LIMITS,
@@ -75,7 +76,8 @@ def test_defaults_load_with_the_documented_values() -> None:
         "llama-3.1-8b",
         "eagle3",
     )
-    assert cfg.spool.dir == Path("/tmp/specgov-spool")
+    assert cfg.spool.dir == default_spool_dir() and not str(cfg.spool.dir).startswith("/tmp")
+    assert cfg.spool.group is None
     assert cfg.state.db_path == Path("~/.local/state/specgov/state.db").expanduser()
     assert cfg.source_path is None
     assert set(cfg.sources.values()) == {DEFAULTS_LABEL}
@@ -675,3 +677,20 @@ def test_huge_numbers_are_errors_not_crashes(tmp_path: Path) -> None:
     assert "budget.vram_gib: expected a number of GiB" in _error(
         tmp_path, f"budget:\n  vram_gib: {big}\n"
     )
+
+
+def test_spool_dir_auto_and_group(tmp_path: Path) -> None:
+    # auto: the default resolution (never /tmp, where another user could create it
+    # first); group: a name or a gid, resolved to the gid the spool files get.
+    path = tmp_path / "c.yaml"
+    path.write_text("spool:\n  dir: auto\n  group: 0\n")
+    cfg = load_config(path, env=NO_ENV)
+    assert cfg.spool.dir == default_spool_dir() and cfg.spool.group == 0
+    path.write_text("spool:\n  group: root\n")
+    assert load_config(path, env=NO_ENV).spool.group == 0
+    path.write_text("spool:\n  group: no-such-group-here\n")
+    with pytest.raises(ConfigError, match=r"c.yaml:2: spool.group: no group named"):
+        load_config(path, env=NO_ENV)
+    path.write_text("spool:\n  group: [1]\n")
+    with pytest.raises(ConfigError, match="expected a group name or a numeric gid"):
+        load_config(path, env=NO_ENV)

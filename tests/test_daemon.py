@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,26 @@ def test_plugin_mode_publishes_a_table_the_plugin_follows(sim: SimServer, tmp_pa
     status = daemon.status()
     assert status["tables_published"] >= 1 and status["permanent_error"] is None
     store.close()
+
+
+def test_spool_group_makes_the_table_readable_by_the_group(sim: SimServer, tmp_path: Path) -> None:
+    # spool.group (the two-user deployment, docs/spool-security.md): the table is 0640
+    # in that group, so a server running as another user of it can read it.
+    group = os.getgid()
+    config = _config(sim, tmp_path, **{"spool.group": group})
+    assert config.spool.group == group
+    daemon = Daemon(config, store=None)
+
+    async def go() -> None:
+        try:
+            await _until_published(daemon)
+        finally:
+            await daemon.close()
+
+    asyncio.run(go())
+    table_file = Path(sim.state()["spool_dir"]) / "step_table.json"
+    assert stat.S_IMODE(table_file.stat().st_mode) == 0o640
+    assert table_file.stat().st_gid == group
 
 
 def test_observe_mode_decides_but_never_writes_the_spool(sim: SimServer, tmp_path: Path) -> None:
@@ -262,7 +284,7 @@ def test_pinned_policy_runs_for_its_ttl_and_the_engine_follows_it(
     store = StateStore(config.state.db_path)
     daemon = Daemon(config, store=store)
 
-    async def go() -> tuple[Any, dict[str, Any], Any, dict[str, Any]]:
+    async def go() -> tuple[Any, dict[str, Any], dict[str, Any], Any, dict[str, Any]]:
         try:
             await _until_published(daemon)
             pin = daemon.set_override(
@@ -270,14 +292,17 @@ def test_pinned_policy_runs_for_its_ttl_and_the_engine_follows_it(
             )
             pinned = await _until(daemon, lambda r: r.published)
             during = daemon.status()
+            # The engine follows the pinned table before the pin is cleared (after it, the
+            # configured policy's next table may already have replaced it).
+            engine = await asyncio.to_thread(_wait_plugin_table, sim, pinned.table_after.version)
             daemon.clear_override(pin["id"], None)
             (back,) = await _rounds(daemon, 1)
-            return pinned, during, back, daemon.status()
+            return pinned, during, engine, back, daemon.status()
         finally:
             await daemon.close()
             store.close()
 
-    pinned, during, back, after = asyncio.run(go())
+    pinned, during, engine, back, after = asyncio.run(go())
     # status shows the pinned spec as the effective policy, the configured one beside it.
     assert during["policy"] == "static:1" and during["pinned"] is True
     assert during["configured_policy"] == "goodput"
@@ -285,7 +310,7 @@ def test_pinned_policy_runs_for_its_ttl_and_the_engine_follows_it(
     # The published table is the pinned policy's: 1 step wherever the slot has it.
     layout = {b: ks for b, ks in during["slots"]}
     assert all(k == 1 for b, k in pinned.table_after.slots if 1 in layout[b])
-    engine = _wait_plugin_table(sim, pinned.table_after.version)
+    assert engine["version"] == pinned.table_after.version
     assert [tuple(s) for s in engine["slots"]] == list(pinned.table_after.slots)
     # The pin ended: the configured policy is back.
     assert after["policy"] == "goodput" and after["pinned"] is False

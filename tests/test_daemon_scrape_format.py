@@ -1,0 +1,77 @@
+"""Issue 9: a malformed or truncated /metrics body is a temporary error of kind "format"
+(counted under specgov_scrape_errors_total{kind="format"}, never "permanent"), so the
+last good table is kept alive like an outage; the log line and status escape its bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from pathlib import Path
+
+import httpx
+import pytest
+
+from specgov.adapters.sglang_http import SGLangClient
+from specgov.controller.config import load_config
+from specgov.controller.daemon import Daemon
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<html>502 Bad Gateway</html>",
+        b'# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{tp_rank="0"',  # cut
+        b'sglang:num_running_reqs{x="\x00\x1b[2J\r"} 1\n'
+        b'sglang:num_running_reqs{x="\x00\x1b[2J\r"} 2\n',
+    ],
+)
+def test_a_malformed_metrics_body_counts_as_format_not_permanent(
+    tmp_path: Path, body: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = load_config(None, env={}, overrides={"state.db_path": str(tmp_path / "s.db")})
+    daemon = Daemon(config, store=None)
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, content=body))
+    daemon._client = SGLangClient(
+        config.server.url, rng=random.Random(0), transport=transport, retries=0
+    )
+
+    async def go() -> None:
+        try:
+            assert await daemon.scrape_once() is None
+        finally:
+            await daemon._client.aclose()
+
+    with caplog.at_level(logging.WARNING):
+        asyncio.run(go())
+    sample = daemon.registry.get_sample_value
+    assert sample("specgov_scrape_errors_total", {"kind": "format"}) == 1.0
+    assert sample("specgov_scrape_errors_total", {"kind": "permanent"}) == 0.0
+    assert daemon.status_info.permanent_error is None  # publishing is not blocked
+    error = daemon.status_info.last_scrape_error
+    assert error is not None and error.startswith("malformed response: ")
+    for text in [error, *(r.getMessage() for r in caplog.records)]:
+        assert "\x00" not in text and "\x1b" not in text and "\r" not in text
+
+
+def test_a_restart_continues_from_a_spool_table_newer_than_the_store(tmp_path: Path) -> None:
+    # kill -9 between writing a table into the spool and recording it: the store is a
+    # table behind the engine. The restarted daemon must take the spool's table as the
+    # one in force, so its next version is newer than what the engine follows (an e2e
+    # run under load published a second, different v9).
+    from specgov.adapters.spool import write_step_table
+    from specgov.policies.types import StepTable
+
+    spool = tmp_path / "spool"
+    table = StepTable(((1, 3), (8, 1)), version=9, produced_at_s=100.0, ttl_s=30.0)
+    write_step_table(spool, table, [0, 1, 3], written_at_s=100.0)
+    config = load_config(
+        None,
+        env={},
+        overrides={"state.db_path": str(tmp_path / "s.db"), "spool.dir": str(spool)},
+    )
+    daemon = Daemon(config, store=None)
+    assert daemon.core_state.table == table
+    # A torn file is ignored (the daemon starts from its store, here empty).
+    (spool / "step_table.json").write_bytes(b'{"table": {"slo')
+    assert Daemon(config, store=None).core_state.table is None
