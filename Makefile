@@ -40,7 +40,14 @@ $(VENV)/.torch: | setup
 	$(BIN)/pip install -q $(TORCH_PIN) || echo "warning: $(TORCH_PIN) not installed; the TP broadcast test will skip"
 	touch $@
 
-test: setup sglang-src $(VENV)/.torch
+# Ray for `plan sweep --executor ray` and its test (the optional extra specgov[ray]).
+# If it cannot be installed the test skips with the reason, except in CI, which sets
+# SPECGOV_REQUIRE_RAY.
+$(VENV)/.ray: pyproject.toml | setup
+	$(BIN)/pip install -q -e '.[ray]' || echo "warning: ray not installed; the Ray test will skip"
+	touch $@
+
+test: setup sglang-src $(VENV)/.torch $(VENV)/.ray
 	SPECGOV_SGLANG_SRC=$(SGLANG_SRC) SPECGOV_SHARED_DATA=$(SHARED_DATA) $(BIN)/pytest -q
 
 lint: setup importlint typecheck
