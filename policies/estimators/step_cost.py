@@ -597,7 +597,7 @@ def _recalibration(
     covered = sorted(by_steps.values(), reverse=True)
     second = covered[1] if len(covered) > 1 else 0.0
     trust = min(1.0, second / (N_FEATURES * config.prior_strength))
-    return _weighted_median(ratios, weights) ** (1.0 - trust)
+    return float(_weighted_median(ratios, weights) ** (1.0 - trust))
 
 
 def _fit(
