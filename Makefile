@@ -38,6 +38,7 @@ TORCH_PIN := torch==2.13.0
 
 $(VENV)/.torch: | setup
 	$(BIN)/pip install -q $(TORCH_PIN) || echo "warning: $(TORCH_PIN) not installed; the TP broadcast test will skip"
+	$(BIN)/pip install -q "transformers>=4.45" || echo "warning: transformers not installed; the step-cost measurement test will skip"
 	touch $@
 
 # Ray for `plan sweep --executor ray` and its test (the optional extra specgov[ray]).

@@ -241,6 +241,7 @@ def _run_replay(
     concurrency: int | None,
     prior_scale: float = 1.0,
     prior_gpu: str | None = None,
+    skip_zero_step_draft_extend: bool = False,
 ) -> None:
     from specgov.simulator.metrics import Slo
     from specgov.simulator.priors import PriorOptionError
@@ -261,6 +262,7 @@ def _run_replay(
             catalog_files=tuple(catalog),
             prior_scale=prior_scale,
             prior_gpu=prior_gpu,
+            skip_zero_step_draft_extend=skip_zero_step_draft_extend,
         )
     except PriorOptionError as exc:  # a bad option value: usage error (exit 2)
         raise click.UsageError(str(exc)) from None
@@ -334,7 +336,15 @@ _server_options = [
         "--burstiness",
         type=click.FloatRange(min=0.0, max=1.0),
         default=None,
-        help="Acceptance burstiness (0 = i.i.d. draws).",
+        help="Acceptance burstiness of per-verify rates (0 = i.i.d. draws); domains "
+        "with all-position rates are sampled per token (see --catalog profiles).",
+    ),
+    click.option(
+        "--skip-zero-step-draft-extend",
+        is_flag=True,
+        default=False,
+        help="Simulate SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1: steps 0 skip the "
+        "draft-extend pass, upshifts draft cold.",
     ),
     click.option(
         "--max-running-requests",

@@ -59,7 +59,8 @@ def test_peeking_does_not_alter_the_acceptance_sequence(
 
 
 def test_unpeeked_draw0_consumes_nothing_a_peeked_one_spends_its_uniform() -> None:
-    model = AcceptanceModel(EAGLE, seed=1)
+    # The per-verify sampler's rule (the per-token one moves one position per draw(0)).
+    model = AcceptanceModel(EAGLE, seed=1, token_model=False)
     ref = model.sampler(0, None)
     ref_draws = [ref.draw(7) for _ in range(3)]
     unpeeked = model.sampler(0, None)

@@ -233,3 +233,21 @@ def test_progress_is_shown_on_a_terminal_and_not_when_piped(
     assert [p["name"] for p in json.loads(shown.stdout)["policies"]] == ["none", "static:3"]
     assert "replaying none" in shown.stderr and "replaying static:3" in shown.stderr
     assert "requests" in shown.stderr
+
+
+def test_skip_zero_step_draft_extend_reaches_the_simulated_server() -> None:
+    # A load where the EMA's high slots sit at 0: skipping their draft-extend pass
+    # changes the run (and the report says the server ran with the flag).
+    trace = "synthetic:duration=40,rate=60,in=256,out=128,seed=2"
+    plain = _replay_json(trace, "--policy", "sglang-ema", "--acceptance-profile", "ngram")
+    skip = _replay_json(
+        trace,
+        "--policy",
+        "sglang-ema",
+        "--acceptance-profile",
+        "ngram",
+        "--skip-zero-step-draft-extend",
+    )
+    assert skip["server"]["skip_zero_step_draft_extend"] is True
+    assert plain["server"]["skip_zero_step_draft_extend"] is False
+    assert skip["policies"][0]["throughput_tok_s"] != plain["policies"][0]["throughput_tok_s"]

@@ -237,7 +237,9 @@ def test_load_ramp_zeroes_busy_high_slots_and_low_slots_speculate_again(e2e: E2E
     assert any(s["plugin"]["table"]["slots"][-1][1] == 0 for s in followed)
 
     # When the load drops, the batches fall back into the low slots, where the table in
-    # force has steps again (at least those of the peak table), and the engine runs them.
+    # force has steps again (within one of the peak table's: goodput's optimum is flat over
+    # k = 4..6 there with the per-token acceptance model, and the acceptance it re-learns
+    # after the peak may move it by one), and the engine runs them.
     calm = [
         i
         for i in range(busy[-1] + 1, len(rows))
@@ -249,7 +251,7 @@ def test_load_ramp_zeroes_busy_high_slots_and_low_slots_speculate_again(e2e: E2E
         assert table is not None
         running = rows[i]["inputs_summary"]["running"]
         assert steps_for(table, running) >= max(
-            1, steps_for(rows[peak_zero[0]]["table_after"], running)
+            1, steps_for(rows[peak_zero[0]]["table_after"], running) - 1
         )
     assert any((rows[i]["inputs_summary"].get("spec_num_steps") or 0) >= 1 for i in calm)
 
