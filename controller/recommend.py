@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specgov.adapters.launch_config import (
@@ -27,13 +27,16 @@ from specgov.adapters.launch_config import (
     ADAPTIVE_ALGORITHMS,
     DEFAULT_ADAPTIVE_CONFIG_PATH,
     SGLANG_VERSION,
+    SKIP_ZERO_STEP_ENV,
     LaunchConfig,
     LaunchConfigError,
     SlotCandidates,
     build_launch_config,
+    default_slots,
     format_slots,
     make_shape,
     normalise_algorithm,
+    recommend_skip_zero_step,
 )
 from specgov.policies.estimators.step_cost import StepCostPrior
 from specgov.policies.types import ALGORITHMS, RestartRecommendation, SpecShape
@@ -220,6 +223,29 @@ def recommend(
         )
         if best is None or goodput > best[0]:
             best = (goodput, cand)
+        if policy == "sglang-ema":
+            # SGLang's high slots idle at 0 under load: would skipping their draft-extend
+            # pass (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND) pay? Replayed, not assumed.
+            why = recommend_skip_zero_step(report.runs[0].result.steps_hist, default_slots())
+            if why is not None:
+                skip = replace(server, skip_zero_step_draft_extend=True)
+                skip_report = replay(trace, skip, [parse_policy(policy)], slo=slo, seed=seed)
+                skip_goodput = float(skip_report.runs[0].summary["goodput_tok_s"])
+                rows.append(
+                    {
+                        "candidate": f"{label} + {SKIP_ZERO_STEP_ENV}=1",
+                        "policy": policy,
+                        "topk": topk,
+                        "num_draft_tokens": ndt,
+                        "fits": True,
+                        "goodput_tok_s": skip_goodput,
+                        "environment": {SKIP_ZERO_STEP_ENV: "1"},
+                    }
+                )
+                notes.append(
+                    f"{why}; replayed with it: goodput {skip_goodput:.1f} vs "
+                    f"{goodput:.1f} tok/s without"
+                )
     if best is None:
         raise RecommendError("no candidate shape fits this deployment")
     goodput, (label, policy, topk, ndt) = best

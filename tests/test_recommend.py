@@ -76,3 +76,32 @@ def test_no_traffic_is_a_clear_error() -> None:
     empty = WorkloadSummary(60, 0.0, 0.0, 0.0, None, None)
     with pytest.raises(RecommendError, match="no finished requests"):
         recommend(empty, **H100, current=None, slo_tpot_ms=50)
+
+
+def test_when_the_emas_zero_slots_stay_at_0_the_skip_flag_is_replayed_and_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The trigger itself (recommend_skip_zero_step: every slot that can choose 0 spent
+    # >= 90 % of >= 200 batches there) is tested in test_launch_config; here it fires,
+    # and the restart loop replays the EMA with the step-0 draft-extend pass skipped.
+    import specgov.controller.recommend as rec_module
+
+    seen: list[dict[tuple[int, int], int]] = []
+
+    def fires(hist: dict[tuple[int, int], int], slots: object, **_: object) -> str:
+        seen.append(dict(hist))
+        return "the slots that can choose 0 stayed at 0 under load"
+
+    monkeypatch.setattr(rec_module, "recommend_skip_zero_step", fires)
+    workload = WorkloadSummary(300, 40.0, 1500, 300, 1.15, 3)
+    rec = recommend(
+        workload, **H100, current=SpecShape("EAGLE3", 3, 1, 4, (3,)), slo_tpot_ms=50, horizon_s=30
+    )
+    assert len(seen) == 1 and seen[0]  # called once, with the EMA run's steps histogram
+    skip = [r for r in rec.candidates if r.get("environment")]
+    assert [r["environment"] for r in skip] == [{"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}]
+    ema = next(
+        r for r in rec.candidates if r["candidate"].startswith("adaptive") and r is not skip[0]
+    )
+    assert skip[0]["goodput_tok_s"] != ema["goodput_tok_s"]  # a real second replay
+    assert any("replayed with it" in n for n in rec.notes), rec.notes
