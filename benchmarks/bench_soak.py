@@ -1,7 +1,7 @@
 """Soak: 24 simulated hours of diurnal traffic against the daemon, accelerated.
 
 Issue 9 §6. `specgov sim-server` replays a synthetic diurnal day (``--sim-hours`` of
-simulated time, one period, rate swinging between ~0.2x and 1.8x its mean) at
+simulated time, one period, ``--rate-rps`` swinging between 0.2x and 1.8x) at
 ``--speed`` simulated seconds per wall second; `specgov run --mode plugin` controls it
 with the shipped defaults except a ``--decide-interval-s`` decision interval (wall time)
 and the restart replays (off). Every ``--sample-s`` the benchmark samples the daemon from
@@ -130,10 +130,12 @@ def sim_time(sim_url: str) -> float:
         return float(json.loads(resp.read())["sim_time_s"])
 
 
-def run(sim_hours: float, speed: float, decide_interval_s: float, sample_s: float) -> SoakResult:
+def run(
+    sim_hours: float, speed: float, decide_interval_s: float, sample_s: float, rate_rps: float
+) -> SoakResult:
     duration_s = sim_hours * 3600.0
     trace = (
-        f"synthetic:duration={duration_s:g},rate=3,diurnal=0.8,period={duration_s:g},"
+        f"synthetic:duration={duration_s:g},rate={rate_rps:g},diurnal=0.8,period={duration_s:g},"
         f"phases=chat@{duration_s:g},seed=9"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
@@ -258,13 +260,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speed", type=float, default=96.0, help="sim-server speed")
     parser.add_argument("--decide-interval-s", type=float, default=1.0)
     parser.add_argument("--sample-s", type=float, default=10.0)
+    parser.add_argument(
+        "--rate-rps", type=float, default=1.0, help="mean request rate of the simulated day"
+    )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--strict", action="store_true", help="exit 1 if a check fails")
     args = parser.parse_args(argv)
     if not Path("/proc/self/stat").exists():
         print("bench_soak: needs Linux /proc", file=sys.stderr)
         return 2
-    result = run(args.sim_hours, args.speed, args.decide_interval_s, args.sample_s)
+    result = run(args.sim_hours, args.speed, args.decide_interval_s, args.sample_s, args.rate_rps)
     passed = report(result, args.decide_interval_s)
     if args.json is not None:
         args.json.write_text(json.dumps({**asdict(result), "passed": passed}, indent=2) + "\n")

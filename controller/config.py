@@ -447,8 +447,10 @@ def _optional_path(value: object, where: str) -> Path | None:
 
 
 def _optional_group(value: object, where: str) -> str | int | None:
-    if value is None or (is_int(value) and not isinstance(value, bool) and value >= 0):
-        return cast("int | None", value)
+    if value is None:
+        return None
+    if is_int(value) and value >= 0:
+        return value
     if isinstance(value, str) and value.strip() and value == value.strip():
         return value
     raise ConfigError(
