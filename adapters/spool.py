@@ -723,6 +723,7 @@ class SpoolTableReader:
         self._key: tuple[int, int, int, int] | None = None
         self._table: StepTable | None = None
         self._rejection: _Rejected | None = None
+        self._last_poll_s: float | None = None  # the clock at the previous poll
         self.ignored: dict[str, int] = {}
         self.last_reason: str | None = None
         self.stats = 0  # os.stat calls
@@ -740,6 +741,14 @@ class SpoolTableReader:
 
     def _poll(self) -> StepTable | None:
         self.stats += 1
+        now = self._clock()
+        last, self._last_poll_s = self._last_poll_s, now
+        if last is not None and now < last and self._table is not None:
+            # The clock stepped back: the table keeps the life it had left, not its date
+            # (judged by its date it would be followed for the step plus its TTL).
+            self._table = dataclasses.replace(
+                self._table, produced_at_s=self._table.produced_at_s - (last - now)
+            )
         try:
             st = os.stat(self.path)
         except FileNotFoundError:

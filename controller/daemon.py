@@ -97,6 +97,9 @@ APPLY_MIN_GAIN = 0.05
 SERVER_INFO_REFRESH_S = 30.0
 MAX_STORE_INCIDENTS = 10  # kept in the status document
 MEMORY_DECISIONS = 1000  # the audit tail kept when there is no store at all
+# Wall time and monotonic time between two scrapes differing by more than this is a
+# clock step (NTP slews far less; its steps are larger).
+CLOCK_STEP_TOLERANCE_S = 1.0
 _NONFINITE = re.compile(r"\b(?:nan|[+-]?inf)\b", re.IGNORECASE)
 
 
@@ -135,7 +138,7 @@ class Daemon:
         config_loader: Callable[[], SpecgovConfig] | None = None,
         journal: StoreJournal | None = None,
         telemetry_max_age_s: float | None = None,
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -153,6 +156,12 @@ class Daemon:
             if telemetry_max_age_s is not None
             else config.loop.telemetry_max_age_s
         )
+        # Elapsed time, told apart from wall-clock steps; a test that injects only the
+        # wall clock runs on it throughout.
+        if monotonic is None:
+            monotonic = time.monotonic if clock is time.time else clock
+        self._monotonic = monotonic
+        self._scrape_clocks: tuple[float, float] | None = None  # (wall, monotonic)
         self._throttle = WarningThrottle(
             log, monotonic, on_suppressed=self.metrics.on_log_suppressed
         )
@@ -450,6 +459,7 @@ class Daemon:
         """One scrape round; never raises for server trouble (it is recorded)."""
         client = self.client()
         now = self._clock()
+        self._notice_clock_step(now)
         try:
             scrape = await client.scrape_metrics()
             self.metrics.on_nonfinite_dropped(_nonfinite_dropped(scrape.snapshot))
@@ -510,6 +520,26 @@ class Daemon:
         self.status_info.last_scrape_s = now
         self._observation = obs
         return obs
+
+    def _notice_clock_step(self, now: float) -> None:
+        """A wall-clock step (NTP) since the last scrape, told apart from elapsed time by
+        the monotonic clock: a window across it means nothing (backwards the builder
+        refuses it; forwards it dilutes every rate by the step), so windows start again."""
+        mono = self._monotonic()
+        last, self._scrape_clocks = self._scrape_clocks, (now, mono)
+        if last is None:
+            return
+        step_s = (now - last[0]) - (mono - last[1])
+        if abs(step_s) <= CLOCK_STEP_TOLERANCE_S:
+            return
+        self._throttle.warning(
+            "clock-step",
+            f"wall clock stepped {step_s:+.1f} s since the last scrape; "
+            "telemetry windows start again",
+        )
+        self._builder.reset()
+        self._totals.clear()
+        self._server_info_at = None  # the builder forgot the server's shape
 
     def _note_totals(self, now: float, snapshot: Any) -> None:
         from specgov.adapters.prometheus_text import counter_by_dp

@@ -705,15 +705,6 @@ def test_a_forward_clock_step_at_the_daemon_republishes_at_once_for_the_new_time
     _run(h, body)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: after a backward wall-clock step ObservationBuilder.feed raises 'time went "
-        "backwards'; Daemon.scrape_once reports it as a malformed response until the "
-        "clock passes the last scrape again (an hour for a 1 h step), while health stays "
-        "ready (negative telemetry age) and decisions age the last observation as fresh"
-    ),
-)
 def test_a_backward_clock_step_at_the_daemon_keeps_control_and_republishes(
     rec: Recording, tmp_path: Path
 ) -> None:
@@ -742,15 +733,6 @@ def test_a_backward_clock_step_at_the_daemon_keeps_control_and_republishes(
     _run(h, body)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: the daemon's telemetry windows are measured on the wall clock, so after a "
-        "forward step the next window spans the step (rates diluted by the step: about "
-        "1/700 here) and the policy changes the table on it; the monotonic clock the "
-        "daemon is given is not used to notice the step"
-    ),
-)
 def test_no_decision_acts_on_a_window_that_spans_a_forward_clock_step(
     rec: Recording, tmp_path: Path
 ) -> None:
@@ -922,15 +904,6 @@ def test_plugin_clock_steps_expire_or_keep_tables_and_a_new_table_is_followed_at
     assert engine.plugin.errors == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "bug: SpoolTableReader judges expiry by the wall clock alone, so after a backward "
-        "step a table already read stays in force for the step plus its TTL (an hour "
-        "here) when the daemon publishes nothing newer; operations.md says no table is "
-        "followed longer than its (capped) TTL after it was first read"
-    ),
-)
 def test_a_backward_clock_step_at_the_plugin_does_not_extend_a_tables_life(
     tmp_path: Path,
 ) -> None:
