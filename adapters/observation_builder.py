@@ -72,6 +72,7 @@ from specgov.policies.types import (
     LatencyQuantiles,
     Observation,
     PolicyTypeError,
+    SlotLayout,
     SpecShape,
 )
 
@@ -154,7 +155,7 @@ class ServerInfoView:
     """What specgov reads from one ``/server_info`` body."""
 
     shape: SpecShape | None
-    slot_candidates: tuple[tuple[int, tuple[int, ...]], ...] | None
+    slot_candidates: SlotLayout | None
     dp_size: int | None
     kv_capacity_tokens: int | None
     notes: tuple[str, ...] = ()

@@ -30,7 +30,7 @@ from specgov.policies.spec import (
 )
 from specgov.policies.spec import PolicySpecError as DaemonSpecError
 from specgov.policies.table import TablePolicy
-from specgov.policies.types import Budget, Observation
+from specgov.policies.types import Budget, Observation, SlotLayout
 from specgov.simulator.acceptance import AcceptanceModel
 from specgov.simulator.catalog import (
     AcceptanceProfileSpec,
@@ -56,16 +56,16 @@ ADAPTIVE_ALGORITHMS = ("EAGLE", "EAGLE3")
 # and, in every slot, the steps a policy may need there. SGLang builds one runtime
 # state per candidate and captures each step's CUDA graphs only for the batch sizes
 # whose slot lists it, so large slots list fewer, smaller steps (less graph memory).
-SPECGOV_SLOT_CANDIDATES: dict[int, tuple[int, ...]] = {
-    1: (0, 1, 2, 3, 4, 5, 6, 7),
-    4: (0, 1, 2, 3, 4, 5, 6, 7),
-    8: (0, 1, 2, 3, 4, 5, 6),
-    16: (0, 1, 2, 3, 4, 5),
-    32: (0, 1, 2, 3, 4),
-    64: (0, 1, 2, 3),
-    128: (0, 1, 2),
-    256: (0, 1, 2),
-}
+SPECGOV_SLOT_CANDIDATES: SlotLayout = (
+    (1, (0, 1, 2, 3, 4, 5, 6, 7)),
+    (4, (0, 1, 2, 3, 4, 5, 6, 7)),
+    (8, (0, 1, 2, 3, 4, 5, 6)),
+    (16, (0, 1, 2, 3, 4, 5)),
+    (32, (0, 1, 2, 3, 4)),
+    (64, (0, 1, 2, 3)),
+    (128, (0, 1, 2)),
+    (256, (0, 1, 2)),
+)
 
 
 # The file name the simulated server's /server_info reports for that config.
@@ -74,10 +74,7 @@ SPECGOV_ADAPTIVE_CONFIG_NAME = "specgov-adaptive.json"
 
 def specgov_adaptive_config() -> dict[str, Any]:
     """SPECGOV_SLOT_CANDIDATES as a --speculative-adaptive-config JSON object."""
-    return {
-        str(slot): {"candidate_steps": list(steps)}
-        for slot, steps in SPECGOV_SLOT_CANDIDATES.items()
-    }
+    return {str(slot): {"candidate_steps": list(steps)} for slot, steps in SPECGOV_SLOT_CANDIDATES}
 
 
 class PolicySpecError(ValueError):
@@ -120,7 +117,7 @@ def parse_policy(text: str) -> InEnginePolicy:
 
         if arg:
             raise PolicySpecError(f"policy {raw!r}: 'oracle' takes no argument")
-        every = tuple(sorted({k for ks in SPECGOV_SLOT_CANDIDATES.values() for k in ks}))
+        every = tuple(sorted({k for _, ks in SPECGOV_SLOT_CANDIDATES for k in ks}))
         return InEnginePolicy(
             "oracle",
             True,
@@ -160,7 +157,7 @@ def parse_policy(text: str) -> InEnginePolicy:
         spec = parse_policy_spec(raw)
     except DaemonSpecError as exc:
         raise PolicySpecError(f"{exc} (replay policies: {KNOWN_POLICIES})") from None
-    union = tuple(sorted({k for steps in SPECGOV_SLOT_CANDIDATES.values() for k in steps}))
+    union = tuple(sorted({k for _, steps in SPECGOV_SLOT_CANDIDATES for k in steps}))
     return InEnginePolicy(
         format_policy_spec(spec),
         True,

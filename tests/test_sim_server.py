@@ -122,7 +122,7 @@ def test_two_scrapes_give_the_daemon_a_complete_observation(
         view = parse_server_info(info, adaptive_config=config)
         assert view.shape is not None and view.shape.algorithm == "EAGLE3"
         assert list(view.shape.candidate_steps) == CANDIDATES
-        assert dict(view.slot_candidates or ()) == SPECGOV_SLOT_CANDIDATES
+        assert view.slot_candidates == SPECGOV_SLOT_CANDIDATES
         assert view.kv_capacity_tokens == info["max_total_num_tokens"] > 0
 
         builder = ObservationBuilder(adaptive_config=config)

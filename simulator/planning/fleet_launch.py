@@ -39,9 +39,7 @@ def launch_args(
             steps = server.spec_steps
             shape = make_shape(algorithm, steps, 1, steps + 1, f"policy {policy.name}")
             if policy.daemon_spec is not None:
-                slots = tuple(
-                    SlotCandidates.of(bound, ks) for bound, ks in SPECGOV_SLOT_CANDIDATES.items()
-                )
+                slots = tuple(SlotCandidates.of(bound, ks) for bound, ks in SPECGOV_SLOT_CANDIDATES)
                 daemon = policy.name
             else:
                 slots = default_slots()

@@ -43,7 +43,7 @@ def slot_candidates(
 ) -> Callable[[int], tuple[int, ...]]:
     """Batch size -> the candidate steps *policy*'s server has at that batch size."""
     if policy.daemon_spec is not None:
-        table = {b: tuple(ks) for b, ks in SPECGOV_SLOT_CANDIDATES.items()}
+        table = dict(SPECGOV_SLOT_CANDIDATES)
     elif policy.name == "sglang-ema":
         table = {s.bound: s.candidate_steps for s in default_slots()}
     else:

@@ -519,8 +519,7 @@ def _launch(row: dict[str, Any], settings: SweepSettings, catalog: Catalog) -> N
             if policy.adaptive:
                 if policy.daemon_spec is not None:
                     slots = tuple(
-                        SlotCandidates.of(bound, steps)
-                        for bound, steps in SPECGOV_SLOT_CANDIDATES.items()
+                        SlotCandidates.of(bound, steps) for bound, steps in SPECGOV_SLOT_CANDIDATES
                     )
                     row["daemon_policy"] = policy.name
                 else:

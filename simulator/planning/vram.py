@@ -32,7 +32,7 @@ def _union(table: dict[Any, Any]) -> tuple[int, ...]:
 # Named adaptive candidate sets: the union of a slot table is what SGLang prebuilds.
 CANDIDATE_PRESETS: dict[str, tuple[int, ...]] = {
     "sglang-default": _union(DEFAULT_ADAPTIVE_CONFIG),
-    "specgov": _union(SPECGOV_SLOT_CANDIDATES),
+    "specgov": _union(dict(SPECGOV_SLOT_CANDIDATES)),
 }
 
 
