@@ -81,33 +81,6 @@ def _register_subcommands() -> None:
 _register_subcommands()
 
 
-def _load_trace(
-    source: str,
-    fmt: str | None,
-    *,
-    rate_scale: float,
-    window_start_s: float | None,
-    window_end_s: float | None,
-    sample: float | None,
-    max_requests: int | None,
-    seed: int,
-) -> Trace:
-    from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
-    from specgov.simulator.traces import load_trace, transform_trace
-
-    options: dict[str, Any] = {
-        "window_start_s": window_start_s,
-        "window_end_s": window_end_s,
-        "rate_scale": rate_scale,
-        "sample_fraction": sample,
-        "max_requests": max_requests,
-        "seed": seed,
-    }
-    if source == "synthetic" or source.startswith("synthetic:"):
-        return transform_trace(generate_trace(parse_synthetic_spec(source)), **options)
-    return load_trace(Path(source), fmt, **options)
-
-
 def _fmt(value: Any, digits: int = 1) -> str:
     from specgov.controller.cli_format import number
 
@@ -493,7 +466,9 @@ def replay(
 ) -> None:
     """Replay TRACE (a file, or `synthetic[:key=value,...]`) once per --policy."""
     with _user_errors():
-        loaded = _load_trace(
+        from specgov.simulator.synthetic import open_trace
+
+        loaded = open_trace(
             trace,
             fmt,
             rate_scale=rate_scale,

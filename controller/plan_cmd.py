@@ -427,23 +427,20 @@ def sweep_cmd(
     from specgov.simulator.planning.prices import load_prices
     from specgov.simulator.planning.search import SearchSettings
     from specgov.simulator.planning.sweep import SweepSettings, build_document, enumerate_jobs
-    from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
-    from specgov.simulator.traces import load_trace, transform_trace
+    from specgov.simulator.synthetic import open_trace
 
     if ray_address is not None and executor != "ray":
         raise click.UsageError("--ray-address needs --executor ray")
     try:
-        options: dict[str, Any] = {
-            "window_start_s": window_start_s,
-            "window_end_s": window_end_s,
-            "sample_fraction": sample,
-            "max_requests": max_requests,
-            "seed": seed,
-        }
-        if trace_source == "synthetic" or trace_source.startswith("synthetic:"):
-            trace = transform_trace(generate_trace(parse_synthetic_spec(trace_source)), **options)
-        else:
-            trace = load_trace(Path(trace_source), fmt, **options)
+        trace = open_trace(
+            trace_source,
+            fmt,
+            window_start_s=window_start_s,
+            window_end_s=window_end_s,
+            sample=sample,
+            max_requests=max_requests,
+            seed=seed,
+        )
         settings = SweepSettings(
             model=model,
             spec_steps=spec_steps,

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 if TYPE_CHECKING:
-    from specgov.simulator.traces import Trace
+    pass
 
 DEFAULT_ROUTERS = "round-robin,least-loaded,spec-aware"
 
@@ -36,33 +36,6 @@ def _user_errors() -> Iterator[None]:
 def _split(values: Sequence[str]) -> list[str]:
     """Repeatable options that also take comma-separated lists."""
     return [p.strip() for v in values for p in v.split(",") if p.strip()]
-
-
-def _load_trace(
-    source: str,
-    fmt: str | None,
-    *,
-    rate_scale: float,
-    window_start_s: float | None,
-    window_end_s: float | None,
-    sample: float | None,
-    max_requests: int | None,
-    seed: int,
-) -> Trace:
-    from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
-    from specgov.simulator.traces import load_trace, transform_trace
-
-    options: dict[str, Any] = {
-        "window_start_s": window_start_s,
-        "window_end_s": window_end_s,
-        "rate_scale": rate_scale,
-        "sample_fraction": sample,
-        "max_requests": max_requests,
-        "seed": seed,
-    }
-    if source == "synthetic" or source.startswith("synthetic:"):
-        return transform_trace(generate_trace(parse_synthetic_spec(source)), **options)
-    return load_trace(Path(source), fmt, **options)
 
 
 def _progress() -> tuple[Callable[[str, int, int], None] | None, Callable[[], None]]:
@@ -381,7 +354,9 @@ def fleet_cmd(
             mem_fraction_static=mem_fraction_static,
             catalog_files=tuple(catalog),
         )
-        trace = _load_trace(
+        from specgov.simulator.synthetic import open_trace
+
+        trace = open_trace(
             trace_source,
             fmt,
             rate_scale=rate_scale if rate_scale is not None else 1.0,

@@ -656,3 +656,34 @@ DEFAULT_DEMO_SPEC = SyntheticSpec(
     ),
     seed=0,
 )
+
+
+def open_trace(
+    source: str,
+    fmt: str | None = None,
+    *,
+    rate_scale: float = 1.0,
+    window_start_s: float | None = None,
+    window_end_s: float | None = None,
+    sample: float | None = None,
+    max_requests: int | None = None,
+    seed: int = 0,
+) -> Trace:
+    """A trace from the command line's TRACE: a file (read by ``load_trace`` in ``fmt``)
+    or ``synthetic[:key=value,...]`` (generated), with the same window / rate / sample /
+    max-requests options applied either way. The one place every command opens a trace."""
+    from pathlib import Path
+
+    from specgov.simulator.traces import load_trace, transform_trace
+
+    options: dict[str, Any] = {
+        "window_start_s": window_start_s,
+        "window_end_s": window_end_s,
+        "rate_scale": rate_scale,
+        "sample_fraction": sample,
+        "max_requests": max_requests,
+        "seed": seed,
+    }
+    if source == "synthetic" or source.startswith("synthetic:"):
+        return transform_trace(generate_trace(parse_synthetic_spec(source)), **options)
+    return load_trace(Path(source), fmt, **options)
