@@ -395,6 +395,16 @@ class SGLangClient:
                 raise PermanentScrapeError(url, expected, _describe(exc)) from None
             except httpx.TransportError as exc:
                 last = TemporaryScrapeError(url, expected, f"connection failed: {_describe(exc)}")
+            except httpx.DecodingError as exc:
+                # A body that cannot be decoded (a gzip header on plain bytes): malformed,
+                # temporary like any format error, not retried within this request.
+                raise ResponseFormatError(
+                    url, expected, f"body cannot be decoded ({_describe(exc)})"
+                ) from None
+            except httpx.HTTPError as exc:
+                # Anything else httpx raises for one exchange is a temporary fault; it must
+                # never escape to the daemon's loop.
+                last = TemporaryScrapeError(url, expected, f"request failed: {_describe(exc)}")
             else:
                 if err is None:
                     return resp, content

@@ -627,17 +627,27 @@ def parse_step_table_document(raw: bytes, candidate_steps: list[int]) -> StepTab
         raise _Rejected(INVALID, f"key 'table': {exc}") from None
 
 
-def read_published_table(spool_dir: str | os.PathLike[str]) -> StepTable | None:
+def read_published_table(
+    spool_dir: str | os.PathLike[str], *, group_gid: int | None = None
+) -> StepTable | None:
     """The table the daemon last wrote into the spool, as the engine may follow it now;
-    None when there is none or it does not parse (the daemon then starts from its store).
+    None when there is none, it does not parse, the spool is not safe or the file is not
+    this user's (the daemon then starts from its store).
 
     A daemon killed between writing a table and recording it restarts with a store one
     table behind the engine: its next version must still be newer than this one.
     """
     path = Path(spool_dir) / TABLE_FILENAME
     try:
+        check_spool_dir(spool_dir, group_gid=group_gid)
+        if os.stat(path).st_uid != _own_uid():
+            logger.warning("published table %s ignored: not written by this user", path)
+            return None
         raw = _read_bounded(path, MAX_TABLE_BYTES)
     except FileNotFoundError:
+        return None
+    except SpoolSecurityError as exc:
+        logger.warning("published table %s ignored: %s", path, escape_upstream(exc))
         return None
     except OSError as exc:
         logger.warning("cannot read the published table %s: %s", path, escape_upstream(exc))

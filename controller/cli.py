@@ -25,13 +25,7 @@ DEFAULT_REPLAY_POLICIES = ("none", "static:1", "static:3", "static:5", "static:7
 _REPLAY_KINDS = kinds_help(replay=True)
 
 
-EXIT_USAGE = 2  # the README's code for bad usage, input or configuration
-
-
-class BadInput(click.ClickException):
-    """A bad option value, policy spec, catalog name or trace file: one line, exit 2."""
-
-    exit_code = EXIT_USAGE
+from specgov.controller.cli_format import BadInput  # noqa: E402
 
 
 @contextmanager

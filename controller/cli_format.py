@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final, TypeGuard
 
+import click
+
 UNKNOWN: Final = "unknown"
 
 # Below this share of requests meeting the SLO, the server is overloaded at the replayed
@@ -240,3 +242,12 @@ __all__ = [
     "table_slots",
     "text",
 ]
+
+
+EXIT_USAGE = 2  # the README's code for bad usage, input or configuration
+
+
+class BadInput(click.ClickException):
+    """A bad option value, policy spec, catalog name or trace file: one line, exit 2."""
+
+    exit_code = EXIT_USAGE

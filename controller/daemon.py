@@ -144,6 +144,7 @@ class Daemon:
         self.store = store
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = DaemonMetrics(self.registry)
+        self.metrics.set_info(policy=config.policy.spec, mode=config.loop.mode)
         self._clock = clock
         self._cpu_clock = cpu_clock
         self._prior = prior
@@ -291,7 +292,9 @@ class Daemon:
         # A kill between writing a table and recording it leaves the spool a table ahead
         # of the store: the engine may be following it, and the next version must be newer.
         spool = self.config.spool.dir
-        published = None if spool is None else read_published_table(spool)
+        published = None
+        if spool is not None and self.config.loop.mode == "plugin":  # observe publishes nothing
+            published = read_published_table(spool, group_gid=self.config.spool.group)
         if published is not None and (table is None or published.version > table.version):
             log.info(
                 "the spool holds table v%d, newer than the store's (v%s): continuing from it",
@@ -775,9 +778,25 @@ class Daemon:
         self.status_info.tables_published += 1
         return True
 
+    def _export_goodput(self, record: AuditRecord) -> None:
+        """Observed goodput (the engine's generation throughput), the goodput a change was
+        predicted to reach (observed x (1 + expected gain), kept until the next predicted
+        change) and the accept length under the running batch's slot, for the dashboard
+        and the "below prediction" alert."""
+        summary = record.inputs_summary
+        observed = summary.get("gen_throughput_tok_s")
+        self.metrics.set_observed(observed)
+        if record.changed and record.expected_gain is not None and observed is not None:
+            self.metrics.set_predicted(observed * (1.0 + record.expected_gain))
+        accept, running = summary.get("accept_length"), summary.get("running")
+        table = record.table_in_force
+        if accept is not None and running is not None and table is not None:
+            self.metrics.set_accept_lengths({table.slot_for(max(int(running), 1)): accept})
+
     def _record(self, record: AuditRecord) -> None:
         decide_s = (record.decide_ms or 0.0) / 1e3
         self.metrics.on_decision(record.policy, record.reason, decide_s, record.table_in_force)
+        self._export_goodput(record)
         active = active_overrides(tuple(self._overrides.values()), record.time_s)
         self.metrics.set_override_active(len(active))
         row = record.to_store()
@@ -1087,6 +1106,7 @@ class Daemon:
         old_spec = self.config.policy.spec
         self.config = new
         self.core = core
+        self.metrics.set_info(policy=self.core_state.policy_spec, mode=new.loop.mode)
         if new.policy.spec != old_spec:
             self.set_policy(new.policy.spec)
         log.info("configuration reloaded")

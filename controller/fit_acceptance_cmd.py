@@ -14,6 +14,8 @@ from pathlib import Path
 
 import click
 
+from specgov.controller.cli_format import BadInput
+
 # Requests whose record names no domain are fitted (and replayed) as this domain.
 NO_DOMAIN = "default"
 
@@ -44,7 +46,7 @@ def fit_acceptance_cmd(trace: Path, output: Path | None, name: str | None, seed:
     try:
         loaded = load_trace(trace, "acceptance")
     except TraceError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
     by_domain: dict[str, list[list[int]]] = {}
     for r in loaded.requests:
         if r.acc_len is not None:
@@ -53,7 +55,7 @@ def fit_acceptance_cmd(trace: Path, output: Path | None, name: str | None, seed:
     try:
         fits = fit(by_domain, seed=seed)
     except AcceptanceFitError as exc:
-        raise click.ClickException(f"{trace}: {exc}") from None
+        raise BadInput(f"{trace}: {exc}") from None
     profile = (name or trace.stem).strip().lower().replace(" ", "-")
     out = output or trace.with_name(f"{trace.stem}.acceptance.yaml")
     biggest = max(fits, key=lambda f: f.tokens).domain

@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from specgov.controller.cli_format import BadInput
+
 EXIT_DOES_NOT_FIT = 3
 
 
@@ -135,7 +137,7 @@ def vram_cmd(
                 vram_document(plan, shape=used["shape"], max_running_requests=max_running_requests)
             )
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
     if output == "json":
         click.echo(json.dumps(documents, indent=2, allow_nan=False))
     else:
@@ -468,7 +470,7 @@ def sweep_cmd(
         if price_table is not None:
             price_table.require(sorted({job.gpu for job in jobs}))
     except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
     progress, stop = _progress()
     try:
         rows, reused = run_jobs(
@@ -480,7 +482,7 @@ def sweep_cmd(
             results_dir=resume_dir,
             progress=progress,
         )
-    except ExecutorError as exc:
+    except ExecutorError as exc:  # a run failure, not bad input
         raise click.ClickException(str(exc)) from None
     finally:
         stop()

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from specgov.controller.cli_format import BadInput
+
 if TYPE_CHECKING:
     pass
 
@@ -30,7 +32,7 @@ def _user_errors() -> Iterator[None]:
     except click.ClickException:
         raise
     except (ValueError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
+        raise BadInput(str(exc)) from None
 
 
 def _split(values: Sequence[str]) -> list[str]:

@@ -5,6 +5,7 @@ last good table is kept alive like an outage; the log line and status escape its
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 from pathlib import Path
@@ -68,10 +69,85 @@ def test_a_restart_continues_from_a_spool_table_newer_than_the_store(tmp_path: P
     config = load_config(
         None,
         env={},
-        overrides={"state.db_path": str(tmp_path / "s.db"), "spool.dir": str(spool)},
+        overrides={
+            "state.db_path": str(tmp_path / "s.db"),
+            "spool.dir": str(spool),
+            "loop.mode": "plugin",
+        },
     )
     daemon = Daemon(config, store=None)
     assert daemon.core_state.table == table
-    # A torn file is ignored (the daemon starts from its store, here empty).
+    # Observe mode publishes nothing and adopts nothing; a spool others can write is not
+    # trusted; a torn file is ignored (the daemon starts from its store, here empty).
+    observe = dataclasses.replace(config, loop=dataclasses.replace(config.loop, mode="observe"))
+    assert Daemon(observe, store=None).core_state.table is None
+    spool.chmod(0o777)
+    assert Daemon(config, store=None).core_state.table is None
+    spool.chmod(0o700)
     (spool / "step_table.json").write_bytes(b'{"table": {"slo')
     assert Daemon(config, store=None).core_state.table is None
+
+
+def test_a_body_that_cannot_be_decoded_is_a_format_error_not_a_crash(tmp_path: Path) -> None:
+    # `Content-Encoding: gzip` on bytes that are not gzip: httpx raises a DecodingError
+    # (not a TransportError); it used to escape scrape_once and end the scrape task.
+    config = load_config(None, env={}, overrides={"state.db_path": str(tmp_path / "s.db")})
+    daemon = Daemon(config, store=None)
+    transport = httpx.MockTransport(
+        lambda r: httpx.Response(200, content=b"not gzip", headers={"Content-Encoding": "gzip"})
+    )
+    daemon._client = SGLangClient(
+        config.server.url, rng=random.Random(0), transport=transport, retries=0
+    )
+
+    async def go() -> None:
+        try:
+            assert await daemon.scrape_once() is None
+        finally:
+            await daemon._client.aclose()
+
+    asyncio.run(go())
+    sample = daemon.registry.get_sample_value
+    assert sample("specgov_scrape_errors_total", {"kind": "format"}) == 1.0
+    assert "cannot be decoded" in (daemon.status_info.last_scrape_error or "")
+
+
+def test_the_dashboards_goodput_and_mode_series_are_exported_by_a_deciding_daemon(
+    tmp_path: Path,
+) -> None:
+    from specgov.policies.control_core import AuditRecord
+    from specgov.policies.types import StepTable
+
+    config = load_config(
+        None,
+        env={},
+        overrides={"state.db_path": str(tmp_path / "s.db"), "loop.mode": "plugin"},
+    )
+    daemon = Daemon(config, store=None)
+    import prometheus_client
+
+    def exported() -> str:
+        return str(prometheus_client.generate_latest(daemon.registry).decode())
+
+    # The alert "table expired (plugin on fallback)" selects specgov_info{mode="plugin"}.
+    assert 'specgov_info{mode="plugin",policy="goodput"' in exported()
+    table = StepTable(((1, 3), (8, 1)), version=2, produced_at_s=10.0, ttl_s=30.0)
+    daemon._record(
+        AuditRecord(
+            time_s=10.0,
+            policy="goodput",
+            reason="changed_predicted_gain",
+            message="x",
+            limited_by=(),
+            expected_gain=0.1,
+            inputs_summary={"gen_throughput_tok_s": 1000.0, "accept_length": 2.5, "running": 12},
+            table_before=None,
+            table_after=table,
+            published=True,
+            table_in_force=table,
+        )
+    )
+    text = exported()
+    assert "specgov_goodput_observed_tokens_per_second 1000.0" in text
+    assert "specgov_goodput_predicted_tokens_per_second 1100.0" in text
+    assert 'specgov_accept_length_estimate{slot="8"} 2.5' in text

@@ -164,11 +164,11 @@ def test_cli_names_requests_without_domain_default(tmp_path: Path) -> None:
 
 def test_cli_errors_are_one_clean_line(tmp_path: Path) -> None:
     missing = CliRunner().invoke(main, ["fit-acceptance", str(tmp_path / "nope.jsonl")])
-    assert missing.exit_code == 1 and "does not exist" in missing.output
+    assert missing.exit_code == 2 and "does not exist" in missing.output
     no_acc = tmp_path / "plain.jsonl"
     no_acc.write_text('{"arrival_s": 0, "input_tokens": 3, "output_tokens": 2}\n')
     result = CliRunner().invoke(main, ["fit-acceptance", str(no_acc)])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert "plain.jsonl:1: key 'acc_len' is missing" in result.output
     assert "Traceback" not in result.output
 

@@ -99,7 +99,7 @@ def test_azure_trace_and_format(azure_trace_dir: Path) -> None:
     doc = _json(*args, "--routers", "least-loaded")
     assert doc["trace"]["requests"] == 40 and doc["trace"]["source"].startswith("azure:")
     result = _run("--trace", conv, "--format", "mooncake", "--replicas", "1")
-    assert result.exit_code == 1 and "Error" in result.output
+    assert result.exit_code == 2 and "Error" in result.output
 
 
 def test_server_options(tmp_path: Path) -> None:
@@ -164,7 +164,7 @@ def test_prices_rank_by_cost(tmp_path: Path) -> None:
     other = tmp_path / "a100.yaml"
     other.write_text("gpu_hour:\n  a100: 1.0\n")
     result = _run("--trace", TRACE, "--replicas", "1", "--prices", str(other))
-    assert result.exit_code == 1 and "no price for 'h100'" in result.output
+    assert result.exit_code == 2 and "no price for 'h100'" in result.output
 
 
 def test_report_folder(tmp_path: Path) -> None:
@@ -181,12 +181,12 @@ def test_report_folder(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "code", "message"),
     [
-        (["--replicas", "0"], 1, "must be >= 1"),
-        (["--mix", "2-2"], 1, "expected n+m"),
-        (["--replicas", "1", "--routers", "random"], 1, "unknown router"),
-        (["--replicas", "1", "--policies", "none"], 1, "not speculative"),
-        (["--replicas", "1", "--policies", "static:x"], 1, "static:K"),
-        (["--replicas", "1", "--gpu", "tpu"], 1, "unknown GPU"),
+        (["--replicas", "0"], 2, "must be >= 1"),
+        (["--mix", "2-2"], 2, "expected n+m"),
+        (["--replicas", "1", "--routers", "random"], 2, "unknown router"),
+        (["--replicas", "1", "--policies", "none"], 2, "not speculative"),
+        (["--replicas", "1", "--policies", "static:x"], 2, "static:K"),
+        (["--replicas", "1", "--gpu", "tpu"], 2, "unknown GPU"),
         ([], 2, "give --replicas"),
     ],
 )

@@ -393,10 +393,10 @@ def test_command_table_and_errors(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "--ray-address needs --executor ray" in bad.output
     prices = _prices(tmp_path, "gpu_hour:\n  a100: 1\n")
     missing = _sweep("--prices", str(prices))
-    assert missing.exit_code == 1 and "no price for 'h100'" in missing.output
+    assert missing.exit_code == 2 and "no price for 'h100'" in missing.output
     assert "Traceback" not in missing.output
     nofile = _sweep("--trace", str(tmp_path / "nope.csv"))
-    assert nofile.exit_code == 1 and "does not exist" in nofile.output
+    assert nofile.exit_code == 2 and "does not exist" in nofile.output
 
 
 def test_command_report(tmp_path: Path) -> None:

@@ -92,10 +92,10 @@ def test_options_change_the_numbers() -> None:
 
 def test_bad_input_is_one_clear_line() -> None:
     code, _, text = _run("--candidates", "0,x")
-    assert code == 1 and "'x' is not a non-negative integer" in text
+    assert code == 2 and "'x' is not a non-negative integer" in text
     assert "Traceback" not in text
     code, _, text = _run("--gpu", "h1000")
-    assert code == 1 and "unknown GPU 'h1000'" in text
+    assert code == 2 and "unknown GPU 'h1000'" in text
     code, _, text = _run("--topk", "4")
     assert code == 2 and "needs --num-draft-tokens" in text
 
