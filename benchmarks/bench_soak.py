@@ -125,9 +125,15 @@ def decisions_counted(metrics_url: str) -> int:
     return int(total)
 
 
-def sim_time(sim_url: str) -> float:
+def sim_state(sim_url: str) -> tuple[float, bool]:
+    """The sim-server's simulated time and whether its trace has played out."""
     with urllib.request.urlopen(f"{sim_url}/specgov-sim/state", timeout=10.0) as resp:
-        return float(json.loads(resp.read())["sim_time_s"])
+        state = json.loads(resp.read())
+    return float(state["sim_time_s"]), state.get("status") == "finished"
+
+
+def sim_time(sim_url: str) -> float:
+    return sim_state(sim_url)[0]
 
 
 def run(
@@ -173,9 +179,9 @@ def run(
                 procs.append(daemon)
                 wait_until(lambda: published_tables(db) > 0, STARTUP_TIMEOUT_S, "a table")
                 start_wall = time.time()
-                # Until the simulated day is over (the sim-server slows down when starved,
-                # so its own clock, not the wall, says when).
-                while sim_time(sim_url) < duration_s:
+                # Until the simulated day has played out (the sim-server slows down when
+                # starved, so its own state, not the wall, says when).
+                while not sim_state(sim_url)[1]:
                     if daemon.poll() is not None:
                         raise SystemExit((root / "daemon.log").read_text()[-3000:])
                     samples.append(sample(daemon.pid, db))
