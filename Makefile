@@ -45,8 +45,8 @@ $(VENV)/.torch: | setup
 # If it cannot be installed the test skips with the reason, except in CI, which sets
 # SPECGOV_REQUIRE_RAY.
 $(VENV)/.ray: pyproject.toml | setup
-	$(BIN)/pip install -q -e '.[ray]' || echo "warning: ray not installed; the Ray test will skip"
-	touch $@
+	# The marker only on success: a failed install is retried by the next `make test`.
+	$(BIN)/pip install -q -e '.[ray]' && touch $@ || echo "warning: ray not installed; the Ray test will skip"
 
 test: setup sglang-src $(VENV)/.torch $(VENV)/.ray
 	SPECGOV_SGLANG_SRC=$(SGLANG_SRC) SPECGOV_SHARED_DATA=$(SHARED_DATA) $(BIN)/pytest -q
