@@ -932,6 +932,16 @@ def _check_relations(config: SpecgovConfig) -> None:
             f"{src.get('spool.dir', DEFAULTS_LABEL)}: spool.dir: loop.mode plugin publishes "
             f"step tables through the spool, so spool.dir must name a directory, got null"
         )
+    loop = config.loop
+    if not loop.telemetry_max_age_s >= loop.scrape_interval_s:
+        # A bound shorter than one scrape interval fails readiness between every two
+        # healthy scrapes.
+        raise ConfigError(
+            f"{src.get('loop.telemetry_max_age_s', DEFAULTS_LABEL)}: loop.telemetry_max_age_s: "
+            f"expected >= loop.scrape_interval_s ({loop.scrape_interval_s:g} s, from "
+            f"{src.get('loop.scrape_interval_s', DEFAULTS_LABEL)}), else readiness fails "
+            f"between two healthy scrapes, got {loop.telemetry_max_age_s:g} s"
+        )
     guard = config.guardrails
     limit = guard["table_ttl_s"] * (1.0 - guard["keepalive_fraction"])
     decide = config.loop.decide_interval_s

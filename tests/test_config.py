@@ -401,6 +401,19 @@ def test_decide_interval_must_leave_time_to_reissue_the_table(tmp_path: Path) ->
     assert cfg.loop.decide_interval_s == 20.0
 
 
+def test_telemetry_max_age_must_cover_one_scrape_interval(tmp_path: Path) -> None:
+    message = _error(tmp_path, "loop:\n  scrape_interval_s: 10s\n  telemetry_max_age_s: 5s\n")
+    assert "cfg.yaml:3: loop.telemetry_max_age_s: expected >= " in message
+    assert "loop.scrape_interval_s (10 s, from " in message and "cfg.yaml:2)" in message
+    assert "got 5 s" in message
+    # Through the environment too, and the equal bound is accepted.
+    env = {"SPECGOV_LOOP__TELEMETRY_MAX_AGE_S": "0.5"}
+    with pytest.raises(ConfigError, match=r"loop\.telemetry_max_age_s: expected >= loop\."):
+        load_config(None, env=env)
+    cfg = load_text(tmp_path, "loop:\n  scrape_interval_s: 10s\n  telemetry_max_age_s: 10s\n")
+    assert cfg.loop.telemetry_max_age_s == cfg.loop.scrape_interval_s == 10.0
+
+
 def test_secret_looking_values_are_not_echoed(tmp_path: Path) -> None:
     message = _error(tmp_path, f"server:\n  api_key_env: '{SECRET}'\n")
     assert "server.api_key_env: expected the NAME of an environment variable" in message
