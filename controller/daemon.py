@@ -167,6 +167,7 @@ class Daemon:
             log, monotonic, on_suppressed=self.metrics.on_log_suppressed
         )
         self._journal = journal if journal is not None else StoreJournal()
+        self._journal.on_rejected = self._store_rejected
         self._store_incidents: deque[dict[str, Any]] = deque(maxlen=MAX_STORE_INCIDENTS)
         self._last_tick_s: float | None = None
         # Status parts that cost to build, keyed by the object they were built from.
@@ -344,6 +345,16 @@ class Daemon:
         self.status_info.store_error = message
         self._journal.note_down(self._clock(), str(exc))
 
+    def _store_rejected(self, kind: str, exc: Exception) -> None:
+        """A queued write the store refused at write-back (not an outage): dropped so the
+        rest can go on; counted (metric, status) and logged once per burst."""
+        self.metrics.on_store_failure("rejected")
+        self._throttle.error(
+            "store-rejected",
+            f"state store refused a queued {kind} write at write-back "
+            f"({type(exc).__name__}: {exc}); dropped it and wrote back the rest",
+        )
+
     def _store_write(self, entry: PendingWrite) -> bool:
         """Persist a decision row or override change, or queue it while the store is
         down (earlier queued writes go first, so the store sees them in order)."""
@@ -413,7 +424,7 @@ class Daemon:
         """The audit row recording an outage of the store (None: nothing to record)."""
         incidents = [i for i in self._store_incidents if i["time_s"] >= result.down_since_s]
         dropped = sum(result.dropped.values())
-        if not (result.written or dropped or incidents):
+        if not (result.written or dropped or incidents or result.rejected):
             return None
         now = self._clock()
         message = (
@@ -427,6 +438,9 @@ class Daemon:
                 f"; {dropped} dropped ({kinds}): the journal holds at most "
                 f"{self._journal.max_entries}"
             )
+        if result.rejected:
+            kinds = ", ".join(f"{n} {k}" for k, n in sorted(result.rejected.items()))
+            message += f"; {sum(result.rejected.values())} refused by the store ({kinds})"
         return {
             "time_s": now,
             "policy": self.policy_name,
@@ -437,6 +451,7 @@ class Daemon:
                 "store_back_at_s": now,
                 "written_back": result.written,
                 "dropped": dict(result.dropped),
+                "rejected": dict(result.rejected),
                 "journal_max_entries": self._journal.max_entries,
                 "cause": result.cause,
                 "incidents": [i["message"] for i in incidents],
@@ -838,6 +853,7 @@ class Daemon:
                 "entries": len(journal),
                 "max_entries": journal.max_entries,
                 "dropped": journal.dropped,
+                "rejected": journal.rejected,
                 "down_since_s": journal.down_since_s,
             },
             "store_incidents": list(self._store_incidents),

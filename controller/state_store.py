@@ -635,8 +635,10 @@ class StateStore:
         return True
 
     def _secure_files(self) -> None:
-        """Take away permission bits beyond the state mode from the file, -wal and -shm
-        (never adds any: a read-only file stays read-only)."""
+        """Give the file, -wal and -shm the state mode: bits beyond it are taken away;
+        with a configured group, the group is set and group read added (a file made
+        0600 before ``state.group`` was configured widens to 0640). Write bits are
+        never added: a read-only file stays read-only."""
         for path in (self._path, _sidecar(self._path, "-wal"), _sidecar(self._path, "-shm")):
             try:
                 st = os.stat(path)
@@ -644,27 +646,54 @@ class StateStore:
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
-            try:
-                if self._gid is not None and st.st_gid != self._gid:
+            mode = stat.S_IMODE(st.st_mode)
+            wanted = mode & self._file_mode
+            if self._gid is not None and mode & stat.S_IRUSR:
+                wanted |= stat.S_IRGRP
+            if self._gid is not None and st.st_gid != self._gid:
+                try:
                     os.chown(path, -1, self._gid)
-                wanted = stat.S_IMODE(st.st_mode) & self._file_mode
-                if wanted != stat.S_IMODE(st.st_mode):
+                except OSError as exc:
+                    # Without the group, group read would go to the wrong group.
+                    wanted &= ~stat.S_IRGRP
+                    self._secure_failed(path, st, mode, "chgrp", exc)
+            if wanted != mode:
+                try:
                     os.chmod(path, wanted)
-                    log.info(
-                        "state file %s: mode %o -> %o (state files are private)",
-                        path,
-                        stat.S_IMODE(st.st_mode),
-                        wanted,
-                    )
-            except OSError as exc:
-                log.warning(
-                    "state file %s has mode %o, readable beyond its owner%s, and cannot be "
-                    "changed: %s",
-                    path,
-                    stat.S_IMODE(st.st_mode),
-                    "" if self._gid is None else " and group",
-                    exc,
-                )
+                except OSError as exc:
+                    self._secure_failed(path, st, mode, "chmod", exc)
+                else:
+                    log.info("state file %s: mode %o -> %o (state mode)", path, mode, wanted)
+
+    def _secure_failed(
+        self, path: Path, st: os.stat_result, mode: int, step: str, exc: OSError
+    ) -> None:
+        if step == "chmod" and mode & ~self._file_mode:
+            log.warning(
+                "state file %s has mode %o, readable beyond its owner%s, and cannot be "
+                "changed: %s",
+                path,
+                mode,
+                "" if self._gid is None else " and group",
+                exc,
+            )
+            return
+        # Widening failed: the configured group cannot read the file.
+        log.warning(
+            "state file %s: state.group is gid %s but the file has gid %d and mode %o, and "
+            "this process (uid %d) cannot %s it (%s), so that group cannot read it; fix: "
+            "as the file's owner or root, `chgrp %s %s && chmod g+r %s`",
+            path,
+            self._gid,
+            st.st_gid,
+            mode,
+            os.geteuid(),
+            step,
+            exc,
+            self._gid,
+            path,
+            path,
+        )
 
     def _stat_identity(self) -> tuple[int, int] | None:
         return _identity(self._path)
@@ -741,7 +770,28 @@ class StateStore:
         self._drop()
         self._remove_stale_sidecars()
         if deleted:
-            os.replace(target, self._path)
+            try:
+                os.replace(target, self._path)
+            except OSError as exc:
+                self._identity = None
+                detail = (
+                    f"was deleted while the daemon ran; its open copy ({rows} decisions and "
+                    f"every other committed row) was saved as {target} but cannot be moved "
+                    f"back ({exc}); the daemon goes on with a new file at the path; to keep "
+                    f"the old rows stop it and `mv {shlex.quote(str(target))} "
+                    f"{shlex.quote(str(self._path))}`"
+                )
+                err = StoreReplaced(
+                    self._path,
+                    op,
+                    exc,
+                    deleted=True,
+                    recovered=False,
+                    detail=detail,
+                    saved_to=target,
+                )
+                self._last_error = err
+                raise err from exc
             detail = (
                 f"was deleted while the daemon ran; recreated it from the daemon's open copy "
                 f"({rows} decisions and every other committed row kept)"

@@ -9,19 +9,33 @@ lost. Snapshot-like writes (the policy state, the last table, settings) are not 
 only the latest of each matters, so they are kept once per key and never count against
 the bound.
 
+A write the store refuses for itself (a constraint or validation error, anything but
+:class:`StoreUnavailable`) would fail at every retry and hold everything behind it
+back: it is dropped, counted by kind in ``rejected`` (and in the write-back's result,
+so the gap row names it), and handed to ``on_rejected`` (the daemon logs it, once per
+burst, and counts it in a metric); the write-back goes on with the rest.
+
 Nothing here touches a clock or a file; the daemon passes times in and owns the store.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from specgov.controller.state_store import StateStore
+from specgov.controller.state_store import StateStore, StoreUnavailable
 
-__all__ = ["DEFAULT_MAX_ENTRIES", "PendingWrite", "StoreJournal", "WriteBack", "write_entry"]
+__all__ = [
+    "DEFAULT_MAX_ENTRIES",
+    "OnRejected",
+    "PendingWrite",
+    "StoreJournal",
+    "WriteBack",
+    "write_entry",
+]
 
 DEFAULT_MAX_ENTRIES: Final = 10_000
 """About 14 hours of decisions at the default 5 s interval. Measured: 4.3 KiB of memory
@@ -48,12 +62,21 @@ class WriteBack:
     dropped: Mapping[str, int]
     down_since_s: float
     cause: str
+    # Entries the store refused (kind -> count) during this gap: dropped, not retried.
+    rejected: Mapping[str, int] = field(default_factory=dict)
+
+
+# Called with the kind of a refused write ("decision", "override", "clear", "snapshot",
+# "holding", "gap_row") and what the store raised.
+OnRejected = Callable[[str, Exception], None]
 
 
 class StoreJournal:
     """The bounded queue of writes waiting for the store (see the module docstring)."""
 
-    def __init__(self, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+    def __init__(
+        self, max_entries: int = DEFAULT_MAX_ENTRIES, on_rejected: OnRejected | None = None
+    ) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
             raise ValueError(f"StoreJournal.max_entries: expected an int >= 1, got {max_entries!r}")
         self.max_entries = max_entries
@@ -62,6 +85,9 @@ class StoreJournal:
         self._latest: dict[str, Callable[[StateStore], object]] = {}
         self._dropped: Counter[str] = Counter()
         self._written = 0  # entries written by write-backs that then failed
+        self._gap_rejected: Counter[str] = Counter()  # refused during this gap
+        self._rejected: Counter[str] = Counter()  # refused since the journal was made
+        self.on_rejected = on_rejected
         self.down_since_s: float | None = None
         self.cause: str | None = None
 
@@ -76,6 +102,26 @@ class StoreJournal:
     @property
     def dropped(self) -> Mapping[str, int]:
         return dict(self._dropped)
+
+    @property
+    def rejected(self) -> Mapping[str, int]:
+        """Writes the store refused at write-back (kind -> count), since the start."""
+        return dict(self._rejected)
+
+    def _attempt(self, kind: str, write: Callable[[StateStore], object], store: StateStore) -> bool:
+        """Run one write-back write; False when the store refused it (dropped, counted).
+        :class:`StoreUnavailable` propagates: the store is down, the write is kept."""
+        try:
+            write(store)
+        except StoreUnavailable:
+            raise
+        except Exception as exc:  # the store's own refusal: retrying cannot help
+            self._gap_rejected[kind] += 1
+            self._rejected[kind] += 1
+            if self.on_rejected is not None:
+                self.on_rejected(kind, exc)
+            return False
+        return True
 
     def note_down(self, now_s: float, cause: str) -> None:
         """The store failed at ``now_s``; the first failure of a burst starts the gap."""
@@ -104,28 +150,32 @@ class StoreJournal:
         """Write every queued entry, then the latest snapshots, then ``extra`` writes
         (the daemon's own state), then ``gap_row(result)`` as an audit row (when not
         None), in that order. An entry leaves the journal only once written, so a
-        failure (:class:`StoreUnavailable`, re-raised) keeps the rest for the next try.
+        failure (:class:`StoreUnavailable`, re-raised) keeps the rest for the next try;
+        a write the store refuses otherwise is dropped and counted (module docstring).
         On success the journal is empty and the gap is closed."""
         assert self.down_since_s is not None, "write_back with nothing pending"
         while self._entries:
-            write_entry(store, self._entries[0])
+            entry = self._entries[0]
+            written = self._attempt(entry.kind, functools.partial(write_entry, entry=entry), store)
             self._entries.popleft()
-            self._written += 1
+            self._written += written
         for key in list(self._latest):
-            self._latest[key](store)
+            self._attempt("snapshot", self._latest[key], store)
             del self._latest[key]
         for write in extra:
-            write(store)
+            self._attempt("holding", write, store)
         result = WriteBack(
             written=self._written,
             dropped=dict(self._dropped),
             down_since_s=self.down_since_s,
             cause=self.cause or "unknown",
+            rejected=dict(self._gap_rejected),
         )
         row = None if gap_row is None else gap_row(result)
         if row is not None:
-            store.record_decision(**row)
+            self._attempt("gap_row", lambda s: s.record_decision(**row), store)
         self._dropped.clear()
+        self._gap_rejected.clear()
         self._written = 0
         self.down_since_s = None
         self.cause = None

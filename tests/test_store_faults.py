@@ -37,7 +37,7 @@ from specgov.controller.state_store import (
     StoreReplaced,
     StoreUnavailable,
 )
-from specgov.controller.store_journal import StoreJournal
+from specgov.controller.store_journal import PendingWrite, StoreJournal
 
 PIN = "static:steps=3"
 
@@ -266,6 +266,90 @@ def test_journal_overflow_is_counted_and_recorded(tmp_path: Path) -> None:
         assert len(rows) == 1 + 3 + 1 + 1  # before, kept, after, the gap
 
 
+class _Refusing(StateStore):
+    """A store whose file refuses one row for itself (a constraint failure, as a
+    foreign trigger or a schema mismatch would raise): not an outage."""
+
+    def record_decision(self, **row: Any) -> int:
+        if row.get("message") == "refuse me":
+            raise sqlite3.IntegrityError("CHECK constraint failed: decisions")
+        return super().record_decision(**row)
+
+
+def test_a_write_the_store_refuses_is_dropped_and_the_write_back_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = _config(tmp_path)
+    capped = _Capped()
+    store = _Refusing(config.state.db_path, connect=capped, open_now=False)
+    journal = StoreJournal()
+    daemon = _daemon(config, store, journal=journal)
+    daemon.decide_once()
+    capped.fill()
+    daemon.decide_once()
+    journal.add(
+        PendingWrite(
+            "decision", 2.0, {"time_s": 2.0, "policy": "p", "reason": "r", "message": "refuse me"}
+        )
+    )
+    journal.add(
+        PendingWrite("decision", 2.5, {"time_s": 2.5, "policy": "p", "reason": "r", "message": "x"})
+    )
+    daemon.decide_once()
+    assert len(journal) == 4
+    capped.free()
+    caplog.set_level(logging.INFO)
+    for _ in range(3):
+        daemon.decide_once()  # the refused row neither jams the journal nor raises
+    status = daemon.status()
+    assert status["store_error"] is None and status["store_journal"]["entries"] == 0
+    assert status["store_journal"]["rejected"] == {"decision": 1}
+    assert _metric(daemon, "specgov_store_failures_total", kind="rejected") == 1.0
+    refused = [m for m in _store_lines(caplog) if "refused a queued decision write" in m]
+    assert len(refused) == 1 and "IntegrityError: CHECK constraint failed" in refused[0]
+    assert daemon.health()["store"] is True
+    _close(daemon)
+    with StateStore(config.state.db_path) as s:
+        rows = s.decisions(limit=100)
+        assert "refuse me" not in {r.message for r in rows}
+        assert "x" in {r.message for r in rows}  # the entry behind it was written
+        (gap,) = [r for r in rows if r.reason == "store_gap"]
+        assert gap.inputs_summary["rejected"] == {"decision": 1}
+        assert "1 refused by the store (1 decision)" in gap.message
+        assert len(rows) == 1 + 3 + 3 + 1  # before, journaled (one refused), after, gap
+
+
+def test_a_deleted_db_whose_copy_cannot_be_moved_back_is_a_typed_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import specgov.controller.state_store as state_store
+
+    db = tmp_path / "state.db"
+    store = StateStore(db)
+    store.record_decision(time_s=1.0, policy="p", reason="r", message="m")
+    db.unlink()
+    real_replace = os.replace
+
+    def refuse(src: Any, dst: Any) -> None:
+        if ".recovering-" in str(src):
+            raise OSError(5, "Input/output error")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(state_store.os, "replace", refuse)
+    with pytest.raises(StoreReplaced) as info:
+        store.record_decision(time_s=2.0, policy="p", reason="r", message="m")
+    monkeypatch.undo()
+    err = info.value
+    assert err.deleted and not err.recovered and isinstance(err, StoreUnavailable)
+    assert err.saved_to is not None and err.saved_to.exists()
+    assert "cannot be moved back (" in str(err) and f"mv {err.saved_to} {db}" in str(err)
+    with StateStore(err.saved_to) as saved:
+        assert [r.time_s for r in saved.decisions()] == [1.0]  # nothing committed lost
+    store.record_decision(time_s=3.0, policy="p", reason="r", message="m")  # goes on
+    assert [r.time_s for r in store.decisions()] == [3.0]
+    store.close()
+
+
 def test_overrides_cleared_while_the_store_is_down_stay_cleared(tmp_path: Path) -> None:
     config = _config(tmp_path)
     capped = _Capped()
@@ -435,6 +519,42 @@ def test_a_configured_group_gets_read_access(tmp_path: Path) -> None:
         s.record_decision(time_s=1.0, policy="p", reason="r", message="m")
         for f in db.parent.glob("state.db*"):
             assert _mode(f) == 0o640 and f.stat().st_gid == gid, f
+
+
+def test_a_group_configured_later_widens_the_existing_files(tmp_path: Path) -> None:
+    gid = os.getgid()
+    db = tmp_path / "state.db"
+    with StateStore(db) as first:  # held open: its -wal and -shm stay, 0600
+        first.record_decision(time_s=1.0, policy="p", reason="r", message="m")
+        files = sorted(tmp_path.glob("state.db*"))
+        assert {f.name for f in files} == {"state.db", "state.db-wal", "state.db-shm"}
+        assert {_mode(f) for f in files} == {0o600}
+        with StateStore(db, file_group=gid) as s:
+            assert len(s.decisions()) == 1
+            for f in files:
+                assert _mode(f) == 0o640 and f.stat().st_gid == gid, f
+
+
+def test_a_group_that_cannot_be_given_is_a_clear_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import specgov.controller.state_store as state_store
+
+    db = tmp_path / "state.db"
+    StateStore(db).close()
+
+    def refuse(path: object, mode: int) -> None:
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(state_store.os, "chmod", refuse)
+    with caplog.at_level(logging.WARNING, logger=state_store.log.name):
+        StateStore(db, file_group=os.getgid()).close()
+    monkeypatch.undo()
+    assert _mode(db) == 0o600
+    text = caplog.text
+    assert f"state file {db}: state.group is gid {os.getgid()}" in text
+    assert "cannot chmod it" in text and "so that group cannot read it" in text
+    assert f"chmod g+r {db}" in text
 
 
 def test_existing_files_lose_extra_bits_but_never_gain_any(tmp_path: Path) -> None:
