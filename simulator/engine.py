@@ -15,6 +15,13 @@ What it models, in SGLang's own order (scheduler event loop of 0.5.23, non-overl
   drafts per request, batch_size)`` after it; a returned step switches the
   runtime state at once, exactly as ``AdaptiveController`` does. Any step that
   is not a prebuilt candidate raises, as in SGLang.
+* Prefix caching (``EngineConfig.prefix_cache``, SGLang's radix cache, on by default as
+  there; ``specgov.simulator.prefix_cache``): a request whose trace gives prompt block
+  ids reuses the longest cached prefix and prefills only the rest; the cache holds
+  finished requests' prompts in the same KV pool, running requests pin theirs, and
+  unpinned blocks are evicted LRU when requests need room (before any retraction, as
+  ``check_decode_mem`` evicts first). Requests without ids reuse nothing; a trace
+  without any ids runs exactly as with the cache off.
 * The KV pool has a fixed token capacity (from the VRAM plan). A decode step
   needs room for every verified token; when the pool runs dry requests are
   retracted in SGLang's order (fewest output tokens first, then longest input)
@@ -45,6 +52,7 @@ from specgov.simulator.engine_requests import itl_bin_value as itl_bin_value
 from specgov.simulator.engine_series import REPORT_SLOTS as REPORT_SLOTS
 from specgov.simulator.engine_series import IntervalSampler, report_slot
 from specgov.simulator.engine_series import TimeSeries as TimeSeries
+from specgov.simulator.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     from specgov.policies.protocol import AdaptiveSpecPolicy
@@ -190,6 +198,8 @@ class EngineConfig:
     skip_zero_step_draft_extend: bool = False
     cold_penalty: float = 0.146
     cold_recovery_verifies: int = 16
+    # SGLang's radix cache; False is its --disable-radix-cache (module docstring).
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         if self.kv_token_capacity < 1:
@@ -268,6 +278,20 @@ class EngineResult:
     batch_size_hist: dict[int, int]
     series: TimeSeries
     events: list[tuple[float, str, int, int]]
+    prefill_tokens: int = 0  # tokens prefill forwards computed (cached prefixes excluded)
+    # Prefix cache, first admissions only (re-prefills after a retraction excluded, as
+    # SGLang's hit rate excludes them): prompt tokens reused / looked up.
+    cache_hit_tokens: int = 0
+    cache_lookup_tokens: int = 0
+    cache_evicted_tokens: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """Reused / looked-up prompt tokens (SGLang's cache_hit_rate, whole run); 0 when
+        nothing was looked up (no cache, or no request with block ids)."""
+        if self.cache_lookup_tokens <= 0:
+            return 0.0
+        return self.cache_hit_tokens / self.cache_lookup_tokens
 
 
 class Engine:
@@ -309,6 +333,8 @@ class Engine:
             if config.cuda_graph_max_bs is not None
             else None
         )
+        # One cache per server: it outlives a run (the sim-server runs one per trace loop).
+        self.prefix_cache: PrefixCache | None = PrefixCache() if config.prefix_cache else None
         self.oracle: BatchOracle | None = policy if isinstance(policy, BatchOracle) else None
         if self.oracle is not None:
             self.oracle.bind_engine(cost, config)
@@ -402,7 +428,11 @@ class _Run:
         "acceptance",
         "accepted_total",
         "arrivals",
+        "batch_cache_hit",
         "bs_hist",
+        "cache",
+        "cache_hit",
+        "cache_lookup",
         "capacity",
         "chunk_budget",
         "chunked",
@@ -432,6 +462,7 @@ class _Run:
         "prefill_batches",
         "prefill_s",
         "prefill_time",
+        "prefill_tokens",
         "ratio_decay",
         "record",
         "requests",
@@ -539,6 +570,16 @@ class _Run:
         self.slot_of_bsz: dict[int, int] = {}  # report_slot memo: batch size -> slot
         self.ledger = RequestLedger()
         self.sampler = IntervalSampler(self.now, cfg.sample_interval_s)
+        self.prefill_tokens = 0
+        # The cache takes part only when something can hit: without block ids the run
+        # takes exactly the cache-free path (same arithmetic, same results).
+        cache = engine.prefix_cache
+        if cache is not None and not cache.total_tokens and not any(r.hash_ids for r in requests):
+            cache = None
+        self.cache = cache
+        self.cache_hit = 0
+        self.cache_lookup = 0
+        self.batch_cache_hit = 0
 
     # ---- admission and time ----
 
@@ -611,8 +652,14 @@ class _Run:
 
     def _flush_samples(self, upto_s: float) -> None:
         self.sampler.flush(
-            upto_s, len(self.waiting), len(self.running), self.kv_used, self.capacity
+            upto_s, len(self.waiting), len(self.running), self._in_use(), self.capacity
         )
+
+    def _in_use(self) -> int:
+        """KV tokens in use: requests' own plus the cached blocks they pin (evictable
+        cached blocks count as free, as SGLang's num_used_tokens counts them)."""
+        cache = self.cache
+        return self.kv_used if cache is None else self.kv_used + cache.pinned_tokens
 
     # ---- request ends ----
 
@@ -637,6 +684,9 @@ class _Run:
             self._next_user_request(t)
         kv = r.kv_tokens
         r.kv_tokens = 0
+        if r.cache_nodes:
+            self.cache.unpin(r.cache_nodes, t)  # type: ignore[union-attr]
+            r.cache_nodes = []
         tpot = self.ledger.finish(r, t)
         if tpot is not None:
             sampler = self.sampler
@@ -675,6 +725,9 @@ class _Run:
             batch.append((chunked, take))
             budget -= take
         if waiting and budget > 0 and len(running) + len(batch) < running_cap:
+            if self.cache is not None:
+                self._admit_cached(batch, budget)
+                return batch
             new_token_ratio = self.new_token_ratio
             kv_used = self.kv_used
             reserved = 0.0
@@ -704,6 +757,66 @@ class _Run:
                 rem_total -= total
         return batch
 
+    def _admit_cached(self, batch: list[tuple[RequestState, int]], budget: int) -> None:
+        """FCFS admission with the prefix cache (``form_prefill_batch``'s loop): each
+        request reuses its longest cached prefix, pins it and needs KV for the rest.
+
+        Evictable cached blocks count as free (SGLang's ``rem_total_tokens`` adds
+        ``evictable_size``); pinning a reused block takes it out of that pool.
+        """
+        cache = self.cache
+        assert cache is not None
+        chunked = self.chunked
+        running = self.running
+        waiting = self.waiting
+        running_cap = self.running_cap
+        new_token_ratio = self.new_token_ratio
+        kv_used = self.kv_used
+        reserved = 0.0
+        for r in running:
+            rem = r.output_tokens - r.generated
+            reserved += rem if rem < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
+        reserved *= new_token_ratio
+        rem_total = self.capacity - kv_used - cache.pinned_tokens - reserved
+        if chunked is not None:
+            rem_total -= chunked.prefill_target - chunked.prefilled
+        now = self.now
+        while waiting and budget > 0 and len(running) + len(batch) < running_cap:
+            r = waiting[0]
+            path = []
+            cached = 0
+            if r.hash_ids and r.prefilled == 0:
+                path = cache.match(r.hash_ids, r.input_tokens, now)
+                # The last prompt token is always computed (its logits).
+                cached = min(cache.path_tokens(path), r.prefill_target - 1)
+                if cached <= 0:
+                    path, cached = [], 0
+            need = r.prefill_target - r.prefilled - cached
+            rem_out = r.output_tokens - r.generated
+            total = need + min(rem_out, CLIP_MAX_NEW_TOKENS) * new_token_ratio
+            pin_cost = cache.unpinned_tokens(path)
+            if total + pin_cost > rem_total:
+                if not running and not batch and chunked is None and kv_used == 0:
+                    waiting.popleft()  # can never fit, even alone: SGLang rejects it
+                    self._abort(r)
+                    continue
+                break
+            waiting.popleft()
+            if path:
+                cache.pin(path)
+                r.cache_nodes = list(path)
+            r.cached = cached
+            r.prefilled += cached  # reused: counts as prefilled, charged as prefix
+            if r.retracted == 0:
+                # SGLang's hit rate: first attempts only (re-prefills are "reprocessed").
+                self.cache_hit += cached
+                self.cache_lookup += r.input_tokens
+                self.batch_cache_hit += cached
+            take = need if need < budget else budget
+            batch.append((r, take))
+            budget -= take
+            rem_total -= total + pin_cost
+
     def run_prefill(self, batch: list[tuple[RequestState, int]]) -> None:
         """One prefill forward; decoding requests stall meanwhile. Requests whose
         prefill completes emit their next token and join the running batch."""
@@ -716,9 +829,23 @@ class _Run:
         now = self.now + dt
         self.now = now
         self.prefill_time += dt
+        self.prefill_tokens += new_tokens
         metrics = self.metrics
         if metrics is not None:
             metrics.on_prefill(new_tokens, dt)
+        cache = self.cache
+        if cache is not None:
+            # Room for the new tokens: evict unpinned cached blocks, LRU first (admission
+            # counted them as free).
+            free = self.capacity - self.kv_used - cache.total_tokens
+            if new_tokens > free:
+                cache.evict(new_tokens - free)
+            if metrics is not None:
+                # SGLang's per-prefill-batch gauge: hits / (hits + computed), first
+                # attempts only.
+                first = sum(take for r, take in batch if r.retracted == 0)
+                metrics.on_prefix_cache(self.batch_cache_hit, first)
+            self.batch_cache_hit = 0
         self.prefill_batches += 1
         chunked = None
         running = self.running
@@ -739,6 +866,14 @@ class _Run:
             if r.prefilled < r.prefill_target:
                 chunked = r
                 continue
+            if cache is not None and r.hash_ids:
+                # The prompt's blocks enter the cache (cache_unfinished_req); blocks
+                # another request cached meanwhile replace this one's copy.
+                added, moved, dup = cache.insert(r.hash_ids, r.input_tokens, r.cache_nodes, now)
+                if added:
+                    r.cache_nodes.extend(added)
+                    r.kv_tokens -= moved + dup
+                    kv_used -= moved + dup
             # Prefill done: it produces the next token.
             r.generated += 1
             tokens += 1
@@ -763,8 +898,9 @@ class _Run:
         self.chunked = chunked
         self.sampler.tokens += tokens
         self.kv_used = kv_used
-        if kv_used > self.kv_peak:
-            self.kv_peak = kv_used
+        used = kv_used if cache is None else kv_used + cache.pinned_tokens
+        if used > self.kv_peak:
+            self.kv_peak = used
         if now >= self.sampler.next_sample_s:
             self._flush_samples(now)
 
@@ -783,7 +919,7 @@ class _Run:
             oracle.observe_batch(
                 [r.peek for r in running],  # type: ignore[misc]
                 [r.output_tokens - r.generated for r in running],
-                self.kv_used,
+                self._in_use(),
             )
         policy = self.policy
         if policy is not None:
@@ -801,10 +937,17 @@ class _Run:
         capacity = self.capacity
         kv_used = self.kv_used
         record = self.record
-        while len(running) > 1 and capacity - kv_used < len(running) * per_req:
+        cache = self.cache
+        # With the cache, only pinned blocks are in the way: the rest is evicted below.
+        pinned = 0 if cache is None else cache.pinned_tokens
+        while len(running) > 1 and capacity - kv_used - pinned < len(running) * per_req:
             q = running.pop()
             kv_used -= q.kv_tokens
             q.kv_tokens = 0
+            if q.cache_nodes:
+                cache.unpin(q.cache_nodes, self.now)  # type: ignore[union-attr]
+                q.cache_nodes = []
+                pinned = cache.pinned_tokens  # type: ignore[union-attr]
             q.prefilled = 0
             q.prefill_target = q.input_tokens + q.generated
             q.retracted += 1
@@ -812,6 +955,10 @@ class _Run:
             if record:
                 self.events.append((self.now, "retract", q.index, q.generated))
         self.kv_used = kv_used
+        if cache is not None:
+            short = len(running) * per_req - (capacity - kv_used - cache.total_tokens)
+            if short > 0:
+                cache.evict(short)
         self.retractions += len(retracted_now)
         if self.metrics is not None:
             self.metrics.on_retract(len(retracted_now))
@@ -833,7 +980,16 @@ class _Run:
         self.vclock.now_s = self.now
         k = self._choose_steps(bsz)
         per_req = self.verify_tokens(k)
-        if self.capacity - self.kv_used < bsz * per_req and bsz > 1:
+        cache = self.cache
+        if cache is not None:
+            # check_decode_mem: evict unpinned cached blocks before retracting anyone.
+            short = bsz * per_req - (self.capacity - self.kv_used - cache.total_tokens)
+            if short > 0:
+                cache.evict(short)
+            room = self.capacity - self.kv_used - cache.total_tokens
+        else:
+            room = self.capacity - self.kv_used
+        if room < bsz * per_req and bsz > 1:
             self._retract(per_req)
             bsz = len(self.running)
             k = self._choose_steps(bsz)
@@ -853,8 +1009,9 @@ class _Run:
         accepted, emitted_total, done = self._verify(k, now)
         kv_used += emitted_total
         self.kv_used = kv_used
-        if kv_used > self.kv_peak:
-            self.kv_peak = kv_used
+        used = kv_used if cache is None else kv_used + cache.pinned_tokens
+        if used > self.kv_peak:
+            self.kv_peak = used
         sampler.tokens += emitted_total
         slot = self.slot_of_bsz.get(bsz)
         if slot is None:
@@ -878,7 +1035,7 @@ class _Run:
                 now_s=now,
                 running=bsz,
                 queued=len(self.waiting),
-                used_tokens=kv_used,
+                used_tokens=used,
                 capacity_tokens=self.capacity,
                 steps=k,
                 emitted_tokens=emitted_total,
@@ -994,4 +1151,8 @@ class _Run:
             batch_size_hist=self.bs_hist,
             series=self.sampler.series,
             events=self.events,
+            prefill_tokens=self.prefill_tokens,
+            cache_hit_tokens=self.cache_hit,
+            cache_lookup_tokens=self.cache_lookup,
+            cache_evicted_tokens=0 if self.cache is None else self.cache.evicted_tokens,
         )

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from specgov.simulator.prefix_cache import CacheNode
     from specgov.simulator.traces import Request
 
 # ITL histogram: log-spaced bins, 1 % wide, from 1 µs to ~1000 s.
@@ -30,11 +31,14 @@ class RequestState:
 
     __slots__ = (
         "arrival_s",
+        "cache_nodes",
+        "cached",
         "domain",
         "draw",
         "first_token_s",
         "generated",
         "go_stale",
+        "hash_ids",
         "index",
         "input_tokens",
         "kv_tokens",
@@ -65,6 +69,11 @@ class RequestState:
         self.last_token_s = -1.0
         self.retracted = 0
         self.verifies = 0
+        # Prefix cache (engine with a PrefixCache only): the prompt's block ids, the
+        # cached blocks this request pins, the prompt tokens it reused at admission.
+        self.hash_ids = request.hash_ids
+        self.cache_nodes: list[CacheNode] = []
+        self.cached = 0
 
 
 class RequestLedger:

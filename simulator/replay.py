@@ -213,6 +213,9 @@ class ServerSpec:
     # SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1 at launch: step 0 skips the draft-extend
     # pass, upshifts draft cold (EngineConfig documents the cost model).
     skip_zero_step_draft_extend: bool = False
+    # SGLang's radix cache (on by default there); False: --disable-radix-cache, replay's
+    # --no-prefix-cache. Only requests with prefix block ids (hash_ids) can hit.
+    prefix_cache: bool = True
 
     def __post_init__(self) -> None:
         check_prior_options(self.prior_scale, self.prior_gpu, self.catalog_files)
@@ -388,6 +391,7 @@ def prepare_run(
         num_draft_tokens=ndt,
         record_events=record_events,
         skip_zero_step_draft_extend=server.skip_zero_step_draft_extend,
+        prefix_cache=server.prefix_cache,
     )
     clock = VirtualClock()
     loop: ClosedLoop | None = None
@@ -519,6 +523,19 @@ def build_engine(
     return prepared.engine, prepared.memory
 
 
+def prefix_cache_summary(result: EngineResult) -> dict[str, Any]:
+    """The prefix-cache figures of one run (replay JSON keys): the hit rate (reused /
+    looked-up prompt tokens, first admissions, as SGLang's cache_hit_rate), the tokens
+    behind it, the prefill tokens computed and the cached tokens evicted."""
+    return {
+        "prefix_cache_hit_rate": result.prefix_cache_hit_rate,
+        "prefix_cache_hit_tokens": result.cache_hit_tokens,
+        "prefix_cache_lookup_tokens": result.cache_lookup_tokens,
+        "prefix_cache_evicted_tokens": result.cache_evicted_tokens,
+        "prefill_tokens": result.prefill_tokens,
+    }
+
+
 def replay(
     trace: Trace,
     server: ServerSpec,
@@ -554,6 +571,7 @@ def replay(
             "num_draft_tokens": server.num_draft_tokens,
             "acceptance_profile": server.acceptance_profile or built.drafter.acceptance_profile,
             "skip_zero_step_draft_extend": server.skip_zero_step_draft_extend,
+            "prefix_cache": server.prefix_cache,
             "prior": {"gpu": server.prior_gpu or built.gpu.name, "scale": server.prior_scale},
         },
         seed=seed,
@@ -576,6 +594,7 @@ def replay(
         result = run.run(trace.requests, progress=cb, concurrency=concurrency)
         wall = time.perf_counter() - started
         summary = summarise(policy.name, result, slo)
+        summary.update(prefix_cache_summary(result))
         summary["wall_s"] = wall
         summary["sim_output_tokens_per_wall_s"] = result.output_tokens / wall if wall > 0 else None
         if run.loop is not None:

@@ -11,7 +11,10 @@ because the daemon's telemetry depends on it:
   counted once per token);
 * scheduler gauges (running, queued, token usage, throughput, accept length,
   spec steps) refresh only every ``decode_log_interval`` (40) decode iterations;
-* ``num_retracted_requests_total`` advances at each retraction.
+* ``num_retracted_requests_total`` advances at each retraction;
+* ``cache_hit_rate`` is set at each prefill batch to that batch's prefix-cache hits /
+  (hits + computed prompt tokens), re-prefills after a retraction excluded
+  (``metrics_reporter.report_prefill_stats``); decode refreshes do not reset it.
 
 The engine calls the event hooks hundreds of thousands of times per replay, so the
 values live in plain Python cells and bucket lists (the same float arithmetic
@@ -211,6 +214,7 @@ class SimMetrics:
         self.g_gen_throughput = gauge(
             "sglang:gen_throughput", "The generation throughput (token/s)."
         )
+        self.g_cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
         self.g_accept_length = gauge(
             "sglang:spec_accept_length", "The average acceptance length of speculative decoding."
         )
@@ -325,6 +329,12 @@ class SimMetrics:
     def on_prefill(self, new_tokens: int, duration_s: float = 0.0) -> None:
         """One prefill forward of ``new_tokens`` that took ``duration_s`` (modelled)."""
         self._iv_prefill_tokens += new_tokens
+
+    def on_prefix_cache(self, hit_tokens: int, computed_tokens: int) -> None:
+        """One prefill batch's prefix-cache outcome (first attempts only): prompt tokens
+        reused and computed."""
+        total = hit_tokens + computed_tokens
+        self.g_cache_hit_rate.set(hit_tokens / total if total > 0 else 0.0)
 
     def on_retract(self, count: int) -> None:
         self.retracted.inc(count)

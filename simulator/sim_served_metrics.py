@@ -102,6 +102,10 @@ class ServedMetrics(SimMetrics):
             self._prefill_tokens += new_tokens
             self._prefill_busy_us += int(duration_s * 1e6)
 
+    def on_prefix_cache(self, hit_tokens: int, computed_tokens: int) -> None:
+        with self.lock:
+            super().on_prefix_cache(hit_tokens, computed_tokens)
+
     def on_retract(self, count: int) -> None:
         with self.lock:
             super().on_retract(count)

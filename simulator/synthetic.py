@@ -23,6 +23,20 @@ Lengths. Input and output token counts are lognormal with the given mean (not me
 log-space sigma, rounded and clipped to ``[1, max_*_tokens]``; ``domain_lengths`` overrides
 mean or sigma per domain (e.g. code: shorter outputs; rag: long inputs).
 
+Conversations (``turns`` > 1; multi-turn chat or agent loops, for the prefix cache).
+Arrivals then start conversations, at ``rate_rps / turns`` so that ``rate_rps`` stays
+the long-run request rate; a conversation keeps its first turn's domain. Turn 1's prompt
+is drawn as above; turn ``j + 1``'s prompt is turn ``j``'s prompt + its answer + new user
+text (lognormal, mean ``mean_turn_input_tokens``, sigma ``input_sigma``), and it arrives
+``think_time_s`` (exponential mean) after turn ``j`` arrived: an open-loop trace cannot
+know when the answer came, so keep the think time above the expected latency. A
+conversation ends after ``turns`` turns, at ``duration_s``, or before a prompt would
+exceed ``max_input_tokens``. Such requests carry prefix block ids (``hash_ids``, one per
+512 tokens, see ``simulator/traces.py``): a block wholly inside the previous turn's
+prompt + answer keeps its id, every other block gets a new one, so each turn's ids share
+the previous turn's full blocks. With ``turns=1`` (the default) requests have no ids and
+the trace is the same as before conversations existed.
+
 CLI syntax (``parse_synthetic_spec``), keys separated by commas, no spaces::
 
     synthetic                            all defaults (SyntheticSpec())
@@ -35,6 +49,8 @@ CLI syntax (``parse_synthetic_spec``), keys separated by commas, no spaces::
     period=S          diurnal_period_s      ramp=T:M+T:M..  ramp points, or ramp=none
     in=N / out=N      mean_*_tokens         in_sigma=X / out_sigma=X
     max_in=N / max_out=N  max_*_tokens      seed=N
+    turns=N           turns per conversation (1: independent requests)
+    think=S           think_time_s          turn_in=N       mean_turn_input_tokens
     phases=MIX@S+MIX@S...   with MIX = DOMAIN[:WEIGHT][|DOMAIN[:WEIGHT]...]
     DOMAIN.in=N, DOMAIN.out=N, DOMAIN.in_sigma=X, DOMAIN.out_sigma=X   per-domain lengths
 
@@ -56,7 +72,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
 from specgov.policies.validation import is_int, is_real
-from specgov.simulator.traces import Request, Trace
+from specgov.simulator.traces import PREFIX_BLOCK_TOKENS, Request, Trace
 
 __all__ = [
     "ARRIVAL_PROCESSES",
@@ -72,6 +88,7 @@ __all__ = [
 ]
 
 ARRIVAL_PROCESSES: tuple[str, ...] = ("poisson", "gamma", "onoff")
+MAX_TURNS = 1000  # turns per conversation: each costs a draw per conversation
 _DOMAIN_RE = re.compile(r"[A-Za-z0-9_-]+")
 _DEFAULT_DOMAINS = ("code", "chat", "rag")
 
@@ -180,6 +197,9 @@ class SyntheticSpec:
         domain_lengths: domain -> ``DomainLengths`` overrides (each domain must occur in a
             phase).
         phases: content phases; ``None`` = code, chat, rag in equal thirds of duration_s.
+        turns: turns per conversation (module docstring); 1 = independent requests.
+        think_time_s: mean gap between a conversation's turn arrivals (exponential).
+        mean_turn_input_tokens: mean new user tokens a later turn adds to its prompt.
         seed: seed for ``numpy.random.default_rng``.
     """
 
@@ -200,6 +220,9 @@ class SyntheticSpec:
     max_output_tokens: int = 4096
     domain_lengths: Mapping[str, DomainLengths] = field(default_factory=dict)
     phases: tuple[Phase, ...] | None = None
+    turns: int = 1
+    think_time_s: float = 30.0
+    mean_turn_input_tokens: float = 128.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -224,6 +247,17 @@ class SyntheticSpec:
             _non_negative(f"{prefix}_sigma", getattr(self, f"{prefix}_sigma"))
         self._check_phases()
         self._check_domain_lengths()
+        _check_int("turns", self.turns, 1)
+        if self.turns > MAX_TURNS:
+            raise _fail("turns", f"at most {MAX_TURNS}", self.turns)
+        _non_negative("think_time_s", self.think_time_s)
+        top_in = self.max_input_tokens
+        if not 1 <= _real("mean_turn_input_tokens", self.mean_turn_input_tokens) <= top_in:
+            raise _fail(
+                "mean_turn_input_tokens",
+                f"in [1, max_input_tokens={top_in}]",
+                self.mean_turn_input_tokens,
+            )
         _check_int("seed", self.seed, 0)
 
     def _check_ramp(self) -> None:
@@ -398,18 +432,68 @@ def _lengths(
     return np.clip(np.rint(draws), 1, top).astype(np.int64)
 
 
+def _conversations(spec: SyntheticSpec, rng: np.random.Generator) -> tuple[Request, ...]:
+    """Multi-turn requests (module docstring), sorted by arrival."""
+    turns = spec.turns
+    starts = _arrivals(dataclasses.replace(spec, rate_rps=spec.rate_rps / turns), rng)
+    domains = _domains(spec, starts, rng)
+    n = len(starts)
+    first_in = _lengths(spec, domains, rng, "input")
+    # Every draw has a fixed shape (conversations x turns): a conversation cut short
+    # leaves the draws of the others where they were.
+    outputs = np.stack([_lengths(spec, domains, rng, "output") for _ in range(turns)], axis=1)
+    sigma = spec.input_sigma
+    mu = math.log(spec.mean_turn_input_tokens) - sigma**2 / 2.0
+    user = np.clip(np.rint(rng.lognormal(mu, sigma, size=(n, turns))), 1, None).astype(np.int64)
+    think = rng.exponential(spec.think_time_s, size=(n, turns)) if spec.think_time_s else None
+    block = PREFIX_BLOCK_TOKENS
+    next_id = 0
+    rows: list[tuple[float, int, int, Request]] = []
+    for c in range(n):
+        t = float(starts[c])
+        history = 0  # tokens of the previous prompt + answer
+        full_ids: list[int] = []  # ids of the history's full blocks (their content is fixed)
+        for j in range(turns):
+            prompt = int(first_in[c]) if j == 0 else history + int(user[c, j])
+            if prompt > spec.max_input_tokens or t >= spec.duration_s:
+                break
+            # Blocks wholly inside the history keep their ids; new text, new ids.
+            shared = min(len(full_ids), history // block)
+            del full_ids[shared:]
+            n_blocks = -(-prompt // block)
+            while len(full_ids) < n_blocks:
+                full_ids.append(next_id)
+                next_id += 1
+            ids = tuple(full_ids)
+            if prompt % block:
+                del full_ids[-1]  # a partial block's content changes next turn
+            out = int(outputs[c, j])
+            rows.append((t, c, j, Request(t, prompt, out, domains[c], hash_ids=ids)))
+            history = prompt + out
+            if think is not None:
+                t += float(think[c, j])
+    rows.sort(key=lambda row: (row[0], row[1], row[2]))
+    return tuple(row[3] for row in rows)
+
+
 def generate_trace(spec: SyntheticSpec) -> Trace:
     """Draw a trace from ``spec`` (deterministic in ``spec.seed``); every request has a
-    domain label."""
+    domain label (and, with ``turns`` > 1, prefix block ids)."""
     rng = np.random.default_rng(spec.seed)
-    t = _arrivals(spec, rng)
-    domains = _domains(spec, t, rng)
-    inputs = _lengths(spec, domains, rng, "input")
-    outputs = _lengths(spec, domains, rng, "output")
-    requests = tuple(
-        Request(arrival_s=a, input_tokens=i, output_tokens=o, domain=d)
-        for a, i, o, d in zip(t.tolist(), inputs.tolist(), outputs.tolist(), domains, strict=True)
-    )
+    requests: tuple[Request, ...]
+    if spec.turns > 1:
+        requests = _conversations(spec, rng)
+    else:
+        t = _arrivals(spec, rng)
+        domains = _domains(spec, t, rng)
+        inputs = _lengths(spec, domains, rng, "input")
+        outputs = _lengths(spec, domains, rng, "output")
+        requests = tuple(
+            Request(arrival_s=a, input_tokens=i, output_tokens=o, domain=d)
+            for a, i, o, d in zip(
+                t.tolist(), inputs.tolist(), outputs.tolist(), domains, strict=True
+            )
+        )
     text = format_synthetic_spec(spec)
     name = "synthetic" + (f":{text}" if text else "")
     return Trace(name=name, requests=requests, source=f"generated by specgov ({name})")
@@ -439,6 +523,9 @@ _KEYS: dict[str, tuple[str, str]] = {
         "MIX@SECONDS joined by '+', MIX = DOMAIN[:WEIGHT][|...], e.g. "
         "phases=code@200+chat:3|rag:1@200+rag@200",
     ),
+    "turns": ("turns", f"an integer in [1, {MAX_TURNS}], e.g. turns=6"),
+    "think": ("think_time_s", "seconds >= 0, e.g. think=30"),
+    "turn_in": ("mean_turn_input_tokens", "a mean token count >= 1, e.g. turn_in=128"),
     "seed": ("seed", "an integer >= 0, e.g. seed=3"),
 }
 _DOMAIN_KEYS: dict[str, tuple[str, str]] = {
@@ -475,7 +562,7 @@ def _parse_value(key: str, raw: str, expected: str) -> Any:
 
     if fname == "arrival":
         return raw
-    if fname in ("max_input_tokens", "max_output_tokens", "seed"):
+    if fname in ("max_input_tokens", "max_output_tokens", "seed", "turns"):
         if not re.fullmatch(r"\d+", raw):
             raise bad()
         return int(raw)

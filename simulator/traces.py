@@ -10,18 +10,27 @@ header or the first JSON record):
     ``+HH:MM`` suffix; naive times are read as UTC). Extra columns are ignored.
 ``mooncake``
     Mooncake-style JSONL, one object per line:
-    ``{"timestamp": <ms>, "input_length": N, "output_length": M, ...}``; other keys
-    (``hash_ids``, ...) are ignored.
+    ``{"timestamp": <ms>, "input_length": N, "output_length": M, "hash_ids": [...]}``;
+    ``hash_ids`` is optional (prefix block ids, below); other keys are ignored.
 ``generic``
     specgov's interchange format, CSV or JSONL: ``arrival_s`` (or ``timestamp_s``),
     ``input_tokens``, ``output_tokens``, optional ``domain`` and (JSONL only) optional
-    ``acc_len``. Unknown columns or keys are an error, so a misspelt ``domain`` is never
-    dropped silently. ``write_trace_jsonl`` writes it.
+    ``acc_len`` and ``hash_ids`` (or its alias ``prefix_hash_ids``). Unknown columns or
+    keys are an error, so a misspelt ``domain`` is never dropped silently.
+    ``write_trace_jsonl`` writes it.
 ``acceptance``
     Per-token acceptance traces, JSONL: ``{"arrival_s": t, "input_tokens": N,
     "output_tokens": M, "acc_len": [M ints >= 1], "domain": "..."}``; ``arrival_s`` and
     ``domain`` are optional (without ``arrival_s`` every request arrives at 0, i.e. back to
     back), but ``arrival_s`` must then be missing from every record.
+
+Prefix block ids (``hash_ids``, Mooncake's field; the prefix cache's input): one
+non-negative integer per :data:`PREFIX_BLOCK_TOKENS` (512) tokens of the prompt, block
+``j`` covering tokens ``[512 j, 512 (j + 1))`` (the last block may be partial). Equal ids
+at the same position mean an equal prompt prefix up to the end of that block (the
+Mooncake FAST'25 trace README: remapped hashes of 512-token prefix blocks), so a cached
+prefix is reused. At most ``ceil(input_tokens / 512)`` ids (fewer: only the first blocks
+are known), each below 2^63; a request without ids reuses nothing.
 
 Zero-token policy (all formats): a request needs at least one input and one output token.
 Rows with ``0`` input or output tokens are skipped and counted in ``Trace.skipped_rows``
@@ -71,12 +80,14 @@ __all__ = [
     "MAX_SPAN_S",
     "MAX_TIMESTAMP_S",
     "MAX_TOKENS",
+    "PREFIX_BLOCK_TOKENS",
     "TRACE_FORMATS",
     "Request",
     "Trace",
     "TraceError",
     "TraceFormatError",
     "load_trace",
+    "max_prefix_blocks",
     "transform_trace",
     "write_trace_jsonl",
 ]
@@ -88,6 +99,9 @@ MAX_FIELD_CHARS: Final = 4096
 MAX_TOKENS: Final = 1 << 20
 MAX_TIMESTAMP_S: Final = 1e11
 MAX_SPAN_S: Final = 30 * 86400.0
+# Tokens per prefix block of a trace's hash_ids: Mooncake's block size (its trace README).
+PREFIX_BLOCK_TOKENS: Final = 512
+MAX_HASH_ID: Final = (1 << 63) - 1
 _PROBLEM_MAX_CHARS: Final = 600
 
 _AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -96,13 +110,16 @@ _AZURE_FORM = "CSV header TIMESTAMP,ContextTokens,GeneratedTokens and rows like 
 )
 _MOONCAKE_FORM = (
     'one JSON object per line like {"timestamp": <ms>, "input_length": N, "output_length": M}'
+    ' (optional "hash_ids": at most ceil(N / 512) integers in [0, 2^63))'
 )
 _GENERIC_KEYS = frozenset({"arrival_s", "timestamp_s", "input_tokens", "output_tokens", "domain"})
-_GENERIC_JSON_KEYS = _GENERIC_KEYS | {"acc_len"}
+_HASH_KEYS = ("hash_ids", "prefix_hash_ids")
+_GENERIC_JSON_KEYS = _GENERIC_KEYS | {"acc_len", *_HASH_KEYS}
 _GENERIC_CSV_FORM = "CSV header arrival_s,input_tokens,output_tokens[,domain] (or timestamp_s)"
 _GENERIC_JSON_FORM = (
     'one JSON object per line like {"arrival_s": t, "input_tokens": N, "output_tokens": M, '
-    '"domain": "code"} (optional domain, acc_len)'
+    '"domain": "code"} (optional domain, acc_len, hash_ids: at most ceil(N / 512) integers '
+    "in [0, 2^63), one per 512-token prompt block)"
 )
 _ACCEPTANCE_FORM = (
     'one JSON object per line like {"arrival_s": t, "input_tokens": N, "output_tokens": M, '
@@ -143,7 +160,8 @@ class Request:
     ``arrival_s`` is relative to the trace's first request. ``acc_len`` is an optional
     per-token acceptance trace: at output position ``p``, the number of tokens the drafter
     would get accepted from there, bonus token included (so each value is >= 1); its length
-    equals ``output_tokens``.
+    equals ``output_tokens``. ``hash_ids`` are the prompt's prefix block ids (module
+    docstring), None when the trace has none (no prefix reuse).
     """
 
     arrival_s: float
@@ -151,6 +169,7 @@ class Request:
     output_tokens: int
     domain: str | None = None
     acc_len: tuple[int, ...] | None = None
+    hash_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         a = self.arrival_s
@@ -174,6 +193,20 @@ class Request:
                 )
             if any(not is_int(v) or v < 1 for v in self.acc_len):
                 raise TraceError("Request.acc_len values must be integers >= 1")
+        if self.hash_ids is not None:
+            top = max_prefix_blocks(self.input_tokens)
+            if len(self.hash_ids) > top:
+                raise TraceError(
+                    f"Request.hash_ids has {len(self.hash_ids)} ids but {self.input_tokens} "
+                    f"input tokens make at most {top} blocks of {PREFIX_BLOCK_TOKENS}"
+                )
+            if any(not is_int(v) or not 0 <= v <= MAX_HASH_ID for v in self.hash_ids):
+                raise TraceError("Request.hash_ids values must be integers in [0, 2^63)")
+
+
+def max_prefix_blocks(input_tokens: int) -> int:
+    """How many prefix blocks (hash ids) a prompt of ``input_tokens`` tokens has."""
+    return -(-input_tokens // PREFIX_BLOCK_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -222,7 +255,7 @@ class Trace:
             if r.domain is not None:
                 domains[r.domain] = domains.get(r.domain, 0) + 1
         duration = self.duration_s
-        return {
+        out: dict[str, Any] = {
             "name": self.name,
             "source": self.source,
             "requests": n,
@@ -235,6 +268,10 @@ class Trace:
             "domains": dict(sorted(domains.items())),
             "with_acceptance_trace": sum(1 for r in self.requests if r.acc_len is not None),
         }
+        with_ids = sum(1 for r in self.requests if r.hash_ids is not None)
+        if with_ids:  # only then: summaries of traces without ids stay as they were
+            out["with_hash_ids"] = with_ids
+        return out
 
 
 # --------------------------------------------------------------------------- parsing helpers
@@ -243,7 +280,15 @@ class Trace:
 class _Row:
     """One parsed row before the zero-token policy and re-zeroing."""
 
-    __slots__ = ("acc_len", "arrival_s", "domain", "input_tokens", "line", "output_tokens")
+    __slots__ = (
+        "acc_len",
+        "arrival_s",
+        "domain",
+        "hash_ids",
+        "input_tokens",
+        "line",
+        "output_tokens",
+    )
 
     def __init__(
         self,
@@ -253,6 +298,7 @@ class _Row:
         output_tokens: int,
         domain: str | None = None,
         acc_len: tuple[int, ...] | None = None,
+        hash_ids: tuple[int, ...] | None = None,
     ) -> None:
         self.line = line
         self.arrival_s = arrival_s
@@ -260,6 +306,7 @@ class _Row:
         self.output_tokens = output_tokens
         self.domain = domain
         self.acc_len = acc_len
+        self.hash_ids = hash_ids
 
 
 def _parse_timestamp(text: str, file: Path, line: int) -> tuple[int, float]:
@@ -499,12 +546,14 @@ def _read_mooncake(file: Path, lines: _Lines) -> list[_Row]:
         if "timestamp" not in obj:
             raise TraceFormatError(file, line, "key 'timestamp' is missing", _MOONCAKE_FORM)
         ts_ms = _json_float(obj, "timestamp", file, line, _MOONCAKE_FORM)
+        n_in = _json_int(obj, "input_length", file, line, _MOONCAKE_FORM)
         rows.append(
             _Row(
                 line,
                 _check_time("timestamp", ts_ms / 1000.0, file, line, _MOONCAKE_FORM),
-                _json_int(obj, "input_length", file, line, _MOONCAKE_FORM),
+                n_in,
                 _json_int(obj, "output_length", file, line, _MOONCAKE_FORM),
+                hash_ids=_json_hash_ids(obj, ("hash_ids",), n_in, file, line, _MOONCAKE_FORM),
             )
         )
     if not rows:
@@ -600,7 +649,8 @@ def _read_generic_jsonl(file: Path, lines: _Lines, *, acceptance: bool) -> list[
             acc = _json_acc_len(obj["acc_len"], n_out, file, line, form)
         elif acceptance:
             raise TraceFormatError(file, line, "key 'acc_len' is missing", form)
-        rows.append(_Row(line, arrival, n_in, n_out, _json_domain(obj, file, line, form), acc))
+        ids = _json_hash_ids(obj, _HASH_KEYS, n_in, file, line, form)
+        rows.append(_Row(line, arrival, n_in, n_out, _json_domain(obj, file, line, form), acc, ids))
     if not rows:
         _no_requests(file, lines, form)
     return rows
@@ -617,6 +667,41 @@ def _json_acc_len(value: Any, n_out: int, file: Path, line: int, form: str) -> t
         if not is_int(v) or v < 1:
             raise TraceFormatError(
                 file, line, f"acc_len[{pos}] = {v!r} is not an integer >= 1", form
+            )
+    return tuple(value)
+
+
+def _json_hash_ids(
+    obj: Mapping[str, Any],
+    keys: Sequence[str],
+    n_in: int,
+    file: Path,
+    line: int,
+    form: str,
+) -> tuple[int, ...] | None:
+    """The prefix block ids under one of ``keys`` (aliases; at most one may be given)."""
+    given = [k for k in keys if k in obj]
+    if not given:
+        return None
+    if len(given) > 1:
+        raise TraceFormatError(file, line, f"both {' and '.join(given)} (aliases)", form)
+    key = given[0]
+    value = obj[key]
+    if not isinstance(value, list):
+        raise TraceFormatError(file, line, f"{key} is not a list", form)
+    top = max_prefix_blocks(n_in)
+    if len(value) > top:
+        raise TraceFormatError(
+            file,
+            line,
+            f"{key} has {len(value)} ids but {n_in} input tokens make at most {top} blocks "
+            f"of {PREFIX_BLOCK_TOKENS} tokens",
+            form,
+        )
+    for pos, v in enumerate(value):
+        if not is_int(v) or not 0 <= v <= MAX_HASH_ID:
+            raise TraceFormatError(
+                file, line, f"{key}[{pos}] = {v!r} is not an integer in [0, 2^63)", form
             )
     return tuple(value)
 
@@ -745,6 +830,7 @@ def load_trace(
                 output_tokens=r.output_tokens,
                 domain=r.domain if r.domain is not None else default_domain,
                 acc_len=r.acc_len,
+                hash_ids=r.hash_ids,
             )
             for r in kept
         ),
@@ -865,6 +951,7 @@ def transform_trace(
             output_tokens=trace.requests[i].output_tokens,
             domain=trace.requests[i].domain,
             acc_len=trace.requests[i].acc_len,
+            hash_ids=trace.requests[i].hash_ids,
         )
         for i in idx.tolist()
     )
@@ -924,6 +1011,8 @@ def _records(trace: Trace) -> Iterable[str]:
             rec["domain"] = r.domain
         if r.acc_len is not None:
             rec["acc_len"] = list(r.acc_len)
+        if r.hash_ids is not None:
+            rec["hash_ids"] = list(r.hash_ids)
         yield json.dumps(rec, separators=(",", ":")) + "\n"
 
 
