@@ -1,13 +1,15 @@
 """PNG figures of replays (headless matplotlib), meant to be read at a glance.
 
 Per policy: load, draft steps per batch-size slot over time (a heatmap: one row per
-slot, so slots with the same steps never hide behind each other, and a slot that ran
-no decode batch in an interval is grey, not a gap), output throughput and TPOT with
-the SLO. The comparison puts every policy's throughput and TPOT on shared axes; a
-policy whose curve is identical to an earlier one's says so in the legend and is drawn
-dashed on top. Every y axis of a rate or latency starts at 0, so a constant value is
-a flat line at its height, not a line across a 2.85-3.15 axis. Times are simulated
-seconds since the trace's first arrival; rates are per simulated second.
+slot of the layout the policy decides for - 8 for a daemon policy over specgov's
+adaptive config, SGLang's 4 for its EMA, one for a static step - so slots with the same
+steps never hide behind each other, and a slot that ran no decode batch in an interval
+is grey, not a gap), output throughput and TPOT with the SLO. The comparison puts every
+policy's throughput and TPOT on shared axes; a policy whose curve is identical to an
+earlier one's says so in the legend and is drawn dashed on top. Every y axis of a rate
+or latency starts at 0, so a constant value is a flat line at its height, not a line
+across a 2.85-3.15 axis. Times are simulated seconds since the trace's first arrival;
+rates are per simulated second.
 """
 
 from __future__ import annotations
@@ -46,13 +48,18 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "policy"
 
 
+def _interval_s(t: Sequence[float] | np.ndarray) -> float:
+    """The sample interval of samples taken at interval ends ``t``."""
+    times = np.asarray(t, dtype=np.float64)
+    return float(np.median(np.diff(times))) if times.size > 1 else float(times[0]) or 1.0
+
+
 def _edges(t: Sequence[float]) -> np.ndarray:
     """Cell edges for samples at interval ends ``t`` (uniform intervals)."""
     times = np.asarray(t, dtype=np.float64)
     if times.size == 0:
         return np.array([0.0, 1.0])
-    step = float(np.median(np.diff(times))) if times.size > 1 else float(times[0]) or 1.0
-    return np.concatenate([[times[0] - step], times])
+    return np.concatenate([[times[0] - _interval_s(times)], times])
 
 
 def _from_zero(ax: Any, values: Sequence[float]) -> None:
@@ -92,16 +99,26 @@ def _steps_heatmap(ax: Any, series: TimeSeries, fig: Any) -> None:
         shading="flat",
     )
     ax.set_yticks(np.arange(len(slots)) + 0.5)
-    ax.set_yticklabels([f"bs>={s}" for s in slots])
-    ax.set_ylabel("batch-size slot")
+    ax.set_yticklabels(["every batch size"] if len(slots) == 1 else [f"bs>={s}" for s in slots])
+    ax.set_ylabel("batch-size slot\n(lower bound)")
     bar = fig.colorbar(mesh, ax=ax, ticks=range(top + 1), pad=0.01)
-    bar.set_label("draft steps (mean)")
+    bar.set_label(f"draft steps (mean per {_interval_s(series.time_s):g} s)")
+    # Above the heatmap, right: inside it the box would cover the top slot's cells.
     ax.legend(
         handles=[Patch(color=IDLE_COLOUR, label="no decode batch in this slot")],
-        loc="upper right",
+        loc="lower right",
+        bbox_to_anchor=(1.0, 1.0),
         fontsize=8,
-        framealpha=0.9,
+        frameon=False,
+        borderaxespad=0.1,
     )
+
+
+def _steps_title(series: TimeSeries) -> str:
+    n = len(series.steps_by_slot)
+    if n == 1:
+        return "draft steps (one slot: the policy answers every batch size alike)"
+    return f"draft steps per batch-size slot (the {n} slots the policy decides for)"
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -141,7 +158,7 @@ def series_figure(
     _from_zero(axes[0], [*series.running_requests, *series.queued_requests])
     axes[0].legend(loc="upper right", fontsize=8)
     _steps_heatmap(axes[1], series, fig)
-    axes[1].set_title("draft steps per batch-size slot", loc="left", fontsize=10)
+    axes[1].set_title(_steps_title(series), loc="left", fontsize=10)
     axes[2].plot(t, series.output_tok_s, lw=0.9)
     axes[2].set_ylabel("output tok/s\n(per simulated s)")
     axes[2].set_title("throughput", loc="left", fontsize=10)

@@ -1,5 +1,6 @@
-"""Replay figures read at a glance: steps per slot for every slot (a heatmap, idle slots
-grey), titles, units, the SLO on latency panels, identical runs labelled, y axes from 0."""
+"""Replay figures read at a glance: steps per slot for every slot of the policy's layout
+(a heatmap, idle slots grey), titles, units, the SLO on latency panels, identical runs
+labelled, y axes from 0; and the series records the slots each policy decides for."""
 
 from __future__ import annotations
 
@@ -10,8 +11,17 @@ import numpy as np
 import pytest
 from matplotlib.collections import QuadMesh
 
-from specgov.simulator.engine import TimeSeries
+from specgov.policies.ema import EmaPolicy
+from specgov.policies.table import TablePolicy
+from specgov.simulator.engine import TimeSeries, sglang_decode_cuda_graph_bs
+from specgov.simulator.engine_series import (
+    REPORT_SLOTS,
+    IntervalSampler,
+    report_slot,
+    slot_layout,
+)
 from specgov.simulator.plots import comparison_figure, series_figure, write_plots
+from specgov.simulator.replay import SPECGOV_SLOT_CANDIDATES, parse_policy, specgov_adaptive_config
 
 NAN = math.nan
 
@@ -92,3 +102,80 @@ def test_write_plots_writes_pngs_per_policy_and_a_comparison(tmp_path: Path) -> 
     assert [p.name for p in written] == ["static_3.png", "a_b.png", "comparison.png"]
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_one_slot_policy_gets_one_labelled_row() -> None:
+    fig = series_figure("static:3", _series({1: [3.0, 3.0, 3.0]}))
+    try:
+        steps = fig.axes[1]
+        assert [t.get_text() for t in steps.get_yticklabels()] == ["every batch size"]
+        assert "one slot" in steps.get_title(loc="left")
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+def test_steps_panel_names_the_slot_count_and_the_interval() -> None:
+    fig = series_figure("goodput", _series(EIGHT))
+    try:
+        steps = fig.axes[1]
+        assert "the 8 slots the policy decides for" in steps.get_title(loc="left")
+        bar = fig.axes[-1]  # the heatmap's colour bar
+        assert bar.get_ylabel() == "draft steps (mean per 5 s)"
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+# ------------------------------------------------ the slots the series records
+
+
+def _table_policy() -> TablePolicy:
+    fallback = EmaPolicy(initial_steps=3, config=specgov_adaptive_config())
+    return TablePolicy(
+        table_source=lambda: None,
+        stats_sink=lambda _snapshot: None,
+        clock=lambda: 0.0,
+        fallback=fallback,
+    )
+
+
+def test_slot_layout_is_the_slots_each_replay_policy_decides_for() -> None:
+    specgov_bounds = tuple(bound for bound, _ in SPECGOV_SLOT_CANDIDATES)
+    assert len(specgov_bounds) == 8
+    # A daemon policy drives a TablePolicy over specgov's adaptive config: its 8 slots.
+    assert slot_layout(_table_policy()) == specgov_bounds
+    # SGLang's EMA: its default config's 4 slots.
+    assert slot_layout(parse_policy("sglang-ema").build(3)) == (1, 8, 32, 64)
+    # One answer for every batch size: one slot.
+    assert slot_layout(parse_policy("static:3").build(3)) == (1,)
+    assert slot_layout(None) == (1,)
+    # Per batch, no table of its own (the oracle): SGLang's default slots.
+    assert slot_layout(parse_policy("oracle").build(3)) == REPORT_SLOTS
+
+
+def test_report_slot_routes_every_batch_like_the_policy() -> None:
+    policy = _table_policy()
+    graphs = sglang_decode_cuda_graph_bs(256, speculative=True)
+    policy.set_cuda_graph_bs(graphs)
+    layout = slot_layout(policy)
+    for batch_size in range(1, 400):
+        assert report_slot(batch_size, graphs, layout) == policy.fallback.slot_bound_for(
+            batch_size
+        ), batch_size
+
+
+def test_interval_sampler_records_each_slot_of_its_layout() -> None:
+    layout = tuple(bound for bound, _ in SPECGOV_SLOT_CANDIDATES)
+    sampler = IntervalSampler(origin_s=0.0, interval_s=1.0, slots=layout)
+    sampler.steps_sum[4], sampler.steps_n[4] = 10, 2
+    sampler.steps_sum[256], sampler.steps_n[256] = 1, 1
+    sampler.flush(1.0, queued=0, running=0, kv_used=0, kv_capacity=1)
+    series = sampler.series
+    assert list(series.steps_by_slot) == list(layout)
+    assert series.steps_by_slot[4] == [5.0] and series.steps_by_slot[256] == [1.0]
+    assert math.isnan(series.steps_by_slot[16][0])
+    with pytest.raises(ValueError, match="increasing bounds"):
+        IntervalSampler(origin_s=0.0, interval_s=1.0, slots=(8, 1))
