@@ -37,6 +37,11 @@ What the planner adds, with its own estimates:
   (exact while tp_size <= the KV head count, 8 for every built-in model).
 
 KV token capacity = KV pool bytes / (target + draft KV bytes per token per rank).
+
+The prefix (radix) cache has no memory of its own: SGLang keeps cached prefixes in the
+same KV pool, so the capacity here is shared by running requests and cached blocks
+(``simulator/prefix_cache.py``; the engine evicts unpinned cached blocks, LRU, when
+requests need the room).
 """
 
 from __future__ import annotations
@@ -88,6 +93,8 @@ VRAM_ASSUMPTIONS: tuple[str, ...] = (
     "tp_size/8 GiB",
     "KV pool: what the static budget leaves, divided by target + draft KV bytes per "
     "token (the drafter keeps one KV entry per target token); bf16 KV, page size 1",
+    "prefix (radix) cache: inside the KV pool, no memory of its own; cached prompt blocks "
+    "no running request holds are evicted least recently used when requests need room",
     "not modelled: the request-to-token map (max_running_requests x context length x "
     "4 B), DP attention, DeepEP, multimodal reservations, post-capture KV sizing, "
     "PyTorch allocator fragmentation",

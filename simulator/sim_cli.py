@@ -127,6 +127,12 @@ def load_trace_arg(text: str, *, seed: int = 0) -> Trace:
     show_default=True,
     help="Seed of the simulated engine's random draws.",
 )
+@click.option(
+    "--disable-radix-cache",
+    is_flag=True,
+    help="SGLang's --disable-radix-cache: no prefix reuse (by default requests whose "
+    "trace gives hash_ids reuse cached prompt prefixes).",
+)
 def sim_server_cmd(
     port: int,
     host: str,
@@ -140,6 +146,7 @@ def sim_server_cmd(
     spec_steps: int,
     acceptance_profile: str | None,
     seed: int,
+    disable_radix_cache: bool,
 ) -> None:
     """A simulated SGLang 0.5.23 server (the daemon cannot tell it from SGLang
     except by /model_info). Ctrl-C stops it."""
@@ -156,6 +163,7 @@ def sim_server_cmd(
                 drafter=drafter,
                 spec_steps=spec_steps,
                 acceptance_profile=acceptance_profile,
+                prefix_cache=not disable_radix_cache,
             ),
             speed=speed,
             spool_dir=spool_dir,

@@ -167,6 +167,7 @@ class Launch:
             "acceptance_profile": (
                 self.server.acceptance_profile or built.drafter.acceptance_profile
             ),
+            "prefix_cache": self.server.prefix_cache,
         }
 
     def write_adaptive_config(self) -> None:
@@ -284,7 +285,10 @@ class Launch:
             max_running_requests=self.server.max_running_requests,
             cuda_graph_max_bs=cfg.cuda_graph_max_bs,
             decode_cuda_graph_bs=None if graph_bs is None else tuple(graph_bs),
-            launch_command=f"specgov sim-server --port {port} --speed {self.speed:g}{spool}",
+            launch_command=(
+                f"specgov sim-server --port {port} --speed {self.speed:g}{spool}"
+                + ("" if self.server.prefix_cache else " --disable-radix-cache")
+            ),
             api_key_set=api_key_set,
             startup_time={"load_weight": 0.0, "kv_cache_allocation": 0.0},
         )
