@@ -100,6 +100,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -125,10 +126,14 @@ __all__ = [
     "Shape",
     "SweepError",
     "SweepSettings",
+    "WorkerMismatchError",
     "build_document",
+    "catalog_fingerprint",
+    "check_worker",
     "enumerate_jobs",
     "parse_shape_name",
     "run_job",
+    "specgov_version",
     "trace_fingerprint",
 ]
 
@@ -137,6 +142,13 @@ DEFAULT_POLICIES = ("none", "static:3", "sglang-ema", "goodput")
 
 class SweepError(ValueError):
     """A bad sweep argument; the message names it and the valid form."""
+
+
+class WorkerMismatchError(RuntimeError):
+    """The process running a job is not the one the sweep was planned for: another
+    specgov version, or another catalog (a file edited since, or missing or different
+    on a cluster node). Its rows would be keyed by data they were not computed from,
+    so the job fails instead of writing one."""
 
 
 @dataclass(frozen=True)
@@ -207,10 +219,17 @@ class JobSpec:
     policy: str  # canonical policy name
     settings: SweepSettings
     trace_id: str  # trace_fingerprint of the trace the job replays
+    catalog_id: str  # catalog_fingerprint of the catalog data (built-in + settings' files)
+    version: str  # specgov_version() of the process that enumerated the job
 
     @property
     def job_id(self) -> str:
-        """A digest of every input: a changed input is a different job (resume)."""
+        """A digest of every input: a changed input is a different job (resume).
+
+        Inputs are the configuration, the settings, the trace's requests, the catalog's
+        data (not its file names: an edited catalog is a new job) and the specgov
+        version (an upgrade may change the engine model: its rows are computed anew).
+        """
         blob = json.dumps(
             {
                 "gpu": self.gpu,
@@ -219,10 +238,50 @@ class JobSpec:
                 "policy": self.policy,
                 "settings": self.settings.to_json(),
                 "trace": self.trace_id,
+                "catalog": self.catalog_id,
+                "specgov": self.version,
             },
             sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+    def describe(self) -> dict[str, str]:
+        """The configuration in the words of a sweep row (for messages about the job)."""
+        return {
+            "gpu": self.gpu,
+            "drafter": self.drafter,
+            "shape": self.shape.name,
+            "policy": self.policy,
+            "job_id": self.job_id,
+        }
+
+
+def specgov_version() -> str:
+    """The installed specgov's version ("unknown" when running from an uninstalled tree)."""
+    try:
+        return metadata.version("specgov")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def catalog_fingerprint(catalog: Catalog) -> str:
+    """A digest of the catalog's data: every GPU, model, drafter and acceptance profile
+    as parsed (built-in entries and the user's files merged), so an edited value is a
+    new digest while a reformatted file or a comment is not."""
+    h = hashlib.sha256()
+    for kind, entries in (
+        ("gpu", catalog.gpus()),
+        ("model", catalog.models()),
+        ("drafter", catalog.drafters()),
+        (
+            "acceptance",
+            [catalog.acceptance_profile(n) for n in catalog.acceptance_profile_names()],
+        ),
+    ):
+        for entry in entries:
+            # Frozen dataclasses of str/int/float/tuple: their repr is exact and stable.
+            h.update(f"{kind}:{entry!r};".encode())
+    return h.hexdigest()[:20]
 
 
 def trace_fingerprint(trace: Trace) -> str:
@@ -280,9 +339,13 @@ def enumerate_jobs(
     shape_list = [parse_shape_name(s) for s in _names(shapes, "--shapes")]
     shape_list = list({s.name: s for s in shape_list}.values())
     tid = trace_fingerprint(trace)
+    cid = catalog_fingerprint(catalog)
+    version = specgov_version()
     jobs: list[JobSpec] = []
     for gpu in gpu_names:
-        jobs.append(JobSpec(gpu, NO_DRAFTER, Shape("plain", 0, 0), "none", settings, tid))
+        jobs.append(
+            JobSpec(gpu, NO_DRAFTER, Shape("plain", 0, 0), "none", settings, tid, cid, version)
+        )
         for drafter in drafter_names:
             if drafter == NO_DRAFTER:
                 continue
@@ -290,7 +353,9 @@ def enumerate_jobs(
                 for policy in parsed:
                     if not policy.speculative:
                         continue
-                    jobs.append(JobSpec(gpu, drafter, shape, policy.name, settings, tid))
+                    jobs.append(
+                        JobSpec(gpu, drafter, shape, policy.name, settings, tid, cid, version)
+                    )
     return jobs
 
 
@@ -374,15 +439,39 @@ def base_rps(trace: Trace) -> float:
     return n / trace.duration_s if trace.duration_s > 0 else float(n)
 
 
+def check_worker(job: JobSpec) -> None:
+    """Raise ``WorkerMismatchError`` unless this process has the job's specgov version and
+    reads the job's catalog data (its ``catalog_id``)."""
+    version = specgov_version()
+    if version != job.version:
+        raise WorkerMismatchError(
+            f"this worker runs specgov {version}, the sweep was planned with {job.version}: "
+            "install the same specgov version on every worker"
+        )
+    files = job.settings.catalog_files
+    try:
+        catalog = Catalog.load([Path(p) for p in files])
+    except ValueError as exc:  # CatalogError: a file missing, unreadable or malformed here
+        raise WorkerMismatchError(f"this worker cannot load the sweep's catalog: {exc}") from None
+    if catalog_fingerprint(catalog) != job.catalog_id:
+        where = ", ".join(files) if files else "the built-in catalog"
+        raise WorkerMismatchError(
+            f"the catalog this worker reads ({where}) is not the one the sweep was planned "
+            "with: it changed since the sweep started, or differs on this node"
+        )
+
+
 def run_job(job: JobSpec, trace: Trace) -> dict[str, Any]:
     """Search one configuration; never raises for a configuration that cannot run.
 
     A configuration that does not fit in VRAM, or that the simulator or SGLang cannot
     run (e.g. adaptive speculation with an n-gram drafter), is a row whose ``status``
-    and ``reason`` say why.
+    and ``reason`` say why. A worker that is not the one planned for (``check_worker``)
+    raises ``WorkerMismatchError``: that is no property of the configuration.
     """
     started = time.perf_counter()
     cpu_started = time.process_time()
+    check_worker(job)
     s = job.settings
     policy = parse_policy(job.policy)
     shape = _row_shape(job, policy)
