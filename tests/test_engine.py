@@ -282,3 +282,26 @@ def test_split_out_names_are_still_importable_from_the_engine() -> None:
     assert engine_module.TimeSeries is TimeSeries
     assert engine_module.REPORT_SLOTS == (1, 8, 32, 64)
     assert engine_module.itl_bin_value(0) == pytest.approx(1e-6 * math.sqrt(1.01))
+
+
+def test_prefix_cache_switch_and_cache_free_path_without_ids() -> None:
+    # SGLang's radix cache is on by default; prefix_cache=False is --disable-radix-cache.
+    on = Engine(
+        config=EngineConfig(kv_token_capacity=10_000),
+        cost=LinearCost(),
+        policy=None,
+        acceptance=None,
+    )
+    off = Engine(
+        config=EngineConfig(kv_token_capacity=10_000, prefix_cache=False),
+        cost=LinearCost(),
+        policy=None,
+        acceptance=None,
+    )
+    assert on.prefix_cache is not None and off.prefix_cache is None
+    with_ids = [Request(0.1 * i, 600, 5, hash_ids=(7, 8)) for i in range(5)]
+    hit = on.run(with_ids)
+    miss = off.run(with_ids)
+    assert hit.cache_hit_tokens == 4 * 599 and hit.prefix_cache_hit_rate == 4 * 599 / 3000
+    assert miss.cache_hit_tokens == miss.cache_lookup_tokens == 0
+    assert hit.prefill_tokens == miss.prefill_tokens - 4 * 599

@@ -105,3 +105,37 @@ def test_family_render_is_the_matching_part_of_the_full_render() -> None:
     assert b"sglang:queue_time_seconds" not in part and b"_created" not in part
     assert _samples(part)["sglang:generation_tokens_total"] > 0
     assert metrics.render_families(["sglang:num_requests_total"]).count(b"\n") == 3
+
+
+def test_cache_hit_rate_gauge_is_the_last_prefill_batchs_and_renders_alike() -> None:
+    # Requests whose prompts repeat (same block ids): the second and later hit the cache.
+    reqs = [Request(0.5 * i, 1024, 20, "chat", hash_ids=(1, 2)) for i in range(8)]
+    engine, _ = build_engine(ServerSpec(), parse_policy("none"), seed=1)
+    metrics = SimMetrics(model_name="llama-3.1-8b")
+    values: list[float] = []
+    renders: list[tuple[bytes, bytes]] = []
+    families = ["sglang:cache_hit_rate"]
+
+    def tick(_now_s: float) -> None:
+        values.append(_samples(metrics.render())["sglang:cache_hit_rate"])
+        renders.append((metrics.render(), metrics.render_families(families)))
+
+    engine.run(reqs, metrics=metrics, on_tick=tick, tick_interval_s=0.05)
+    assert values[0] == 0.0
+    assert values[-1] == 1023 / 1024  # a full match; the last prompt token is computed
+    for full, part in renders:
+        assert part.decode() == _blocks(full.decode(), families)
+    # Decode refreshes do not reset it (SGLang: cache_hit_rate is prefill-owned).
+    metrics.on_decode(
+        now_s=100.0,
+        running=1,
+        queued=0,
+        used_tokens=1,
+        capacity_tokens=10,
+        steps=0,
+        emitted_tokens=1,
+        verified_requests=0,
+    )
+    assert _samples(metrics.render())["sglang:cache_hit_rate"] == 1023 / 1024
+    metrics.on_prefix_cache(0, 0)  # an all-reprocessed batch: SGLang sets 0
+    assert _samples(metrics.render())["sglang:cache_hit_rate"] == 0.0

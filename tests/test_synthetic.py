@@ -350,3 +350,88 @@ def test_integer_field_values_name_the_trace() -> None:
 
     trace = generate_trace(SyntheticSpec(duration_s=30, rate_rps=2, seed=1))
     assert "rate=2" in trace.name
+
+
+MULTI = SyntheticSpec(
+    duration_s=200.0,
+    rate_rps=3.0,
+    turns=4,
+    think_time_s=10.0,
+    mean_turn_input_tokens=300.0,
+    mean_input_tokens=1200.0,
+    max_input_tokens=20000,
+    seed=7,
+)
+
+
+def _conversations(trace: Trace) -> list[list[int]]:
+    """Requests grouped by conversation: a turn's ids start with its first block's id."""
+    groups: dict[int, list[int]] = {}
+    for i, r in enumerate(trace.requests):
+        assert r.hash_ids is not None
+        groups.setdefault(r.hash_ids[0], []).append(i)
+    return list(groups.values())
+
+
+def test_multi_turn_prompts_grow_by_the_answer_and_share_block_ids() -> None:
+    trace = generate_trace(MULTI)
+    reqs = trace.requests
+    convs = _conversations(trace)
+    assert len(convs) < len(reqs) and max(len(c) for c in convs) == 4
+    shared_blocks = 0
+    for conv in convs:
+        for prev_i, cur_i in itertools.pairwise(conv):
+            prev, cur = reqs[prev_i], reqs[cur_i]
+            assert prev.hash_ids is not None and cur.hash_ids is not None
+            assert cur.domain == prev.domain
+            assert cur.arrival_s > prev.arrival_s
+            history = prev.input_tokens + prev.output_tokens
+            assert cur.input_tokens > history  # + new user text
+            # Every block wholly inside the previous prompt + answer keeps its id (as far
+            # as the previous prompt had ids for it); the rest are new.
+            keep = min(history // 512, prev.input_tokens // 512)
+            assert cur.hash_ids[:keep] == prev.hash_ids[:keep]
+            assert not set(cur.hash_ids[keep:]) & set(prev.hash_ids)
+            shared_blocks += keep
+        for i in conv:
+            ids = reqs[i].hash_ids
+            assert ids is not None and len(ids) == -(-reqs[i].input_tokens // 512)
+    assert shared_blocks > 0
+    # Different conversations share no block.
+    firsts = [set(reqs[c[0]].hash_ids or ()) for c in convs]
+    assert sum(len(s) for s in firsts) == len(set().union(*firsts))
+    assert generate_trace(MULTI) == trace  # seeded
+    assert generate_trace(dataclasses.replace(MULTI, seed=8)) != trace
+
+
+def test_multi_turn_keeps_the_request_rate_and_the_limits() -> None:
+    trace = generate_trace(dataclasses.replace(MULTI, duration_s=600.0, think_time_s=2.0))
+    # Conversations start at rate / turns; nearly all of their turns fit in 600 s.
+    assert 0.8 * 3.0 * 600 < len(trace.requests) < 1.15 * 3.0 * 600
+    assert all(r.arrival_s < 600.0 for r in trace.requests)
+    capped = generate_trace(dataclasses.replace(MULTI, max_input_tokens=2500, turns=20))
+    assert max(r.input_tokens for r in capped.requests) <= 2500
+
+
+def test_one_turn_is_the_trace_without_conversations() -> None:
+    plain = generate_trace(SyntheticSpec(duration_s=60.0, seed=3))
+    assert all(r.hash_ids is None for r in plain.requests)
+    same = generate_trace(SyntheticSpec(duration_s=60.0, seed=3, think_time_s=5.0))
+    assert same.requests == plain.requests
+
+
+def test_multi_turn_keys_parse_format_and_validate() -> None:
+    spec = parse_synthetic_spec("synthetic:turns=6,think=12.5,turn_in=64,seed=2")
+    assert (spec.turns, spec.think_time_s, spec.mean_turn_input_tokens) == (6, 12.5, 64.0)
+    assert parse_synthetic_spec("synthetic:" + format_synthetic_spec(spec)) == spec
+    for text, key in (
+        ("synthetic:turns=0", "turns"),
+        ("synthetic:turns=1.5", "turns"),
+        ("synthetic:turns=1001", "turns"),
+        ("synthetic:think=-1", "think"),
+        ("synthetic:turn_in=0", "turn_in"),
+        ("synthetic:turn_in=99999", "turn_in"),
+    ):
+        with pytest.raises(SyntheticSpecError) as err:
+            parse_synthetic_spec(text)
+        assert err.value.field == key, text

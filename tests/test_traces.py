@@ -479,3 +479,32 @@ def test_crlf_files_and_line_numbers(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes() + b"2023-11-16 10:00:02,x,6\r\n")
     with pytest.raises(TraceFormatError, match=r"crlf\.csv:4: ContextTokens 'x'"):
         load_trace(path)
+
+
+def test_prefix_hash_ids_alias_round_trip_and_summary(tmp_path: Path) -> None:
+    path = _jsonl(
+        tmp_path / "ids.jsonl",
+        [
+            {"arrival_s": 0.0, "input_tokens": 1100, "output_tokens": 2, "hash_ids": [4, 5, 6]},
+            {"arrival_s": 0.5, "input_tokens": 600, "output_tokens": 2, "prefix_hash_ids": [4]},
+            {"arrival_s": 0.9, "input_tokens": 600, "output_tokens": 2},
+        ],
+    )
+    trace = load_trace(path)
+    assert [r.hash_ids for r in trace.requests] == [(4, 5, 6), (4,), None]
+    assert trace.summary()["with_hash_ids"] == 2
+    # Written back under the canonical key; transforms keep the ids.
+    out = tmp_path / "out.jsonl"
+    write_trace_jsonl(transform_trace(trace, rate_scale=2.0), out)
+    assert '"hash_ids":[4]' in out.read_text() and "prefix_hash_ids" not in out.read_text()
+    assert [r.hash_ids for r in load_trace(out).requests] == [(4, 5, 6), (4,), None]
+    # A trace without ids has no such summary key (summaries stay as they were).
+    assert "with_hash_ids" not in load_trace(_sample_files(tmp_path)["generic"]).summary()
+
+
+def test_request_hash_ids_validation() -> None:
+    assert Request(0.0, 513, 1, hash_ids=(1, 2)).hash_ids == (1, 2)
+    with pytest.raises(TraceError, match="hash_ids has 3 ids but 513 input tokens"):
+        Request(0.0, 513, 1, hash_ids=(1, 2, 3))
+    with pytest.raises(TraceError, match=r"hash_ids values must be integers in \[0, 2\^63\)"):
+        Request(0.0, 513, 1, hash_ids=(1, -1))
