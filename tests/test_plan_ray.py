@@ -6,13 +6,16 @@ installed, except where SPECGOV_REQUIRE_RAY is set (CI), where that is a failure
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from specgov.simulator.planning.executor import run_jobs
+from specgov.simulator.planning.executor import JobFailedError, run_jobs
 from specgov.simulator.planning.search import SearchSettings
 from specgov.simulator.planning.sweep import SweepSettings, enumerate_jobs
 from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
@@ -75,3 +78,22 @@ def test_ray_and_local_give_identical_rows_for_the_same_seeds(ray_local: Any) ->
     assert _strip(remote7) == _strip(local7)
     (ema0,) = [r for r in remote if r["policy"] == "sglang-ema" and r["drafter"] == "eagle3"]
     assert remote7[1]["curve"][0]["tpot_ms"] != ema0["curve"][0]["tpot_ms"]
+
+
+def test_a_failing_ray_task_is_one_line_naming_its_configuration(
+    ray_local: Any, tmp_path: Path
+) -> None:
+    jobs = enumerate_jobs(
+        gpus=["h100"], drafters=["eagle3"], policies=["static:3"], settings=SETTINGS, trace=TRACE
+    )
+    bad = dataclasses.replace(jobs[1], policy="no-such-policy")  # raises in the Ray task
+    with pytest.raises(JobFailedError) as caught:
+        run_jobs([*jobs, bad], TRACE, executor="ray", results_dir=tmp_path)
+    err = caught.value
+    # Ray's RayTaskError (the remote traceback as text) is reduced to the job's exception.
+    assert err.reason.startswith("PolicySpecError: ") and "Traceback" not in str(err)
+    assert "\n" not in str(err) and err.config["job_id"] == bad.job_id
+    assert bad.job_id not in err.finished
+    on_disk = {json.loads(f.read_text())["job_id"] for f in (tmp_path / "jobs").glob("*.json")}
+    assert on_disk == set(err.finished)
+    assert ray_local.is_initialized()  # the executor left the Ray it found running
