@@ -58,9 +58,10 @@ import time
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final, Protocol
+from typing import Any, BinaryIO, Final, Protocol
 
 from specgov.adapters.errors import escape_upstream
+from specgov.adapters.log_throttle import DEFAULT_LOG_INTERVAL_S, LogThrottle
 from specgov.policies.types import PolicyTypeError, StepTable, TierStatsSnapshot
 from specgov.policies.validation import is_int, is_real
 
@@ -76,7 +77,6 @@ DEFAULT_STATS_KEEP: Final = 64
 MAX_TABLE_BYTES: Final = 1 << 20
 # A statistics window is a few KB (one entry per slot and step); bound what is read.
 MAX_STATS_BYTES: Final = 1 << 20
-DEFAULT_LOG_INTERVAL_S: Final = 60.0
 
 # Why SpoolTableReader returned None (keys of SpoolTableReader.ignored).
 MISSING: Final = "missing"
@@ -160,8 +160,11 @@ def _own_uid() -> int:
     return os.geteuid()
 
 
-def resolve_gid(value: object, *, where: str) -> int | None:
-    """A group given as a name or a numeric gid (int or digit string); None stays None."""
+def _resolve_id(
+    value: object, *, where: str, noun: str, lookup: Callable[[str], int]
+) -> int | None:
+    """A ``noun`` ("group"/"user") given as a name or a numeric id (int or digit
+    string); None stays None. ``lookup(name)`` raises KeyError for an unknown name."""
     if value is None:
         return None
     if is_int(value) and 0 <= value < 2**32:
@@ -169,35 +172,25 @@ def resolve_gid(value: object, *, where: str) -> int | None:
     if isinstance(value, str) and value.strip():
         text = value.strip()
         if text.isdecimal():
-            return resolve_gid(int(text), where=where)
+            return _resolve_id(int(text), where=where, noun=noun, lookup=lookup)
         try:
-            return grp.getgrnam(text).gr_gid
+            return lookup(text)
         except KeyError:
             raise SpoolError(
-                f"{where}: no group named {text!r} on this host; expected a group name "
-                "or a numeric gid"
+                f"{where}: no {noun} named {text!r} on this host; expected a {noun} name "
+                f"or a numeric {noun[0]}id"
             ) from None
-    raise SpoolError(f"{where}: expected a group name or a numeric gid, got {value!r}")
+    raise SpoolError(f"{where}: expected a {noun} name or a numeric {noun[0]}id, got {value!r}")
+
+
+def resolve_gid(value: object, *, where: str) -> int | None:
+    """A group given as a name or a numeric gid (int or digit string); None stays None."""
+    return _resolve_id(value, where=where, noun="group", lookup=lambda n: grp.getgrnam(n).gr_gid)
 
 
 def resolve_uid(value: object, *, where: str) -> int | None:
     """A user given as a name or a numeric uid (int or digit string); None stays None."""
-    if value is None:
-        return None
-    if is_int(value) and 0 <= value < 2**32:
-        return int(value)
-    if isinstance(value, str) and value.strip():
-        text = value.strip()
-        if text.isdecimal():
-            return resolve_uid(int(text), where=where)
-        try:
-            return pwd.getpwnam(text).pw_uid
-        except KeyError:
-            raise SpoolError(
-                f"{where}: no user named {text!r} on this host; expected a user name "
-                "or a numeric uid"
-            ) from None
-    raise SpoolError(f"{where}: expected a user name or a numeric uid, got {value!r}")
+    return _resolve_id(value, where=where, noun="user", lookup=lambda n: pwd.getpwnam(n).pw_uid)
 
 
 def default_spool_dir(
@@ -661,29 +654,6 @@ def read_published_table(
         return None
 
 
-class _RateLimitedLog:
-    """At most one log line per reason per ``interval_s``; counts what it held back."""
-
-    def __init__(self, log: logging.Logger, interval_s: float, clock: Callable[[], float]) -> None:
-        self._log = log
-        self._interval_s = interval_s
-        self._clock = clock
-        self._last_s: dict[str, float] = {}
-        self._held: dict[str, int] = {}
-
-    def __call__(self, reason: str, level: int, message: str) -> bool:
-        now = self._clock()
-        last = self._last_s.get(reason)
-        if last is not None and 0.0 <= now - last < self._interval_s:
-            self._held[reason] = self._held.get(reason, 0) + 1
-            return False
-        held = self._held.pop(reason, 0)
-        self._last_s[reason] = now
-        suffix = f" ({held} similar message(s) suppressed)" if held else ""
-        self._log.log(level, "%s%s", message, suffix)
-        return True
-
-
 class SpoolTableReader:
     """The plugin's view of the daemon's step table (``TablePolicy.table_source``).
 
@@ -729,7 +699,7 @@ class SpoolTableReader:
             raise SpoolError(f"SpoolTableReader: max_bytes must be an int >= 1, got {max_bytes!r}")
         self._clock = clock
         self._max_bytes = max_bytes
-        self._log = _RateLimitedLog(logger, log_interval_s, clock)
+        self._log = LogThrottle(logger, clock, log_interval_s)
         self._key: tuple[int, int, int, int] | None = None
         self._table: StepTable | None = None
         self._rejection: _Rejected | None = None
@@ -817,7 +787,7 @@ class SpoolTableReader:
             )
             return
         try:
-            with open(self.path, "rb") as fh:
+            with open_spool_file(self.path) as fh:  # no symlink, no FIFO
                 # Cache under the key of what was actually read: the file may have been
                 # replaced between stat and open; the next poll then sees a new key.
                 st = os.fstat(fh.fileno())
@@ -859,9 +829,9 @@ class SpoolTableReader:
             return table
         self.capped += 1
         with contextlib.suppress(Exception):
-            self._log(
-                TTL_CAPPED,
+            self._log.log(
                 logging.WARNING,
+                TTL_CAPPED,
                 f"specgov spool: {self.path}: table version {table.version} asks for a TTL "
                 f"of {table.ttl_s:g} s; following it for at most {ttl_s:g} s "
                 f"({MAX_TABLE_TTL_ENV}={cap_s:g}) [{self.capped} table(s) capped so far]",
@@ -875,9 +845,9 @@ class SpoolTableReader:
         level = logging.INFO if reason in _QUIET_REASONS else logging.WARNING
         # Logging must not turn an ignored table into an exception (e.g. a broken clock).
         with contextlib.suppress(Exception):
-            self._log(
-                reason,
+            self._log.log(
                 level,
+                reason,
                 f"specgov spool: not following {self.path} ({reason}: {rejected.detail}); "
                 f"SGLang's own adaptive controller answers [{count} poll(s) so far]",
             )
@@ -1034,7 +1004,7 @@ def _parse_stats(raw: bytes, writer_id: str, seq: int) -> TierStatsRecord:
 
 
 # The daemon's side: one rate-limited log per kind of read failure for the process.
-_read_log = _RateLimitedLog(logger, DEFAULT_LOG_INTERVAL_S, time.monotonic)
+_read_log = LogThrottle(logger, time.monotonic, DEFAULT_LOG_INTERVAL_S)
 
 
 def _permission_fix(path: Path) -> str:
@@ -1052,8 +1022,38 @@ def _permission_fix(path: Path) -> str:
     )
 
 
+def open_spool_file(path: Path) -> BinaryIO:
+    """``path`` opened for reading, refused unless it is a regular file itself.
+
+    ``O_NOFOLLOW``: specgov writes its spool files with ``os.replace``, never as links,
+    so a symbolic link in their place was put there by someone else, to make the reader
+    read another file (or hang it on a FIFO: ``O_NONBLOCK``, then only regular files
+    are read). Raises :class:`SpoolSecurityError` (a ``PermissionError``) naming the
+    path for a link or a non-regular file, ``OSError`` as ``open`` does otherwise.
+    """
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SpoolSecurityError(
+                f"specgov spool: refusing {path}: it is a symbolic link, not a file specgov "
+                "wrote (its spool files are regular files); fix: remove the link"
+            ) from None
+        raise
+    try:
+        if not stat_module.S_ISREG(os.fstat(fd).st_mode):
+            raise SpoolSecurityError(
+                f"specgov spool: refusing {path}: not a regular file; fix: remove it"
+            )
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _read_bounded(path: Path, max_bytes: int) -> bytes:
-    with open(path, "rb") as fh:
+    with open_spool_file(path) as fh:
         raw = fh.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise SpoolError(f"more than {max_bytes} bytes; not a statistics window")
@@ -1085,14 +1085,14 @@ def read_tier_stats(
     except FileNotFoundError:
         pass  # nothing written yet
     except SpoolSecurityError as exc:
-        _read_log("stats:insecure", logging.ERROR, str(exc))
+        _read_log.log(logging.ERROR, "stats:insecure", str(exc))
         raise
     seen = dict(cursor or {})
     by_writer: dict[str, list[tuple[int, Path]]] = {}
     try:
         listed = _stats_files(stats_dir)
     except PermissionError:
-        _read_log("stats:list", logging.ERROR, f"specgov spool: {_permission_fix(stats_dir)}")
+        _read_log.log(logging.ERROR, "stats:list", f"specgov spool: {_permission_fix(stats_dir)}")
         raise
     for wid, seq, path in listed:
         by_writer.setdefault(wid, []).append((seq, path))
@@ -1117,13 +1117,17 @@ def read_tier_stats(
                 records.append(_parse_stats(_read_bounded(path, MAX_STATS_BYTES), wid, seq))
             except FileNotFoundError:
                 gaps += 1  # pruned between listing and reading
+            except SpoolSecurityError as exc:  # a symlink or FIFO in place of a window
+                skipped += 1
+                errors.append(str(exc))
+                _read_log.log(logging.ERROR, "stats:refused", str(exc))
             except PermissionError as exc:
                 skipped += 1
                 unreadable += 1
                 errors.append(f"{path}: {exc}")
-                _read_log(
-                    "stats:read",
+                _read_log.log(
                     logging.ERROR,
+                    "stats:read",
                     f"specgov spool: tier statistics lost: {_permission_fix(path)}",
                 )
             except (OSError, ValueError, UnicodeDecodeError) as exc:
@@ -1183,7 +1187,7 @@ class BackgroundStatsWriter:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._next_seq: int | None = None
-        self._log = _RateLimitedLog(logger, log_interval_s, time.monotonic)
+        self._log = LogThrottle(logger, time.monotonic, log_interval_s)
         self.submitted = 0
         self.written = 0
         self.dropped = 0
@@ -1269,9 +1273,9 @@ class BackgroundStatsWriter:
     def _note_error(self, exc: BaseException) -> None:
         self.errors += 1
         self.last_error = f"{type(exc).__name__}: {exc}"
-        self._log(
-            "write",
+        self._log.log(
             logging.WARNING,
+            "write",
             f"specgov spool: cannot write tier statistics to {self.spool_dir} "
             f"({self.last_error}); serving is unaffected [{self.errors} failure(s) so far]",
         )

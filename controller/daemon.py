@@ -42,17 +42,12 @@ from specgov.adapters.errors import (
     TemporaryScrapeError,
     escape_upstream,
 )
+from specgov.adapters.log_throttle import MAX_LOGGED_CHARS, LogThrottle
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.spool import read_published_table, read_tier_stats, write_step_table
 from specgov.controller.config import SpecgovConfig
-from specgov.controller.health import (
-    HealthInputs,
-    WarningThrottle,
-    escape_text,
-    liveness,
-    readiness,
-)
+from specgov.controller.health import FailureClock, HealthInputs, liveness, readiness
 from specgov.controller.own_metrics import DaemonMetrics
 from specgov.controller.state_store import (
     StateStore,
@@ -163,13 +158,16 @@ class Daemon:
             monotonic = time.monotonic if clock is time.time else clock
         self._monotonic = monotonic
         self._scrape_clocks: tuple[float, float] | None = None  # (wall, monotonic)
-        self._throttle = WarningThrottle(
-            log, monotonic, on_suppressed=self.metrics.on_log_suppressed
-        )
+        self._throttle = LogThrottle(log, monotonic, on_suppressed=self.metrics.on_log_suppressed)
+        # Health ages on the monotonic clock (controller/health.py): when the daemon
+        # started, last scraped and ticked, and when each failing condition started.
+        self._started_mono_s = monotonic()
+        self._last_scrape_mono_s: float | None = None
+        self._last_tick_mono_s: float | None = None
+        self._failing = FailureClock(monotonic)
         self._journal = journal if journal is not None else StoreJournal()
         self._journal.on_rejected = self._store_rejected
         self._store_incidents: deque[dict[str, Any]] = deque(maxlen=MAX_STORE_INCIDENTS)
-        self._last_tick_s: float | None = None
         # Status parts that cost to build, keyed by the object they were built from.
         self._table_doc: tuple[StepTable, dict[str, Any]] | None = None
         self._observation_doc: tuple[Observation, dict[str, Any]] | None = None
@@ -334,15 +332,17 @@ class Daemon:
             incident = {"time_s": self._clock(), "kind": kind, "message": str(exc)}
             self._store_incidents.append(incident)
             message = f"state store: {exc.detail}; pending writes go back at the next write"
-            log.error("%s", escape_text(f"state database {exc.path}: {exc.detail}"))
+            line = f"state database {exc.path}: {exc.detail}"
+            log.error("%s", escape_upstream(line, MAX_LOGGED_CHARS))
         elif self.status_info.store_error is None:
             log.error(
                 "%s; audit rows and override changes are kept in memory (at most %d) and "
                 "written back when it returns",
-                escape_text(message),
+                escape_upstream(message, MAX_LOGGED_CHARS),
                 self._journal.max_entries,
             )
         self.status_info.store_error = message
+        self._failing.update("store", message)
         self._journal.note_down(self._clock(), str(exc))
 
     def _store_rejected(self, kind: str, exc: Exception) -> None:
@@ -404,12 +404,14 @@ class Daemon:
         self.metrics.set_journal(0)
         self._decisions_cache.clear()
         self.status_info.store_error = None
+        self._failing.update("store", None)
         dropped = sum(result.dropped.values())
         log.warning(
             "%s",
-            escape_text(
+            escape_upstream(
                 f"state store usable again after {self._clock() - result.down_since_s:.0f} s: "
-                f"{result.written} queued writes written back, {dropped} dropped"
+                f"{result.written} queued writes written back, {dropped} dropped",
+                MAX_LOGGED_CHARS,
             ),
         )
         return True
@@ -536,6 +538,7 @@ class Daemon:
         self.status_info.permanent_error = None
         self.status_info.last_scrape_error = None
         self.status_info.last_scrape_s = now
+        self._last_scrape_mono_s = self._monotonic()
         self._observation = obs
         return obs
 
@@ -722,6 +725,7 @@ class Daemon:
             batch = read_tier_stats(spool, self._stats_cursor, group_gid=self.config.spool.group)
         except OSError as exc:
             self.status_info.spool_read_error = f"cannot read {spool}: {exc}"
+            self._failing.update("spool-read", exc)
             self.metrics.on_spool_failure("read")
             self._throttle.warning(
                 "spool-read", f"cannot read the plugin statistics in {spool}: {exc}"
@@ -730,6 +734,7 @@ class Daemon:
         if self.status_info.spool_read_error is not None:
             log.info("plugin statistics in %s readable again", spool)
             self.status_info.spool_read_error = None
+            self._failing.update("spool-read", None)
             self._throttle.resolve("spool-read")
         self._stats_cursor = dict(batch.cursor)
         self._stats_pending.extend(r.snapshot for r in batch.records)
@@ -771,6 +776,7 @@ class Daemon:
         spool = self.config.spool.dir
         if spool is None:
             self.status_info.spool_error = "plugin mode needs spool.dir"
+            self._failing.update("spool-write", self.status_info.spool_error)
             return False
         try:
             # Creates the spool 0700 (02750 with spool.group) and refuses one that
@@ -783,6 +789,7 @@ class Daemon:
             )
         except OSError as exc:
             self.status_info.spool_error = f"cannot write {spool}: {exc}"
+            self._failing.update("spool-write", exc)
             self.metrics.on_spool_failure("write")
             self._throttle.error("spool-write", f"cannot publish step table: {exc}")
             return False
@@ -790,6 +797,7 @@ class Daemon:
             log.info("spool %s writable again", spool)
             self._throttle.resolve("spool-write")
         self.status_info.spool_error = None
+        self._failing.update("spool-write", None)
         self.status_info.tables_published += 1
         return True
 
@@ -1049,17 +1057,19 @@ class Daemon:
     def _health_inputs(self) -> HealthInputs:
         s = self.status_info
         spool = s.spool_error or s.spool_read_error
-        return HealthInputs(
-            now_s=self._clock(),
-            started_at_s=s.started_at_s,
-            last_scrape_s=s.last_scrape_s,
+        return HealthInputs(  # every time on the monotonic clock: a wall step flips nothing
+            now_s=self._monotonic(),
+            started_at_s=self._started_mono_s,
+            last_scrape_s=self._last_scrape_mono_s,
             last_scrape_error=s.last_scrape_error,
             permanent_error=s.permanent_error,
             spool_error=spool if self.config.loop.mode == "plugin" else None,
             store_error=s.store_error,
             telemetry_max_age_s=self.telemetry_max_age_s,
-            last_tick_s=self._last_tick_s,
+            last_tick_s=self._last_tick_mono_s,
             decide_interval_s=self.config.loop.decide_interval_s,
+            spool_error_since_s=self._failing.since_s("spool-write", "spool-read"),
+            store_error_since_s=self._failing.since_s("store"),
         )
 
     def health(self) -> dict[str, Any]:
@@ -1098,10 +1108,14 @@ class Daemon:
 
     async def _decide_loop(self) -> None:
         async def step() -> None:
-            self._last_tick_s = self._clock()
+            self._mark_tick()
             self.decide_once()
 
         await self._every(self.config.loop.decide_interval_s, step)
+
+    def _mark_tick(self) -> None:
+        """The decision loop ticked (liveness, on the monotonic clock)."""
+        self._last_tick_mono_s = self._monotonic()
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -1181,10 +1195,11 @@ class Daemon:
             if self._journal.pending:
                 log.error(
                     "%s",
-                    escape_text(
+                    escape_upstream(
                         f"state store still unavailable at shutdown ({self._journal.cause}): "
                         f"{len(self._journal)} audit rows and override changes kept in memory "
-                        "are lost"
+                        "are lost",
+                        MAX_LOGGED_CHARS,
                     ),
                 )
         if self._client is not None:

@@ -48,6 +48,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final, Literal, NoReturn, TypeVar
 
+from specgov.adapters.spool import SpoolError, resolve_gid
 from specgov.policies.guardrails import OVERRIDE_VERSION, Override
 from specgov.policies.validation import (
     check_int,
@@ -670,8 +671,7 @@ class StateStore:
     ) -> None:
         if step == "chmod" and mode & ~self._file_mode:
             log.warning(
-                "state file %s has mode %o, readable beyond its owner%s, and cannot be "
-                "changed: %s",
+                "state file %s has mode %o, readable beyond its owner%s, and cannot be changed: %s",
                 path,
                 mode,
                 "" if self._gid is None else " and group",
@@ -1385,20 +1385,10 @@ class StateStore:
 
 
 def _group_id(group: str | int | None) -> int | None:
-    if group is None:
-        return None
-    if isinstance(group, bool) or not isinstance(group, str | int):
-        raise StoreError(f"StateStore.file_group: expected a group name or id, got {group!r}")
-    if isinstance(group, int):
-        if group < 0:
-            raise StoreError(f"StateStore.file_group: expected a group id >= 0, got {group}")
-        return group
-    import grp
-
     try:
-        return grp.getgrnam(group).gr_gid
-    except KeyError:
-        raise StoreError(f"StateStore.file_group: no group named {group!r}") from None
+        return resolve_gid(group, where="StateStore.file_group")
+    except SpoolError as exc:
+        raise StoreError(str(exc)) from None
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

@@ -273,7 +273,7 @@ class Harness:
                 self._seq += 1
                 write_tier_stats(self.spool, moved, writer_id="rank0", seq=self._seq)
         await self.daemon.scrape_once()
-        self.daemon._last_tick_s = self.clock()  # what the decide loop's step does first
+        self.daemon._mark_tick()  # what the decide loop's step does first
         record = self.daemon.decide_once()
         self.records.append(record)
         return record

@@ -12,18 +12,13 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import CollectorRegistry
 
+from specgov.adapters.log_throttle import LogThrottle
 from specgov.adapters.prometheus_text import parse_metrics
 from specgov.adapters.sglang_http import MetricsScrape
 from specgov.controller.config import SpecgovConfig, load_config
 from specgov.controller.control_api import make_app
 from specgov.controller.daemon import Daemon
-from specgov.controller.health import (
-    HealthInputs,
-    WarningThrottle,
-    escape_text,
-    liveness,
-    readiness,
-)
+from specgov.controller.health import FailureClock, HealthInputs, liveness, readiness
 from specgov.policies.control_core import Publish
 from specgov.policies.types import StepTable
 
@@ -102,7 +97,7 @@ def test_repeated_warnings_are_rate_limited_per_kind_with_a_count(
     clock = Clock(0.0)
     suppressed: list[str] = []
     logger = logging.getLogger("test.throttle")
-    throttle = WarningThrottle(logger, clock, interval_s=60.0, on_suppressed=suppressed.append)
+    throttle = LogThrottle(logger, clock, interval_s=60.0, on_suppressed=suppressed.append)
     caplog.set_level(logging.WARNING, logger="test.throttle")
     for i in range(10):
         clock.now_s = float(i)
@@ -120,10 +115,26 @@ def test_repeated_warnings_are_rate_limited_per_kind_with_a_count(
     assert caplog.records[-1].getMessage() == "spool unwritable"
 
 
-def test_logged_text_is_escaped_and_bounded() -> None:
-    assert escape_text("a\x1b[31mred\x00\r\nz") == "a\\x1b[31mred\\x00\\r\\nz"
-    long = escape_text("x" * 5000)
-    assert len(long) < 2100 and long.endswith("(3000 more characters)")
+def test_logged_text_is_escaped_and_bounded(caplog: pytest.LogCaptureFixture) -> None:
+    throttle = LogThrottle(logging.getLogger("test.escape"), Clock(0.0))
+    caplog.set_level(logging.WARNING, logger="test.escape")
+    throttle.warning("a", "a\x1b[31mred\x00\r\nz")
+    throttle.warning("b", "x" * 5000)
+    first, long = (r.getMessage() for r in caplog.records)
+    assert first == "a\\x1b[31mred\\x00\\r\\nz"
+    assert len(long) < 2100 and long.endswith("[cut: 5000 characters in all]")
+
+
+def test_a_clock_that_went_backwards_does_not_hold_a_kind_back(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock(100.0)
+    throttle = LogThrottle(logging.getLogger("test.back"), clock, interval_s=60.0)
+    caplog.set_level(logging.WARNING, logger="test.back")
+    assert throttle.warning("k", "one") is True
+    clock.now_s = 50.0
+    assert throttle.warning("k", "two") is True
+    assert [r.getMessage() for r in caplog.records] == ["one", "two"]
 
 
 # ------------------------------------------------------------- against the daemon
@@ -160,17 +171,18 @@ def test_health_goes_503_when_telemetry_is_missing_past_the_bound(tmp_path: Path
         store=None,
         registry=CollectorRegistry(),
         clock=clock,
-        telemetry_max_age_s=30.0,
+        telemetry_max_age_s=20.0,
     )
     assert _get(daemon, "/v1/health")[0] == 200
-    clock.now_s += 31.0
+    clock.now_s += 21.0
     status, body = _get(daemon, "/v1/health")
     assert status == 503 and body["telemetry"] is False
-    assert body["reasons"] == ["no telemetry yet for 31 s (bound 30 s)"]
+    assert body["reasons"] == ["no telemetry yet for 21 s (bound 20 s)"]
+    assert body["codes"] == ["no_telemetry_yet"]
     assert _get(daemon, "/v1/health/ready")[0] == 503
     assert daemon.status()["health"] == body["reasons"]
-    # Alive all the same: a probe must not restart a daemon waiting for its server.
-    daemon.status_info.started_at_s = clock.now_s
+    # Alive all the same (its loop bound is 30 s): a probe must not restart a daemon
+    # waiting for its server.
     assert _get(daemon, "/v1/health/live")[0] == 200
 
 
@@ -201,6 +213,79 @@ def test_unwritable_spool_is_counted_unready_and_logged_once_per_burst(
     health = daemon.health()
     assert health["ok"] is False and health["spool"] is False
     assert "cannot write" in health["reasons"][0]
+
+
+class _StepClient:
+    """A server whose /metrics always answers (an empty but valid body)."""
+
+    async def scrape_metrics(self) -> MetricsScrape:
+        return MetricsScrape(0.0, 0.001, parse_metrics(""), "")
+
+    async def server_info(self) -> dict[str, Any]:
+        return {}
+
+    async def loads(self) -> Any:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0])
+def test_a_wall_clock_step_flips_neither_readiness_nor_liveness(
+    tmp_path: Path, step_s: float
+) -> None:
+    wall, mono = Clock(1_000_000.0), Clock(50.0)
+    daemon = Daemon(
+        _config(tmp_path, **{"loop.telemetry_max_age_s": 30.0}),
+        store=None,
+        registry=CollectorRegistry(),
+        client=_StepClient(),  # type: ignore[arg-type]
+        clock=wall,
+        monotonic=mono,
+    )
+    asyncio.run(daemon.scrape_once())
+    daemon._mark_tick()
+    assert daemon.health()["telemetry"] is True
+    wall.now_s += step_s  # NTP steps the wall clock; 1 s of real time passes
+    mono.now_s += 1.0
+    ready, live = daemon.health(), daemon.liveness()
+    assert ready["telemetry"] is True and ready["telemetry_age_s"] == pytest.approx(1.0)
+    assert live["ok"] is True and live["last_tick_age_s"] == pytest.approx(1.0)
+    # And the other way: real time past the bound is stale whatever the wall says.
+    mono.now_s += 30.0
+    wall.now_s -= step_s
+    ready = daemon.health()
+    assert ready["telemetry"] is False and ready["codes"] == ["telemetry_stale"]
+
+
+def test_failure_ages_are_monotonic_and_shown(tmp_path: Path) -> None:
+    wall, mono = Clock(1_000_000.0), Clock(50.0)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the spool folder should be")
+    config = _config(tmp_path, **{"spool.dir": str(blocker / "spool")})
+    daemon = Daemon(config, store=None, registry=CollectorRegistry(), clock=wall, monotonic=mono)
+    table = StepTable(slots=((1, 2),), version=1, produced_at_s=0.0, ttl_s=60.0)
+    assert daemon._publish_table(Publish(table, (0, 1, 2))) is False
+    mono.now_s += 12.0
+    wall.now_s -= 7200.0  # a wall step: the age is real time
+    assert daemon._publish_table(Publish(table, (0, 1, 2))) is False  # same burst
+    health = daemon.health()
+    assert health["spool"] is False and health["spool_error_age_s"] == pytest.approx(12.0)
+    assert health["reasons"][-1].endswith("(for 12 s)") and "spool_failing" in health["codes"]
+    assert health["store_error_age_s"] is None
+
+
+def test_failure_clock_keeps_the_start_of_a_burst() -> None:
+    clock = Clock(10.0)
+    failing = FailureClock(clock)
+    failing.update("a", "down")
+    clock.now_s = 20.0
+    failing.update("a", "still down")
+    failing.update("b", "down")
+    assert failing.since_s("a") == 10.0 and failing.since_s("a", "b") == 10.0
+    failing.update("a", None)
+    assert failing.since_s("a") is None and failing.since_s("a", "b") == 20.0
 
 
 class _NanClient:

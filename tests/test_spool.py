@@ -197,7 +197,7 @@ def test_one_stat_per_poll_and_reread_only_on_change(
     write_step_table(tmp_path, table(1), CANDIDATES)
     reader = SpoolTableReader(tmp_path, CANDIDATES, Clock())
     calls = {"stat": 0, "open": 0}
-    real_stat, real_open = os.stat, open
+    real_stat, real_open = os.stat, os.open
 
     def counting_stat(*args: Any, **kwargs: Any) -> Any:
         calls["stat"] += 1
@@ -208,7 +208,7 @@ def test_one_stat_per_poll_and_reread_only_on_change(
         return real_open(*args, **kwargs)
 
     monkeypatch.setattr(spool.os, "stat", counting_stat)
-    monkeypatch.setattr("builtins.open", counting_open)
+    monkeypatch.setattr(spool.os, "open", counting_open)
     for _ in range(50):
         assert reader() == table(1)
     # One stat per poll, plus one of the spool directory when the file is (re)read.

@@ -509,15 +509,15 @@ def test_unreadable_statistics_are_logged_once_with_the_fix(
     # the daemon used to drop the error without a word.
     for seq in range(3):
         write_tier_stats(tmp_path, snapshot(NOW + seq), writer_id="w", seq=seq)
-    real_open = open
+    real_open = os.open
 
     def denied(path: Any, *args: Any, **kwargs: Any) -> Any:
         if Path(path).name.startswith("tier_stats."):
             raise PermissionError(13, "Permission denied", str(path))
         return real_open(path, *args, **kwargs)
 
-    monkeypatch.setattr("builtins.open", denied)
-    monkeypatch.setattr("specgov.adapters.spool._read_log._last_s", {})
+    monkeypatch.setattr("specgov.adapters.spool.os.open", denied)
+    monkeypatch.setattr("specgov.adapters.spool._read_log._kinds", {})
     caplog.set_level(logging.ERROR, logger="specgov.adapters.spool")
     batch = read_tier_stats(tmp_path)
     assert batch.records == () and batch.unreadable == 3 and batch.skipped == 3
@@ -525,6 +525,61 @@ def test_unreadable_statistics_are_logged_once_with_the_fix(
     assert len(lines) == 1
     assert str(tmp_path / "stats") in lines[0]
     assert "SPECGOV_SPOOL_GROUP" in lines[0] and "spool.group" in lines[0]
+
+
+def test_a_symlinked_statistics_window_is_refused_with_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    spool = tmp_path / "spool"
+    first = write_tier_stats(spool, snapshot(NOW), writer_id="w", seq=0)
+    second = write_tier_stats(spool, snapshot(NOW + 1), writer_id="w", seq=1)
+    # A valid window, moved out of the spool and linked back: without O_NOFOLLOW the
+    # daemon would follow a link anyone who can write stats/ planted to any file.
+    elsewhere = tmp_path / "elsewhere.json"
+    os.replace(second, elsewhere)
+    second.symlink_to(elsewhere)
+    monkeypatch.setattr("specgov.adapters.spool._read_log._kinds", {})
+    caplog.set_level(logging.ERROR, logger="specgov.adapters.spool")
+    batch = read_tier_stats(spool)
+    assert [(r.writer_id, r.seq) for r in batch.records] == [("w", 0)]
+    assert batch.skipped == 1 and batch.unreadable == 0
+    (error,) = batch.errors
+    assert f"refusing {second}: it is a symbolic link" in error and "remove the link" in error
+    assert [r.getMessage() for r in caplog.records] == [error]
+    assert first.exists()
+
+
+def test_a_fifo_in_place_of_a_window_is_refused_without_blocking(tmp_path: Path) -> None:
+    import threading
+
+    spool = tmp_path / "spool"
+    path = write_tier_stats(spool, snapshot(NOW), writer_id="w", seq=0)
+    path.unlink()
+    os.mkfifo(path)
+    done: list[Any] = []
+    reader = threading.Thread(target=lambda: done.append(read_tier_stats(spool)), daemon=True)
+    reader.start()
+    reader.join(timeout=60.0)  # a deadline, not a wait: it returns at once
+    assert done, "read_tier_stats blocked on a FIFO"
+    assert done[0].skipped == 1 and "not a regular file" in done[0].errors[0]
+
+
+def test_a_symlinked_step_table_is_not_followed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from specgov.adapters.spool import read_published_table
+
+    spool = tmp_path / "spool"
+    path = write_step_table(spool, table(steps=5), CANDIDATES)
+    elsewhere = tmp_path / "elsewhere.json"
+    os.replace(path, elsewhere)
+    path.symlink_to(elsewhere)
+    caplog.set_level(logging.INFO, logger="specgov.adapters.spool")
+    reader = SpoolTableReader(spool, CANDIDATES, Clock())
+    assert reader() is None and reader.last_reason == "unreadable"
+    assert read_published_table(spool) is None  # the daemon's restart side
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("it is a symbolic link" in line for line in lines) == 2
 
 
 # ------------------------------------------ the two-user deployment, for real (root)
