@@ -353,3 +353,22 @@ def test_sim_server_disable_radix_cache_flag_turns_the_cache_off(
         result = CliRunner().invoke(sim_cli.sim_server_cmd, ["--trace", trace, *args])
         assert result.exit_code == 0, result.output
         assert built[-1].prefix_cache is expected
+
+
+def test_a_mooncake_file_replays_with_prefix_reuse(tmp_path: Path) -> None:
+    # Mooncake's own sample rows (FAST25-release/README.md): 12 shared leading blocks.
+    path = tmp_path / "mooncake.jsonl"
+    shared = list(range(46, 58))
+    rows = [
+        {"timestamp": 27482, "input_length": 6955, "output_length": 52,
+         "hash_ids": [*shared, 2353, 2354]},
+        {"timestamp": 30535, "input_length": 6472, "output_length": 26,
+         "hash_ids": [*shared, 2366]},
+    ]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    trace = load_trace(path)
+    on = replay(trace, ServerSpec(), ["none"], seed=0).to_json()["policies"][0]
+    off = replay(trace, ServerSpec(prefix_cache=False), ["none"], seed=0).to_json()["policies"][0]
+    assert on["prefix_cache_hit_tokens"] == 12 * B
+    assert on["prefix_cache_hit_rate"] == pytest.approx(12 * B / (6955 + 6472))
+    assert on["prefill_tokens"] == off["prefill_tokens"] - 12 * B
