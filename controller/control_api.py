@@ -9,7 +9,8 @@ GET       /v1/health          readiness: ``service.health()``; 200, or 503 when 
 GET       /v1/health/ready    the same (a Kubernetes readiness probe)
 GET       /v1/health/live     liveness: ``service.liveness()``; 200, or 503 when the
                               decision loop is stuck (restart the daemon then). The three
-                              health routes never need the token: keep them terse.
+                              health routes never need the token; beyond loopback their
+                              answer to a caller without it is terse (see Security).
 GET       /v1/status          ``service.status()``
 GET       /v1/decisions       query ``since`` (unix seconds, >= 0) and ``limit`` (1..1000,
                               default 100) -> ``{"decisions": [...], "count": n,
@@ -36,10 +37,20 @@ traceback in the daemon's log and never in the answer.
 
 Security: the API listens on loopback by default. When ``listen_host`` is not loopback
 (127.0.0.0/8, ::1, localhost) a token is required and :func:`make_app` refuses to build
-the app without one. With a token every route except ``GET /v1/health`` needs
+the app without one. With a token every route except the three health routes needs
 ``Authorization: Bearer <token>``; both sides are hashed and compared with
 :func:`hmac.compare_digest`, so the comparison time depends on neither the token's
 content nor its length. Authentication happens before the body is read.
+
+The health routes stay open for probes (a kubelet has no token), but their full answer
+names files and quotes error texts (a spool path, the database path, an upstream
+error). So when the API listens beyond loopback, a health request without the valid
+token gets only the verdict: ``ok``, the boolean checks and ``"reasons"`` holding just
+the fixed reason codes (``"store_unavailable"``, ``"telemetry_stale"``: the service's
+``"codes"``), no path and no error text; the status code is the same. With the token,
+or when listening on loopback (every caller is then on this host), the answer is the
+service's in full. The decision is made on the listen address, not on the caller's
+address: a local reverse proxy would make every remote caller look like loopback.
 
 Answers are serialised with sorted keys, and non-finite floats become ``null``
 (specgov's "unknown"), so they stay valid JSON for ``jq`` and other strict parsers.
@@ -139,11 +150,13 @@ class ControlService(Protocol):
         ...
 
     def health(self) -> Mapping[str, Any]:
-        """Readiness, ``{"ok": bool, ...}``; ok false answers 503."""
+        """Readiness, ``{"ok": bool, "codes": [...], ...}``; ok false answers 503.
+        ``codes``: the fixed reason codes, all a caller without the token is told
+        beyond loopback (:func:`terse_health`)."""
         ...
 
     def liveness(self) -> Mapping[str, Any]:
-        """Liveness, ``{"ok": bool, ...}``; ok false answers 503."""
+        """Liveness, ``{"ok": bool, "codes": [...], ...}``; ok false answers 503."""
         ...
 
     def recommend(self) -> Mapping[str, Any]: ...
@@ -429,6 +442,13 @@ def _service_call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 # ------------------------------------------------------------------ the app
 
 _SERVICE_KEY: Final[web.AppKey[ControlService]] = web.AppKey("specgov_control_service")
+# True when health answers go out in full to callers without the token (loopback).
+_HEALTH_OPEN_KEY: Final[web.AppKey[bool]] = web.AppKey("specgov_control_health_open", bool)
+# The token's digest (None: no token), for the open routes' own check.
+_DIGEST_KEY: Final[web.AppKey[bytes | None]] = web.AppKey("specgov_control_token_digest")
+# What a reason code may look like: the fixed words of controller/health.py.
+_CODE_RE: Final = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+TERSE_HINT: Final = "send the control token (Authorization: Bearer <token>) for the detail"
 _MAX_BODY_KEY: Final[web.AppKey[int]] = web.AppKey("specgov_control_max_body_bytes", int)
 # (since_s, limit) -> (the service's answer object, its JSON): see _get_decisions.
 _DecisionsCache = dict[tuple[float | None, int], tuple[object, str]]
@@ -489,16 +509,41 @@ def _service(request: web.Request) -> ControlService:
     return request.app[_SERVICE_KEY]
 
 
+def terse_health(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A health answer without detail: its booleans (``ok``, the checks) and, as
+    ``reasons``, only its reason codes (``data["codes"]``: fixed words; anything else in
+    them is left out), plus a hint at how to get the rest. No path, no error text."""
+    out: dict[str, Any] = {k: v for k, v in data.items() if isinstance(v, bool)}
+    codes = data.get("codes")
+    listed = codes if isinstance(codes, list | tuple) else ()
+    reasons = [c for c in listed if isinstance(c, str) and _CODE_RE.match(c)]
+    if not reasons and not data.get("ok", True):
+        reasons = ["unspecified"]
+    out["reasons"] = reasons
+    out["detail"] = TERSE_HINT
+    return out
+
+
+def _health_answer(request: web.Request, data: Mapping[str, Any]) -> web.Response:
+    status = 200 if data.get("ok", True) else 503
+    if request.app[_HEALTH_OPEN_KEY]:
+        return json_response(data, status)
+    # A probe sends no token and gets the terse answer; the operator's token the rest.
+    digest, header = request.app[_DIGEST_KEY], request.headers.get("Authorization")
+    if digest is not None and header is not None and _token_matches(header, digest):
+        return json_response(data, status)
+    return json_response(terse_health(data), status)
+
+
 async def _get_health(request: web.Request) -> web.Response:
     _query(request, ())
-    data = _mapping(_service_call(_service(request).health), "health")
-    return json_response(data, 200 if data.get("ok", True) else 503)
+    return _health_answer(request, _mapping(_service_call(_service(request).health), "health"))
 
 
 async def _get_liveness(request: web.Request) -> web.Response:
     _query(request, ())
     data = _mapping(_service_call(_service(request).liveness), "liveness")
-    return json_response(data, 200 if data.get("ok", True) else 503)
+    return _health_answer(request, data)
 
 
 async def _get_status(request: web.Request) -> web.Response:
@@ -640,6 +685,8 @@ def make_app(
         middlewares.append(_auth_middleware(digest))
     app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
     app[_SERVICE_KEY] = service
+    app[_HEALTH_OPEN_KEY] = is_loopback_host(listen_host)
+    app[_DIGEST_KEY] = digest
     app[_MAX_BODY_KEY] = max_body_bytes
     app[_DECISIONS_BODY_KEY] = {}
     r = app.router

@@ -804,6 +804,80 @@ def test_ready_and_live_routes_answer_503_when_not_ok_and_need_no_token() -> Non
     assert live.status == 503 and live.body == {"ok": False}
 
 
+class _DetailedHealth(FakeService):
+    """Health answers as the daemon gives them: paths and error texts in the reasons."""
+
+    SECRET_PATH = "/srv/specgov/state/state.db"
+
+    def health(self) -> dict[str, Any]:
+        self._call("health")
+        return {
+            "ok": False,
+            "acting": True,
+            "store": False,
+            "store_error_age_s": 12.0,
+            "reasons": [f"store: state database {self.SECRET_PATH} unavailable: disk I/O error"],
+            "codes": ["store_unavailable", "Not A Code: /etc/passwd"],
+        }
+
+    def liveness(self) -> dict[str, Any]:
+        self._call("liveness")
+        return {"ok": False, "reasons": ["loop stuck at /srv/x"], "codes": ["decision_loop_stuck"]}
+
+
+def test_health_beyond_loopback_tells_a_caller_without_the_token_only_the_codes() -> None:
+    service = _DetailedHealth()
+    app = make_app(service, token=TOKEN, listen_host="0.0.0.0")
+    good = {"Authorization": f"Bearer {TOKEN}"}
+    bad = {"Authorization": "Bearer wrong-token"}
+    ready, live, wrong, ready_auth, live_auth = run_requests(
+        app,
+        ("GET", "/v1/health", {}),
+        ("GET", "/v1/health/live", {}),
+        ("GET", "/v1/health/ready", {"headers": bad}),
+        ("GET", "/v1/health/ready", {"headers": good}),
+        ("GET", "/v1/health/live", {"headers": good}),
+    )
+    for reply in (ready, wrong):
+        assert reply.status == 503
+        assert reply.body == {
+            "ok": False,
+            "acting": True,
+            "store": False,
+            "reasons": ["store_unavailable"],
+            "detail": "send the control token (Authorization: Bearer <token>) for the detail",
+        }
+        assert "/srv" not in reply.text and "I/O" not in reply.text
+    assert live.status == 503 and live.body["reasons"] == ["decision_loop_stuck"]
+    assert "/srv" not in live.text
+    # With the token: the detail.
+    assert ready_auth.status == 503 and service.SECRET_PATH in ready_auth.body["reasons"][0]
+    assert ready_auth.body["store_error_age_s"] == 12.0
+    assert live_auth.body["reasons"] == ["loop stuck at /srv/x"]
+
+
+def test_health_on_loopback_gives_the_detail_without_a_token() -> None:
+    service = _DetailedHealth()
+    for token in (None, TOKEN):
+        ready, live = run_requests(
+            make_app(service, token=token, listen_host="127.0.0.1"),
+            ("GET", "/v1/health", {}),
+            ("GET", "/v1/health/live", {}),
+        )
+        assert ready.status == 503 and service.SECRET_PATH in ready.body["reasons"][0]
+        assert live.body["reasons"] == ["loop stuck at /srv/x"]
+
+
+def test_a_terse_answer_without_codes_still_says_it_is_not_ok() -> None:
+    service = FakeService()
+    service.ok = False
+    reply = one(make_app(service, token=TOKEN, listen_host="::"), "GET", "/v1/health")
+    assert reply.status == 503 and reply.body["reasons"] == ["unspecified"]
+    service.ok = True
+    reply = one(make_app(service, token=TOKEN, listen_host="::"), "GET", "/v1/health")
+    assert reply.status == 200 and reply.body["reasons"] == [] and reply.body["ok"] is True
+
+
 @pytest.mark.parametrize("depth", [9, 100, 8000])
 def test_deeply_nested_bodies_are_a_400_naming_the_bound(depth: int) -> None:
     service = FakeService()

@@ -288,6 +288,32 @@ def test_failure_clock_keeps_the_start_of_a_burst() -> None:
     assert failing.since_s("a") is None and failing.since_s("a", "b") == 20.0
 
 
+def test_beyond_loopback_a_probe_without_the_token_sees_no_path(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the spool folder should be")
+    daemon = Daemon(
+        _config(tmp_path, **{"spool.dir": str(blocker / "spool")}),
+        store=None,
+        registry=CollectorRegistry(),
+    )
+    table = StepTable(slots=((1, 2),), version=1, produced_at_s=0.0, ttl_s=60.0)
+    assert daemon._publish_table(Publish(table, (0, 1, 2))) is False
+
+    async def go() -> list[tuple[int, str]]:
+        app = make_app(daemon, token="tok-abcdef0123", listen_host="0.0.0.0")
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            replies = []
+            for headers in ({}, {"Authorization": "Bearer tok-abcdef0123"}):
+                reply = await client.get("/v1/health", headers=headers)
+                replies.append((reply.status, await reply.text()))
+            return replies
+
+    (terse_status, terse), (full_status, full) = asyncio.run(go())
+    assert terse_status == full_status == 503
+    assert '"reasons": ["spool_failing"]' in terse and str(tmp_path) not in terse
+    assert str(blocker) in full
+
+
 class _NanClient:
     """Stands in for SGLangClient: a /metrics body with NaN and Inf values."""
 
