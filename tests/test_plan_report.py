@@ -277,3 +277,52 @@ def test_headless_chromium_renders_every_figure(report: Path, tmp_path: Path) ->
         with Image.open(shot) as im:
             colours = im.convert("RGB").getcolors(maxcolors=1 << 20)
             assert colours is not None and len(colours) > 50  # not a blank page
+
+
+def test_cell_text_is_escaped_once(tmp_path: Path) -> None:
+    # A reason as the sweep writes them (quotes) and one with markup: the page shows the
+    # text itself, not its escaped form (the table cells escaped twice).
+    rows = [
+        {"id": "a", "gpu": "h100", "policy": "sglang-ema", "status": "cannot-run",
+         "reason": "policy 'sglang-ema' needs EAGLE"},
+        {"id": "b", "gpu": "h100", "policy": "none", "status": "ok", "max_rps": 2.0,
+         "reason": "a <b>tag</b> & more"},
+    ]  # fmt: skip
+    text = write_report(tmp_path, vram=None, sweep={"configurations": rows}, fleet=None).read_text()
+    assert "policy &#x27;sglang-ema&#x27; needs EAGLE" in text
+    assert "a &lt;b&gt;tag&lt;/b&gt; &amp; more" in text
+    assert "&amp;#x27;" not in text and "&amp;lt;" not in text
+
+
+def test_the_page_table_and_the_csv_are_built_from_the_same_columns(tmp_path: Path) -> None:
+    row = {
+        "id": "x1", "gpu": "h100", "drafter": "eagle3", "policy": "static:3", "status": "ok",
+        "shape": {"name": "chain"}, "max_rps": 3.25, "replicas": 4,
+        "saving_vs_none": {"replicas": 2, "cost_fraction": 0.25},
+    }  # fmt: skip
+    index = write_report(tmp_path, vram=None, sweep={"configurations": [row]}, fleet=None)
+    with (tmp_path / "data" / "sweep_configurations.csv").open(newline="") as fh:
+        (written,) = list(csv.DictReader(fh))
+    assert written["shape"] == "chain" and written["saving_replicas"] == "2"
+    assert written["saving_cost_fraction"] == "0.25" and written["cost_per_hour"] == ""
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", index.read_text())
+    # configuration, status, max req/s, replicas, cost/h, cost/Mtok, replicas saved, reason
+    assert cells[-8:] == ["h100 eagle3 chain static:3", "ok", "3.25", "4", "-", "-", "2", "-"]
+
+
+def test_a_report_removes_the_temporary_files_of_an_interrupted_one(tmp_path: Path) -> None:
+    (tmp_path / "figures").mkdir()
+    (tmp_path / "data").mkdir()
+    stale = [
+        tmp_path / ".index.html.k2j4.tmp",
+        tmp_path / "figures" / ".vram.png.x9a1.tmp",
+        tmp_path / "data" / ".sweep.json.q0w8.tmp",
+    ]
+    for path in stale:
+        path.write_text("half")
+    keep = tmp_path / "notes.txt"
+    keep.write_text("the operator's")
+    write_report(tmp_path, vram=None, sweep=None, fleet=None)
+    assert not any(path.exists() for path in stale)
+    assert keep.read_text() == "the operator's"
+    assert not [p for p in tmp_path.rglob("*.tmp")]

@@ -21,14 +21,18 @@ whose document is absent says which command fills it. Numbers are the documents'
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import html
+import io
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specgov.simulator.planning import report_figures as figs
+from specgov.simulator.planning.atomic import remove_partial_writes, write_atomic
 
 __all__ = ["ReportError", "write_report"]
 
@@ -64,34 +68,72 @@ def _e(value: object) -> str:
     return html.escape("-" if value is None else str(value))
 
 
-def _f(value: object, digits: int = 1) -> str:
+def _text(value: object, digits: int = 1) -> str:
+    """A value as a person reads it (not escaped): yes/no, 1,234, 12.3, "-" for None."""
+    if value is None:
+        return "-"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, int):
         return f"{value:,}"
     if isinstance(value, float):
         return f"{value:,.{digits}f}"
-    return _e(value)
+    return str(value)
+
+
+def _f(value: object, digits: int = 1) -> str:
+    """``_text``, escaped for HTML."""
+    return html.escape(_text(value, digits))
+
+
+@dataclass(frozen=True)
+class _Col:
+    """One column of a table: its header, its value in a record and, for the page, how
+    the value reads (default ``_f`` with ``digits``). The CSV files take the value as is,
+    so a table's page and its CSV cannot disagree on what a column holds."""
+
+    header: str
+    get: Callable[[Mapping[str, Any]], object]
+    digits: int = 1
+    html: Callable[[Mapping[str, Any]], object] | None = None
+
+    def text(self, record: Mapping[str, Any]) -> object:
+        """The cell's text, not escaped (``_table`` escapes it unless it is ``_Raw``)."""
+        if self.html is not None:
+            return self.html(record)
+        return _text(self.get(record), self.digits)
+
+
+def _key(key: str, header: str | None = None, digits: int = 1) -> _Col:
+    """The column of ``record[key]`` (absent: None)."""
+    return _Col(header or key, lambda r: r.get(key), digits)
+
+
+def _keys(*keys: str) -> list[_Col]:
+    return [_key(k) for k in keys]
 
 
 def _table(
-    header: Sequence[str],
-    rows: Iterable[Sequence[object]],
+    columns: Sequence[_Col],
+    records: Iterable[Mapping[str, Any]],
     *,
     left: int = 1,
     classes: Sequence[str] | None = None,
 ) -> str:
-    """An HTML table; the first *left* columns align left. Cells are pre-formatted text."""
+    """An HTML table of *records*; the first *left* columns align left."""
     out = ["<table><tr>"]
-    out += [f'<th class="{"l" if i < left else ""}">{_e(h)}</th>' for i, h in enumerate(header)]
+    out += [
+        f'<th class="{"l" if i < left else ""}">{_e(c.header)}</th>' for i, c in enumerate(columns)
+    ]
     out.append("</tr>")
-    for n, row in enumerate(rows):
+    for n, record in enumerate(records):
         cls = classes[n] if classes is not None and n < len(classes) else ""
         out.append(f'<tr class="{cls}">')
-        out += [
-            f'<td class="{"l" if i < left else ""}">{c if isinstance(c, _Raw) else _e(c)}</td>'
-            for i, c in enumerate(row)
-        ]
+        for i, col in enumerate(columns):
+            c = col.text(record)
+            out.append(
+                f'<td class="{"l" if i < left else ""}">{c if isinstance(c, _Raw) else _e(c)}</td>'
+            )
         out.append("</tr>")
     out.append("</table>")
     return "".join(out)
@@ -101,13 +143,30 @@ class _Raw(str):
     """Cell text that is already HTML."""
 
 
-def _write_csv(path: Path, header: Sequence[str], rows: Iterable[Sequence[object]]) -> Path:
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(header)
-        for row in rows:
-            writer.writerow(["" if v is None else v for v in row])
-    return path
+def _flatten(
+    records: Iterable[Mapping[str, Any]],
+    child_key: str,
+    parent: Callable[[Mapping[str, Any]], Mapping[str, Any]],
+) -> list[dict[str, Any]]:
+    """One record per mapping in each record's list *child_key* (a row's curve points, a
+    fleet's replicas), with its parent's fields (``parent(record)``) beside its own."""
+    return [
+        {**child, **parent(record)}
+        for record in records
+        for child in record.get(child_key) or []
+        if isinstance(child, Mapping)
+    ]
+
+
+def _write_csv(path: Path, columns: Sequence[_Col], records: Iterable[Mapping[str, Any]]) -> Path:
+    """The same columns as a CSV file (raw values; None is empty)."""
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf)
+    writer.writerow([c.header for c in columns])
+    for record in records:
+        row = [c.get(record) for c in columns]
+        writer.writerow(["" if v is None else v for v in row])
+    return write_atomic(path, buf.getvalue())
 
 
 class _Page:
@@ -273,27 +332,25 @@ def _vram_section(page: _Page, docs: list[dict[str, Any]]) -> None:
         lambda p: figs.vram_figure(docs, p),
         "Every GiB of the GPU per configuration: weights, drafter, CUDA graphs, activations, KV",
     )
-    rows = []
-    classes = []
-    for d in docs:
-        overflow = d.get("first_overflow")
-        rows.append(
-            [
-                figs.vram_label(d),
-                _f(d.get("total_gib"), 1),
-                _f(d.get("mem_fraction_static"), 3),
-                _f(d.get("kv_pool_tokens")),
-                _f(d.get("kv_pool_gib"), 2),
-                _f(d.get("left_gib"), 2),
-                "yes" if d.get("fits", True) else f"no: {overflow}",
-            ]
-        )
-        classes.append("" if d.get("fits", True) else "bad")
     page.add(
         _table(
-            ["configuration", "GPU GiB", "mem frac", "KV tokens", "KV GiB", "left GiB", "fits"],
-            rows,
-            classes=classes,
+            [
+                _Col("configuration", figs.vram_label),
+                _key("total_gib", "GPU GiB"),
+                _key("mem_fraction_static", "mem frac", 3),
+                _key("kv_pool_tokens", "KV tokens"),
+                _key("kv_pool_gib", "KV GiB", 2),
+                _key("left_gib", "left GiB", 2),
+                _Col(
+                    "fits",
+                    lambda d: d.get("fits", True),
+                    html=lambda d: (
+                        "yes" if d.get("fits", True) else f"no: {d.get('first_overflow')}"
+                    ),
+                ),
+            ],
+            docs,
+            classes=["" if d.get("fits", True) else "bad" for d in docs],
         )
     )
     for d in docs:
@@ -301,72 +358,85 @@ def _vram_section(page: _Page, docs: list[dict[str, Any]]) -> None:
         if not items:
             continue
         page.add(f"<details><summary>{_e(figs.vram_label(d))}: items</summary>")
-        page.add(_table(["item", "GiB"], [[i.get("name"), _f(i.get("gib"), 3)] for i in items]))
+        page.add(_table([_key("name", "item"), _key("gib", "GiB", 3)], items))
         notes = [*(d.get("warnings") or []), *(d.get("assumptions") or [])]
         if d.get("message"):
             notes.insert(0, d["message"])
         if notes:
             page.add("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
         page.add("</details>")
-    path = _write_csv(
-        page.data_dir / "vram_items.csv",
-        ["configuration", "gpu", "drafter", "fits", "item", "gib"],
-        (
-            [
-                figs.vram_label(d),
-                d.get("gpu"),
-                d.get("drafter"),
-                d.get("fits"),
-                i.get("name"),
-                i.get("gib"),
-            ]
-            for d in docs
-            for i in d.get("items") or []
-            if isinstance(i, Mapping)
-        ),
+    page.data(
+        _write_csv(
+            page.data_dir / "vram_items.csv",
+            [*_keys("configuration", "gpu", "drafter", "fits"), _key("name", "item"), _key("gib")],
+            _flatten(
+                docs,
+                "items",
+                lambda d: {
+                    "configuration": figs.vram_label(d),
+                    "gpu": d.get("gpu"),
+                    "drafter": d.get("drafter"),
+                    "fits": d.get("fits"),
+                },
+            ),
+        )
     )
-    page.data(path)
 
 
+def _saving(key: str) -> Callable[[Mapping[str, Any]], object]:
+    return lambda row: _sub(row, "saving_vs_none").get(key)
+
+
+def _shape_name(row: Mapping[str, Any]) -> object:
+    shape = row.get("shape")
+    return shape.get("name") if isinstance(shape, Mapping) else shape
+
+
+# data/sweep_configurations.csv: one row per configuration.
 SWEEP_COLUMNS = (
-    "id",
-    "gpu",
-    "drafter",
-    "shape",
-    "policy",
-    "status",
-    "fits",
-    "max_rps",
-    "replicas",
-    "cost_per_hour",
-    "cost_per_mtok",
-    "saving_replicas",
-    "saving_cost_fraction",
-    "launch_shell",
-    "reason",
+    _key("id"),
+    _key("gpu"),
+    _key("drafter"),
+    _Col("shape", _shape_name),
+    _key("policy"),
+    _key("status"),
+    _key("fits"),
+    _key("max_rps"),
+    _key("replicas"),
+    _key("cost_per_hour"),
+    _key("cost_per_mtok"),
+    _Col("saving_replicas", _saving("replicas")),
+    _Col("saving_cost_fraction", _saving("cost_fraction")),
+    _key("launch_shell"),
+    _key("reason"),
 )
 
+# The page's SLO frontier table.
+SWEEP_TABLE = (
+    _Col("configuration", figs.config_label),
+    _key("status"),
+    _key("max_rps", "max req/s", 2),
+    _key("replicas"),
+    _key("cost_per_hour", "cost/h", 2),
+    _key("cost_per_mtok", "cost/Mtok", 3),
+    _Col("replicas saved", _saving("replicas")),
+    _key("reason"),
+)
 
-def _sweep_row_values(row: Mapping[str, Any]) -> list[object]:
-    shape = row.get("shape")
-    saving = _sub(row, "saving_vs_none")
-    return [
-        row.get("id"),
-        row.get("gpu"),
-        row.get("drafter"),
-        shape.get("name") if isinstance(shape, Mapping) else shape,
-        row.get("policy"),
-        row.get("status"),
-        row.get("fits"),
-        row.get("max_rps"),
-        row.get("replicas"),
-        row.get("cost_per_hour"),
-        row.get("cost_per_mtok"),
-        saving.get("replicas"),
-        saving.get("cost_fraction"),
-        row.get("launch_shell"),
-        row.get("reason"),
-    ]
+# A sweep row's curve POINT (sweep.py), as data/sweep_curves.csv gives it.
+POINT_KEYS = (
+    "multiplier",
+    "rps",
+    "passed",
+    "tpot_ms",
+    "ttft_ms",
+    "throughput_tok_s",
+    "goodput_tok_s",
+    "slo_attainment",
+    "completed",
+    "aborted",
+    "mean_accept_length",
+)
 
 
 def _sweep_sections(page: _Page, sweep: Mapping[str, Any] | None) -> None:
@@ -396,47 +466,17 @@ def _sweep_sections(page: _Page, sweep: Mapping[str, Any] | None) -> None:
             drawn += 1
     if not drawn:
         page.add('<p class="missing">The sweep recorded no curve points.</p>')
-    points = _write_csv(
-        page.data_dir / "sweep_curves.csv",
-        [
-            "id",
-            "configuration",
-            "multiplier",
-            "rps",
-            "passed",
-            "tpot_ms",
-            "ttft_ms",
-            "throughput_tok_s",
-            "goodput_tok_s",
-            "slo_attainment",
-            "completed",
-            "aborted",
-            "mean_accept_length",
-        ],
-        (
-            [row.get("id"), figs.config_label(row)]
-            + [
-                p.get(k)
-                for k in (
-                    "multiplier",
-                    "rps",
-                    "passed",
-                    "tpot_ms",
-                    "ttft_ms",
-                    "throughput_tok_s",
-                    "goodput_tok_s",
-                    "slo_attainment",
-                    "completed",
-                    "aborted",
-                    "mean_accept_length",
-                )
-            ]
-            for row in rows
-            for p in row.get("curve") or []
-            if isinstance(p, Mapping)
-        ),
+    page.data(
+        _write_csv(
+            page.data_dir / "sweep_curves.csv",
+            _keys("id", "configuration", *POINT_KEYS),
+            _flatten(
+                rows,
+                "curve",
+                lambda row: {"id": row.get("id"), "configuration": figs.config_label(row)},
+            ),
+        )
     )
-    page.data(points)
 
     page.add("<h2>SLO frontier</h2>")
     target = sweep.get("target_rps")
@@ -447,49 +487,14 @@ def _sweep_sections(page: _Page, sweep: Mapping[str, Any] | None) -> None:
         "The highest request rate one replica of each configuration sustains within the SLO",
     )
     best = _sub(sweep, "best")
-    table_rows = []
-    classes = []
-    for row in rows:
-        v = _sweep_row_values(row)
-        table_rows.append(
-            [
-                figs.config_label(row),
-                _e(row.get("status")),
-                _f(row.get("max_rps"), 2),
-                _f(row.get("replicas")),
-                _f(row.get("cost_per_hour"), 2),
-                _f(row.get("cost_per_mtok"), 3),
-                _f(v[11]),
-                _f(row.get("reason")),
-            ]
-        )
-        classes.append(
-            "best"
-            if row.get("id") is not None and row.get("id") == best.get("id")
-            else ("" if row.get("status") == "ok" else "bad")
-        )
-    page.add(
-        _table(
-            [
-                "configuration",
-                "status",
-                "max req/s",
-                "replicas",
-                "cost/h",
-                "cost/Mtok",
-                "replicas saved",
-                "reason",
-            ],
-            table_rows,
-            classes=classes,
-        )
-    )
-    path = _write_csv(
-        page.data_dir / "sweep_configurations.csv",
-        SWEEP_COLUMNS,
-        (_sweep_row_values(r) for r in rows),
-    )
-    page.data(path)
+    classes = [
+        "best"
+        if row.get("id") is not None and row.get("id") == best.get("id")
+        else ("" if row.get("status") == "ok" else "bad")
+        for row in rows
+    ]
+    page.add(_table(SWEEP_TABLE, rows, classes=classes))
+    page.data(_write_csv(page.data_dir / "sweep_configurations.csv", SWEEP_COLUMNS, rows))
 
     page.add("<h2>Replicas and cost</h2>")
     if not page.figure(
@@ -502,27 +507,78 @@ def _sweep_sections(page: _Page, sweep: Mapping[str, Any] | None) -> None:
         )
 
 
-FLEET_COLUMNS = (
-    "fleet",
-    "kind",
-    "speculative_replicas",
-    "plain_replicas",
-    "policy",
-    "router",
-    "routes_as",
-    "fits",
-    "meets_slo",
-    "slo_attainment",
-    "goodput_tok_s",
-    "throughput_tok_s",
-    "slo_tpot_at_percentile_ms",
-    "slo_ttft_at_percentile_ms",
-    "aborted",
-    "gpus",
-    "cost_per_hour",
-    "cost_per_mtok",
-    "reason",
+# data/fleets.csv: one row per fleet and router.
+FLEET_COLUMNS = tuple(
+    _keys(
+        "fleet",
+        "kind",
+        "speculative_replicas",
+        "plain_replicas",
+        "policy",
+        "router",
+        "routes_as",
+        "fits",
+        "meets_slo",
+        "slo_attainment",
+        "goodput_tok_s",
+        "throughput_tok_s",
+        "slo_tpot_at_percentile_ms",
+        "slo_ttft_at_percentile_ms",
+        "aborted",
+        "gpus",
+        "cost_per_hour",
+        "cost_per_mtok",
+        "reason",
+    )
 )
+
+# What names one fleet result (a fleet under one policy behind one router).
+FLEET_KEY = ("fleet", "policy", "router")
+
+# data/fleet_replicas.csv: one row per replica of each fleet (its per_replica entries).
+REPLICA_KEYS = (
+    "index",
+    "kind",
+    "requests",
+    "aborted",
+    "throughput_tok_s",
+    "mean_decode_batch_size",
+    "mean_accept_length",
+    "tpot_p99_ms",
+    "ttft_p99_ms",
+    "kv_token_capacity",
+    "kv_peak_fraction",
+)
+
+
+def _router_text(r: Mapping[str, Any]) -> str:
+    router = str(r.get("router"))
+    if r.get("routes_as") and r.get("routes_as") != r.get("router"):
+        router += f" (as {r['routes_as']})"
+    return router
+
+
+def _percent(r: Mapping[str, Any]) -> str:
+    att = r.get("slo_attainment")
+    return _text(100.0 * att, 1) if isinstance(att, int | float) else "-"
+
+
+def _fleet_table(pct: str) -> list[_Col]:
+    """The page's fleet table; *pct* names the SLO percentile (e.g. p99)."""
+    return [
+        _key("fleet", "fleet (spec+plain)"),
+        _Col("policy", lambda r: r.get("policy") or "-"),
+        _Col("router", _router_text),
+        _key("goodput_tok_s", "goodput tok/s", 0),
+        _Col("SLO %", lambda r: r.get("slo_attainment"), html=_percent),
+        _key("slo_tpot_at_percentile_ms", f"TPOT {pct} ms", 1),
+        _key("slo_ttft_at_percentile_ms", f"TTFT {pct} ms", 0),
+        _key("meets_slo", "holds"),
+        _key("gpus", "GPUs"),
+        _key("cost_per_hour", "cost/h", 2),
+        _key("cost_per_mtok", "cost/Mtok", 3),
+        _key("reason", "note"),
+    ]
 
 
 def _fleet_section(page: _Page, fleet: Mapping[str, Any] | None) -> None:
@@ -545,111 +601,25 @@ def _fleet_section(page: _Page, fleet: Mapping[str, Any] | None) -> None:
         "Goodput and SLO attainment per fleet and router",
     )
     best = _sub(fleet, "best")
-    key = (best.get("fleet"), best.get("policy"), best.get("router"))
-    table_rows = []
-    classes = []
-    for r in rows:
-        att = r.get("slo_attainment")
-        router = str(r.get("router"))
-        if r.get("routes_as") and r.get("routes_as") != r.get("router"):
-            router += f" (as {r['routes_as']})"
-        table_rows.append(
-            [
-                r.get("fleet"),
-                r.get("policy") or "-",
-                router,
-                _f(r.get("goodput_tok_s"), 0),
-                _f(100.0 * att, 1) if isinstance(att, int | float) else "-",
-                _f(r.get("slo_tpot_at_percentile_ms"), 1),
-                _f(r.get("slo_ttft_at_percentile_ms"), 0),
-                _f(r.get("meets_slo")),
-                _f(r.get("gpus")),
-                _f(r.get("cost_per_hour"), 2),
-                _f(r.get("cost_per_mtok"), 3),
-                _f(r.get("reason")),
-            ]
-        )
-        classes.append(
-            "best"
-            if (r.get("fleet"), r.get("policy"), r.get("router")) == key
-            else ("" if r.get("meets_slo") else "bad")
-        )
-    pct = f"p{_f(slo.get('percentile'), 0)}"
-    page.add(
-        _table(
-            [
-                "fleet (spec+plain)",
-                "policy",
-                "router",
-                "goodput tok/s",
-                "SLO %",
-                f"TPOT {pct} ms",
-                f"TTFT {pct} ms",
-                "holds",
-                "GPUs",
-                "cost/h",
-                "cost/Mtok",
-                "note",
-            ],
-            table_rows,
-            left=3,
-            classes=classes,
-        )
-    )
+    key = [best.get(k) for k in FLEET_KEY]
+    classes = [
+        "best" if [r.get(k) for k in FLEET_KEY] == key else ("" if r.get("meets_slo") else "bad")
+        for r in rows
+    ]
+    pct = f"p{_text(slo.get('percentile'), 0)}"
+    page.add(_table(_fleet_table(pct), rows, left=3, classes=classes))
     page.figure(
         "where_speculation_pays",
         lambda p: figs.per_token_figure(fleet, p),
         "Predicted decode time per output token by batch size (what the spec-aware router "
         "scores replicas with)",
     )
-    page.data(
-        _write_csv(
-            page.data_dir / "fleets.csv",
-            FLEET_COLUMNS,
-            ([r.get(c) for c in FLEET_COLUMNS] for r in rows),
-        )
-    )
+    page.data(_write_csv(page.data_dir / "fleets.csv", FLEET_COLUMNS, rows))
     page.data(
         _write_csv(
             page.data_dir / "fleet_replicas.csv",
-            [
-                "fleet",
-                "policy",
-                "router",
-                "index",
-                "kind",
-                "requests",
-                "aborted",
-                "throughput_tok_s",
-                "mean_decode_batch_size",
-                "mean_accept_length",
-                "tpot_p99_ms",
-                "ttft_p99_ms",
-                "kv_token_capacity",
-                "kv_peak_fraction",
-            ],
-            (
-                [r.get("fleet"), r.get("policy"), r.get("router")]
-                + [
-                    p.get(k)
-                    for k in (
-                        "index",
-                        "kind",
-                        "requests",
-                        "aborted",
-                        "throughput_tok_s",
-                        "mean_decode_batch_size",
-                        "mean_accept_length",
-                        "tpot_p99_ms",
-                        "ttft_p99_ms",
-                        "kv_token_capacity",
-                        "kv_peak_fraction",
-                    )
-                ]
-                for r in rows
-                for p in r.get("per_replica") or []
-                if isinstance(p, Mapping)
-            ),
+            _keys("fleet", "policy", "router", *REPLICA_KEYS),
+            _flatten(rows, "per_replica", lambda r: {k: r.get(k) for k in FLEET_KEY}),
         )
     )
 
@@ -687,18 +657,19 @@ def write_report(
                 f"document) or None, got {type(value).__name__}"
             )
     page = _Page(out_dir)
+    folders = (out_dir, page.figures_dir, page.data_dir)
     try:
         page.figures_dir.mkdir(parents=True, exist_ok=True)
         page.data_dir.mkdir(parents=True, exist_ok=True)
+        for folder in folders:  # what an interrupted earlier report was writing
+            remove_partial_writes(folder)
         for name, value in (("vram", vram), ("sweep", sweep), ("fleet", fleet)):
             if value is not None:
                 try:
                     text = json.dumps(value, indent=1, allow_nan=False)
                 except ValueError as exc:
                     raise ReportError(f"write_report: {name} is not JSON-clean: {exc}") from None
-                path = page.data_dir / f"{name}.json"
-                path.write_text(text, encoding="utf-8")
-                page.data(path)
+                page.data(write_atomic(page.data_dir / f"{name}.json", text))
         page.add(
             f"<h1>specgov capacity plan</h1><p class='sub'>{_context(sweep, fleet)}. "
             "Every number is simulated (specgov's engine model, catalog and policies).</p>"
@@ -712,15 +683,19 @@ def write_report(
             rel = path.relative_to(out_dir).as_posix()
             page.add(f'<li><a href="{_e(rel)}">{_e(rel)}</a></li>')
         page.add("</ul>")
-        index = out_dir / "index.html"
-        index.write_text(
+        index = write_atomic(
+            out_dir / "index.html",
             "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             "<meta name='viewport' content='width=device-width, initial-scale=1'>"
             f"<title>specgov capacity plan</title><style>{CSS}</style></head><body>"
             + "\n".join(page.parts)
             + "</body></html>\n",
-            encoding="utf-8",
         )
-    except OSError as exc:
-        raise ReportError(f"cannot write the report into {str(out_dir)!r}: {exc}") from None
+    except BaseException as exc:
+        for folder in folders:
+            with contextlib.suppress(OSError):  # the failure itself is what to report
+                remove_partial_writes(folder)
+        if isinstance(exc, OSError):
+            raise ReportError(f"cannot write the report into {str(out_dir)!r}: {exc}") from None
+        raise
     return index

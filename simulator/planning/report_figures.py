@@ -9,13 +9,17 @@ state, no display). Every rate and latency axis starts at 0.
 
 from __future__ import annotations
 
+import io
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from specgov.simulator.planning.atomic import write_atomic
 
 SLO_COLOUR = "#c0392b"
 OK_COLOUR = "#2e86c1"
@@ -43,8 +47,9 @@ def _num(value: object) -> float | None:
 
 def _save(fig: Figure, path: Path) -> Path:
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=DPI, metadata={"Software": None})
-    return path
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=DPI, metadata={"Software": None})
+    return write_atomic(path, png.getvalue())  # a killed report leaves no half figure
 
 
 def config_label(row: Mapping[str, Any]) -> str:
@@ -182,6 +187,25 @@ def curves_figure(
     return _save(fig, path)
 
 
+def _bar_chart(
+    labels: Sequence[str],
+    values: Sequence[float],
+    colours: Sequence[str],
+    *,
+    head_in: float,
+    per_bar_in: float = 0.35,
+) -> tuple[Figure, Axes]:
+    """Horizontal bars, one per configuration or fleet, the first on top: *head_in* inches
+    for titles and axes, *per_bar_in* a bar."""
+    fig = Figure(figsize=(11, head_in + per_bar_in * len(labels)))
+    ax = fig.add_subplot(1, 1, 1)
+    ys = range(len(labels))
+    ax.barh(ys, values, color=list(colours))
+    ax.set_yticks(ys, list(labels), fontsize=8)
+    ax.invert_yaxis()
+    return fig, ax
+
+
 def frontier_figure(
     rows: Sequence[Mapping[str, Any]], target_rps: float | None, path: Path
 ) -> Path | None:
@@ -191,15 +215,15 @@ def frontier_figure(
     if not data:
         return None
     data.sort(key=lambda t: t[1] or 0.0, reverse=True)
-    fig = Figure(figsize=(11, 1.4 + 0.35 * len(data)))
-    ax = fig.add_subplot(1, 1, 1)
-    colours = [OK_COLOUR if r.get("status") == "ok" else BAD_COLOUR for _, _, r in data]
-    ax.barh(range(len(data)), [v or 0.0 for _, v, _ in data], color=colours)
+    fig, ax = _bar_chart(
+        [label for label, _, _ in data],
+        [v or 0.0 for _, v, _ in data],
+        [OK_COLOUR if r.get("status") == "ok" else BAD_COLOUR for _, _, r in data],
+        head_in=1.4,
+    )
     for i, (_, v, r) in enumerate(data):
         note = f" {v:.2f} req/s" if v else f" {r.get('status') or 'no rate'}"
         ax.text(v or 0.0, i, note, va="center", fontsize=8)
-    ax.set_yticks(range(len(data)), [d[0] for d in data], fontsize=8)
-    ax.invert_yaxis()
     ax.set_xlim(0, max(v or 0.0 for _, v, _ in data) * 1.3 or 1.0)
     ax.set_xlabel("highest request rate one replica sustains at the SLO (req/s)")
     ax.set_title("SLO frontier per configuration (grey: does not fit, cannot run or never meets)")
@@ -214,12 +238,12 @@ def replicas_figure(
     data = [(config_label(r), r) for r in rows if isinstance(r.get("replicas"), int)][:MAX_BARS]
     if not data:
         return None
-    fig = Figure(figsize=(11, 1.6 + 0.35 * len(data)))
-    ax = fig.add_subplot(1, 1, 1)
-    ys = range(len(data))
-    ax.barh(ys, [int(r["replicas"]) for _, r in data], color=OK_COLOUR, label="replicas")
-    ax.set_yticks(ys, [label for label, _ in data], fontsize=8)
-    ax.invert_yaxis()
+    fig, ax = _bar_chart(
+        [label for label, _ in data],
+        [float(r["replicas"]) for _, r in data],
+        [OK_COLOUR] * len(data),
+        head_in=1.6,
+    )
     ax.set_xlabel(
         "replicas for the target rate" + (f" ({target_rps:g} req/s)" if target_rps else "")
     )
@@ -249,23 +273,19 @@ def fleet_figure(doc: Mapping[str, Any], path: Path) -> Path | None:
         return None
     best = doc.get("best") or {}
     best_key = (best.get("fleet"), best.get("policy"), best.get("router"))
-    fig = Figure(figsize=(11, 1.8 + 0.38 * len(rows)))
-    ax = fig.add_subplot(1, 1, 1)
     colours = []
+    labels = []
     for r in rows:
         if (r.get("fleet"), r.get("policy"), r.get("router")) == best_key:
             colours.append(BEST_COLOUR)
         else:
             colours.append(OK_COLOUR if r.get("meets_slo") else BAD_COLOUR)
-    ys = range(len(rows))
-    ax.barh(ys, [float(r["goodput_tok_s"]) for r in rows], color=colours)
-    labels = []
-    for r in rows:
         cost = _num(r.get("cost_per_hour"))
         extra = f" | {cost:.2f}/h" if cost is not None else f" | {r.get('gpus')} GPUs"
         labels.append(fleet_label(r) + extra)
-    ax.set_yticks(ys, labels, fontsize=8)
-    ax.invert_yaxis()
+    fig, ax = _bar_chart(
+        labels, [float(r["goodput_tok_s"]) for r in rows], colours, head_in=1.8, per_bar_in=0.38
+    )
     ax.set_xlabel("goodput (output tok/s within the SLO)")
     ax.set_xlim(left=0)
     twin = ax.twiny()
