@@ -29,22 +29,18 @@ import contextlib
 import itertools
 import json
 import os
-import socket
 import sqlite3
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import aiohttp
 
-HOST = "127.0.0.1"
-TRACE = "synthetic:duration=120,rate=2,phases=chat@120,seed=2"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_daemon_overhead import daemon_stack, sample_proc  # a sibling script, not a package
+
 STARTUP_TIMEOUT_S = 90.0
 TARGET_P99_MS = 50.0
 TARGET_CADENCE_MS = 50.0
@@ -69,34 +65,9 @@ class Phase:
     daemon_cpu_share: float = 0.0
     client_cpu_share: float = 0.0  # this process: a saturated client shows here
     daemon_cpu_per_request_ms: float | None = None
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def specgov_argv() -> list[str]:
-    exe = Path(sys.executable).parent / "specgov"
-    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "specgov.controller.cli"]
-
-
-def wait_until(probe: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not probe():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"bench_control_api_load: timed out waiting for {what}")
-        time.sleep(0.25)
-
-
-def http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2.0) as resp:
-            return bool(resp.status == 200)
-    except OSError:
-        return False
+    # The host's 1-minute load average at the phase's end: on a shared machine the
+    # latencies mean little without it.
+    load_average_1m: float = 0.0
 
 
 def decision_times(db: Path, since_s: float, until_s: float) -> list[float]:
@@ -112,21 +83,8 @@ def decision_times(db: Path, since_s: float, until_s: float) -> list[float]:
     return [float(r[0]) for r in rows]
 
 
-def published_tables(db: Path) -> int:
-    if not db.exists():
-        return 0
-    try:
-        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=10)) as c:
-            (n,) = c.execute("SELECT count(*) FROM decisions WHERE published = 1").fetchone()
-            return int(n)
-    except sqlite3.Error:
-        return 0
-
-
 def cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return sample_proc(pid).cpu_s
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -204,6 +162,7 @@ def measure(
     wall1, cpu1, own1 = time.time(), cpu_seconds(pid), time.process_time()
     phase.daemon_cpu_share = (cpu1 - cpu0) / (wall1 - wall0)
     phase.client_cpu_share = (own1 - own0) / (wall1 - wall0)
+    phase.load_average_1m = os.getloadavg()[0]
     if results:
         latencies = [ms for _, ms, _ in results]
         phase.requests = len(results)
@@ -227,73 +186,35 @@ def measure(
 
 
 def run(
-    rate: float, duration_s: float, decide_interval_s: float, warmup_s: float, speed: float
+    rate: float,
+    duration_s: float,
+    decide_interval_s: float,
+    warmup_s: float,
+    speed: float,
+    profile: Path | None = None,
 ) -> list[Phase]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
-    procs: list[subprocess.Popen[bytes]] = []
-    with tempfile.TemporaryDirectory(prefix="specgov-bench-load-") as tmp:
-        root = Path(tmp)
-        spool, db, config = root / "spool", root / "state.db", root / "specgov.yaml"
-        config.write_text(
-            f"loop:\n  decide_interval_s: {decide_interval_s}\nrecommend:\n  enabled: false\n"
-        )
-        sim_port = free_port()
-        control, metrics = f"{HOST}:{free_port()}", f"{HOST}:{free_port()}"
-        try:
-            with (root / "sim.log").open("wb") as sim_log, (root / "daemon.log").open("wb") as log:
-                sim_argv = [*specgov_argv(), "sim-server", "--port", str(sim_port)]
-                sim_argv += ["--spool-dir", str(spool), "--trace", TRACE, "--speed", str(speed)]
-                procs.append(
-                    subprocess.Popen(
-                        [*sim_argv, "--loop"], stdout=sim_log, stderr=subprocess.STDOUT, env=env
-                    )
-                )
-                wait_until(
-                    lambda: http_ok(f"http://{HOST}:{sim_port}/health"),
-                    STARTUP_TIMEOUT_S,
-                    "the sim-server",
-                )
-                daemon = subprocess.Popen(
-                    [
-                        *specgov_argv(),
-                        "run",
-                        "--config",
-                        str(config),
-                        "--server",
-                        f"http://{HOST}:{sim_port}",
-                        "--spool-dir",
-                        str(spool),
-                        "--state-db",
-                        str(db),
-                        "--control-addr",
-                        control,
-                        "--metrics-addr",
-                        metrics,
-                        "--mode",
-                        "plugin",
-                    ],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-                procs.append(daemon)
-                wait_until(lambda: published_tables(db) > 0, STARTUP_TIMEOUT_S, "a published table")
-                time.sleep(warmup_s)
-                base = f"http://{control}"
-                phases = [
-                    measure("idle", db, daemon.pid, base, duration_s, 0.0, decide_interval_s),
-                    measure("load", db, daemon.pid, base, duration_s, rate, decide_interval_s),
-                ]
-                if daemon.poll() is not None:
-                    raise SystemExit((root / "daemon.log").read_text()[-3000:])
-        finally:
-            for proc in reversed(procs):
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+    # --profile: the daemon under cProfile, stats written when it exits on SIGTERM (its
+    # latencies and CPU then include the profiler's overhead: for finding the hot spots,
+    # not for the numbers).
+    launcher = (
+        None
+        if profile is None
+        else [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "specgov.controller.cli"]
+    )
+    with daemon_stack(
+        decide_interval_s=decide_interval_s,
+        speed=speed,
+        prefix="specgov-bench-load-",
+        launcher=launcher,
+        startup_timeout_s=STARTUP_TIMEOUT_S,
+    ) as stack:
+        time.sleep(warmup_s)
+        base, db, pid = f"http://{stack.control}", stack.db, stack.daemon.pid
+        phases = [
+            measure("idle", db, pid, base, duration_s, 0.0, decide_interval_s),
+            measure("load", db, pid, base, duration_s, rate, decide_interval_s),
+        ]
+        stack.check_alive()
     return phases
 
 
@@ -306,14 +227,14 @@ def report(phases: list[Phase], rate: float, interval_s: float) -> bool:
     print(
         f"{'phase':<6} {'req':>7} {'err':>4} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} "
         f"{'max ms':>7} {'decisions':>9} {'mean gap s':>10} {'max dev ms':>10} {'daemon':>7} "
-        f"{'client':>7}"
+        f"{'client':>7} {'load1':>5}"
     )
     for p in phases:
         print(
             f"{p.name:<6} {p.requests:>7} {p.errors:>4} {p.achieved_rps:>7.1f} "
             f"{_fmt(p.p50_ms):>7} {_fmt(p.p99_ms):>7} {_fmt(p.max_ms):>7} {p.decisions:>9} "
             f"{_fmt(p.mean_interval_s, '.3f'):>10} {_fmt(p.max_cadence_dev_ms):>10} "
-            f"{p.daemon_cpu_share:>7.1%} {p.client_cpu_share:>7.1%}"
+            f"{p.daemon_cpu_share:>7.1%} {p.client_cpu_share:>7.1%} {p.load_average_1m:>5.1f}"
         )
     loaded = phases[-1]
     if loaded.daemon_cpu_per_request_ms is not None:
@@ -350,8 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--speed", type=float, default=1.0, help="sim-server time speed-up")
     parser.add_argument("--json", type=Path, default=None, help="write the numbers here")
     parser.add_argument("--strict", action="store_true", help="exit 1 if a target is missed")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="run the daemon under cProfile, stats here"
+    )
     args = parser.parse_args(argv)
-    phases = run(args.rate, args.duration_s, args.decide_interval_s, args.warmup_s, args.speed)
+    phases = run(
+        args.rate, args.duration_s, args.decide_interval_s, args.warmup_s, args.speed, args.profile
+    )
     ok = report(phases, args.rate, args.decide_interval_s)
     if args.json is not None:
         args.json.write_text(json.dumps([asdict(p) for p in phases], indent=2))

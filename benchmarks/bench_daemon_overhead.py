@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -99,7 +99,7 @@ def wait_until(probe: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not probe():
         if time.monotonic() > deadline:
-            raise SystemExit(f"bench_daemon_overhead: timed out waiting for {what}")
+            raise SystemExit(f"{Path(sys.argv[0]).stem}: timed out waiting for {what}")
         time.sleep(0.25)
 
 
@@ -150,19 +150,51 @@ def decide_seconds(metrics_url: str) -> tuple[float, float] | None:
     ]
 
 
-def run(
-    duration_s: float,
-    warmup_s: float,
+def stop_processes(procs: Sequence[subprocess.Popen[bytes]], timeout_s: float = 10.0) -> None:
+    """Terminate ``procs``, last started first; kill any still running after ``timeout_s``."""
+    for proc in reversed(procs):
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """A running sim-server and `specgov run --mode plugin` against it (see daemon_stack)."""
+
+    root: Path
+    db: Path
+    daemon: subprocess.Popen[bytes]
+    control: str  # host:port of the control API
+    metrics: str  # host:port of the daemon's /metrics
+
+    def check_alive(self) -> None:
+        if self.daemon.poll() is not None:
+            raise SystemExit((self.root / "daemon.log").read_text()[-3000:])
+
+
+@contextlib.contextmanager
+def daemon_stack(
+    *,
     decide_interval_s: float,
     speed: float,
-    profile: Path | None = None,
-) -> Result:
+    prefix: str,
+    sim_args: Sequence[str] = (),
+    launcher: Sequence[str] | None = None,
+    startup_timeout_s: float = STARTUP_TIMEOUT_S,
+) -> Iterator[Stack]:
+    """Start the sim-server (TRACE, looped, ``sim_args`` added) and the daemon (plugin
+    mode, the shipped defaults but ``decide_interval_s`` and no restart-recommendation
+    replays) in a temporary directory; yield once the first table is published; stop
+    both on exit. ``launcher`` replaces the ``specgov`` command (a profiler)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
     procs: list[subprocess.Popen[bytes]] = []
-    with tempfile.TemporaryDirectory(prefix="specgov-bench-daemon-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         root = Path(tmp)
-        spool, db = root / "spool", root / "state.db"
-        config = root / "specgov.yaml"
+        spool, db, config = root / "spool", root / "state.db", root / "specgov.yaml"
         config.write_text(
             f"loop:\n  decide_interval_s: {decide_interval_s}\nrecommend:\n  enabled: false\n"
         )
@@ -174,7 +206,7 @@ def run(
                 sim_argv += ["--spool-dir", str(spool), "--trace", TRACE, "--speed", str(speed)]
                 procs.append(
                     subprocess.Popen(
-                        [*sim_argv, "--loop", "--acceptance-profile", "ngram"],
+                        [*sim_argv, "--loop", *sim_args],
                         stdout=sim_log,
                         stderr=subprocess.STDOUT,
                         env=env,
@@ -182,20 +214,12 @@ def run(
                 )
                 wait_until(
                     lambda: http_ok(f"http://{HOST}:{sim_port}/health"),
-                    STARTUP_TIMEOUT_S,
+                    startup_timeout_s,
                     "the sim-server",
-                )
-                # --profile: the daemon under cProfile (written when it exits on SIGTERM;
-                # its CPU numbers then include the profiler's own overhead).
-                launcher = (
-                    specgov_argv()
-                    if profile is None
-                    else [sys.executable, "-m", "cProfile", "-o", str(profile)]
-                    + ["-m", "specgov.controller.cli"]
                 )
                 daemon = subprocess.Popen(
                     [
-                        *launcher,
+                        *(specgov_argv() if launcher is None else launcher),
                         "run",
                         "--config",
                         str(config),
@@ -217,28 +241,46 @@ def run(
                     env=env,
                 )
                 procs.append(daemon)
-                wait_until(lambda: published_tables(db) > 0, STARTUP_TIMEOUT_S, "a published table")
-                time.sleep(warmup_s)
-                metrics_url = f"http://{metrics}/metrics"
-                start = sample_proc(daemon.pid)
-                n0, d0 = count_decisions(db), decide_seconds(metrics_url)
-                slices = [start]
-                deadline = start.wall_s + duration_s
-                while (left := deadline - time.time()) > 0:
-                    time.sleep(min(SLICE_S, left))
-                    slices.append(sample_proc(daemon.pid))
-                end = slices[-1]
-                n1, d1 = count_decisions(db), decide_seconds(metrics_url)
-                if daemon.poll() is not None:
-                    raise SystemExit((root / "daemon.log").read_text()[-3000:])
+                wait_until(lambda: published_tables(db) > 0, startup_timeout_s, "a published table")
+                yield Stack(root, db, daemon, control, metrics)
         finally:
-            for proc in reversed(procs):
-                proc.terminate()
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
+            stop_processes(procs)
+
+
+def run(
+    duration_s: float,
+    warmup_s: float,
+    decide_interval_s: float,
+    speed: float,
+    profile: Path | None = None,
+) -> Result:
+    # --profile: the daemon under cProfile (written when it exits on SIGTERM; its CPU
+    # numbers then include the profiler's own overhead).
+    launcher = (
+        None
+        if profile is None
+        else [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "specgov.controller.cli"]
+    )
+    with daemon_stack(
+        decide_interval_s=decide_interval_s,
+        speed=speed,
+        prefix="specgov-bench-daemon-",
+        sim_args=("--acceptance-profile", "ngram"),
+        launcher=launcher,
+    ) as stack:
+        time.sleep(warmup_s)
+        db, pid = stack.db, stack.daemon.pid
+        metrics_url = f"http://{stack.metrics}/metrics"
+        start = sample_proc(pid)
+        n0, d0 = count_decisions(db), decide_seconds(metrics_url)
+        slices = [start]
+        deadline = start.wall_s + duration_s
+        while (left := deadline - time.time()) > 0:
+            time.sleep(min(SLICE_S, left))
+            slices.append(sample_proc(pid))
+        end = slices[-1]
+        n1, d1 = count_decisions(db), decide_seconds(metrics_url)
+        stack.check_alive()
     wall = end.wall_s - start.wall_s
     cpu = end.cpu_s - start.cpu_s
     decisions = max(n1 - n0, 1)
