@@ -15,6 +15,18 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from specgov.controller.cli_options import (
+    acceptance_profile_option,
+    catalog_option,
+    gpu_option,
+    max_running_requests_option,
+    mem_fraction_static_option,
+    model_option,
+    output_option,
+    seed_option,
+    slo_options,
+    trace_selection_options,
+)
 from specgov.controller.policy_help import kinds_help
 
 if TYPE_CHECKING:
@@ -87,9 +99,9 @@ def render_table(report: ReplayReport) -> None:
 
     from specgov.controller.cli_format import (
         goodput_legend,
-        is_overloaded,
         overload_note,
         percent,
+        vs_baseline,
     )
 
     data = report.to_json()
@@ -123,16 +135,11 @@ def render_table(report: ReplayReport) -> None:
     ):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for p in data["policies"]:
-        ratio = "-"
-        if base is not None and base["goodput_tok_s"] > 0:
-            ratio = f"{p['goodput_tok_s'] / base['goodput_tok_s']:.3f}x"
-            if is_overloaded(p):
-                ratio += " (overloaded)"
         table.add_row(
             p["name"],
             _fmt(p["throughput_tok_s"], 0),
             _fmt(p["goodput_tok_s"], 0),
-            ratio,
+            vs_baseline(p, base),
             percent(p["slo_attainment"], 1),
             _fmt(p["ttft_ms"]["p99"]),
             _fmt(p["tpot_ms"]["p50"], 2),
@@ -163,17 +170,9 @@ def _progress_factory() -> tuple[Callable[[str, int, int], None] | None, Callabl
     JSON goes to stdout); nothing when stderr is piped or captured."""
     if not _stderr_is_terminal():
         return None, lambda: None
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from specgov.controller.cli_format import stderr_progress
 
-    bar = Progress(
-        TextColumn("replaying {task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} requests"),
-        TimeElapsedColumn(),
-        console=Console(file=sys.stderr, force_terminal=True),
-        transient=True,
-    )
+    bar = stderr_progress("replaying {task.description}", "requests")
     tasks: dict[str, Any] = {}
     bar.start()
 
@@ -271,8 +270,8 @@ def _run_replay(
 
 
 _server_options = [
-    click.option("--gpu", default="h100", show_default=True, help="GPU name from the catalog."),
-    click.option("--model", default="llama-3.1-8b", show_default=True, help="Target model."),
+    gpu_option,
+    model_option,
     click.option("--drafter", default="eagle3", show_default=True, help="Drafter."),
     click.option(
         "--spec-steps",
@@ -294,11 +293,7 @@ _server_options = [
         default=None,
         help="Tree verify width (topk > 1); chains use steps + 1.",
     ),
-    click.option(
-        "--acceptance-profile",
-        default=None,
-        help="Acceptance profile (default: the drafter's), e.g. ngram.",
-    ),
+    acceptance_profile_option,
     click.option(
         "--burstiness",
         type=click.FloatRange(min=0.0, max=1.0),
@@ -313,53 +308,12 @@ _server_options = [
         help="Simulate SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1: steps 0 skip the "
         "draft-extend pass, upshifts draft cold.",
     ),
-    click.option(
-        "--max-running-requests",
-        type=click.IntRange(min=1),
-        default=None,
-        help="SGLang's --max-running-requests (default: SGLang's, from the KV pool size).",
-    ),
-    click.option(
-        "--mem-fraction-static",
-        type=click.FloatRange(min=0.0, max=1.0, min_open=True),
-        default=None,
-        help="SGLang's --mem-fraction-static: the share of GPU memory for weights and KV "
-        "(default: SGLang's rule).",
-    ),
-    click.option(
-        "--catalog",
-        type=click.Path(exists=True, dir_okay=False, path_type=Path),
-        multiple=True,
-        help="Extra catalog YAML file (GPUs, models, drafters); repeatable.",
-    ),
-    click.option(
-        "--slo-tpot-ms",
-        type=click.FloatRange(min=0.0, min_open=True),
-        default=50.0,
-        show_default=True,
-        help="SLO on each request's time per output token (ms); goodput counts the "
-        "requests within it.",
-    ),
-    click.option(
-        "--slo-ttft-ms",
-        type=click.FloatRange(min=0.0, min_open=True),
-        default=None,
-        help="SLO on time to first token (ms), in addition to TPOT (default: none).",
-    ),
-    click.option(
-        "--seed",
-        type=int,
-        default=0,
-        show_default=True,
-        help="Seed of every random draw (acceptance, sampling, synthetic traces).",
-    ),
-    click.option(
-        "--output",
-        type=click.Choice(["table", "json"]),
-        default="table",
-        show_default=True,
-        help="A table for people, or one JSON object for scripts (see the README).",
-    ),
+    max_running_requests_option,
+    mem_fraction_static_option,
+    catalog_option,
+    slo_options(ttft_default_ms=None),
+    seed_option,
+    output_option,
     click.option(
         "--plot",
         type=click.Path(file_okay=False, path_type=Path),
@@ -378,13 +332,7 @@ def _with_server_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @main.command()
 @click.argument("trace")
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["azure", "mooncake", "generic", "acceptance"]),
-    default=None,
-    help="Trace format (default: detected from the file).",
-)
+@trace_selection_options
 @click.option(
     "--policy",
     "policies",
@@ -398,30 +346,6 @@ def _with_server_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     default=1.0,
     show_default=True,
     help="Multiply the arrival rate (2 = arrivals twice as dense).",
-)
-@click.option(
-    "--window-start-s",
-    type=click.FloatRange(min=0.0),
-    default=None,
-    help="Replay only arrivals from this many seconds into the trace.",
-)
-@click.option(
-    "--window-end-s",
-    type=click.FloatRange(min=0.0),
-    default=None,
-    help="Replay only arrivals before this many seconds into the trace.",
-)
-@click.option(
-    "--sample",
-    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
-    default=None,
-    help="Keep this fraction of the requests, drawn with --seed.",
-)
-@click.option(
-    "--max-requests",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Replay at most the first N requests (after the window).",
 )
 @click.option(
     "--concurrency",

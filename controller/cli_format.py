@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, TypeGuard
 
@@ -183,6 +184,32 @@ def decision_summary(message: Any, *, width: int = 110) -> str:
     return line
 
 
+def sim_speed(status: Mapping[str, Any]) -> float | None:
+    """Simulated seconds per wall second of the server behind a daemon's status
+    (``sim_speed``: the specgov simulator says it in ``/server_info``); None for a real
+    SGLang, whose ``/server_info`` has no such key, or a value that is not a speed."""
+    speed = status.get("sim_speed")
+    return float(speed) if is_number(speed) and math.isfinite(speed) and speed > 0 else None
+
+
+def throughput(wall_rate_tok_s: Any, speed: float | None) -> str:
+    """A rate the daemon measured over its own (wall) clock, in the server's time.
+
+    Against a real server that is real tokens per second. The simulated server runs
+    *speed* simulated seconds per wall second, so its own (simulated) rate is the wall
+    rate / *speed*: that is the headline, labelled "simulated", with the wall rate beside
+    it when they differ.
+    """
+    if not is_number(wall_rate_tok_s):
+        return number(None)
+    if speed is None:
+        return f"{number(wall_rate_tok_s, 0)} tok/s"
+    simulated = f"{number(wall_rate_tok_s / speed, 0)} tok/s simulated"
+    if speed == 1:
+        return simulated
+    return f"{simulated} ({number(wall_rate_tok_s, 0)} per wall second at {speed:g}x)"
+
+
 def goodput_legend(slo: dict[str, Any], *, baseline: str | None) -> str:
     """What "goodput" and "vs ema" mean, printed under every table that shows them."""
     limits = [f"TPOT <= {slo['tpot_ms']:g} ms"] if slo.get("tpot_ms") is not None else []
@@ -201,6 +228,15 @@ def is_overloaded(row: dict[str, Any]) -> bool:
     """A run (a replay JSON policy row) where most requests missed the SLO."""
     attained = row.get("slo_attainment")
     return is_number(attained) and attained < OVERLOAD_SLO_ATTAINMENT
+
+
+def vs_baseline(row: dict[str, Any], base: dict[str, Any] | None) -> str:
+    """The "vs ema" cell: *row*'s goodput over the baseline's, marked when *row* is
+    overloaded (the ratio then compares runs that mostly failed the SLO)."""
+    if base is None or not is_number(base.get("goodput_tok_s")) or base["goodput_tok_s"] <= 0:
+        return "-"
+    ratio = f"{row['goodput_tok_s'] / base['goodput_tok_s']:.3f}x"
+    return ratio + " (overloaded)" if is_overloaded(row) else ratio
 
 
 def overload_note(rows: Sequence[dict[str, Any]]) -> str | None:
@@ -251,3 +287,20 @@ class BadInput(click.ClickException):
     """A bad option value, policy spec, catalog name or trace file: one line, exit 2."""
 
     exit_code = EXIT_USAGE
+
+
+def stderr_progress(description: str, unit: str) -> Any:
+    """A transient rich progress bar on stderr ("DESCRIPTION [bar] done/total UNIT
+    elapsed"); the caller shows it only when stderr is a terminal (JSON on stdout
+    stays clean either way)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(
+        TextColumn(description),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} " + unit),
+        TimeElapsedColumn(),
+        console=Console(file=sys.stderr, force_terminal=True),
+        transient=True,
+    )

@@ -304,28 +304,6 @@ def _table(
     Console(width=max(Console().width, 120)).print(table)
 
 
-def _throughput(obs: dict[str, Any], status: dict[str, Any]) -> str:
-    """Output tokens per second of server time.
-
-    The daemon derives the rate from two scrapes over its own (wall) clock. Against a
-    real server that is real time; against the demo's simulated server running at X
-    simulated seconds per wall second (``sim_speed`` in the status) it is X times the
-    simulated rate, so the simulated rate is shown, and the wall rate beside it.
-    """
-    from specgov.controller.cli_format import is_number, number
-
-    wall = obs.get("gen_throughput_tok_s")
-    speed = status.get("sim_speed")
-    if not is_number(wall):
-        return number(None)
-    if is_number(speed) and speed > 0 and speed != 1:
-        return (
-            f"{number(wall / speed, 0)} tok/s simulated "
-            f"({number(wall, 0)} per wall second at {speed:g}x)"
-        )
-    return f"{number(wall, 0)} tok/s"
-
-
 def _errors(s: dict[str, Any]) -> str:
     errors = [
         f"{label}: {s[key]}"
@@ -358,7 +336,14 @@ def status_cmd(control_addr: str | None, output: str, verbose: bool) -> None:
     data = _call(client.status)
 
     def render(s: dict[str, Any]) -> None:
-        from specgov.controller.cli_format import duration, number, relative, table_slots
+        from specgov.controller.cli_format import (
+            duration,
+            number,
+            relative,
+            sim_speed,
+            table_slots,
+            throughput,
+        )
 
         now = time.time()
         obs = s.get("observation") or {}
@@ -395,7 +380,10 @@ def status_cmd(control_addr: str | None, output: str, verbose: bool) -> None:
                 f"{number(obs.get('running'))} / {number(obs.get('queued'))}",
             ],
             ["accept length (tokens/verify)", number(obs.get("accept_length"), 2)],
-            ["throughput (last window)", _throughput(obs, s)],
+            [
+                "throughput (last window)",
+                throughput(obs.get("gen_throughput_tok_s"), sim_speed(s)),
+            ],
             ["TPOT p50", number(obs.get("tpot_p50_ms"), 1, "ms")],
             ["ITL p99", number(obs.get("itl_p99_ms"), 1, "ms")],
             ["overrides", _overrides_line(s.get("overrides") or [], now)],

@@ -34,33 +34,31 @@ def _free_port(host: str = "127.0.0.1") -> int:
 # ------------------------------------------------------------------- the demo
 
 
-def _live_table(
-    status: dict[str, Any], sim_state: dict[str, Any], recent: list[str], speed: float
-) -> Any:
+def _live_table(status: dict[str, Any], sim_state: dict[str, Any], recent: list[str]) -> Any:
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    from specgov.controller.cli_format import is_number, number, text
+    from specgov.controller.cli_format import number, sim_speed, text, throughput
 
     obs = status.get("observation") or {}
-    # The daemon measures rates over its own (wall) clock; the simulated server runs
-    # `speed` simulated seconds per wall second, so its simulated rate is that / speed.
-    wall_rate = obs.get("gen_throughput_tok_s")
-    sim_rate = wall_rate / speed if is_number(wall_rate) else None
+    # The same conversion as `specgov status`: the daemon measures over its wall clock,
+    # the status says how fast the simulated server runs (sim_speed).
+    speed = sim_speed(status)
     head = Table.grid(padding=(0, 2))
     head.add_row(
         f"[b]sim time[/b] {number(sim_state.get('sim_time_s'), 0)} s",
         f"[b]running[/b] {number(obs.get('running'))}",
         f"[b]queued[/b] {number(obs.get('queued'))}",
         f"[b]accept len[/b] {number(obs.get('accept_length'), 2)}",
-        f"[b]output[/b] {number(sim_rate, 0)} tok/s",
+        f"[b]output[/b] {throughput(obs.get('gen_throughput_tok_s'), speed)}",
         f"[b]TPOT p50[/b] {number(obs.get('tpot_p50_ms'), 1)} ms",
     )
+    pace = "real time" if speed is None else f"the server runs {speed:g}x real time"
     units = Text(
-        f"tok/s: output tokens per simulated second over the daemon's last scrape window "
-        f"(the server runs {speed:g}x real time); TPOT in simulated ms; accept len: tokens "
-        "per verify, bonus included",
+        f"tok/s simulated: output tokens per simulated second over the daemon's last scrape "
+        f"window ({pace}); TPOT in simulated ms; accept len: tokens per verify, bonus "
+        "included",
         style="dim",
     )
     slots = Table(
@@ -87,16 +85,21 @@ def _live_table(
 
 
 class _DemoStatus:
-    """Adds the simulated server's speed to the daemon's status (``sim_speed``), so
-    `specgov status` from another terminal shows simulated tokens per second too."""
+    """The daemon's status with the simulated server's speed (``sim_speed``) for the
+    live view and `specgov status` from another terminal. A daemon that read the speed
+    from the server's /server_info keeps its own; until it has one (or when it does not
+    report it) the demo fills in the speed it launched the server at."""
 
     def __init__(self, daemon: Any, speed: float) -> None:
         self._daemon = daemon
         self._speed = speed
 
     def status(self) -> dict[str, Any]:
+        from specgov.controller.cli_format import sim_speed
+
         data: dict[str, Any] = self._daemon.status()
-        data["sim_speed"] = self._speed
+        if sim_speed(data) is None:
+            data["sim_speed"] = self._speed
         return data
 
     def __getattr__(self, name: str) -> Any:
@@ -169,14 +172,14 @@ async def _run_demo(
         with Live(console=console, refresh_per_second=4, transient=False) as live:
             while not run_task.done():
                 state = sim.state()
-                status = daemon.status()
+                status = service.status()
                 status["_control"] = control_addr
                 rows = daemon.decisions(None, 50)[::-1]
                 for r in rows[seen:] if len(rows) > seen else []:
                     stamp = clock(r["time_s"], time.time())
                     recent.append(f"{stamp} {r['reason']}: {decision_summary(r['message'])}")
                 seen = len(rows)
-                live.update(_live_table(status, state, recent, speed))
+                live.update(_live_table(status, state, recent))
                 if sim.results():
                     break
                 await asyncio.sleep(refresh_s)
@@ -198,10 +201,10 @@ def _summary(live_results: list[Any], trace: Any) -> None:
 
     from specgov.controller.cli_format import (
         goodput_legend,
-        is_overloaded,
         number,
         overload_note,
         percent,
+        vs_baseline,
     )
     from specgov.simulator.metrics import Slo, summarise
     from specgov.simulator.replay import ServerSpec, replay
@@ -241,16 +244,11 @@ def _summary(live_results: list[Any], trace: Any) -> None:
     ):
         table.add_column(col, justify="left" if col == "run" else "right")
     for r in rows:
-        ratio = "-"
-        if base["goodput_tok_s"]:
-            ratio = f"{r['goodput_tok_s'] / base['goodput_tok_s']:.3f}x"
-            if is_overloaded(r):
-                ratio += " (overloaded)"
         table.add_row(
             r["name"],
             number(r["throughput_tok_s"], 0),
             number(r["goodput_tok_s"], 0),
-            ratio,
+            vs_baseline(r, base),
             percent(r["slo_attainment"], 1),
             number(r["tpot_ms"]["p50"], 2),
             number(r["tpot_ms"]["p99"], 2),

@@ -15,6 +15,19 @@ from typing import Any
 import click
 
 from specgov.controller.cli_format import BadInput
+from specgov.controller.cli_options import (
+    DEFAULT_PLAN_SLO_TTFT_MS,
+    catalog_option,
+    max_running_requests_option,
+    mem_fraction_static_option,
+    model_option,
+    output_option,
+    prices_option,
+    seed_option,
+    slo_options,
+    trace_selection_options,
+    trace_source_option,
+)
 
 EXIT_DOES_NOT_FIT = 3
 
@@ -48,7 +61,7 @@ def _write_report(out_dir: Path, **documents: Any) -> Path:
 
 @plan_group.command(name="vram")
 @click.option("--gpu", "gpus", default="h100", show_default=True, help="GPU(s), comma-separated.")
-@click.option("--model", default="llama-3.1-8b", show_default=True)
+@model_option
 @click.option("--tp-size", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--drafter", default="eagle3", show_default=True, help="Drafter, or 'none'.")
 @click.option("--steps", type=click.IntRange(min=0), default=3, show_default=True)
@@ -71,15 +84,10 @@ def _write_report(out_dir: Path, **documents: Any) -> Path:
     default=None,
     help="Default: SGLang's heuristic.",
 )
-@click.option("--max-running-requests", type=click.IntRange(min=1), default=None)
+@max_running_requests_option
 @click.option("--cuda-graph-max-bs", type=click.IntRange(min=1), default=None)
-@click.option(
-    "--catalog",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    multiple=True,
-    help="Extra catalog YAML file; repeatable.",
-)
-@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@catalog_option
+@output_option
 @click.option(
     "--report",
     type=click.Path(file_okay=False, path_type=Path),
@@ -153,17 +161,9 @@ def _progress() -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
     """A rich progress bar on a terminal (stderr); nothing when it is piped."""
     if not sys.stderr.isatty():
         return None, lambda: None
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from specgov.controller.cli_format import stderr_progress
 
-    bar = Progress(
-        TextColumn("sweep"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} configurations"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
+    bar = stderr_progress("sweep", "configurations")
     task = bar.add_task("sweep", total=None)
     bar.start()
 
@@ -268,25 +268,10 @@ def _render_sweep(doc: dict[str, Any]) -> None:
 
 
 @plan_group.command(name="sweep")
-@click.option(
-    "--trace",
-    "trace_source",
-    required=True,
-    help="Trace file, or synthetic[:key=value,...].",
-)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["azure", "mooncake", "generic", "acceptance"]),
-    default=None,
-    help="Trace format (default: detected from the file).",
-)
-@click.option("--window-start-s", type=click.FloatRange(min=0.0), default=None)
-@click.option("--window-end-s", type=click.FloatRange(min=0.0), default=None)
-@click.option("--sample", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None)
-@click.option("--max-requests", type=click.IntRange(min=1), default=None)
+@trace_source_option
+@trace_selection_options
 @click.option("--gpus", default="h100", show_default=True, help="Comma-separated GPUs.")
-@click.option("--model", default="llama-3.1-8b", show_default=True)
+@model_option
 @click.option(
     "--drafters",
     default="eagle3,ngram,none",
@@ -312,15 +297,7 @@ def _render_sweep(doc: dict[str, Any]) -> None:
     show_default=True,
     help="--speculative-num-steps of adaptive policies (their initial step).",
 )
-@click.option(
-    "--slo-tpot-ms", type=click.FloatRange(min=0.0, min_open=True), default=50.0, show_default=True
-)
-@click.option(
-    "--slo-ttft-ms",
-    type=click.FloatRange(min=0.0, min_open=True),
-    default=2000.0,
-    show_default=True,
-)
+@slo_options(ttft_default_ms=DEFAULT_PLAN_SLO_TTFT_MS)
 @click.option(
     "--tpot-percentile",
     type=click.FloatRange(min=0.0, max=100.0, min_open=True),
@@ -347,23 +324,10 @@ def _render_sweep(doc: dict[str, Any]) -> None:
     show_default=True,
     help="Search stops when the bracket [pass, fail] is this tight (relative).",
 )
-@click.option(
-    "--prices",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="YAML prices: gpu_hour: {h100: 2.49, ...} (optional currency: USD).",
-)
-@click.option(
-    "--mem-fraction-static",
-    type=click.FloatRange(min=0.0, max=1.0, min_open=True, max_open=True),
-    default=None,
-)
-@click.option("--max-running-requests", type=click.IntRange(min=1), default=None)
-@click.option(
-    "--catalog",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    multiple=True,
-)
+@prices_option
+@mem_fraction_static_option
+@max_running_requests_option
+@catalog_option
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option(
     "--workers",
@@ -389,8 +353,8 @@ def _render_sweep(doc: dict[str, Any]) -> None:
     default=None,
     help="Write the HTML report into this folder.",
 )
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@seed_option
+@output_option
 def sweep_cmd(
     trace_source: str,
     fmt: str | None,

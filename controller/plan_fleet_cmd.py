@@ -17,6 +17,21 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from specgov.controller.cli_format import BadInput
+from specgov.controller.cli_options import (
+    DEFAULT_PLAN_SLO_TTFT_MS,
+    acceptance_profile_option,
+    catalog_option,
+    gpu_option,
+    max_running_requests_option,
+    mem_fraction_static_option,
+    model_option,
+    output_option,
+    prices_option,
+    seed_option,
+    slo_options,
+    trace_selection_options,
+    trace_source_option,
+)
 
 if TYPE_CHECKING:
     pass
@@ -146,28 +161,8 @@ def render_table(doc: Mapping[str, Any]) -> None:
 
 
 @click.command(name="fleet")
-@click.option(
-    "--trace",
-    "trace_source",
-    required=True,
-    help="Trace file (azure, mooncake, generic CSV/JSONL), or synthetic[:key=value,...].",
-)
-@click.option(
-    "--format",
-    "fmt",
-    type=click.Choice(["azure", "mooncake", "generic", "acceptance"]),
-    default=None,
-    help="Trace format (default: detected from the file).",
-)
-@click.option("--window-start-s", type=click.FloatRange(min=0.0), default=None)
-@click.option("--window-end-s", type=click.FloatRange(min=0.0), default=None)
-@click.option(
-    "--sample",
-    type=click.FloatRange(min=0.0, max=1.0, min_open=True),
-    default=None,
-    help="Keep this random fraction of the trace's requests (seeded by --seed).",
-)
-@click.option("--max-requests", type=click.IntRange(min=1), default=None)
+@trace_source_option
+@trace_selection_options
 @click.option(
     "--rate-scale",
     type=click.FloatRange(min=0.0, min_open=True),
@@ -180,8 +175,8 @@ def render_table(doc: Mapping[str, Any]) -> None:
     default=None,
     help="Scale the trace so the fleet receives this many requests per second on average.",
 )
-@click.option("--gpu", default="h100", show_default=True, help="GPU name from the catalog.")
-@click.option("--model", default="llama-3.1-8b", show_default=True, help="Target model.")
+@gpu_option
+@model_option
 @click.option(
     "--drafter", default="eagle3", show_default=True, help="Speculative replicas' drafter."
 )
@@ -192,21 +187,10 @@ def render_table(doc: Mapping[str, Any]) -> None:
     show_default=True,
     help="--speculative-num-steps of speculative replicas (adaptive policies start there).",
 )
-@click.option(
-    "--acceptance-profile",
-    default=None,
-    help="Acceptance profile (default: the drafter's).",
-)
-@click.option("--max-running-requests", type=click.IntRange(min=1), default=None)
-@click.option(
-    "--mem-fraction-static", type=click.FloatRange(min=0.0, max=1.0, min_open=True), default=None
-)
-@click.option(
-    "--catalog",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    multiple=True,
-    help="Extra catalog YAML file (GPUs, models, drafters); repeatable.",
-)
+@acceptance_profile_option
+@max_running_requests_option
+@mem_fraction_static_option
+@catalog_option
 @click.option(
     "--replicas",
     "replicas_text",
@@ -236,15 +220,7 @@ def render_table(doc: Mapping[str, Any]) -> None:
     help="Comma-separated: round-robin, least-loaded, spec-aware[:B] (B: speculative "
     "replicas' active-request bound; default computed from the cost model).",
 )
-@click.option(
-    "--slo-tpot-ms", type=click.FloatRange(min=0.0, min_open=True), default=50.0, show_default=True
-)
-@click.option(
-    "--slo-ttft-ms",
-    type=click.FloatRange(min=0.0, min_open=True),
-    default=2000.0,
-    show_default=True,
-)
+@slo_options(ttft_default_ms=DEFAULT_PLAN_SLO_TTFT_MS)
 @click.option(
     "--slo-percentile",
     type=click.FloatRange(min=0.0, max=100.0, min_open=True),
@@ -252,14 +228,8 @@ def render_table(doc: Mapping[str, Any]) -> None:
     show_default=True,
     help="A fleet holds the SLO when this percentile of TPOT and of TTFT are within it.",
 )
-@click.option(
-    "--prices",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="YAML prices ('gpu_hour: {h100: 2.49, ...}', optional 'currency: USD'), as "
-    "plan sweep reads them: fleets are then ranked by cost instead of GPU count.",
-)
-@click.option("--seed", type=int, default=0, show_default=True)
+@prices_option
+@seed_option
 @click.option(
     "--report",
     "report_dir",
@@ -267,7 +237,7 @@ def render_table(doc: Mapping[str, Any]) -> None:
     default=None,
     help="Write an offline HTML report (figures as PNG, data as CSV/JSON) into this folder.",
 )
-@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@output_option
 def fleet_cmd(
     trace_source: str,
     fmt: str | None,

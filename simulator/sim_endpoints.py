@@ -16,7 +16,10 @@ released wheel (``sglang/srt/...``):
   once a speculative decode was logged), ``version`` and ``frontend``
   (``entrypoints/http_server.py``, ``scheduler_components/internal_state.py``). Only the
   subset of the several hundred server args that a daemon reads, plus neighbours, is
-  reported; a real server reports more keys, never fewer of these.
+  reported; a real server reports more keys, never fewer of these. One key is the
+  simulator's own: ``specgov_sim_speed`` (:data:`SIM_SPEED_KEY`), simulated seconds per
+  wall second, so a client that measures rates over its wall clock can give them in the
+  server's (simulated) time; a real SGLang has no such key (its rates are real).
 * ``/v1/loads``: ``{"timestamp", "version", "accelerator", "num_accelerators", "loads"}``
   with one ``LoadSnapshot.to_dict(include)`` per DP rank (``entrypoints/v1_loads.py``,
   ``managers/load_snapshot.py``): core keys always; ``memory``, ``speculative``,
@@ -55,6 +58,8 @@ from typing import Any, Final
 SGLANG_VERSION: Final = "0.5.23"
 # model_path prefix of the simulator: the one place where it says what it is.
 SIM_MODEL_PREFIX: Final = "specgov-sim:"
+# /server_info key of the simulator's speed (simulated seconds per wall second).
+SIM_SPEED_KEY: Final = "specgov_sim_speed"
 # LoadSnapshot.VALID_SECTIONS (managers/load_snapshot.py).
 VALID_LOAD_SECTIONS: Final = frozenset(
     {"core", "memory", "spec", "lora", "disagg", "queues", "all"}
@@ -248,8 +253,11 @@ def internal_state_dict(launch: LaunchInfo, live: LiveState) -> dict[str, Any]:
     return state
 
 
-def server_info_body(launch: LaunchInfo, live: LiveState) -> dict[str, Any]:
-    """The ``/server_info`` body (``build_server_info`` + live ``internal_states``)."""
+def server_info_body(
+    launch: LaunchInfo, live: LiveState, *, sim_speed: float | None = None
+) -> dict[str, Any]:
+    """The ``/server_info`` body (``build_server_info`` + live ``internal_states``), with
+    the simulator's *sim_speed* under :data:`SIM_SPEED_KEY` when given."""
     body = server_args_dict(launch)
     body["launch_command"] = launch.launch_command
     body["status"] = "ready"
@@ -260,6 +268,8 @@ def server_info_body(launch: LaunchInfo, live: LiveState) -> dict[str, Any]:
     body["internal_states"] = [internal_state_dict(launch, live)]
     body["version"] = SGLANG_VERSION
     body["frontend"] = "python"
+    if sim_speed is not None:
+        body[SIM_SPEED_KEY] = sim_speed
     return body
 
 

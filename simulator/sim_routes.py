@@ -34,6 +34,11 @@ class Served(Protocol):
     @property
     def healthy(self) -> bool: ...
 
+    @property
+    def speed(self) -> float:
+        """Simulated seconds per wall second (``/server_info``'s ``specgov_sim_speed``)."""
+        ...
+
     def serving(self) -> tuple[ServedMetrics, ep.LaunchInfo] | None:
         """The running engine's metrics and launch; None while none is up."""
         ...
@@ -104,7 +109,8 @@ class _SglangRoutes:
         if serving is None:
             return web.Response(status=503)
         metrics, launch = serving
-        return web.json_response(ep.server_info_body(launch, metrics.snapshot()))
+        body = ep.server_info_body(launch, metrics.snapshot(), sim_speed=self._served.speed)
+        return web.json_response(body)
 
     async def model_info(self, request: web.Request) -> web.Response:
         serving = self._served.serving()

@@ -122,9 +122,11 @@ def test_live_view_shows_simulated_tokens_per_second() -> None:
         "table": {"slots": [[1, 4], [8, 3]]},
         "policy": "goodput",
         "mode": "plugin",
+        "sim_speed": 10.0,
     }
-    text = _render(demo._live_table(status, {"sim_time_s": 312.4}, ["12:00:01 x: y"], 10.0))
-    assert "output 4,900 tok/s" in text and "49,000" not in text
+    text = _render(demo._live_table(status, {"sim_time_s": 312.4}, ["12:00:01 x: y"]))
+    # The headline is the simulated rate; the wall rate is only the aside.
+    assert "output 4,900 tok/s simulated (49,000 per wall second at 10x)" in text
     assert "output tokens per simulated second" in text and "10x real time" in text
     assert "queued unknown" in text and "None" not in text
     assert "accept len 2.36" in text and "TPOT p50 18.4 ms" in text
@@ -142,6 +144,13 @@ def test_demo_status_carries_the_speed_for_specgov_status() -> None:
     wrapped = demo._DemoStatus(Inner(), 10.0)
     assert wrapped.status() == {"policy": "goodput", "sim_speed": 10.0}
     assert wrapped.decisions(None, 5) == ["d"]
+
+    class Reporting(Inner):
+        def status(self) -> dict[str, Any]:
+            return {"policy": "goodput", "sim_speed": 4.0}
+
+    # A daemon that read the speed from the server's /server_info keeps its own.
+    assert demo._DemoStatus(Reporting(), 10.0).status()["sim_speed"] == 4.0
 
 
 def test_demo_status_wraps_a_real_daemon_as_a_control_service(tmp_path: Any) -> None:

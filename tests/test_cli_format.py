@@ -19,8 +19,11 @@ from specgov.controller.cli_format import (
     overload_note,
     percent,
     relative,
+    sim_speed,
     table_slots,
     text,
+    throughput,
+    vs_baseline,
 )
 
 NOW = 1_796_128_600.0
@@ -120,3 +123,39 @@ def test_goodput_and_vs_ema_are_defined_and_overload_is_said() -> None:
     assert is_overloaded(rows[0]) and not is_overloaded(rows[1])
     assert overload_note(rows[1:]) is None
     assert not is_overloaded({"name": "x", "slo_attainment": None})
+
+
+@pytest.mark.parametrize(
+    ("speed", "shown"),
+    [
+        (None, "40,000 tok/s"),  # a real SGLang: real tokens per second
+        (1.0, "40,000 tok/s simulated"),  # simulated at real time: one rate, still simulated
+        (20.0, "2,000 tok/s simulated (40,000 per wall second at 20x)"),
+        (0.5, "80,000 tok/s simulated (40,000 per wall second at 0.5x)"),
+    ],
+)
+def test_throughput_is_in_the_servers_time_and_says_so(speed: float | None, shown: str) -> None:
+    assert throughput(40_000.0, speed) == shown
+
+
+def test_throughput_unknown_without_a_rate() -> None:
+    assert throughput(None, 20.0) == "unknown"
+
+
+@pytest.mark.parametrize("bad", [None, 0, -2.0, math.nan, math.inf, True, "20", [20]])
+def test_sim_speed_ignores_anything_that_is_not_a_speed(bad: object) -> None:
+    assert sim_speed({"sim_speed": bad}) is None
+    assert sim_speed({}) is None
+
+
+def test_sim_speed_reads_the_status() -> None:
+    assert sim_speed({"sim_speed": 20}) == 20.0
+
+
+def test_vs_baseline_marks_overloaded_runs_and_missing_baselines() -> None:
+    base = {"name": "sglang-ema", "goodput_tok_s": 2000.0, "slo_attainment": 0.9}
+    assert vs_baseline({"goodput_tok_s": 2030.0, "slo_attainment": 0.95}, base) == "1.015x"
+    low = {"goodput_tok_s": 100.0, "slo_attainment": 0.12}
+    assert vs_baseline(low, base) == "0.050x (overloaded)"
+    assert vs_baseline(low, None) == "-"
+    assert vs_baseline(low, {**base, "goodput_tok_s": 0.0}) == "-"

@@ -251,3 +251,75 @@ def test_skip_zero_step_draft_extend_reaches_the_simulated_server() -> None:
     assert skip["server"]["skip_zero_step_draft_extend"] is True
     assert plain["server"]["skip_zero_step_draft_extend"] is False
     assert skip["policies"][0]["throughput_tok_s"] != plain["policies"][0]["throughput_tok_s"]
+
+
+# ------------------------------------------ options shared with plan sweep / fleet
+
+
+def _command_params() -> dict[str, dict[str, click.Parameter]]:
+    from specgov.controller.cli import _register_subcommands
+
+    _register_subcommands()
+    plan = main.commands["plan"]
+    assert isinstance(plan, click.Group)
+    commands = {
+        "replay": main.commands["replay"],
+        "plan sweep": plan.commands["sweep"],
+        "plan fleet": plan.commands["fleet"],
+    }
+    return {name: {p.name or "": p for p in cmd.params} for name, cmd in commands.items()}
+
+
+SHARED = (
+    "fmt",
+    "window_start_s",
+    "window_end_s",
+    "sample",
+    "max_requests",
+    "slo_tpot_ms",
+    "max_running_requests",
+    "mem_fraction_static",
+    "catalog",
+    "seed",
+    "output",
+)
+
+
+def _spec(param: click.Parameter) -> str:
+    assert isinstance(param, click.Option)
+    return repr(
+        (
+            param.opts,
+            sorted(param.type.to_info_dict().items()),
+            param.default,
+            param.multiple,
+            param.required,
+            param.help,
+        )
+    )
+
+
+def test_replay_and_the_plans_share_one_declaration_of_each_common_option() -> None:
+    params = _command_params()
+    for name in SHARED:
+        specs = {command: _spec(p[name]) for command, p in params.items()}
+        assert len(set(specs.values())) == 1, (name, specs)
+        assert params["replay"][name].help, f"--{name} has no help text"
+    # The plans' trace, prices and TTFT SLO options: the same in both plans.
+    sweep, fleet = params["plan sweep"], params["plan fleet"]
+    for name in ("trace_source", "prices", "slo_ttft_ms"):
+        assert _spec(sweep[name]) == _spec(fleet[name]), name
+    # Only the TTFT SLO's default differs: replay judges TPOT alone unless asked.
+    assert params["replay"]["slo_ttft_ms"].default is None
+    assert sweep["slo_ttft_ms"].default == 2000.0
+
+
+def test_a_negative_seed_is_bad_usage_in_every_command() -> None:
+    for args in (
+        ["replay", SMALL_SYNTH, "--seed", "-1"],
+        ["plan", "sweep", "--trace", SMALL_SYNTH, "--seed", "-1"],
+        ["plan", "fleet", "--trace", SMALL_SYNTH, "--seed", "-1"],
+    ):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert "--seed" in result.output and "Traceback" not in result.output

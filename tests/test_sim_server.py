@@ -29,6 +29,7 @@ from specgov.adapters.observation_builder import (
 )
 from specgov.adapters.prometheus_text import counter_by_dp, gauge_by_dp, parse_metrics
 from specgov.adapters.spool import TierStatsRecord, read_tier_stats, write_step_table
+from specgov.adapters.telemetry import REALTIME_DECODE_MODE, REALTIME_TOKENS
 from specgov.policies.adaptive_config import AdaptiveConfigError, candidate_steps_union
 from specgov.policies.types import Observation, StepTable
 from specgov.simulator import sim_endpoints as ep
@@ -666,3 +667,35 @@ def test_sim_server_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
         result = runner.invoke(sim_server_cmd, ["--port", str(port), "--trace", CLI_TRACE])
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: cannot serve on 127.0.0.1:{port}: ")
+
+
+def _decode_tokens_at(client: httpx.Client, sim: SimServer) -> tuple[float, float, float]:
+    """(wall s, simulated s, decode tokens so far), read together."""
+    wall_s = time.time()
+    sim_s = float(sim.state()["sim_time_s"])
+    snap = parse_metrics(client.get("/metrics").text, source="sim /metrics")
+    tokens = counter_by_dp(snap, REALTIME_TOKENS, match={"mode": REALTIME_DECODE_MODE})
+    return wall_s, sim_s, tokens[None].value if None in tokens else 0.0
+
+
+def test_server_info_says_the_speed_that_turns_wall_rates_into_simulated_ones(
+    running: Callable[..., SimServer],
+) -> None:
+    speed = 20.0
+    sim = running(_trace(duration_s=120.0, rate_rps=8.0), speed=speed, loop_trace=True)
+    with httpx.Client(base_url=sim.url, timeout=5.0) as client:
+        info = client.get("/server_info").json()
+        assert info[ep.SIM_SPEED_KEY] == speed
+        _wait_for(lambda: _finished(sim) >= 20, "requests to finish")
+        first = _decode_tokens_at(client, sim)
+        _wait_for(lambda: time.time() - first[0] >= 2.0, "a 2 s wall window")
+        second = _decode_tokens_at(client, sim)
+    tokens = second[2] - first[2]
+    assert tokens > 0
+    wall_rate = tokens / (second[0] - first[0])  # what a daemon measures
+    simulated_rate = tokens / (second[1] - first[1])  # the server's own time
+    assert wall_rate / info[ep.SIM_SPEED_KEY] == pytest.approx(simulated_rate, rel=0.05)
+    # A real SGLang's /server_info has no such key: the body builder adds it only when asked.
+    serving = sim.serving()
+    assert serving is not None
+    assert ep.SIM_SPEED_KEY not in ep.server_info_body(serving[1], ep.LiveState())
