@@ -168,20 +168,11 @@ def _stderr_is_terminal() -> bool:
 def _progress_factory() -> tuple[Callable[[str, int, int], None] | None, Callable[[], None]]:
     """A progress bar per policy on stderr when it is a terminal (whatever --output:
     JSON goes to stdout); nothing when stderr is piped or captured."""
-    if not _stderr_is_terminal():
-        return None, lambda: None
     from specgov.controller.cli_format import stderr_progress
 
-    bar = stderr_progress("replaying {task.description}", "requests")
-    tasks: dict[str, Any] = {}
-    bar.start()
-
-    def update(name: str, done: int, total: int) -> None:
-        if name not in tasks:
-            tasks[name] = bar.add_task(name, total=total)
-        bar.update(tasks[name], completed=done)
-
-    return update, bar.stop
+    return stderr_progress(
+        "replaying {task.description}", "requests", enabled=_stderr_is_terminal()
+    )
 
 
 def _run_replay(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, TypeGuard
 
@@ -43,6 +43,18 @@ def number(value: Any, digits: int = 1, unit: str = "") -> str:
         return UNKNOWN if value is None or is_number(value) else str(value)
     text = f"{value:,.{digits}f}" if isinstance(value, float) else f"{value:,}"
     return f"{text} {unit}" if unit else text
+
+
+def cell(value: Any, digits: int = 1) -> str:
+    """A plan table's cell: None or NaN "-" (nothing to say: no price, no passing
+    rate), a flag yes/no, a float rounded with thousands separators, anything else as is."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
 
 
 def percent(fraction: Any, digits: int = 0) -> str:
@@ -289,14 +301,20 @@ class BadInput(click.ClickException):
     exit_code = EXIT_USAGE
 
 
-def stderr_progress(description: str, unit: str) -> Any:
-    """A transient rich progress bar on stderr ("DESCRIPTION [bar] done/total UNIT
-    elapsed"); the caller shows it only when stderr is a terminal (JSON on stdout
-    stays clean either way)."""
+def stderr_progress(
+    description: str, unit: str, *, enabled: bool
+) -> tuple[Callable[[str, int, int], None] | None, Callable[[], None]]:
+    """A transient rich progress bar on stderr, one line per task: ``(update, stop)``,
+    ``update(task, done, total)`` drawing "DESCRIPTION [bar] done/total UNIT elapsed"
+    (``{task.description}`` in *description* is the task's name). Not *enabled* (stderr
+    is not a terminal): no update and a stop that does nothing, so JSON on stdout and
+    captured output stay clean."""
+    if not enabled:
+        return None, lambda: None
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-    return Progress(
+    bar = Progress(
         TextColumn(description),
         BarColumn(),
         TextColumn("{task.completed}/{task.total} " + unit),
@@ -304,3 +322,12 @@ def stderr_progress(description: str, unit: str) -> Any:
         console=Console(file=sys.stderr, force_terminal=True),
         transient=True,
     )
+    tasks: dict[str, TaskID] = {}
+    bar.start()
+
+    def update(task: str, done: int, total: int) -> None:
+        if task not in tasks:
+            tasks[task] = bar.add_task(task, total=total)
+        bar.update(tasks[task], completed=done, total=total)
+
+    return update, bar.stop

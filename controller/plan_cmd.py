@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from specgov.controller.cli_format import BadInput
+from specgov.controller.cli_format import BadInput, cell
 from specgov.controller.cli_options import (
     DEFAULT_PLAN_SLO_TTFT_MS,
     catalog_option,
@@ -159,26 +159,13 @@ def vram_cmd(
 
 def _progress() -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
     """A rich progress bar on a terminal (stderr); nothing when it is piped."""
-    if not sys.stderr.isatty():
-        return None, lambda: None
     from specgov.controller.cli_format import stderr_progress
 
-    bar = stderr_progress("sweep", "configurations")
-    task = bar.add_task("sweep", total=None)
-    bar.start()
-
-    def update(done: int, total: int) -> None:
-        bar.update(task, completed=done, total=total)
-
-    return update, bar.stop
-
-
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
+    update, stop = stderr_progress("sweep", "configurations", enabled=sys.stderr.isatty())
+    if update is None:
+        return None, stop
+    per_task = update
+    return (lambda done, total: per_task("sweep", done, total)), stop
 
 
 def _render_sweep(doc: dict[str, Any]) -> None:
@@ -189,8 +176,8 @@ def _render_sweep(doc: dict[str, Any]) -> None:
     trace = doc["trace"]
     title = (
         f"{trace['name']}: {trace['requests']} requests, base {trace['base_rps']:.2f} req/s | "
-        f"{doc['model']} | SLO TPOT p{slo['tpot_percentile']:g} <= {_fmt(slo['tpot_ms'], 0)} ms, "
-        f"TTFT p{slo['ttft_percentile']:g} <= {_fmt(slo['ttft_ms'], 0)} ms | "
+        f"{doc['model']} | SLO TPOT p{slo['tpot_percentile']:g} <= {cell(slo['tpot_ms'], 0)} ms, "
+        f"TTFT p{slo['ttft_percentile']:g} <= {cell(slo['ttft_ms'], 0)} ms | "
         f"target {doc['target_rps']:g} req/s | seed {doc['seed']}"
     )
     table = Table(title=title, title_justify="left")
@@ -229,12 +216,12 @@ def _render_sweep(doc: dict[str, Any]) -> None:
             row["shape"]["name"],
             row["policy"],
             row["status"],
-            _fmt(row["max_rps"], 2),
-            _fmt(at.get("tpot_ms")),
-            _fmt(at.get("ttft_ms"), 0),
-            _fmt(row["replicas"]),
-            _fmt(row["cost_per_hour"], 2),
-            _fmt(row["cost_per_mtok"], 3),
+            cell(row["max_rps"], 2),
+            cell(at.get("tpot_ms")),
+            cell(at.get("ttft_ms"), 0),
+            cell(row["replicas"]),
+            cell(row["cost_per_hour"], 2),
+            cell(row["cost_per_mtok"], 3),
             vs,
             (row["reason"] or "")[:80],
         )

@@ -7,7 +7,6 @@ click only). The work is ``specgov.simulator.planning.fleet.plan_fleet``.
 from __future__ import annotations
 
 import json
-import math
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from specgov.controller.cli_format import BadInput
+from specgov.controller.cli_format import BadInput, cell
 from specgov.controller.cli_options import (
     DEFAULT_PLAN_SLO_TTFT_MS,
     acceptance_profile_option,
@@ -57,38 +56,9 @@ def _split(values: Sequence[str]) -> list[str]:
 
 def _progress() -> tuple[Callable[[str, int, int], None] | None, Callable[[], None]]:
     """A rich progress bar on a terminal; nothing when stderr is piped."""
-    if not sys.stderr.isatty():
-        return None, lambda: None
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from specgov.controller.cli_format import stderr_progress
 
-    bar = Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total} requests routed"),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=True,
-    )
-    tasks: dict[str, Any] = {}
-    bar.start()
-
-    def update(name: str, done: int, total: int) -> None:
-        if name not in tasks:
-            tasks[name] = bar.add_task(name, total=total)
-        bar.update(tasks[name], completed=done)
-
-    return update, bar.stop
-
-
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
+    return stderr_progress("{task.description}", "requests routed", enabled=sys.stderr.isatty())
 
 
 def render_table(doc: Mapping[str, Any]) -> None:
@@ -102,9 +72,9 @@ def render_table(doc: Mapping[str, Any]) -> None:
     currency = (doc.get("prices") or {}).get("currency", "cost")
     title = (
         f"{trace.get('name')}: {trace.get('requests')} requests at "
-        f"{_fmt(doc.get('offered_rps'), 2)} req/s | {server['gpu']} {server['model']} + "
-        f"{server['drafter']} | SLO TPOT {_fmt(slo['tpot_ms'], 0)} ms, TTFT "
-        f"{_fmt(slo['ttft_ms'], 0)} ms at {pct} | seed {doc['seed']}"
+        f"{cell(doc.get('offered_rps'), 2)} req/s | {server['gpu']} {server['model']} + "
+        f"{server['drafter']} | SLO TPOT {cell(slo['tpot_ms'], 0)} ms, TTFT "
+        f"{cell(slo['ttft_ms'], 0)} ms at {pct} | seed {doc['seed']}"
     )
     table = Table(title=title, title_justify="left")
     cols = [
@@ -126,7 +96,7 @@ def render_table(doc: Mapping[str, Any]) -> None:
     for row in doc["fleets"]:
         if not row.get("fits") or row.get("reason"):
             table.add_row(
-                row["fleet"], _fmt(row["policy"]), row["router"], f"- ({row.get('reason')})"
+                row["fleet"], cell(row["policy"]), row["router"], f"- ({row.get('reason')})"
             )
             continue
         att = row.get("slo_attainment")
@@ -141,16 +111,16 @@ def render_table(doc: Mapping[str, Any]) -> None:
         )
         table.add_row(
             row["fleet"] + mark,
-            _fmt(row["policy"] or "-"),
+            cell(row["policy"] or "-"),
             router,
-            _fmt(row.get("goodput_tok_s"), 0),
-            _fmt(100.0 * att if att is not None else None),
-            _fmt(row.get("slo_tpot_at_percentile_ms")),
-            _fmt(row.get("slo_ttft_at_percentile_ms"), 0),
-            _fmt(row.get("meets_slo")),
+            cell(row.get("goodput_tok_s"), 0),
+            cell(100.0 * att if att is not None else None),
+            cell(row.get("slo_tpot_at_percentile_ms")),
+            cell(row.get("slo_ttft_at_percentile_ms"), 0),
+            cell(row.get("meets_slo")),
             str(row["gpus"]),
-            _fmt(row.get("cost_per_hour"), 2),
-            _fmt(row.get("cost_per_mtok"), 3),
+            cell(row.get("cost_per_hour"), 2),
+            cell(row.get("cost_per_mtok"), 3),
         )
     console = Console()
     if not console.is_terminal:

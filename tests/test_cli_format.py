@@ -20,6 +20,7 @@ from specgov.controller.cli_format import (
     percent,
     relative,
     sim_speed,
+    stderr_progress,
     table_slots,
     text,
     throughput,
@@ -159,3 +160,19 @@ def test_vs_baseline_marks_overloaded_runs_and_missing_baselines() -> None:
     assert vs_baseline(low, base) == "0.050x (overloaded)"
     assert vs_baseline(low, None) == "-"
     assert vs_baseline(low, {**base, "goodput_tok_s": 0.0}) == "-"
+
+
+def test_stderr_progress_draws_one_line_per_task_on_a_terminal_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    update, stop = stderr_progress("doing {task.description}", "things", enabled=False)
+    assert update is None
+    stop()
+    assert capsys.readouterr().err == ""
+    update, stop = stderr_progress("doing {task.description}", "things", enabled=True)
+    assert update is not None
+    update("alpha", 1, 4)
+    update("beta", 3, 3)
+    stop()
+    err = capsys.readouterr().err
+    assert "doing alpha" in err and "doing beta" in err and "3/3 things" in err
