@@ -144,6 +144,11 @@ def test_a_catalog_edited_during_the_sweep_fails_the_job_instead_of_writing_a_ro
     with pytest.raises(JobFailedError, match=r"is not the one the sweep was planned with"):
         run_jobs([plain], TRACE, workers=1, results_dir=results)
     assert not any((results / "jobs").iterdir())  # no row keyed by data it did not use
+    # A node without the file (a Ray worker elsewhere): the job fails, it is no row.
+    catalog.unlink()
+    with pytest.raises(JobFailedError, match=r"cannot read the sweep's catalog: .*cat.yaml"):
+        run_jobs([plain], TRACE, workers=1, results_dir=results)
+    assert not any((results / "jobs").iterdir())
 
 
 def test_a_result_that_cannot_be_written_is_an_executor_error(

@@ -23,8 +23,11 @@ over the replayed window only: a server that falls behind slowly may pass a shor
 window; use a window long enough for queues to build (minutes).
 
 Fleet arithmetic: ``replicas = ceil(target_rps / max_rps)``; with prices (GPU-hours,
-``prices.py``) ``cost_per_hour = replicas x tp_size x price`` and ``cost_per_mtok =
-cost_per_hour / (target_rps x mean output tokens x 3600 / 1e6)``. The plain server
+``prices.py``) ``cost_per_hour = replicas x price`` and ``cost_per_mtok =
+cost_per_hour / (target_rps x mean output tokens x 3600 / 1e6)``. A replica is one GPU:
+the sweep has no tensor-parallel option, because the replay engine it runs
+(``simulator.replay.ServerSpec``) simulates tp_size 1 only; ``plan vram --tp-size``
+budgets a tensor-parallel server's memory. The plain server
 (drafter ``none``, policy ``none``) is always swept once per GPU: the saving of each
 speculative configuration is against it, at the same SLO.
 
@@ -94,6 +97,7 @@ each document (``vram.vram_document``)::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -439,6 +443,14 @@ def base_rps(trace: Trace) -> float:
     return n / trace.duration_s if trace.duration_s > 0 else float(n)
 
 
+@functools.lru_cache(maxsize=8)
+def _worker_catalog_fingerprint(files: tuple[str, ...], texts: tuple[bytes, ...]) -> str:
+    # Keyed by the files' bytes: a worker parses the YAML (a quarter of a second on a
+    # busy machine) once per catalog it sees, not once per job; an edit is a new key.
+    del texts
+    return catalog_fingerprint(Catalog.load([Path(p) for p in files]))
+
+
 def check_worker(job: JobSpec) -> None:
     """Raise ``WorkerMismatchError`` unless this process has the job's specgov version and
     reads the job's catalog data (its ``catalog_id``)."""
@@ -450,10 +462,15 @@ def check_worker(job: JobSpec) -> None:
         )
     files = job.settings.catalog_files
     try:
-        catalog = Catalog.load([Path(p) for p in files])
-    except ValueError as exc:  # CatalogError: a file missing, unreadable or malformed here
+        texts = tuple(Path(p).read_bytes() for p in files)
+        fingerprint = _worker_catalog_fingerprint(files, texts)
+    except OSError as exc:
+        raise WorkerMismatchError(
+            f"this worker cannot read the sweep's catalog: {exc.filename}: {exc.strerror}"
+        ) from None
+    except ValueError as exc:  # CatalogError: a file malformed here
         raise WorkerMismatchError(f"this worker cannot load the sweep's catalog: {exc}") from None
-    if catalog_fingerprint(catalog) != job.catalog_id:
+    if fingerprint != job.catalog_id:
         where = ", ".join(files) if files else "the built-in catalog"
         raise WorkerMismatchError(
             f"the catalog this worker reads ({where}) is not the one the sweep was planned "
@@ -659,7 +676,7 @@ def build_document(
         max_rps = float(row["max_rps"])
         row["replicas"] = math.ceil(target_rps / max_rps - 1e-9)
         if prices is not None:
-            per_replica = prices.per_gpu_hour(row["gpu"]) * 1  # tp_size 1 in a sweep
+            per_replica = prices.per_gpu_hour(row["gpu"])  # one GPU a replica (docstring)
             row["cost_per_hour"] = row["replicas"] * per_replica
             row["cost_per_mtok"] = row["cost_per_hour"] / mtok_per_hour if mtok_per_hour else None
             capacity_mtok = max_rps * mean_out * 3600 / 1e6
