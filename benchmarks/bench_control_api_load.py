@@ -193,19 +193,11 @@ def run(
     speed: float,
     profile: Path | None = None,
 ) -> list[Phase]:
-    # --profile: the daemon under cProfile, stats written when it exits on SIGTERM (its
-    # latencies and CPU then include the profiler's overhead: for finding the hot spots,
-    # not for the numbers).
-    launcher = (
-        None
-        if profile is None
-        else [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "specgov.controller.cli"]
-    )
     with daemon_stack(
         decide_interval_s=decide_interval_s,
         speed=speed,
         prefix="specgov-bench-load-",
-        launcher=launcher,
+        profile=profile,
         startup_timeout_s=STARTUP_TIMEOUT_S,
     ) as stack:
         time.sleep(warmup_s)

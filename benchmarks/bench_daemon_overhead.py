@@ -183,13 +183,20 @@ def daemon_stack(
     speed: float,
     prefix: str,
     sim_args: Sequence[str] = (),
-    launcher: Sequence[str] | None = None,
+    profile: Path | None = None,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
 ) -> Iterator[Stack]:
     """Start the sim-server (TRACE, looped, ``sim_args`` added) and the daemon (plugin
     mode, the shipped defaults but ``decide_interval_s`` and no restart-recommendation
     replays) in a temporary directory; yield once the first table is published; stop
-    both on exit. ``launcher`` replaces the ``specgov`` command (a profiler)."""
+    both on exit. ``profile``: the daemon runs under cProfile, its stats written there
+    when it exits on SIGTERM (its CPU and latencies then include the profiler's own
+    overhead: for finding hot spots, not for the numbers)."""
+    launcher = (
+        specgov_argv()
+        if profile is None
+        else [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "specgov.controller.cli"]
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
@@ -219,7 +226,7 @@ def daemon_stack(
                 )
                 daemon = subprocess.Popen(
                     [
-                        *(specgov_argv() if launcher is None else launcher),
+                        *launcher,
                         "run",
                         "--config",
                         str(config),
@@ -254,19 +261,12 @@ def run(
     speed: float,
     profile: Path | None = None,
 ) -> Result:
-    # --profile: the daemon under cProfile (written when it exits on SIGTERM; its CPU
-    # numbers then include the profiler's own overhead).
-    launcher = (
-        None
-        if profile is None
-        else [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "specgov.controller.cli"]
-    )
     with daemon_stack(
         decide_interval_s=decide_interval_s,
         speed=speed,
         prefix="specgov-bench-daemon-",
         sim_args=("--acceptance-profile", "ngram"),
-        launcher=launcher,
+        profile=profile,
     ) as stack:
         time.sleep(warmup_s)
         db, pid = stack.db, stack.daemon.pid

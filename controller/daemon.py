@@ -171,6 +171,7 @@ class Daemon:
         # Status parts that cost to build, keyed by the object they were built from.
         self._table_doc: tuple[StepTable, dict[str, Any]] | None = None
         self._observation_doc: tuple[Observation, dict[str, Any]] | None = None
+        self._override_docs: dict[str, tuple[Override, dict[str, Any]]] = {}
         # /v1/decisions answers, valid until the next audit row.
         self._decisions_cache: dict[tuple[float | None, int], list[dict[str, Any]]] = {}
         self._policy_name: tuple[object, str] | None = None
@@ -928,11 +929,23 @@ class Daemon:
 
     def list_overrides(self) -> list[dict[str, Any]]:
         now = self._clock()
-        return [
-            {"id": oid, **o.to_dict()}
-            for oid, o in sorted(self._overrides.items(), key=lambda kv: kv[1].created_at_s)
-            if o.is_active(now)
-        ]
+        out = []
+        for oid, o in sorted(self._overrides.items(), key=lambda kv: kv[1].created_at_s):
+            if o.is_active(now):
+                out.append(self._override_doc(oid, o))
+        return out
+
+    def _override_doc(self, oid: str, override: Override) -> dict[str, Any]:
+        # Built once per override object (the load profile, issue 9 §5: Override.to_dict
+        # cost a third of the API's own time), not once per status/overrides request;
+        # plain data, never mutated, so the same dict can be served again.
+        cached = self._override_docs.get(oid)
+        if cached is None or cached[0] is not override:
+            if len(self._override_docs) > 2 * len(self._overrides) + 16:
+                self._override_docs.clear()
+            cached = (override, {"id": oid, **override.to_dict()})
+            self._override_docs[oid] = cached
+        return cached[1]
 
     def _slot_layout(self) -> list[list[Any]] | None:
         """The engine's slots and their candidate steps, as the daemon knows them."""

@@ -215,22 +215,6 @@ def test_unwritable_spool_is_counted_unready_and_logged_once_per_burst(
     assert "cannot write" in health["reasons"][0]
 
 
-class _StepClient:
-    """A server whose /metrics always answers (an empty but valid body)."""
-
-    async def scrape_metrics(self) -> MetricsScrape:
-        return MetricsScrape(0.0, 0.001, parse_metrics(""), "")
-
-    async def server_info(self) -> dict[str, Any]:
-        return {}
-
-    async def loads(self) -> Any:
-        return None
-
-    async def aclose(self) -> None:
-        return None
-
-
 @pytest.mark.parametrize("step_s", [3600.0, -3600.0])
 def test_a_wall_clock_step_flips_neither_readiness_nor_liveness(
     tmp_path: Path, step_s: float
@@ -337,6 +321,12 @@ class _NanClient:
 
     async def aclose(self) -> None:
         return None
+
+
+class _StepClient(_NanClient):
+    """A server whose /metrics always answers (an empty but valid body)."""
+
+    BODY = ""
 
 
 def test_nan_and_inf_values_are_counted_where_the_observation_arrives(tmp_path: Path) -> None:
