@@ -47,6 +47,7 @@ from bench_daemon_overhead import (  # a sibling script, not a package
     http_ok,
     published_tables,
     specgov_argv,
+    stop_processes,
     wait_until,
 )
 
@@ -194,13 +195,7 @@ def run(
                 times = row_times(db)
                 end_sim = sim_time(sim_url)
         finally:
-            for proc in reversed(procs):
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=15)
+            stop_processes(procs, timeout_s=15.0)
     warm = samples[max(0, len(samples) // 4)]
     end = samples[-1]
     gaps = [b - a for a, b in itertools.pairwise(times)]

@@ -89,8 +89,9 @@ DECIDE_DURATION_BUCKETS_S: Final = (
 # and increase() see a series before its first error.
 DEFAULT_SCRAPE_ERROR_KINDS: Final = ("temporary", "permanent", "format")
 # Store failure kinds (controller/daemon.py): unavailable (full or read-only disk, cannot
-# open), corrupt, deleted and replaced (the file under the daemon changed).
-STORE_FAILURE_KINDS: Final = ("unavailable", "corrupt", "deleted", "replaced")
+# open), corrupt, deleted and replaced (the file under the daemon changed), rejected (a
+# queued write the store refused at write-back: dropped, see controller/store_journal.py).
+STORE_FAILURE_KINDS: Final = ("unavailable", "corrupt", "deleted", "replaced", "rejected")
 SPOOL_OPERATIONS: Final = ("write", "read")
 
 
@@ -284,7 +285,8 @@ class DaemonMetrics:
         self._store_failures = Counter(
             f"{NAMESPACE}_store_failures",
             "Failed writes or reads of the state database, by kind (unavailable: full or "
-            "read-only disk, cannot open; corrupt; deleted or replaced under the daemon).",
+            "read-only disk, cannot open; corrupt; deleted or replaced under the daemon; "
+            "rejected: a queued write the store refused at write-back, dropped).",
             ["kind"],
             registry=registry,
         )
