@@ -325,7 +325,8 @@ def _run_ray(
                 results.finished(job, row)
     finally:
         for ref in pending:  # not finished: cancelled rather than left running
-            ray.cancel(ref)
+            with contextlib.suppress(Exception):  # must not hide the error that stopped us
+                ray.cancel(ref)
         if started:
             ray.shutdown()
 
