@@ -332,7 +332,10 @@ def test_follows_a_content_shift_within_a_few_decisions() -> None:
 
 def test_settles_on_a_steady_workload() -> None:
     world = World((0.72, 0.73, 0.75, 0.78, 0.80, 0.82, 0.82), FOUR_SLOTS)
-    warm = run(world, policy(), 30)
+    # The warm-up includes the cost probe of slot 8's untimed neighbour (k=5, the true
+    # optimum there, which the wrong prior's slope hid); after it nothing moves.
+    warm = run(world, policy(), 120)
+    assert steps_of(warm.table)[8] == world.optimum()[8]
     steady = run(world, policy(), 150, prev=warm)
     assert all(d.table is None for d in steady.decisions)
     assert {d.reason for d in steady.decisions} == {ReasonCode.HELD_NO_CHANGE}
@@ -791,6 +794,8 @@ def test_config_parses_strings_and_names_bad_keys() -> None:
         GoodputConfig(slo_tpot_ms=-1.0)
     with pytest.raises(GoodputConfigError, match=r"'probe_max_loss': expected a number in"):
         GoodputConfig.from_params({"probe_max_loss": "1.5"})
+    with pytest.raises(GoodputConfigError, match=r"'cost_probe_evidence': expected a number >= 0"):
+        GoodputConfig.from_params({"cost_probe_evidence": "-1"})
     with pytest.raises(GoodputConfigError, match="'accept_burstiness': expected a number >= 1"):
         GoodputConfig(accept_burstiness=0.5)
     with pytest.raises(GoodputConfigError, match="'slo_band_sd'"):
@@ -826,3 +831,45 @@ def test_a_prior_with_a_wrong_knee_ends_at_the_true_optimum() -> None:
     later = run(world, pol, 60, prev=result)
     assert steps_of(later.table) == {1: 3}
     assert all(steps_of(d.table)[1] <= 4 for d in later.decisions if d.table is not None)
+
+
+# ------------------------------------------------- cost probes (issue 8 §3, wrong GPU)
+
+L40S_PRIOR = step_cost_prior(
+    CostModel.from_catalog(
+        CATALOG.gpu("l40s"), CATALOG.model("llama-3.1-8b"), CATALOG.drafter("eagle3")
+    )
+)
+# EAGLE-3-like rates at 225 requests on the H100 starting from k=2: k=1 is the optimum
+# (3.7 % more goodput), k=0 and k=3 are worse; the shape of users-256/h100/eagle3.
+SATURATED = World((0.62, 0.62, 0.585, 0.556, 0.528, 0.502, 0.477), ((1, (0, 1, 2, 3), 225, 2),))
+
+
+def test_a_wrong_gpu_prior_probes_the_untimed_neighbour_and_keeps_it() -> None:
+    assert SATURATED.optimum() == {1: 1}
+    pol = GoodputPolicy(GoodputConfig(ttl_s=3600.0, explore=0.0), prior=L40S_PRIOR)
+    r = run(SATURATED, pol, 40)
+    # One window at k=2: the L40S slope makes k=1 look worse, but k=1 was never timed
+    # here and its favourable bound wins, so it is probed (an experiment) ...
+    first = r.decisions[0]
+    assert first.table is not None and steps_of(first.table) == {1: 1}
+    assert first.experiment_slots == (1,)
+    # ... and, timed, kept: no further table.
+    assert steps_of(r.table) == {1: 1}
+    assert all(d.table is None for d in r.decisions[1:])
+
+
+def test_without_cost_probes_the_wrong_gpu_prior_stays_on_the_step_it_ran() -> None:
+    pol = GoodputPolicy(
+        GoodputConfig(ttl_s=3600.0, explore=0.0, cost_probe_evidence=0.0), prior=L40S_PRIOR
+    )
+    r = run(SATURATED, pol, 40)
+    assert steps_of(r.table) == {1: 2}
+    assert all(not d.experiment_slots for d in r.decisions)
+
+
+def test_the_exact_prior_moves_to_the_optimum_without_a_cost_probe() -> None:
+    pol = GoodputPolicy(GoodputConfig(ttl_s=3600.0, explore=0.0), prior=step_cost_prior(TRUTH))
+    r = run(SATURATED, pol, 40)
+    assert steps_of(r.table) == {1: 1}
+    assert all(not d.experiment_slots for d in r.decisions)

@@ -64,9 +64,11 @@ __all__ = [
     "StepCostPrior",
     "StepCostState",
     "StepSample",
+    "cost_evidence",
     "default_step_cost_prior",
     "initial_step_cost_state",
     "predict_step_s",
+    "step_cost_bounds",
     "update_step_cost",
     "verify_knee_tokens",
 ]
@@ -487,6 +489,127 @@ def predict_step_s(state: StepCostState, batch_size: float, steps: int, kv_token
     """
     _check_point(batch_size, steps, kv_tokens)
     return _dot(state.coefficients, state.prior.features(batch_size, steps, kv_tokens))
+
+
+def _near(sample: StepSample, batch_size: float) -> bool:
+    """Same operating region: a batch size within a factor of two (one octave each way)."""
+    return 0.5 * batch_size <= sample.batch_size <= 2.0 * batch_size
+
+
+def _decayed_weight(state: StepCostState, sample: StepSample, half_life_s: float) -> float:
+    age = 0.0 if state.last_time_s is None else max(0.0, state.last_time_s - sample.time_s)
+    return float(sample.weight * 0.5 ** (age / half_life_s))
+
+
+def cost_evidence(state: StepCostState, batch_size: float, steps: int) -> float:
+    """Windows (sample weight) timed at ``steps`` near ``batch_size`` (within 2x).
+
+    Not decayed: a step count once timed here stays timed while its samples are kept
+    (the buffer keeps rare operating points), so it is not probed again only because
+    time passed.
+    """
+    _check_point(batch_size, steps, 0.0)
+    return sum(s.weight for s in state.samples if s.steps == steps and _near(s, batch_size))
+
+
+def local_step_s(
+    state: StepCostState,
+    batch_size: float,
+    steps: int,
+    kv_tokens: float,
+    config: StepCostConfig | None = None,
+) -> float:
+    """The fit's prediction corrected by what was timed near ``batch_size`` (within 2x).
+
+    The fit is one smooth function pulled towards the prior's shape, which it keeps
+    until many windows at several step counts outweigh the pull; a few windows at a
+    step count barely move it there, so a step count a probe has just timed would still
+    be judged on the prior's slope. The correction multiplies the fit by ``exp(c)``:
+    ``c`` is the weighted median log(observed / fitted) of the samples at ``steps``,
+    shrunk towards 0 by positive-part James-Stein, ``max(0, 1 - s^2 / (n c^2))``, with
+    ``n`` their weight in windows and ``s`` the windows' robust relative scatter within
+    step counts (MAD, at least ``min_rel_scale``): a deviation within the noise is no
+    correction, which keeps an exact prior's near ties where they were. A step count
+    not timed here takes the correction of the nearest one that was (the fit's error
+    there is mostly a level error; correcting only the step counts that ran would bias
+    the choice against them): only its slope stays the fit's.
+    """
+    pred = predict_step_s(state, batch_size, steps, kv_tokens)
+    cfg = config or StepCostConfig()
+    cells: dict[int, tuple[list[float], list[float]]] = {}
+    for s in state.samples:
+        if _near(s, batch_size):
+            logs, weights = cells.setdefault(s.steps, ([], []))
+            fitted = predict_step_s(state, s.batch_size, s.steps, s.kv_tokens)
+            logs.append(math.log(max(s.step_s / fitted, 1e-12)))
+            weights.append(_decayed_weight(state, s, cfg.half_life_s))
+    if not cells:
+        return pred
+    key = steps if steps in cells else min(cells, key=lambda k: (abs(k - steps), -sum(cells[k][1])))
+    # Scatter within cells (a slope error moves whole cells apart; that is not noise).
+    spread = np.concatenate([np.abs(np.asarray(v) - np.median(v)) for v, _ in cells.values()])
+    scatter = max(1.4826 * float(np.median(spread)), cfg.min_rel_scale)
+    logs, weights = cells[key]
+    w = np.asarray(weights)
+    n = float(np.sum(w))
+    c = _weighted_median(np.asarray(logs), w) if n > 0 else 0.0
+    if c == 0.0 or n <= 0:
+        return pred
+    shrink = max(0.0, 1.0 - scatter * scatter / (n * c * c))
+    return pred * math.exp(c * shrink)
+
+
+def step_cost_bounds(
+    state: StepCostState,
+    batch_size: float,
+    steps: int,
+    kv_tokens: float,
+    *,
+    min_evidence: float = 0.5,
+    config: StepCostConfig | None = None,
+) -> tuple[float, float]:
+    """(low, high) seconds per step at a step count with too little timing of its own.
+
+    Samples at one step count pin the cost there but not its slope in the steps: the
+    fit takes the slope from the prior's shape, and a prior built for other hardware has
+    the wrong shape (its knee and its fixed, per-token and per-draft-step parts scale
+    differently), so a thinly timed neighbour can be mispredicted in either direction
+    while the step in force is predicted exactly. The bounds anchor at the nearest step
+    count with at least ``min_evidence`` windows near ``batch_size`` (where the fit is
+    data) and widen the fit's increment from it by the factor ``f`` by which the prior
+    has been measured wrong near this batch size (weighted median observed / prior,
+    ``f = exp(|log ratio|)``): the assumption is that the prior's slope is no more wrong
+    than its level. An exact prior (f ~ 1) gives bounds that collapse onto the fit.
+    Where ``steps`` has the evidence itself, or nothing near has any, both bounds are
+    the prediction.
+    """
+    cfg = config or StepCostConfig()
+    pred = local_step_s(state, batch_size, steps, kv_tokens, config=cfg)
+    if not is_real(min_evidence) or min_evidence <= 0:
+        raise PolicyTypeError(
+            f"step_cost_bounds: min_evidence: expected a number > 0, got {min_evidence!r}"
+        )
+    near = [s for s in state.samples if _near(s, batch_size)]
+    by_steps: dict[int, float] = {}  # evidence as cost_evidence counts it
+    for s in near:
+        by_steps[s.steps] = by_steps.get(s.steps, 0.0) + s.weight
+    if by_steps.get(steps, 0.0) >= min_evidence:
+        return pred, pred
+    anchors = [k for k, w in by_steps.items() if w >= min_evidence]
+    if not anchors:
+        return pred, pred
+    anchor = min(anchors, key=lambda k: (abs(k - steps), k))
+    base = local_step_s(state, batch_size, anchor, kv_tokens, config=cfg)
+    ratios = np.asarray(
+        [s.step_s / state.prior.predict_s(s.batch_size, s.steps, s.kv_tokens) for s in near]
+    )
+    weights = np.asarray([_decayed_weight(state, s, cfg.half_life_s) for s in near])
+    factor = math.exp(abs(math.log(max(_weighted_median(ratios, weights), 1e-12))))
+    delta = pred - base
+    ends = (base + delta / factor, base + delta * factor)
+    # The fit's own relative uncertainty bounds how cheap any step can be.
+    low = max(min(ends), pred / factor)
+    return low, max(max(ends), pred)
 
 
 def verify_knee_tokens(

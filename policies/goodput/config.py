@@ -88,6 +88,13 @@ class GoodputConfig:
     # Optimistic probes: the most goodput (fraction of the slot's best) a probe may cost
     # if every unobserved position turned out at its conservative bound; 0: no such probes.
     probe_max_loss: float = 0.04
+    # Cost probes: a busy slot's neighbouring step count (acceptance observed) timed
+    # for less than this much evidence (window weights; 0.5: one window of
+    # count_saturation steps) near the slot's batch size is probed when the
+    # fit predicts it within probe_max_loss of the choice (throughput) and, at the
+    # favourable end of its step-time bounds (``step_cost_bounds``: the fit's slope there
+    # is the prior's), it would beat the choice by more than ``hysteresis``; 0: none.
+    cost_probe_evidence: float = 0.5
     # SLO-aware choice: the throughput (fraction of the slot's best goodput) the policy
     # may give up for more tokens within the TPOT SLO.
     slo_tradeoff: float = 0.03
@@ -146,6 +153,7 @@ class GoodputConfig:
                 raise bad(key, "a number > 0 (seconds)", value)
         for key in (
             "min_trials",
+            "cost_probe_evidence",
             "default_kv_tokens_per_request",
             "restart_after_s",
             "restart_cost_s",

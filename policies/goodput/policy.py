@@ -17,9 +17,12 @@ from specgov.policies.estimators.acceptance import (
 from specgov.policies.estimators.step_cost import (
     StepCostPrior,
     StepCostState,
+    cost_evidence,
     default_step_cost_prior,
     initial_step_cost_state,
+    local_step_s,
     predict_step_s,
+    step_cost_bounds,
     update_step_cost,
 )
 from specgov.policies.goodput.config import (
@@ -159,9 +162,13 @@ class GoodputPolicy:
         ctx: float,
         k: int,
         slo: _SloModel | None,
+        step_s: float | None = None,
     ) -> _Eval:
+        """``step_s``: the step time to assume (None: the fit's prediction)."""
         el, var = _accept_moments(rates, k)
-        t = predict_step_s(cost, batch, k, ctx * batch)
+        if step_s is None:
+            step_s = local_step_s(cost, batch, k, ctx * batch, config=self._cost_cfg)
+        t = step_s
         tpot_ms = 1e3 * t / el
         fraction = 1.0 if slo is None else slo.fraction(tpot_ms, el, var)
         return _Eval(el, t, batch * el / t, tpot_ms, fraction)
@@ -235,7 +242,8 @@ class GoodputPolicy:
             batch = t.batch_size_sum / t.verify_calls
             el = sum((j + 1) * n for j, n in enumerate(t.accepted_hist)) / t.requests
             second = sum((j + 1) ** 2 * n for j, n in enumerate(t.accepted_hist)) / t.requests
-            step_s = predict_step_s(cost, batch, t.steps, ctx * batch)
+            # The same prediction the choice is made with, so the scale is consistent.
+            step_s = local_step_s(cost, batch, t.steps, ctx * batch, config=self._cost_cfg)
             weight += t.requests
             tpot_sum += t.requests * 1e3 * step_s / el
             var_sum += t.requests * max(0.0, second - el * el) / el
@@ -390,6 +398,69 @@ class GoodputPolicy:
                 chosen = (value, w.bound, k)
         return None if chosen is None else (chosen[1], chosen[2])
 
+    def _cost_probe(
+        self,
+        work: Sequence[_SlotWork],
+        cost: StepCostState,
+        ctx: float,
+        slo_ms: float | None,
+        slo: _SloModel | None,
+    ) -> tuple[int, int] | None:
+        """(slot, steps) of the most valuable cost probe, if any.
+
+        The fit learns the cost of a step count from windows run at it; from one step
+        count alone it cannot tell the cost's slope in the steps and takes it from the
+        prior, which a prior for other hardware gets wrong (``step_cost_bounds``). So a
+        busy slot's neighbouring candidates (the next lower and higher allowed step)
+        with fewer than ``cost_probe_evidence`` windows near the slot's batch size are
+        candidates; one is probed when, at the favourable end of its step-time bounds,
+        it would beat the slot's choice by more than ``hysteresis``, and the current
+        model (the fit) predicts it to lose at most ``probe_max_loss``: a near tie that
+        only the prior's slope decides. The pessimistic end of the bounds is not the
+        loss bound (they are wide exactly when the prior was measured wrong); the probe
+        is an experiment that ends itself, since running it gives the neighbour the
+        evidence it lacked. At the pessimistic end it must still meet the SLO (when
+        there is one and no SLO model).
+        """
+        cfg = self._config
+        need = cfg.cost_probe_evidence
+        chosen: tuple[float, int, int] | None = None
+        for w in work:
+            if w.share <= 0 or w.share < cfg.busy_share:
+                continue
+            base = w.evals[w.best].score
+            if base <= 0:
+                continue
+            lower = [k for k in w.allowed if k < w.best]
+            upper = [k for k in w.allowed if k > w.best]
+            neighbours = ([max(lower)] if lower else []) + ([min(upper)] if upper else [])
+            for k in neighbours:
+                if k > w.est.observed:
+                    continue  # acceptance unknown too: the optimistic probe's (loss-bounded)
+                if cost_evidence(cost, w.batch, k) >= need:
+                    continue
+                low_s, high_s = step_cost_bounds(
+                    cost, w.batch, k, ctx * w.batch, min_evidence=need, config=self._cost_cfg
+                )
+                rates = w.est.mean
+                opt = self._evaluate(rates, cost, w.batch, ctx, k, slo, step_s=low_s)
+                if opt.score <= base * (1.0 + cfg.hysteresis):
+                    continue
+                # Near-tied by the current model: predicted to lose at most probe_max_loss
+                # of throughput (the SLO share is steep in the step time, so it would
+                # turn a small cost error into a large predicted loss).
+                expected = w.evals.get(k) or self._evaluate(rates, cost, w.batch, ctx, k, slo)
+                if expected.goodput < w.evals[w.best].goodput * (1.0 - cfg.probe_max_loss):
+                    continue
+                if slo is None and slo_ms is not None:
+                    worst = self._evaluate(rates, cost, w.batch, ctx, k, slo, step_s=high_s)
+                    if worst.tpot_ms > slo_ms:
+                        continue
+                value = w.share * (opt.score / base - 1.0)
+                if chosen is None or value > chosen[0]:
+                    chosen = (value, w.bound, k)
+        return None if chosen is None else (chosen[1], chosen[2])
+
     def _plan(
         self,
         observation: Observation,
@@ -450,6 +521,10 @@ class GoodputPolicy:
         probes: dict[int, int] = {}
         if cfg.probe_max_loss > 0:
             found = self._optimistic_probe(work, cost, ctx, slo_ms, slo)
+            if found is not None:
+                probes[found[0]] = found[1]
+        if not probes and cfg.cost_probe_evidence > 0:
+            found = self._cost_probe(work, cost, ctx, slo_ms, slo)
             if found is not None:
                 probes[found[0]] = found[1]
         probe_open = (
