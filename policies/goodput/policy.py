@@ -412,9 +412,11 @@ class GoodputPolicy:
         count alone it cannot tell the cost's slope in the steps and takes it from the
         prior, which a prior for other hardware gets wrong (``step_cost_bounds``). So a
         busy slot's neighbouring candidates (the next lower and higher allowed step)
-        with fewer than ``cost_probe_evidence`` windows near the slot's batch size are
-        candidates; one is probed when, at the favourable end of its step-time bounds,
-        it would beat the slot's choice by more than ``hysteresis``, and the current
+        with less than ``cost_probe_evidence`` windows (``cost_evidence``) near the
+        slot's batch size, and acceptance observed up to them (past the evidence the
+        loss-bounded optimistic probe decides), are candidates; one is probed when,
+        at the favourable end of its step-time bounds, it would beat the slot's choice
+        by more than ``hysteresis``, and the current
         model (the fit) predicts it to lose at most ``probe_max_loss``: a near tie that
         only the prior's slope decides. The pessimistic end of the bounds is not the
         loss bound (they are wide exactly when the prior was measured wrong); the probe
