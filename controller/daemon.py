@@ -90,6 +90,9 @@ MAX_OVERRIDE_TTL_S = 7 * 24 * 3600.0
 # A recommendation is handed to the apply command only above this predicted gain.
 APPLY_MIN_GAIN = 0.05
 SERVER_INFO_REFRESH_S = 30.0
+# /server_info key of the specgov simulator's speed (simulator.sim_endpoints.SIM_SPEED_KEY;
+# the controller does not import the simulator, a test checks the two agree).
+SIM_SPEED_KEY = "specgov_sim_speed"
 MAX_STORE_INCIDENTS = 10  # kept in the status document
 MEMORY_DECISIONS = 1000  # the audit tail kept when there is no store at all
 # Wall time and monotonic time between two scrapes differing by more than this is a
@@ -852,6 +855,10 @@ class Daemon:
             "pinned": self.core_state.policy_spec != self.core_state.configured_spec,
             "mode": self.config.loop.mode,
             "server": self.config.server.url,
+            # The specgov simulator's speed (simulated s per wall s) from its /server_info:
+            # the CLI gives the wall-clock rates below in simulated time with it. A real
+            # SGLang has no such key (None: rates are real).
+            "sim_speed": (self._server_info or {}).get(SIM_SPEED_KEY),
             "uptime_s": now - s.started_at_s,
             "last_scrape_age_s": None if s.last_scrape_s is None else now - s.last_scrape_s,
             "last_scrape_error": s.last_scrape_error,

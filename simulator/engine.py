@@ -50,7 +50,7 @@ from specgov.simulator.engine_requests import (
 )
 from specgov.simulator.engine_requests import itl_bin_value as itl_bin_value
 from specgov.simulator.engine_series import REPORT_SLOTS as REPORT_SLOTS
-from specgov.simulator.engine_series import IntervalSampler, report_slot
+from specgov.simulator.engine_series import IntervalSampler, report_slot, slot_layout
 from specgov.simulator.engine_series import TimeSeries as TimeSeries
 from specgov.simulator.prefix_cache import PrefixCache
 
@@ -274,7 +274,7 @@ class EngineResult:
     tier_switches: int
     kv_peak_tokens: int
     kv_token_capacity: int
-    steps_hist: dict[tuple[int, int], int]  # (report slot, steps) -> decode batches
+    steps_hist: dict[tuple[int, int], int]  # (policy's slot, steps) -> decode batches
     batch_size_hist: dict[int, int]
     series: TimeSeries
     events: list[tuple[float, str, int, int]]
@@ -569,7 +569,8 @@ class _Run:
         self.bs_hist: dict[int, int] = {}
         self.slot_of_bsz: dict[int, int] = {}  # report_slot memo: batch size -> slot
         self.ledger = RequestLedger()
-        self.sampler = IntervalSampler(self.now, cfg.sample_interval_s)
+        # Steps are reported per slot of the layout the policy decides for.
+        self.sampler = IntervalSampler(self.now, cfg.sample_interval_s, slot_layout(engine.policy))
         self.prefill_tokens = 0
         # The cache takes part only when something can hit: without block ids the run
         # takes exactly the cache-free path (same arithmetic, same results).
@@ -1015,7 +1016,7 @@ class _Run:
         sampler.tokens += emitted_total
         slot = self.slot_of_bsz.get(bsz)
         if slot is None:
-            slot = self.slot_of_bsz[bsz] = report_slot(bsz, self.graph_bs)
+            slot = self.slot_of_bsz[bsz] = report_slot(bsz, self.graph_bs, sampler.slots)
         key = (slot, k)
         steps_hist = self.steps_hist
         steps_hist[key] = steps_hist.get(key, 0) + 1

@@ -305,3 +305,19 @@ def test_prefix_cache_switch_and_cache_free_path_without_ids() -> None:
     assert hit.cache_hit_tokens == 4 * 599 and hit.prefix_cache_hit_rate == 4 * 599 / 3000
     assert miss.cache_hit_tokens == miss.cache_lookup_tokens == 0
     assert hit.prefill_tokens == miss.prefill_tokens - 4 * 599
+
+
+def test_series_and_histogram_use_the_slots_the_policy_decides_for() -> None:
+    from specgov.policies.ema import EmaPolicy
+
+    layout = (1, 4, 16)
+    policy = EmaPolicy(1, {str(b): {"candidate_steps": [1, 2]} for b in layout})
+    config = EngineConfig(kv_token_capacity=1_000_000)
+    engine = Engine(config=config, cost=LinearCost(), policy=policy, acceptance=ConstAcceptance(1))
+    reqs = [Request(0.05 * i, 50, 30) for i in range(40)]
+    result = engine.run(reqs)
+    assert list(result.series.steps_by_slot) == list(layout)
+    seen = {slot for slot, _ in result.steps_hist}
+    assert seen <= set(layout) and len(seen) > 1
+    # Without speculation there is one slot (one answer for every batch size).
+    assert list(_engine().run(reqs).series.steps_by_slot) == [1]
