@@ -199,6 +199,7 @@ def _run_replay(
     prior_scale: float = 1.0,
     prior_gpu: str | None = None,
     skip_zero_step_draft_extend: bool = False,
+    no_prefix_cache: bool = False,
 ) -> None:
     from specgov.simulator.metrics import Slo
     from specgov.simulator.priors import PriorOptionError
@@ -220,6 +221,7 @@ def _run_replay(
             prior_scale=prior_scale,
             prior_gpu=prior_gpu,
             skip_zero_step_draft_extend=skip_zero_step_draft_extend,
+            prefix_cache=not no_prefix_cache,
         )
     except PriorOptionError as exc:  # a bad option value: usage error (exit 2)
         raise click.UsageError(str(exc)) from None
@@ -298,6 +300,13 @@ _server_options = [
         default=False,
         help="Simulate SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1: steps 0 skip the "
         "draft-extend pass, upshifts draft cold.",
+    ),
+    click.option(
+        "--no-prefix-cache",
+        is_flag=True,
+        default=False,
+        help="SGLang's --disable-radix-cache: no prefix reuse. By default requests whose "
+        "trace gives hash_ids (prefix block ids) reuse cached prompt prefixes.",
     ),
     max_running_requests_option,
     mem_fraction_static_option,

@@ -124,6 +124,7 @@ class LaunchInfo:
     max_running_requests: int | None = None  # the launch flag (None: SGLang's default)
     cuda_graph_max_bs: int | None = None
     decode_cuda_graph_bs: tuple[int, ...] | None = None
+    disable_radix_cache: bool = False  # --disable-radix-cache (no prefix reuse)
     launch_command: str = "specgov sim-server"
     api_key_set: bool = False
     decode_log_interval: int = 40
@@ -190,6 +191,7 @@ def server_args_dict(launch: LaunchInfo) -> dict[str, Any]:
         "chunked_prefill_size": launch.chunked_prefill_size,
         "cuda_graph_max_bs_decode": launch.cuda_graph_max_bs,
         "disable_cuda_graph": launch.cuda_graph_max_bs is None,
+        "disable_radix_cache": launch.disable_radix_cache,
         "tp_size": 1,
         "pp_size": 1,
         "dp_size": 1,

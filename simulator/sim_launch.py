@@ -276,6 +276,7 @@ class Launch:
             drafter=self._built.drafter.name,
             speculative_algorithm=self.algorithm,
             speculative_num_steps=self.server.spec_steps,
+            disable_radix_cache=not self.server.prefix_cache,
             speculative_eagle_topk=self.server.topk,
             speculative_num_draft_tokens=self._num_draft_tokens(),
             speculative_adaptive=self.adaptive,

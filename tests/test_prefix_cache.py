@@ -333,6 +333,21 @@ def test_sim_server_exports_a_moving_cache_hit_rate() -> None:
                 values.add(_hit_rate(client))
                 time.sleep(0.05)
         assert 0.0 < max(values) <= 1.0
+        # /server_info says the cache is on, as SGLang's server args do.
+        assert httpx.get(f"{sim.url}/server_info").json()["disable_radix_cache"] is False
+    finally:
+        sim.stop()
+
+
+def test_server_info_says_when_the_radix_cache_is_disabled() -> None:
+    trace = generate_trace(parse_synthetic_spec("synthetic:duration=5,rate=1"))
+    sim = SimServer(trace, ServerSpec(prefix_cache=False), speed=20.0)
+    sim.start()
+    try:
+        sim.wait_ready()
+        info = httpx.get(f"{sim.url}/server_info", timeout=5.0).json()
+        assert info["disable_radix_cache"] is True
+        assert "--disable-radix-cache" in info["launch_command"]
     finally:
         sim.stop()
 

@@ -323,3 +323,15 @@ def test_a_negative_seed_is_bad_usage_in_every_command() -> None:
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2, (args, result.output)
         assert "--seed" in result.output and "Traceback" not in result.output
+
+
+def test_no_prefix_cache_turns_prefix_reuse_off_end_to_end() -> None:
+    # A multi-turn synthetic trace carries hash_ids, so later turns reuse their prefix.
+    spec = "synthetic:duration=60,rate=2,turns=4,think=5,phases=chat@60,seed=1"
+    on = _replay_json(spec, "--policy", "none")
+    off = _replay_json(spec, "--policy", "none", "--no-prefix-cache")
+    assert on["server"]["prefix_cache"] is True
+    assert on["policies"][0]["prefix_cache_hit_rate"] > 0.0
+    assert off["server"]["prefix_cache"] is False
+    assert off["policies"][0]["prefix_cache_hit_rate"] == 0.0
+    assert off["policies"][0]["prefill_tokens"] > on["policies"][0]["prefill_tokens"]
