@@ -475,3 +475,24 @@ def test_thin_step_helpers_reject_bad_arguments() -> None:
         local_step_s(PROBED, -1.0, 1, 225 * CTX)
     with pytest.raises(PolicyTypeError, match="steps"):
         cost_evidence(PROBED, 225, -1)
+
+
+def test_local_step_s_answers_from_its_memo_as_it_would_from_scratch() -> None:
+    # The per-state memo (residuals, regions, corrections) is keyed by identity and by
+    # the set of near samples: many queries against one state, then a different state
+    # with the same batch sizes, must give what a cold computation gives.
+    import specgov.policies.estimators.step_cost as step_cost
+
+    queries = [(b, k) for b in (60.0, 64.0, 100.0, 200.0, 225.0, 300.0, 16.0) for k in range(5)]
+    states = [PROBED, _bumped(1.03), _bumped(1.1), LEARNED, PROBED]
+    warm = [[local_step_s(s, b, k, b * CTX) for b, k in queries] for s in states]
+    cold = []
+    for s in states:
+        row = []
+        for b, k in queries:
+            step_cost._RESIDUAL_CACHE.clear()
+            row.append(local_step_s(s, b, k, b * CTX))
+        cold.append(row)
+    assert warm == cold
+    # A state that differs from a cached one is never answered from its entry.
+    assert warm[1] != warm[2]

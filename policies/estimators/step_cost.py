@@ -536,27 +536,119 @@ def local_step_s(
     """
     pred = predict_step_s(state, batch_size, steps, kv_tokens)
     cfg = config or StepCostConfig()
-    cells: dict[int, tuple[list[float], list[float]]] = {}
-    for s in state.samples:
-        if _near(s, batch_size):
-            logs, weights = cells.setdefault(s.steps, ([], []))
-            fitted = predict_step_s(state, s.batch_size, s.steps, s.kv_tokens)
-            logs.append(math.log(max(s.step_s / fitted, 1e-12)))
-            weights.append(_decayed_weight(state, s, cfg.half_life_s))
-    if not cells:
-        return pred
-    key = steps if steps in cells else min(cells, key=lambda k: (abs(k - steps), -sum(cells[k][1])))
-    # Scatter within cells (a slope error moves whole cells apart; that is not noise).
-    spread = np.concatenate([np.abs(np.asarray(v) - np.median(v)) for v, _ in cells.values()])
-    scatter = max(1.4826 * float(np.median(spread)), cfg.min_rel_scale)
-    logs, weights = cells[key]
-    w = np.asarray(weights)
+    return pred * _residuals(state, cfg.half_life_s).correction(
+        batch_size, steps, cfg.min_rel_scale
+    )
+
+
+@dataclass(frozen=True)
+class _Residuals:
+    """Per sample of one state: what ``local_step_s`` and ``step_cost_bounds`` compare.
+
+    The goodput policy asks for dozens of step times per decision against one state;
+    each sample's fitted and prior prediction is the same for all of them, so it is
+    computed once per state (``_residuals``) instead of once per query."""
+
+    batch: np.ndarray  # the samples' mean batch sizes
+    steps: np.ndarray  # their step counts
+    log_fit: np.ndarray  # log(observed / fitted)
+    prior_ratio: np.ndarray  # observed / the prior's prediction
+    decayed: np.ndarray  # weights decayed by age (half_life_s)
+    # (near-sample mask, steps, min_rel_scale) -> correction (see ``correction``).
+    memo: dict[tuple[bytes, int, float], float] = field(default_factory=dict)
+    regions: dict[bytes, _Cells] = field(default_factory=dict)  # near-sample mask -> cells
+
+    def near(self, batch_size: float) -> np.ndarray:
+        """The samples in ``batch_size``'s operating region (``_near``)."""
+        return (self.batch >= 0.5 * batch_size) & (self.batch <= 2.0 * batch_size)
+
+    def correction(self, batch_size: float, steps: int, min_rel_scale: float) -> float:
+        """``local_step_s``'s factor ``exp(c * shrink)`` (1.0: no correction).
+
+        It depends on ``batch_size`` only through which samples are near it, so it is
+        memoised per set of near samples (the policy asks for many batch sizes and step
+        counts of one region in one decision)."""
+        near = self.near(batch_size)
+        if not near.any():
+            return 1.0
+        region = near.tobytes()
+        key = (region, steps, min_rel_scale)
+        known = self.memo.get(key)
+        if known is None:
+            cells = self.regions.get(region)
+            if cells is None:
+                cells = self.regions[region] = self._cells(near)
+            known = self.memo[key] = _cell_correction(cells, steps, min_rel_scale)
+        return known
+
+    def _cells(self, near: np.ndarray) -> _Cells:
+        near_steps, near_logs, near_w = self.steps[near], self.log_fit[near], self.decayed[near]
+        masks = {int(k): near_steps == k for k in np.unique(near_steps)}
+        # Scatter within cells (a slope error moves whole cells apart; that is not noise).
+        spread = np.concatenate(
+            [np.abs(near_logs[m] - np.median(near_logs[m])) for m in masks.values()]
+        )
+        return _Cells(
+            logs={k: near_logs[m] for k, m in masks.items()},
+            weights={k: near_w[m] for k, m in masks.items()},
+            scatter=1.4826 * float(np.median(spread)),
+        )
+
+
+@dataclass(frozen=True)
+class _Cells:
+    """The near samples of one region, by step count, and their within-cell scatter."""
+
+    logs: dict[int, np.ndarray]
+    weights: dict[int, np.ndarray]
+    scatter: float  # robust (MAD) relative scatter, before the min_rel_scale floor
+
+
+def _cell_correction(cells: _Cells, steps: int, min_rel_scale: float) -> float:
+    if steps in cells.logs:
+        key = steps
+    else:
+        key = min(cells.logs, key=lambda k: (abs(k - steps), -float(np.sum(cells.weights[k]))))
+    scatter = max(cells.scatter, min_rel_scale)
+    logs, w = cells.logs[key], cells.weights[key]
     n = float(np.sum(w))
-    c = _weighted_median(np.asarray(logs), w) if n > 0 else 0.0
+    c = _weighted_median(logs, w) if n > 0 else 0.0
     if c == 0.0 or n <= 0:
-        return pred
+        return 1.0
     shrink = max(0.0, 1.0 - scatter * scatter / (n * c * c))
-    return pred * math.exp(c * shrink)
+    return math.exp(c * shrink)
+
+
+# The last few states' residuals, keyed by identity (the entry holds the state, so its
+# id cannot be reused while cached). States are immutable: an entry never goes stale.
+_RESIDUAL_CACHE: dict[tuple[int, float], tuple[StepCostState, _Residuals]] = {}
+_RESIDUAL_CACHE_SIZE: Final = 8
+
+
+def _residuals(state: StepCostState, half_life_s: float) -> _Residuals:
+    key = (id(state), half_life_s)
+    hit = _RESIDUAL_CACHE.get(key)
+    if hit is not None and hit[0] is state:
+        return hit[1]
+    samples = state.samples
+    fitted = [predict_step_s(state, x.batch_size, x.steps, x.kv_tokens) for x in samples]
+    res = _Residuals(
+        batch=np.asarray([x.batch_size for x in samples], dtype=float),
+        steps=np.asarray([x.steps for x in samples], dtype=int),
+        log_fit=np.asarray(
+            [math.log(max(x.step_s / f, 1e-12)) for x, f in zip(samples, fitted, strict=True)],
+            dtype=float,
+        ),
+        prior_ratio=np.asarray(
+            [x.step_s / state.prior.predict_s(x.batch_size, x.steps, x.kv_tokens) for x in samples],
+            dtype=float,
+        ),
+        decayed=np.asarray([_decayed_weight(state, x, half_life_s) for x in samples], dtype=float),
+    )
+    if len(_RESIDUAL_CACHE) >= _RESIDUAL_CACHE_SIZE:
+        _RESIDUAL_CACHE.clear()  # one atomic step (a daemon may decide off its event loop)
+    _RESIDUAL_CACHE[key] = (state, res)
+    return res
 
 
 def step_cost_bounds(
@@ -600,10 +692,9 @@ def step_cost_bounds(
         return pred, pred
     anchor = min(anchors, key=lambda k: (abs(k - steps), k))
     base = local_step_s(state, batch_size, anchor, kv_tokens, config=cfg)
-    ratios = np.asarray(
-        [s.step_s / state.prior.predict_s(s.batch_size, s.steps, s.kv_tokens) for s in near]
-    )
-    weights = np.asarray([_decayed_weight(state, s, cfg.half_life_s) for s in near])
+    res = _residuals(state, cfg.half_life_s)
+    mask = res.near(batch_size)
+    ratios, weights = res.prior_ratio[mask], res.decayed[mask]
     factor = math.exp(abs(math.log(max(_weighted_median(ratios, weights), 1e-12))))
     delta = pred - base
     ends = (base + delta / factor, base + delta * factor)
