@@ -731,12 +731,7 @@ class _Run:
                 return batch
             new_token_ratio = self.new_token_ratio
             kv_used = self.kv_used
-            reserved = 0.0
-            for r in running:
-                rem = r.output_tokens - r.generated
-                reserved += rem if rem < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
-            reserved *= new_token_ratio
-            rem_total = self.capacity - kv_used - reserved
+            rem_total = self.capacity - kv_used - self._reserved_decode_tokens()
             if chunked is not None:
                 rem_total -= chunked.prefill_target - chunked.prefilled
             while waiting and budget > 0 and len(running) + len(batch) < running_cap:
@@ -758,6 +753,15 @@ class _Run:
                 rem_total -= total
         return batch
 
+    def _reserved_decode_tokens(self) -> float:
+        """KV the running requests may still need: their remaining outputs (each clipped
+        at CLIP_MAX_NEW_TOKENS) times the new-token ratio (SGLang's admission estimate)."""
+        reserved = 0.0
+        for r in self.running:
+            rem = r.output_tokens - r.generated
+            reserved += rem if rem < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
+        return reserved * self.new_token_ratio
+
     def _admit_cached(self, batch: list[tuple[RequestState, int]], budget: int) -> None:
         """FCFS admission with the prefix cache (``form_prefill_batch``'s loop): each
         request reuses its longest cached prefix, pins it and needs KV for the rest.
@@ -773,12 +777,7 @@ class _Run:
         running_cap = self.running_cap
         new_token_ratio = self.new_token_ratio
         kv_used = self.kv_used
-        reserved = 0.0
-        for r in running:
-            rem = r.output_tokens - r.generated
-            reserved += rem if rem < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
-        reserved *= new_token_ratio
-        rem_total = self.capacity - kv_used - cache.pinned_tokens - reserved
+        rem_total = self.capacity - kv_used - cache.pinned_tokens - self._reserved_decode_tokens()
         if chunked is not None:
             rem_total -= chunked.prefill_target - chunked.prefilled
         now = self.now
