@@ -625,24 +625,46 @@ _RESIDUAL_CACHE: dict[tuple[int, float], tuple[StepCostState, _Residuals]] = {}
 _RESIDUAL_CACHE_SIZE: Final = 8
 
 
+# Per sample: its features and the prior's prediction. Both depend on the prior and the
+# sample only, and a sample stays in successive states (one window is added per update),
+# so each is computed once, not once per state. Keyed by identity; the entry holds both.
+_TERMS_CACHE: dict[int, tuple[StepSample, StepCostPrior, tuple[float, ...], float]] = {}
+_TERMS_CACHE_SIZE: Final = 16384
+
+
+def _sample_terms(prior: StepCostPrior, x: StepSample) -> tuple[tuple[float, ...], float]:
+    hit = _TERMS_CACHE.get(id(x))
+    if hit is not None and hit[0] is x and hit[1] is prior:
+        return hit[2], hit[3]
+    feats = prior.features(x.batch_size, x.steps, x.kv_tokens)
+    prior_s = prior.predict_s(x.batch_size, x.steps, x.kv_tokens)
+    if len(_TERMS_CACHE) >= _TERMS_CACHE_SIZE:
+        _TERMS_CACHE.clear()  # one atomic step, as _RESIDUAL_CACHE
+    _TERMS_CACHE[id(x)] = (x, prior, feats, prior_s)
+    return feats, prior_s
+
+
 def _residuals(state: StepCostState, half_life_s: float) -> _Residuals:
     key = (id(state), half_life_s)
     hit = _RESIDUAL_CACHE.get(key)
     if hit is not None and hit[0] is state:
         return hit[1]
     samples = state.samples
-    fitted = [predict_step_s(state, x.batch_size, x.steps, x.kv_tokens) for x in samples]
+    terms = [_sample_terms(state.prior, x) for x in samples]
+    step_s = np.asarray([x.step_s for x in samples], dtype=float)
+    # predict_step_s for every sample at once: the same products summed in the same order
+    # as _dot (element-wise IEEE operations), so the values are bit-identical.
+    features = np.asarray([t[0] for t in terms], dtype=float).reshape(len(samples), N_FEATURES)
+    fitted = np.zeros(len(samples))
+    for j, c in enumerate(state.coefficients):
+        fitted = fitted + features[:, j] * c
     res = _Residuals(
         batch=np.asarray([x.batch_size for x in samples], dtype=float),
         steps=np.asarray([x.steps for x in samples], dtype=int),
         log_fit=np.asarray(
-            [math.log(max(x.step_s / f, 1e-12)) for x, f in zip(samples, fitted, strict=True)],
-            dtype=float,
+            [math.log(max(r, 1e-12)) for r in (step_s / fitted).tolist()], dtype=float
         ),
-        prior_ratio=np.asarray(
-            [x.step_s / state.prior.predict_s(x.batch_size, x.steps, x.kv_tokens) for x in samples],
-            dtype=float,
-        ),
+        prior_ratio=step_s / np.asarray([t[1] for t in terms], dtype=float),
         decayed=np.asarray([_decayed_weight(state, x, half_life_s) for x in samples], dtype=float),
     )
     if len(_RESIDUAL_CACHE) >= _RESIDUAL_CACHE_SIZE:
