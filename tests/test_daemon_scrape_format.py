@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -16,6 +17,26 @@ import pytest
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.controller.config import load_config
 from specgov.controller.daemon import Daemon
+
+
+def _scrape_once_answered_by(tmp_path: Path, respond: Callable[[], httpx.Response]) -> Daemon:
+    """A daemon whose server answers every request with a fresh ``respond()``, after one
+    scrape (which must yield no telemetry)."""
+    config = load_config(None, env={}, overrides={"state.db_path": str(tmp_path / "s.db")})
+    daemon = Daemon(config, store=None)
+    transport = httpx.MockTransport(lambda r: respond())
+    daemon._client = SGLangClient(
+        config.server.url, rng=random.Random(0), transport=transport, retries=0
+    )
+
+    async def go() -> None:
+        try:
+            assert await daemon.scrape_once() is None
+        finally:
+            await daemon._client.aclose()
+
+    asyncio.run(go())
+    return daemon
 
 
 @pytest.mark.parametrize(
@@ -30,21 +51,8 @@ from specgov.controller.daemon import Daemon
 def test_a_malformed_metrics_body_counts_as_format_not_permanent(
     tmp_path: Path, body: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = load_config(None, env={}, overrides={"state.db_path": str(tmp_path / "s.db")})
-    daemon = Daemon(config, store=None)
-    transport = httpx.MockTransport(lambda r: httpx.Response(200, content=body))
-    daemon._client = SGLangClient(
-        config.server.url, rng=random.Random(0), transport=transport, retries=0
-    )
-
-    async def go() -> None:
-        try:
-            assert await daemon.scrape_once() is None
-        finally:
-            await daemon._client.aclose()
-
     with caplog.at_level(logging.WARNING):
-        asyncio.run(go())
+        daemon = _scrape_once_answered_by(tmp_path, lambda: httpx.Response(200, content=body))
     sample = daemon.registry.get_sample_value
     assert sample("specgov_scrape_errors_total", {"kind": "format"}) == 1.0
     assert sample("specgov_scrape_errors_total", {"kind": "permanent"}) == 0.0
@@ -91,22 +99,10 @@ def test_a_restart_continues_from_a_spool_table_newer_than_the_store(tmp_path: P
 def test_a_body_that_cannot_be_decoded_is_a_format_error_not_a_crash(tmp_path: Path) -> None:
     # `Content-Encoding: gzip` on bytes that are not gzip: httpx raises a DecodingError
     # (not a TransportError); it used to escape scrape_once and end the scrape task.
-    config = load_config(None, env={}, overrides={"state.db_path": str(tmp_path / "s.db")})
-    daemon = Daemon(config, store=None)
-    transport = httpx.MockTransport(
-        lambda r: httpx.Response(200, content=b"not gzip", headers={"Content-Encoding": "gzip"})
+    daemon = _scrape_once_answered_by(
+        tmp_path,
+        lambda: httpx.Response(200, content=b"not gzip", headers={"Content-Encoding": "gzip"}),
     )
-    daemon._client = SGLangClient(
-        config.server.url, rng=random.Random(0), transport=transport, retries=0
-    )
-
-    async def go() -> None:
-        try:
-            assert await daemon.scrape_once() is None
-        finally:
-            await daemon._client.aclose()
-
-    asyncio.run(go())
     sample = daemon.registry.get_sample_value
     assert sample("specgov_scrape_errors_total", {"kind": "format"}) == 1.0
     assert "cannot be decoded" in (daemon.status_info.last_scrape_error or "")
