@@ -491,9 +491,13 @@ def predict_step_s(state: StepCostState, batch_size: float, steps: int, kv_token
     return _dot(state.coefficients, state.prior.features(batch_size, steps, kv_tokens))
 
 
+# Same operating region: a batch size within this factor either way (one octave).
+_NEAR_FACTOR: Final = 2.0
+
+
 def _near(sample: StepSample, batch_size: float) -> bool:
-    """Same operating region: a batch size within a factor of two (one octave each way)."""
-    return 0.5 * batch_size <= sample.batch_size <= 2.0 * batch_size
+    """Same operating region: a batch size within ``_NEAR_FACTOR`` either way."""
+    return batch_size / _NEAR_FACTOR <= sample.batch_size <= _NEAR_FACTOR * batch_size
 
 
 def _decayed_weight(state: StepCostState, sample: StepSample, half_life_s: float) -> float:
@@ -560,7 +564,7 @@ class _Residuals:
 
     def near(self, batch_size: float) -> np.ndarray:
         """The samples in ``batch_size``'s operating region (``_near``)."""
-        return (self.batch >= 0.5 * batch_size) & (self.batch <= 2.0 * batch_size)
+        return (self.batch >= batch_size / _NEAR_FACTOR) & (self.batch <= _NEAR_FACTOR * batch_size)
 
     def correction(self, batch_size: float, steps: int, min_rel_scale: float) -> float:
         """``local_step_s``'s factor ``exp(c * shrink)`` (1.0: no correction).
