@@ -91,7 +91,7 @@ MAX_OVERRIDE_TTL_S = 7 * 24 * 3600.0
 APPLY_MIN_GAIN = 0.05
 SERVER_INFO_REFRESH_S = 30.0
 # /server_info key of the specgov simulator's speed (simulator.sim_endpoints.SIM_SPEED_KEY;
-# the controller does not import the simulator, a test checks the two agree).
+# the controller does not import the simulator; tests/test_sim_server.py checks the two agree).
 SIM_SPEED_KEY = "specgov_sim_speed"
 MAX_STORE_INCIDENTS = 10  # kept in the status document
 MEMORY_DECISIONS = 1000  # the audit tail kept when there is no store at all

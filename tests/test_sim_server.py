@@ -699,3 +699,8 @@ def test_server_info_says_the_speed_that_turns_wall_rates_into_simulated_ones(
     serving = sim.serving()
     assert serving is not None
     assert ep.SIM_SPEED_KEY not in ep.server_info_body(serving[1], ep.LiveState())
+    # The daemon reads the speed under its own copy of the key (it may not import the
+    # simulator): the two must agree.
+    from specgov.controller import daemon as daemon_module
+
+    assert daemon_module.SIM_SPEED_KEY == ep.SIM_SPEED_KEY
