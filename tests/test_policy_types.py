@@ -413,3 +413,33 @@ def test_the_adaptive_config_gives_the_one_slot_layout_observations_and_the_guar
     assert from_data(SlotLayout, saved, where="layout", error=PolicyTypeError) == layout
     with pytest.raises(PolicyTypeError, match=r"length >= 1 - at `\$\[1\]\[1\]`"):
         from_data(SlotLayout, [[1, [1]], [8, []]], where="layout", error=PolicyTypeError)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+    value: float
+    _cache: float = dataclasses.field(default=0.0, init=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tree:
+    leaves: tuple[_Leaf, ...]
+    by_name: dict[str, tuple[_Leaf, ...]]
+    tags: frozenset[str] = frozenset()
+
+
+def test_to_data_drops_derived_fields_at_every_depth_and_gives_lists() -> None:
+    from specgov.policies.codec import to_data
+
+    tree = _Tree(
+        leaves=(_Leaf(1.0), _Leaf(2.0)), by_name={"a": (_Leaf(3.0),)}, tags=frozenset({"x"})
+    )
+    data = to_data(tree)
+    assert data == {
+        "leaves": [{"value": 1.0}, {"value": 2.0}],
+        "by_name": {"a": [{"value": 3.0}]},
+        "tags": ["x"],
+    }
+    # Lists all the way down (JSON-ready; a tuple would compare unequal to a list).
+    assert type(data["leaves"]) is list and type(data["by_name"]["a"]) is list
+    assert type(data["tags"]) is list
