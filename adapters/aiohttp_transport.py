@@ -19,10 +19,14 @@ What it keeps of httpx's behaviour:
   ``aiohttp.ClientTimeout``: ``connect`` to ``sock_connect``, ``read`` to ``sock_read``
   (the longest wait for the next bytes, the head included), ``pool`` + ``connect`` bound
   the whole acquisition of a connection (aiohttp's ``connect``; a pool wait past it is a
-  ``ConnectTimeout``). ``write`` is not enforced: aiohttp has no write timeout, and a
-  request whose write stalls gets no answer within the read timeout either.
+  ``ConnectTimeout``). ``write`` is not enforced: aiohttp has no write timeout. A request
+  without a body (all ``SGLangClient`` sends) is queued whole at once and its read timeout
+  starts then, so a peer that never takes it still ends in a ``ReadTimeout``.
 * aiohttp and asyncio errors become the httpx exceptions ``SGLangClient`` classifies
   (``_ERRORS`` below); no aiohttp exception leaves this module.
+* Response heads within aiohttp's limits (a line or header field of at most 8190 bytes,
+  128 header fields; h11 allows a 16 KiB head): a larger one is a
+  ``RemoteProtocolError``. SGLang's heads are a few hundred bytes.
 * Keep-alive: connections are reused, idle ones dropped after 5 s (httpcore's default
   ``keepalive_expiry``; uvicorn, which serves SGLang, closes idle ones after 5 s too).
 * TLS: https uses ``httpx.create_ssl_context()`` (certifi, or ``SSL_CERT_FILE`` /

@@ -366,6 +366,22 @@ def test_an_answer_that_is_not_http_is_a_temporary_error(answer: bytes) -> None:
     run(body())
 
 
+def test_a_head_past_aiohttp_s_field_limit_is_a_protocol_error() -> None:
+    async def long_header(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 9000 + b"\r\nContent-Length: 0\r\n\r\n"
+        )
+        await writer.drain()
+
+    async def body() -> None:
+        transport = AiohttpTransport()
+        async with raw_server(long_header) as base, httpx.AsyncClient(transport=transport) as http:
+            with pytest.raises(httpx.RemoteProtocolError):
+                await http.get(f"{base}/metrics")
+
+    run(body())
+
+
 # ------------------------------------------------------------------ bodies, encodings
 
 
