@@ -496,3 +496,47 @@ def test_local_step_s_answers_from_its_memo_as_it_would_from_scratch() -> None:
     assert warm == cold
     # A state that differs from a cached one is never answered from its entry.
     assert warm[1] != warm[2]
+
+
+def test_plain_python_medians_equal_numpys_bit_for_bit() -> None:
+    # local_step_s's corrections and the Huber scale use plain-Python medians on the
+    # few samples of a cell (numpy's per-call cost dominates there); they must be the
+    # values numpy's formulation gives, or decisions would change.
+    import specgov.policies.estimators.step_cost as step_cost
+
+    rng = np.random.default_rng(7)
+    for n in [*range(1, 40), 160, 256]:
+        for _ in range(20):
+            values = rng.normal(0.0, 0.1, n)
+            if n > 3:
+                values[: n // 3] = values[0]  # ties
+            weights = rng.random(n) * (rng.random(n) > 0.2)
+            assert step_cost._median(values.tolist()) == float(np.median(values))
+            order = np.argsort(values, kind="stable")
+            cum = np.cumsum(weights[order])
+            expected = (
+                1.0 if cum[-1] <= 0 else float(values[order][np.searchsorted(cum, 0.5 * cum[-1])])
+            )
+            assert step_cost._weighted_median(values.tolist(), weights.tolist()) == expected
+    assert step_cost._weighted_median([0.3, 0.1], [0.0, 0.0]) == 1.0
+    assert step_cost._weighted_median([], []) == 1.0
+
+
+def test_without_drafter_is_the_prior_without_its_drafter_built_once() -> None:
+    prior = default_step_cost_prior()
+    bare = prior.without_drafter()
+    assert bare == replace(prior, speculative=False, topk=1, num_draft_tokens=None)
+    assert prior.without_drafter() is bare
+    assert bare.without_drafter() is bare  # no drafter to remove
+    assert bare.predict_s(8.0, 0, 8.0 * CTX) < prior.predict_s(8.0, 0, 8.0 * CTX)
+
+
+def test_penalty_scales_are_computed_once_per_prior_and_config_and_read_only() -> None:
+    import specgov.policies.estimators.step_cost as step_cost
+
+    prior, cfg = default_step_cost_prior(), StepCostConfig()
+    first = step_cost._penalty_scales(prior, cfg)
+    assert step_cost._penalty_scales(prior, cfg) is first
+    assert np.array_equal(first, step_cost._compute_penalty_scales(prior, cfg))
+    with pytest.raises(ValueError, match="read-only"):
+        first[0] = 0.0

@@ -45,6 +45,8 @@ State
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -117,6 +119,7 @@ class StepCostPrior:
     topk: int = 1
     num_draft_tokens: int | None = None
     _roofline: Roofline = field(init=False, repr=False, compare=False)
+    _bare: StepCostPrior | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.coefficients, RooflineCoefficients):
@@ -162,6 +165,16 @@ class StepCostPrior:
     def roofline(self) -> Roofline:
         """The shared step-cost formula for this prior's coefficients and shape."""
         return self._roofline
+
+    def without_drafter(self) -> StepCostPrior:
+        """The same server without a drafter (this prior when it has none); built once."""
+        bare = getattr(self, "_bare", None)  # absent in a prior pickled by an older build
+        if bare is None:
+            bare = self
+            if self.speculative:
+                bare = StepCostPrior(self.coefficients, speculative=False)
+            object.__setattr__(self, "_bare", bare)
+        return bare
 
     def verify_tokens_per_request(self, steps: int) -> int:
         """Target tokens verified per request at ``steps`` (1 without a drafter)."""
@@ -500,9 +513,14 @@ def _near(sample: StepSample, batch_size: float) -> bool:
     return batch_size / _NEAR_FACTOR <= sample.batch_size <= _NEAR_FACTOR * batch_size
 
 
-def _decayed_weight(state: StepCostState, sample: StepSample, half_life_s: float) -> float:
-    age = 0.0 if state.last_time_s is None else max(0.0, state.last_time_s - sample.time_s)
-    return float(sample.weight * 0.5 ** (age / half_life_s))
+def _decayed_weights(state: StepCostState, half_life_s: float) -> list[float]:
+    """Each sample's weight halved every ``half_life_s`` of its age (at the newest window)."""
+    last = state.last_time_s
+    if last is None:
+        return [float(x.weight) for x in state.samples]  # age 0: 0.5 ** 0 is exactly 1
+    return [
+        float(x.weight * 0.5 ** (max(0.0, last - x.time_s) / half_life_s)) for x in state.samples
+    ]
 
 
 def cost_evidence(state: StepCostState, batch_size: float, steps: int) -> float:
@@ -538,11 +556,17 @@ def local_step_s(
     there is mostly a level error; correcting only the step counts that ran would bias
     the choice against them): only its slope stays the fit's.
     """
-    pred = predict_step_s(state, batch_size, steps, kv_tokens)
+    _check_point(batch_size, steps, kv_tokens)
     cfg = config or StepCostConfig()
-    return pred * _residuals(state, cfg.half_life_s).correction(
-        batch_size, steps, cfg.min_rel_scale
-    )
+    res = _residuals(state, cfg.half_life_s)
+    # The policy asks for the same point several times per decision (the SLO sample, the
+    # choice, the probes, the plan): the answer depends on the state and the point only.
+    key = (batch_size, steps, kv_tokens, cfg.min_rel_scale)
+    known = res.local.get(key)
+    if known is None:
+        pred = _dot(state.coefficients, state.prior.features(batch_size, steps, kv_tokens))
+        known = res.local[key] = pred * res.correction(batch_size, steps, cfg.min_rel_scale)
+    return known
 
 
 @dataclass(frozen=True)
@@ -560,7 +584,11 @@ class _Residuals:
     decayed: np.ndarray  # weights decayed by age (half_life_s)
     # (near-sample mask, steps, min_rel_scale) -> correction (see ``correction``).
     memo: dict[tuple[bytes, int, float], float] = field(default_factory=dict)
+    # (batch_size, steps, kv_tokens, min_rel_scale) -> local_step_s's answer.
+    local: dict[tuple[float, int, float, float], float] = field(default_factory=dict)
     regions: dict[bytes, _Cells] = field(default_factory=dict)  # near-sample mask -> cells
+    region_of: dict[float, bytes] = field(default_factory=dict)  # batch size -> mask (b"": none)
+    by_steps: dict[int, np.ndarray] = field(default_factory=dict)  # steps -> sample indices
 
     def near(self, batch_size: float) -> np.ndarray:
         """The samples in ``batch_size``'s operating region (``_near``)."""
@@ -571,52 +599,60 @@ class _Residuals:
 
         It depends on ``batch_size`` only through which samples are near it, so it is
         memoised per set of near samples (the policy asks for many batch sizes and step
-        counts of one region in one decision)."""
-        near = self.near(batch_size)
-        if not near.any():
+        counts of one region in one decision), and the set per batch size."""
+        region = self.region_of.get(batch_size)
+        if region is None:
+            near = self.near(batch_size)
+            region = self.region_of[batch_size] = near.tobytes() if near.any() else b""
+            if region and region not in self.regions:
+                self.regions[region] = self._cells(near)
+        if not region:
             return 1.0
-        region = near.tobytes()
         key = (region, steps, min_rel_scale)
         known = self.memo.get(key)
         if known is None:
-            cells = self.regions.get(region)
-            if cells is None:
-                cells = self.regions[region] = self._cells(near)
-            known = self.memo[key] = _cell_correction(cells, steps, min_rel_scale)
+            known = self.memo[key] = _cell_correction(self.regions[region], steps, min_rel_scale)
         return known
 
     def _cells(self, near: np.ndarray) -> _Cells:
-        near_steps, near_logs, near_w = self.steps[near], self.log_fit[near], self.decayed[near]
-        masks = {int(k): near_steps == k for k in np.unique(near_steps)}
-        # Scatter within cells (a slope error moves whole cells apart; that is not noise).
-        spread = np.concatenate(
-            [np.abs(near_logs[m] - np.median(near_logs[m])) for m in masks.values()]
-        )
-        return _Cells(
-            logs={k: near_logs[m] for k, m in masks.items()},
-            weights={k: near_w[m] for k, m in masks.items()},
-            scatter=1.4826 * float(np.median(spread)),
-        )
+        # The samples of each step count (in sample order), found once per state.
+        by_steps = self.by_steps
+        if not by_steps:
+            for k in np.unique(self.steps).tolist():
+                by_steps[k] = np.flatnonzero(self.steps == k)
+        level: dict[int, tuple[float, float]] = {}
+        spread: list[float] = []
+        for k, idx in by_steps.items():
+            cell = idx[near[idx]]
+            if not len(cell):
+                continue
+            weights = self.decayed[cell]
+            total = float(np.add.reduce(weights))  # what np.sum computes
+            # Plain Python from here: a cell holds a few samples, where every numpy call
+            # costs more than the arithmetic (np.median ~25 us on 5 floats).
+            logs = self.log_fit[cell].tolist()
+            level[k] = (_weighted_median(logs, weights.tolist()) if total > 0 else 0.0, total)
+            # Scatter within cells (a slope error moves whole cells apart; not noise).
+            m = _median(logs)
+            spread.extend(abs(v - m) for v in logs)
+        return _Cells(level=level, scatter=1.4826 * _median(spread))
 
 
 @dataclass(frozen=True)
 class _Cells:
     """The near samples of one region, by step count, and their within-cell scatter."""
 
-    logs: dict[int, np.ndarray]
-    weights: dict[int, np.ndarray]
+    # steps -> (weighted median log(observed / fitted), weight in windows) of its samples
+    level: dict[int, tuple[float, float]]
     scatter: float  # robust (MAD) relative scatter, before the min_rel_scale floor
 
 
 def _cell_correction(cells: _Cells, steps: int, min_rel_scale: float) -> float:
-    if steps in cells.logs:
-        key = steps
-    else:
-        key = min(cells.logs, key=lambda k: (abs(k - steps), -float(np.sum(cells.weights[k]))))
+    level = cells.level
+    # A step count not timed here: the nearest that was (the heavier on a tie).
+    key = steps if steps in level else min(level, key=lambda k: (abs(k - steps), -level[k][1]))
     scatter = max(cells.scatter, min_rel_scale)
-    logs, w = cells.logs[key], cells.weights[key]
-    n = float(np.sum(w))
-    c = _weighted_median(logs, w) if n > 0 else 0.0
+    c, n = level[key]
     if c == 0.0 or n <= 0:
         return 1.0
     shrink = max(0.0, 1.0 - scatter * scatter / (n * c * c))
@@ -648,17 +684,24 @@ def _sample_terms(prior: StepCostPrior, x: StepSample) -> tuple[tuple[float, ...
     return feats, prior_s
 
 
+def _feature_matrix(prior: StepCostPrior, samples: Sequence[StepSample]) -> np.ndarray:
+    """One row of :meth:`StepCostPrior.features` per sample (from ``_TERMS_CACHE``)."""
+    rows = itertools.chain.from_iterable(_sample_terms(prior, x)[0] for x in samples)
+    flat = np.fromiter(rows, dtype=float, count=len(samples) * N_FEATURES)
+    return flat.reshape(len(samples), N_FEATURES)
+
+
 def _residuals(state: StepCostState, half_life_s: float) -> _Residuals:
     key = (id(state), half_life_s)
     hit = _RESIDUAL_CACHE.get(key)
     if hit is not None and hit[0] is state:
         return hit[1]
     samples = state.samples
-    terms = [_sample_terms(state.prior, x) for x in samples]
+    prior = state.prior
     step_s = np.asarray([x.step_s for x in samples], dtype=float)
     # predict_step_s for every sample at once: the same products summed in the same order
     # as _dot (element-wise IEEE operations), so the values are bit-identical.
-    features = np.asarray([t[0] for t in terms], dtype=float).reshape(len(samples), N_FEATURES)
+    features = _feature_matrix(prior, samples)
     fitted = np.zeros(len(samples))
     for j, c in enumerate(state.coefficients):
         fitted = fitted + features[:, j] * c
@@ -668,8 +711,8 @@ def _residuals(state: StepCostState, half_life_s: float) -> _Residuals:
         log_fit=np.asarray(
             [math.log(max(r, 1e-12)) for r in (step_s / fitted).tolist()], dtype=float
         ),
-        prior_ratio=step_s / np.asarray([t[1] for t in terms], dtype=float),
-        decayed=np.asarray([_decayed_weight(state, x, half_life_s) for x in samples], dtype=float),
+        prior_ratio=step_s / np.asarray([_sample_terms(prior, x)[1] for x in samples], dtype=float),
+        decayed=np.asarray(_decayed_weights(state, half_life_s), dtype=float),
     )
     if len(_RESIDUAL_CACHE) >= _RESIDUAL_CACHE_SIZE:
         _RESIDUAL_CACHE.clear()  # one atomic step (a daemon may decide off its event loop)
@@ -720,8 +763,8 @@ def step_cost_bounds(
     base = local_step_s(state, batch_size, anchor, kv_tokens, config=cfg)
     res = _residuals(state, cfg.half_life_s)
     mask = res.near(batch_size)
-    ratios, weights = res.prior_ratio[mask], res.decayed[mask]
-    factor = math.exp(abs(math.log(max(_weighted_median(ratios, weights), 1e-12))))
+    ratio = _weighted_median(res.prior_ratio[mask].tolist(), res.decayed[mask].tolist())
+    factor = math.exp(abs(math.log(max(ratio, 1e-12))))
     delta = pred - base
     ends = (base + delta / factor, base + delta * factor)
     # The fit's own relative uncertainty bounds how cheap any step can be.
@@ -780,8 +823,29 @@ def _evict(samples: list[StepSample], max_samples: int) -> list[StepSample]:
     return samples
 
 
+# Per (prior, config) by identity (the entry holds both): _penalty_scales is
+# data-independent and every fit of a policy's life asks for the same one.
+_PENALTY_CACHE: dict[tuple[int, int], tuple[StepCostPrior, StepCostConfig, np.ndarray]] = {}
+_PENALTY_CACHE_SIZE: Final = 16
+
+
 def _penalty_scales(prior: StepCostPrior, config: StepCostConfig) -> np.ndarray:
-    """Typical relative contribution of one unit of each coefficient (data-independent)."""
+    """Typical relative contribution of one unit of each coefficient (data-independent).
+
+    Read-only: the array is shared by every fit with this prior and config.
+    """
+    hit = _PENALTY_CACHE.get((id(prior), id(config)))
+    if hit is not None and hit[0] is prior and hit[1] is config:
+        return hit[2]
+    out = _compute_penalty_scales(prior, config)
+    out.flags.writeable = False
+    if len(_PENALTY_CACHE) >= _PENALTY_CACHE_SIZE:
+        _PENALTY_CACHE.clear()  # one atomic step, as _RESIDUAL_CACHE
+    _PENALTY_CACHE[(id(prior), id(config))] = (prior, config, out)
+    return out
+
+
+def _compute_penalty_scales(prior: StepCostPrior, config: StepCostConfig) -> np.ndarray:
     steps = (0, 1, 3, 5, 7) if prior.speculative else (0,)
     acc = np.zeros(N_FEATURES)
     count = 0
@@ -800,19 +864,33 @@ def _penalty_scales(prior: StepCostPrior, config: StepCostConfig) -> np.ndarray:
 
 def _huber_weights(resid: np.ndarray, config: StepCostConfig) -> np.ndarray:
     """Huber IRLS weights on a robust (MAD) scale of the relative residuals."""
-    mad = float(np.median(np.abs(resid - np.median(resid))))
+    mad = _median(np.abs(resid - _median(resid.tolist())).tolist())
     limit = config.huber_delta * max(1.4826 * mad, config.min_rel_scale)
     out: np.ndarray = np.minimum(1.0, limit / np.maximum(np.abs(resid), 1e-12))
     return out
 
 
-def _weighted_median(values: np.ndarray, weights: np.ndarray) -> float:
-    """The weighted median (lower on a tie); 1.0 when the weights are all zero."""
-    order = np.argsort(values)
-    cum = np.cumsum(weights[order])
-    if cum[-1] <= 0:
+def _weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
+    """The weighted median (lower on a tie); 1.0 when the weights are all zero (or none).
+
+    Plain Python over lists (callers pass ``.tolist()``), the same operations as numpy's
+    ``argsort`` / ``cumsum`` (a sequential sum) / ``searchsorted``: the same value, without
+    numpy's per-call cost on the few samples of a cell.
+    """
+    order = sorted(range(len(values)), key=values.__getitem__)
+    cum = list(itertools.accumulate(weights[i] for i in order))
+    if not cum or cum[-1] <= 0:
         return 1.0
-    return float(values[order][int(np.searchsorted(cum, 0.5 * cum[-1]))])
+    return float(values[order[bisect.bisect_left(cum, 0.5 * cum[-1])]])
+
+
+def _median(values: Sequence[float]) -> float:
+    """``np.median`` of a non-empty list: the middle value, or the mean of the two middle ones."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    if len(ordered) % 2:
+        return float(ordered[mid])
+    return float((ordered[mid - 1] + ordered[mid]) / 2.0)
 
 
 def _recalibration(
@@ -837,7 +915,7 @@ def _recalibration(
     covered = sorted(by_steps.values(), reverse=True)
     second = covered[1] if len(covered) > 1 else 0.0
     trust = min(1.0, second / (N_FEATURES * config.prior_strength))
-    return float(_weighted_median(ratios, weights) ** (1.0 - trust))
+    return float(_weighted_median(ratios.tolist(), weights.tolist()) ** (1.0 - trust))
 
 
 def _fit(
@@ -851,7 +929,7 @@ def _fit(
     theta0 = np.asarray(prior.prior_coefficients())
     if not samples:
         return tuple(float(t) for t in theta0)
-    feats = np.asarray([prior.features(s.batch_size, s.steps, s.kv_tokens) for s in samples])
+    feats = _feature_matrix(prior, samples)
     base = feats @ theta0  # prior prediction per sample
     x = feats / base[:, None]
     y = np.asarray([s.step_s for s in samples]) / base

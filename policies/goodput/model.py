@@ -215,7 +215,7 @@ def _drafter_share(prior: StepCostPrior, batch: float, ctx: float) -> float:
     """Share of a step-0 step the drafter costs: the prior with vs without the drafter."""
     if not prior.speculative:
         return 0.0
-    bare = replace(prior, speculative=False, topk=1, num_draft_tokens=None)
+    bare = prior.without_drafter()
     kv = ctx * batch
     with_drafter = prior.predict_s(batch, 0, kv)
     return max(0.0, 1.0 - bare.predict_s(batch, 0, kv) / with_drafter) if with_drafter > 0 else 0.0
