@@ -478,9 +478,10 @@ def test_thin_step_helpers_reject_bad_arguments() -> None:
 
 
 def test_local_step_s_answers_from_its_memo_as_it_would_from_scratch() -> None:
-    # The per-state memo (residuals, regions, corrections) is keyed by identity and by
-    # the set of near samples: many queries against one state, then a different state
-    # with the same batch sizes, must give what a cold computation gives.
+    # The per-state memo (residuals, regions, corrections, answers) is keyed by identity
+    # and by the set of near samples, the per-sample columns by the samples tuple's:
+    # many queries against one state, then a different state with the same batch
+    # sizes, must give what a cold computation gives.
     import specgov.policies.estimators.step_cost as step_cost
 
     queries = [(b, k) for b in (60.0, 64.0, 100.0, 200.0, 225.0, 300.0, 16.0) for k in range(5)]
@@ -491,6 +492,8 @@ def test_local_step_s_answers_from_its_memo_as_it_would_from_scratch() -> None:
         row = []
         for b, k in queries:
             step_cost._RESIDUAL_CACHE.clear()
+            step_cost._COLUMNS_CACHE.clear()
+            step_cost._TERMS_CACHE.clear()
             row.append(local_step_s(s, b, k, b * CTX))
         cold.append(row)
     assert warm == cold

@@ -513,13 +513,13 @@ def _near(sample: StepSample, batch_size: float) -> bool:
     return batch_size / _NEAR_FACTOR <= sample.batch_size <= _NEAR_FACTOR * batch_size
 
 
-def _decayed_weights(state: StepCostState, half_life_s: float) -> list[float]:
-    """Each sample's weight halved every ``half_life_s`` of its age (at the newest window)."""
-    last = state.last_time_s
-    if last is None:
-        return [float(x.weight) for x in state.samples]  # age 0: 0.5 ** 0 is exactly 1
+def _decayed_weights(last_time_s: float | None, cols: _Columns, half_life_s: float) -> list[float]:
+    """Each sample's weight halved every ``half_life_s`` of its age at ``last_time_s``."""
+    if last_time_s is None:
+        return [float(w) for w in cols.weight]  # age 0: 0.5 ** 0 is exactly 1
     return [
-        float(x.weight * 0.5 ** (max(0.0, last - x.time_s) / half_life_s)) for x in state.samples
+        float(w * 0.5 ** (max(0.0, last_time_s - t) / half_life_s))
+        for t, w in zip(cols.time_s, cols.weight, strict=True)
     ]
 
 
@@ -684,11 +684,46 @@ def _sample_terms(prior: StepCostPrior, x: StepSample) -> tuple[tuple[float, ...
     return feats, prior_s
 
 
-def _feature_matrix(prior: StepCostPrior, samples: Sequence[StepSample]) -> np.ndarray:
-    """One row of :meth:`StepCostPrior.features` per sample (from ``_TERMS_CACHE``)."""
-    rows = itertools.chain.from_iterable(_sample_terms(prior, x)[0] for x in samples)
-    flat = np.fromiter(rows, dtype=float, count=len(samples) * N_FEATURES)
-    return flat.reshape(len(samples), N_FEATURES)
+@dataclass(frozen=True)
+class _Columns:
+    """One samples tuple as columns: what ``_fit`` and ``_residuals`` read per sample."""
+
+    features: np.ndarray  # (samples, N_FEATURES): StepCostPrior.features of each
+    prior_s: np.ndarray  # the prior's prediction of each
+    step_s: np.ndarray
+    batch: np.ndarray
+    steps: np.ndarray  # int
+    time_s: list[float]
+    weight: list[float]
+
+
+# The last few samples tuples' columns, by identity (the entry holds the tuple and the
+# prior). update_step_cost fits the tuple it then stores in the new state, whose
+# residuals the policy reads next: both read the same columns.
+_COLUMNS_CACHE: dict[int, tuple[tuple[StepSample, ...], StepCostPrior, _Columns]] = {}
+_COLUMNS_CACHE_SIZE: Final = 8
+
+
+def _columns(prior: StepCostPrior, samples: tuple[StepSample, ...]) -> _Columns:
+    hit = _COLUMNS_CACHE.get(id(samples))
+    if hit is not None and hit[0] is samples and hit[1] is prior:
+        return hit[2]
+    terms = [_sample_terms(prior, x) for x in samples]
+    rows = itertools.chain.from_iterable(t[0] for t in terms)
+    features = np.fromiter(rows, dtype=float, count=len(samples) * N_FEATURES)
+    cols = _Columns(
+        features=features.reshape(len(samples), N_FEATURES),
+        prior_s=np.asarray([t[1] for t in terms], dtype=float),
+        step_s=np.asarray([x.step_s for x in samples], dtype=float),
+        batch=np.asarray([x.batch_size for x in samples], dtype=float),
+        steps=np.asarray([x.steps for x in samples], dtype=int),
+        time_s=[x.time_s for x in samples],
+        weight=[x.weight for x in samples],
+    )
+    if len(_COLUMNS_CACHE) >= _COLUMNS_CACHE_SIZE:
+        _COLUMNS_CACHE.clear()  # one atomic step, as _RESIDUAL_CACHE
+    _COLUMNS_CACHE[id(samples)] = (samples, prior, cols)
+    return cols
 
 
 def _residuals(state: StepCostState, half_life_s: float) -> _Residuals:
@@ -696,23 +731,22 @@ def _residuals(state: StepCostState, half_life_s: float) -> _Residuals:
     hit = _RESIDUAL_CACHE.get(key)
     if hit is not None and hit[0] is state:
         return hit[1]
-    samples = state.samples
-    prior = state.prior
-    step_s = np.asarray([x.step_s for x in samples], dtype=float)
+    cols = _columns(state.prior, state.samples)
+    step_s = cols.step_s
     # predict_step_s for every sample at once: the same products summed in the same order
     # as _dot (element-wise IEEE operations), so the values are bit-identical.
-    features = _feature_matrix(prior, samples)
-    fitted = np.zeros(len(samples))
+    features = cols.features
+    fitted = np.zeros(len(step_s))
     for j, c in enumerate(state.coefficients):
         fitted = fitted + features[:, j] * c
     res = _Residuals(
-        batch=np.asarray([x.batch_size for x in samples], dtype=float),
-        steps=np.asarray([x.steps for x in samples], dtype=int),
+        batch=cols.batch,
+        steps=cols.steps,
         log_fit=np.asarray(
             [math.log(max(r, 1e-12)) for r in (step_s / fitted).tolist()], dtype=float
         ),
-        prior_ratio=step_s / np.asarray([_sample_terms(prior, x)[1] for x in samples], dtype=float),
-        decayed=np.asarray(_decayed_weights(state, half_life_s), dtype=float),
+        prior_ratio=step_s / cols.prior_s,
+        decayed=np.asarray(_decayed_weights(state.last_time_s, cols, half_life_s), dtype=float),
     )
     if len(_RESIDUAL_CACHE) >= _RESIDUAL_CACHE_SIZE:
         _RESIDUAL_CACHE.clear()  # one atomic step (a daemon may decide off its event loop)
@@ -910,8 +944,8 @@ def _recalibration(
     returns to the prior itself (log-linearly in between).
     """
     by_steps: dict[int, float] = {}
-    for k, wk in zip(steps, weights, strict=True):
-        by_steps[k] = by_steps.get(k, 0.0) + float(wk)
+    for k, wk in zip(steps, weights.tolist(), strict=True):
+        by_steps[k] = by_steps.get(k, 0.0) + wk
     covered = sorted(by_steps.values(), reverse=True)
     second = covered[1] if len(covered) > 1 else 0.0
     trust = min(1.0, second / (N_FEATURES * config.prior_strength))
@@ -929,13 +963,14 @@ def _fit(
     theta0 = np.asarray(prior.prior_coefficients())
     if not samples:
         return tuple(float(t) for t in theta0)
-    feats = _feature_matrix(prior, samples)
+    cols = _columns(prior, samples)
+    feats = cols.features
     base = feats @ theta0  # prior prediction per sample
     x = feats / base[:, None]
-    y = np.asarray([s.step_s for s in samples]) / base
-    age = np.maximum(0.0, now_s - np.asarray([s.time_s for s in samples]))
-    w = np.asarray([s.weight for s in samples]) * 0.5 ** (age / config.half_life_s)
-    target = theta0 * _recalibration(y, w, [s.steps for s in samples], config)
+    y = cols.step_s / base
+    age = np.maximum(0.0, now_s - np.asarray(cols.time_s))
+    w = np.asarray(cols.weight) * 0.5 ** (age / config.half_life_s)
+    target = theta0 * _recalibration(y, w, cols.steps.tolist(), config)
     scales = _penalty_scales(prior, config)
     root_l = math.sqrt(config.prior_strength)
     pen_x = np.diag(root_l * scales)
