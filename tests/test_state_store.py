@@ -264,10 +264,16 @@ def test_settings_round_trip(db: Path) -> None:
         s.set_setting("policy_spec", "static:3")
         s.set_setting("ui", {"cols": [1, 2], "on": True})
         with pytest.raises(StoreError, match="set_setting"):
-            s.set_setting("bad", {1, 2})
+            s.set_setting("bad", object())
+        with pytest.raises(StoreError, match="set_setting"):
+            s.set_setting("bad", {(1, 2): "a tuple key"})
+        s.set_setting("odd", {"nan": float("nan"), "set": {3}})
     with StateStore(db) as s:
         assert s.get_setting("policy_spec") == "static:3"
         assert s.get_setting("ui") == {"cols": [1, 2], "on": True}
+        # Stored as JSON any reader accepts: a non-finite float as null, a set as a list.
+        assert s.get_setting("odd") == {"nan": None, "set": [3]}
+        assert s.get_setting("bad") is None
         assert s.get_setting("bad", "absent") == "absent"
 
 
