@@ -359,3 +359,24 @@ def test_an_observed_trend_falling_faster_than_the_default_is_followed() -> None
         AcceptanceConfig(extrapolation_decay=1.5)
     with pytest.raises(PolicyTypeError, match="extrapolation_decay"):
         AcceptanceConfig(extrapolation_decay=0.0)
+
+
+def test_pooled_counts_are_the_slots_sums_computed_once_and_never_saved() -> None:
+    # Every slot's estimate reads the counts pooled over slots; the state sums them once.
+    rng = np.random.default_rng(4)
+    state = run(
+        initial_acceptance_state([1, 8], CFG),
+        CFG,
+        rng,
+        5,
+        0.0,
+        [(1, 3, 100, CODE), (8, 5, 50, CODE)],
+    )
+    saved = state.to_dict()
+    reached, passed = state.pooled()
+    assert reached == tuple(sum(s.reached[i] for s in state.slots) for i in range(CFG.max_steps))
+    assert passed == tuple(sum(s.passed[i] for s in state.slots) for i in range(CFG.max_steps))
+    assert state.pooled() is state.pooled()
+    assert acceptance_estimate(state, 8, CFG).pooled_trials == reached
+    assert state.to_dict() == saved  # a derived cache: not part of the saved state
+    assert AcceptanceState.from_dict(saved) == state

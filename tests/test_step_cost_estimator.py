@@ -543,3 +543,28 @@ def test_penalty_scales_are_computed_once_per_prior_and_config_and_read_only() -
     assert np.array_equal(first, step_cost._compute_penalty_scales(prior, cfg))
     with pytest.raises(ValueError, match="read-only"):
         first[0] = 0.0
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "steps", "kv_tokens", "name"),
+    [
+        (float("nan"), 1, 0.0, "batch_size"),
+        (float("inf"), 1, 0.0, "batch_size"),
+        (-1.0, 1, 0.0, "batch_size"),
+        (True, 1, 0.0, "batch_size"),
+        (4.0, True, 0.0, "steps"),
+        (4.0, 1.0, 0.0, "steps"),
+        (4.0, 1, float("inf"), "kv_tokens"),
+        (4.0, 1, -0.5, "kv_tokens"),
+    ],
+)
+def test_step_time_queries_reject_what_the_memo_must_not_answer(
+    batch_size: float, steps: int, kv_tokens: float, name: str
+) -> None:
+    # local_step_s answers repeated points from a memo (True == 1, 4 == 4.0 as keys):
+    # a bad point is refused even right after the good point it equals was answered.
+    local_step_s(PROBED, 4.0, 1, 0.0)
+    with pytest.raises(PolicyTypeError, match=name):
+        local_step_s(PROBED, batch_size, steps, kv_tokens)
+    with pytest.raises(PolicyTypeError, match=name):
+        predict_step_s(PROBED, batch_size, steps, kv_tokens)

@@ -225,6 +225,10 @@ class AcceptanceState:
     pooled_changes: int = 0
     version: int = ACCEPTANCE_STATE_VERSION
     _index: dict[int, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+    # (reached, passed) per position summed over slots, built on first use (``pooled``).
+    _pooled: tuple[tuple[float, ...], tuple[float, ...]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not is_int(self.max_steps) or self.max_steps < 1:
@@ -262,6 +266,21 @@ class AcceptanceState:
     def slot_state(self, slot: int) -> SlotAcceptance | None:
         i = self._index.get(slot)
         return None if i is None else self.slots[i]
+
+    def pooled(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Decayed (reached, passed) per position, summed over the slots in slot order."""
+        pooled = getattr(self, "_pooled", None)  # absent in a state pickled by an older build
+        if pooled is None:
+            n = self.max_steps
+            reached = [0.0] * n
+            passed = [0.0] * n
+            for s in self.slots:
+                for i in range(n):
+                    reached[i] += s.reached[i]
+                    passed[i] += s.passed[i]
+            pooled = (tuple(reached), tuple(passed))
+            object.__setattr__(self, "_pooled", pooled)
+        return pooled
 
     @property
     def total_changes(self) -> int:
@@ -504,12 +523,7 @@ def acceptance_estimate(
     """The posterior of ``slot`` (a slot never seen gets the pooled estimate)."""
     cfg = config or AcceptanceConfig()
     n = state.max_steps
-    pooled_r = [0.0] * n
-    pooled_p = [0.0] * n
-    for s in state.slots:
-        for i in range(n):
-            pooled_r[i] += s.reached[i]
-            pooled_p[i] += s.passed[i]
+    pooled_r, pooled_p = state.pooled()  # the same for every slot of this state
     own = state.slot_state(slot)
     own_r = own.reached if own is not None else (0.0,) * n
     own_p = own.passed if own is not None else (0.0,) * n
@@ -569,6 +583,6 @@ def acceptance_estimate(
         mean=tuple(mean),
         lower=tuple(lower),
         trials=tuple(own_r),
-        pooled_trials=tuple(pooled_r),
+        pooled_trials=pooled_r,
         observed=observed,
     )

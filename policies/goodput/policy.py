@@ -113,44 +113,53 @@ class GoodputPolicy:
 
     # ---------------------------------------------------------------- learning
 
-    def _learn(self, obs: Observation, state: GoodputState) -> GoodputState:
+    def _learn(self, obs: Observation, state: GoodputState, **also: Any) -> GoodputState:
+        """``state`` with this observation absorbed (and the fields in ``also`` set).
+
+        One new state, not one per field: each construction validates every field.
+        """
         snap = obs.tier_stats
         if snap is None:
-            return state
+            return replace(state, **also) if also else state
         if obs.slot_candidates:
             snap = _normalise_slots(snap, tuple(b for b, _ in obs.slot_candidates))
         last = state.acceptance.last_time_s
         if last is not None and snap.window_end_s <= last:
-            return state  # seen already
+            return replace(state, **also) if also else state  # seen already
         dt = 0.0 if last is None else snap.window_end_s - last
-        state = replace(
-            state,
-            acceptance=update_acceptance(state.acceptance, snap, self._acc_cfg),
-            step_cost=update_step_cost(
-                state.step_cost,
-                snap,
-                kv_tokens_per_request=_kv_per_request(obs),
-                config=self._cost_cfg,
-            ),
-            batch=_update_batch(state.batch, snap, 0.5 ** (dt / self._config.half_life_s)),
+        step_cost = update_step_cost(
+            state.step_cost,
+            snap,
+            kv_tokens_per_request=_kv_per_request(obs),
+            config=self._cost_cfg,
         )
         in_force = obs.table.slots if obs.table is not None else ()  # (): the fallback
-        if state.seen_since_s is None or in_force != state.seen_slots:
-            state = replace(state, seen_slots=in_force, seen_since_s=obs.time_s)
-        sample = self._slo_sample(obs, state.step_cost, snap)
-        if sample is None or not self._lived_under_table(obs, state, snap):
-            return state
-        # A window holds a few dozen completions: smooth over several.
-        prev = state.slo_stats
-        if prev is None:
-            decay = 0.0
-        else:
-            decay = 0.5 ** (max(0.0, obs.time_s - prev[0]) / self._config.slo_half_life_s)
-        sums = (0.0,) * 6 if prev is None else prev[1:]
-        stats = (obs.time_s, sums[0] * decay + 1.0) + tuple(
-            old * decay + new for old, new in zip(sums[1:], sample, strict=True)
+        seen_slots, seen_since_s = state.seen_slots, state.seen_since_s
+        if seen_since_s is None or in_force != seen_slots:
+            seen_slots, seen_since_s = in_force, obs.time_s
+        slo_stats = state.slo_stats
+        sample = self._slo_sample(obs, step_cost, snap)
+        if sample is not None and self._lived_under_table(obs, seen_since_s, snap):
+            # A window holds a few dozen completions: smooth over several.
+            if slo_stats is None:
+                decay = 0.0
+            else:
+                elapsed_s = max(0.0, obs.time_s - slo_stats[0])
+                decay = 0.5 ** (elapsed_s / self._config.slo_half_life_s)
+            sums = (0.0,) * 6 if slo_stats is None else slo_stats[1:]
+            slo_stats = (obs.time_s, sums[0] * decay + 1.0) + tuple(
+                old * decay + new for old, new in zip(sums[1:], sample, strict=True)
+            )
+        return replace(
+            state,
+            acceptance=update_acceptance(state.acceptance, snap, self._acc_cfg),
+            step_cost=step_cost,
+            batch=_update_batch(state.batch, snap, 0.5 ** (dt / self._config.half_life_s)),
+            seen_slots=seen_slots,
+            seen_since_s=seen_since_s,
+            slo_stats=slo_stats,
+            **also,
         )
-        return replace(state, slo_stats=stats)
 
     # ---------------------------------------------------------------- decision
 
@@ -176,8 +185,7 @@ class GoodputPolicy:
     def decide(
         self, observation: Observation, state: GoodputState, budget: Budget
     ) -> tuple[Decision, GoodputState]:
-        state = self._learn(observation, state)
-        state = replace(state, decisions=state.decisions + 1)
+        state = self._learn(observation, state, decisions=state.decisions + 1)
         if observation.tier_stats is None or not observation.slot_candidates:
             missing = "tier statistics" if observation.tier_stats is None else "slot candidates"
             return (
@@ -269,20 +277,22 @@ class GoodputPolicy:
         )
 
     @staticmethod
-    def _lived_under_table(obs: Observation, state: GoodputState, snap: TierStatsSnapshot) -> bool:
+    def _lived_under_table(
+        obs: Observation, seen_since_s: float | None, snap: TierStatsSnapshot
+    ) -> bool:
         """Did the requests that finished in this window run under the table in force?
 
-        They started up to a request lifetime (e2e median) before the window; their TPOTs
-        would calibrate the table in force with another table's (or a cold start's)
-        timings.
+        (In force since ``seen_since_s``.) They started up to a request lifetime (e2e
+        median) before the window; their TPOTs would calibrate the table in force with
+        another table's (or a cold start's) timings.
         """
-        if state.seen_since_s is None:
+        if seen_since_s is None:
             return False
         window_s = obs.window_s or (snap.window_end_s - snap.window_start_s)
         lifetime_s = 0.0
         if obs.e2e_ms is not None and obs.e2e_ms.p50_ms is not None:
             lifetime_s = obs.e2e_ms.p50_ms / 1e3
-        return obs.time_s - state.seen_since_s >= window_s + lifetime_s
+        return obs.time_s - seen_since_s >= window_s + lifetime_s
 
     def _slo_model(self, state: GoodputState, slo_ms: float | None) -> _SloModel | None:
         """The per-request TPOT model from the smoothed windows, when near the SLO."""
@@ -556,9 +566,8 @@ class GoodputPolicy:
                 if options and rng.random() < cfg.explore:
                     probes[w.bound] = max(options, key=lambda k: (w.evals[k].score, -k))
                     break
-            state = replace(state, rng_state=_rng_state_of(rng))
-            if probes:
-                state = replace(state, last_probe_s=now)
+            probed = {"last_probe_s": now} if probes else {}
+            state = replace(state, rng_state=_rng_state_of(rng), **probed)
 
         plans: list[SlotPlan] = []
         gains: list[tuple[float, float, float]] = []  # (weight, new score, current score)
@@ -628,7 +637,8 @@ class GoodputPolicy:
             since = now if since is None else since
         else:
             since = None
-        state = replace(state, restart_since_s=since)
+        if since != state.restart_since_s:
+            state = replace(state, restart_since_s=since)
         # Whatever has lasted t is as likely as not to last t more: recommend once the
         # gain over the time held so far would pay for the restart's downtime.
         payback_s = cfg.restart_cost_s / max(gain, 1e-9)
