@@ -35,7 +35,7 @@ Pure: msgspec is a serialisation library (no IO); policies may import it.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Annotated, Any, Final, TypeAlias, TypeVar
 
 import msgspec
@@ -91,10 +91,17 @@ def from_data(
     return record
 
 
-@functools.lru_cache(maxsize=256)
-def _type_info(kind: Any) -> mi.Type:
+def _type_info(kind: object) -> mi.Type:
     # Introspecting a type costs ~0.4 ms (most of a small record's decode); the kinds
     # are a fixed set of classes and typing forms, so each is introspected once.
+    try:
+        return _cached_type_info(kind)
+    except TypeError:  # an unhashable typing form: introspected every time
+        return msgspec.inspect.type_info(kind)
+
+
+@functools.lru_cache(maxsize=256)
+def _cached_type_info(kind: Hashable) -> mi.Type:
     return msgspec.inspect.type_info(kind)
 
 
