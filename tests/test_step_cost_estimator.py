@@ -521,6 +521,13 @@ def test_plain_python_medians_equal_numpys_bit_for_bit() -> None:
                 1.0 if cum[-1] <= 0 else float(values[order][np.searchsorted(cum, 0.5 * cum[-1])])
             )
             assert step_cost._weighted_median(values.tolist(), weights.tolist()) == expected
+            distinct = values + np.arange(n) * 1e-9  # numpy's sort order is its own on ties
+            order = np.argsort(distinct, kind="stable")
+            cum = np.cumsum(weights[order])
+            pick = distinct[order][np.searchsorted(cum, 0.5 * cum[-1])]
+            expected = 1.0 if cum[-1] <= 0 else float(pick)
+            assert step_cost._weighted_median(distinct, weights) == expected
+            assert step_cost._weighted_median(distinct.tolist(), weights.tolist()) == expected
     assert step_cost._weighted_median([0.3, 0.1], [0.0, 0.0]) == 1.0
     assert step_cost._weighted_median([], []) == 1.0
 

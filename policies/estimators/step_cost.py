@@ -808,7 +808,7 @@ def step_cost_bounds(
     base = local_step_s(state, batch_size, anchor, kv_tokens, config=cfg)
     res = _residuals(state, cfg.half_life_s)
     mask = res.near(batch_size)
-    ratio = _weighted_median(res.prior_ratio[mask].tolist(), res.decayed[mask].tolist())
+    ratio = _weighted_median(res.prior_ratio[mask], res.decayed[mask])
     factor = math.exp(abs(math.log(max(ratio, 1e-12))))
     delta = pred - base
     ends = (base + delta / factor, base + delta * factor)
@@ -915,18 +915,27 @@ def _huber_weights(resid: np.ndarray, config: StepCostConfig) -> np.ndarray:
     return out
 
 
-def _weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
+def _weighted_median(
+    values: Sequence[float] | np.ndarray, weights: Sequence[float] | np.ndarray
+) -> float:
     """The weighted median (lower on a tie); 1.0 when the weights are all zero (or none).
 
-    Plain Python over lists (callers pass ``.tolist()``), the same operations as numpy's
-    ``argsort`` / ``cumsum`` (a sequential sum) / ``searchsorted``: the same value, without
-    numpy's per-call cost on the few samples of a cell.
+    Arrays (the fit's hundreds of samples) go through numpy's argsort / cumsum /
+    searchsorted; lists (a cell's few samples, where numpy's per-call cost dominates)
+    through the same operations in plain Python (a stable sort, a sequential sum, a
+    left bisection): the same value.
     """
-    order = sorted(range(len(values)), key=values.__getitem__)
-    cum = list(itertools.accumulate(weights[i] for i in order))
+    if isinstance(values, np.ndarray):
+        order = np.argsort(values)
+        cum_np = np.cumsum(np.asarray(weights)[order])
+        if not len(cum_np) or cum_np[-1] <= 0:
+            return 1.0
+        return float(values[order][int(np.searchsorted(cum_np, 0.5 * cum_np[-1]))])
+    rank = sorted(range(len(values)), key=values.__getitem__)
+    cum = list(itertools.accumulate(weights[i] for i in rank))
     if not cum or cum[-1] <= 0:
         return 1.0
-    return float(values[order[bisect.bisect_left(cum, 0.5 * cum[-1])]])
+    return float(values[rank[bisect.bisect_left(cum, 0.5 * cum[-1])]])
 
 
 def _median(values: Sequence[float]) -> float:
@@ -960,7 +969,7 @@ def _recalibration(
     covered = sorted(by_steps.values(), reverse=True)
     second = covered[1] if len(covered) > 1 else 0.0
     trust = min(1.0, second / (N_FEATURES * config.prior_strength))
-    return float(_weighted_median(ratios.tolist(), weights.tolist()) ** (1.0 - trust))
+    return float(_weighted_median(ratios, weights) ** (1.0 - trust))
 
 
 def _fit(
@@ -994,7 +1003,10 @@ def _fit(
         b = np.concatenate([y * sw, pen_y])
         new = np.maximum(nnls(a, b)[0], 0.0)
         huber = _huber_weights(y - x @ new, config)
-        converged = bool(np.max(np.abs(new - theta)) < 1e-6 * max(1.0, float(np.max(new))))
+        # Ten coefficients: plain Python (the same max of the same differences).
+        new_l, old_l = new.tolist(), theta.tolist()
+        step = max(abs(a - b) for a, b in zip(new_l, old_l, strict=True))
+        converged = step < 1e-6 * max(1.0, max(new_l))
         theta = new
         if converged:
             break
