@@ -515,6 +515,7 @@ def test_plain_python_medians_equal_numpys_bit_for_bit() -> None:
                 values[: n // 3] = values[0]  # ties
             weights = rng.random(n) * (rng.random(n) > 0.2)
             assert step_cost._median(values.tolist()) == float(np.median(values))
+            assert step_cost._median(values) == float(np.median(values))
             order = np.argsort(values, kind="stable")
             cum = np.cumsum(weights[order])
             expected = (

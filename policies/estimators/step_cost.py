@@ -48,7 +48,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import operator
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -267,8 +268,11 @@ _PRIOR_KEYS: Final = (
 _LEGACY_OPTIONAL_KEYS: Final = ("attention_per_token_pair_s", "tp_comm_fixed_s")
 
 
-def _dot(a: Iterable[float], b: Iterable[float]) -> float:
-    return float(sum(x * y for x, y in zip(a, b, strict=True)))
+def _dot(a: Sequence[float], b: Sequence[float]) -> float:
+    """Sum of the products in order (what every prediction has been computed with)."""
+    if len(a) != len(b):
+        raise PolicyTypeError(f"step cost: {len(a)} coefficients for {len(b)} features")
+    return float(sum(map(operator.mul, a, b)))
 
 
 def _check_point(batch_size: float, steps: int, kv_tokens: float) -> None:
@@ -631,7 +635,7 @@ class _Residuals:
         if not by_steps:
             for k in np.unique(self.steps).tolist():
                 by_steps[k] = np.flatnonzero(self.steps == k)
-        level: dict[int, tuple[float, float]] = {}
+        cells: dict[int, tuple[list[float], list[float], float]] = {}
         spread: list[float] = []
         for k, idx in by_steps.items():
             cell = idx[near[idx]]
@@ -640,30 +644,40 @@ class _Residuals:
             weights = self.decayed[cell]
             total = float(np.add.reduce(weights))  # what np.sum computes
             # Plain Python from here: a cell holds a few samples, where every numpy call
-            # costs more than the arithmetic (np.median ~25 us on 5 floats).
-            logs = self.log_fit[cell].tolist()
-            level[k] = (_weighted_median(logs, weights.tolist()) if total > 0 else 0.0, total)
+            # costs more than the arithmetic (np.median ~25 us on 5 floats). One sort
+            # serves the median and the weighted median.
+            logs, w = self.log_fit[cell].tolist(), weights.tolist()
+            rank = sorted(range(len(logs)), key=logs.__getitem__)
+            ordered = [logs[i] for i in rank]
+            cells[k] = (ordered, [w[i] for i in rank], total)
             # Scatter within cells (a slope error moves whole cells apart; not noise).
-            m = _median(logs)
-            spread.extend(abs(v - m) for v in logs)
-        return _Cells(level=level, scatter=1.4826 * _median(spread))
+            mid = len(ordered) // 2
+            m = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+            spread.extend(abs(v - m) for v in ordered)
+        return _Cells(cells=cells, scatter=1.4826 * _median(spread))
 
 
 @dataclass(frozen=True)
 class _Cells:
     """The near samples of one region, by step count, and their within-cell scatter."""
 
-    # steps -> (weighted median log(observed / fitted), weight in windows) of its samples
-    level: dict[int, tuple[float, float]]
+    # steps -> (log(observed / fitted) ascending, the samples' decayed weights in that
+    # order, their sum: the cell's weight in windows)
+    cells: dict[int, tuple[list[float], list[float], float]]
     scatter: float  # robust (MAD) relative scatter, before the min_rel_scale floor
 
 
 def _cell_correction(cells: _Cells, steps: int, min_rel_scale: float) -> float:
-    level = cells.level
+    by_steps = cells.cells
     # A step count not timed here: the nearest that was (the heavier on a tie).
-    key = steps if steps in level else min(level, key=lambda k: (abs(k - steps), -level[k][1]))
+    key = (
+        steps
+        if steps in by_steps
+        else min(by_steps, key=lambda k: (abs(k - steps), -by_steps[k][2]))
+    )
     scatter = max(cells.scatter, min_rel_scale)
-    c, n = level[key]
+    logs, weights, n = by_steps[key]
+    c = _weighted_median_sorted(logs, weights) if n > 0 else 0.0
     if c == 0.0 or n <= 0:
         return 1.0
     shrink = max(0.0, 1.0 - scatter * scatter / (n * c * c))
@@ -909,7 +923,7 @@ def _compute_penalty_scales(prior: StepCostPrior, config: StepCostConfig) -> np.
 
 def _huber_weights(resid: np.ndarray, config: StepCostConfig) -> np.ndarray:
     """Huber IRLS weights on a robust (MAD) scale of the relative residuals."""
-    mad = _median(np.abs(resid - _median(resid.tolist())).tolist())
+    mad = _median(np.abs(resid - _median(resid)))
     limit = config.huber_delta * max(1.4826 * mad, config.min_rel_scale)
     out: np.ndarray = np.minimum(1.0, limit / np.maximum(np.abs(resid), 1e-12))
     return out
@@ -932,17 +946,29 @@ def _weighted_median(
             return 1.0
         return float(values[order][int(np.searchsorted(cum_np, 0.5 * cum_np[-1]))])
     rank = sorted(range(len(values)), key=values.__getitem__)
-    cum = list(itertools.accumulate(weights[i] for i in rank))
+    return _weighted_median_sorted([values[i] for i in rank], [weights[i] for i in rank])
+
+
+def _weighted_median_sorted(values: Sequence[float], weights: Sequence[float]) -> float:
+    """:func:`_weighted_median` of ``values`` already in ascending order."""
+    cum = list(itertools.accumulate(weights))
     if not cum or cum[-1] <= 0:
         return 1.0
-    return float(values[rank[bisect.bisect_left(cum, 0.5 * cum[-1])]])
+    return float(values[bisect.bisect_left(cum, 0.5 * cum[-1])])
 
 
-def _median(values: Sequence[float]) -> float:
-    """``np.median`` of a non-empty list: the middle value, or the mean of the two middle ones."""
+def _median(values: Sequence[float] | np.ndarray) -> float:
+    """``np.median`` of a non-empty list or array: the middle value, or the mean of the
+    two middle ones (selected by ``np.partition`` for an array, as np.median does)."""
+    n = len(values)
+    mid = n // 2
+    if isinstance(values, np.ndarray):
+        if n % 2:
+            return float(np.partition(values, mid)[mid])
+        part = np.partition(values, (mid - 1, mid))
+        return float((part[mid - 1] + part[mid]) / 2.0)
     ordered = sorted(values)
-    mid = len(ordered) // 2
-    if len(ordered) % 2:
+    if n % 2:
         return float(ordered[mid])
     return float((ordered[mid - 1] + ordered[mid]) / 2.0)
 
