@@ -603,7 +603,8 @@ class _Residuals:
     local: dict[tuple[float, int, float, float], float] = field(default_factory=dict)
     regions: dict[bytes, _Cells] = field(default_factory=dict)  # near-sample mask -> cells
     region_of: dict[float, bytes] = field(default_factory=dict)  # batch size -> mask (b"": none)
-    by_steps: dict[int, np.ndarray] = field(default_factory=dict)  # steps -> sample indices
+    # steps -> (its sample indices, the same ordered by log_fit), see ``_cells``
+    by_steps: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def near(self, batch_size: float) -> np.ndarray:
         """The samples in ``batch_size``'s operating region (``_near``)."""
@@ -630,30 +631,29 @@ class _Residuals:
         return known
 
     def _cells(self, near: np.ndarray) -> _Cells:
-        # The samples of each step count (in sample order), found once per state.
+        # Per step count, once per state: its samples in sample order and in ascending
+        # log_fit order (a stable sort: the order Python's sorted() gives).
         by_steps = self.by_steps
         if not by_steps:
             for k in np.unique(self.steps).tolist():
-                by_steps[k] = np.flatnonzero(self.steps == k)
+                idx = np.flatnonzero(self.steps == k)
+                by_steps[k] = (idx, idx[np.argsort(self.log_fit[idx], kind="stable")])
         cells: dict[int, tuple[list[float], list[float], float]] = {}
         spread: list[float] = []
-        for k, idx in by_steps.items():
+        for k, (idx, ranked) in by_steps.items():
             cell = idx[near[idx]]
             if not len(cell):
                 continue
-            weights = self.decayed[cell]
-            total = float(np.add.reduce(weights))  # what np.sum computes
+            total = float(np.add.reduce(self.decayed[cell]))  # np.sum, in sample order
+            ranked_cell = ranked[near[ranked]]
             # Plain Python from here: a cell holds a few samples, where every numpy call
-            # costs more than the arithmetic (np.median ~25 us on 5 floats). One sort
-            # serves the median and the weighted median.
-            logs, w = self.log_fit[cell].tolist(), weights.tolist()
-            rank = sorted(range(len(logs)), key=logs.__getitem__)
-            ordered = [logs[i] for i in rank]
-            cells[k] = (ordered, [w[i] for i in rank], total)
+            # costs more than the arithmetic (np.median ~25 us on 5 floats).
+            ordered = self.log_fit[ranked_cell].tolist()
+            cells[k] = (ordered, self.decayed[ranked_cell].tolist(), total)
             # Scatter within cells (a slope error moves whole cells apart; not noise).
             mid = len(ordered) // 2
             m = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
-            spread.extend(abs(v - m) for v in ordered)
+            spread.extend([abs(v - m) for v in ordered])
         return _Cells(cells=cells, scatter=1.4826 * _median(spread))
 
 
