@@ -20,6 +20,7 @@ from specgov.policies.estimators.acceptance import (
     AcceptanceConfig,
     AcceptanceEstimate,
     AcceptanceState,
+    SlotAcceptance,
     acceptance_estimate,
     initial_acceptance_state,
     update_acceptance,
@@ -380,3 +381,30 @@ def test_pooled_counts_are_the_slots_sums_computed_once_and_never_saved() -> Non
     assert acceptance_estimate(state, 8, CFG).pooled_trials == reached
     assert state.to_dict() == saved  # a derived cache: not part of the saved state
     assert AcceptanceState.from_dict(saved) == state
+
+
+@pytest.mark.parametrize(
+    ("counts", "ok"),
+    [
+        ((0.0, 1.5, 2.0), True),
+        ((0, 3, 2.5), True),  # ints count too
+        ((-0.0, 0.0, 0.0), True),
+        ((1e308, 1e308, 1e308), True),  # finite, though their sum is not
+        ((float("nan"), 1.0, 1.0), False),
+        ((1.0, 1.0, float("nan")), False),
+        ((1.0, float("inf"), 1.0), False),
+        ((1.0, -1e-300, 1.0), False),
+        ((True, 1.0, 1.0), False),
+        ((1.0, "2", 1.0), False),
+    ],
+)
+def test_slot_counts_are_finite_numbers_at_least_zero(counts: tuple[float, ...], ok: bool) -> None:
+    good = (1.0, 1.0, 1.0)
+    for field in range(4):
+        args = [good, good, good, good]
+        args[field] = counts
+        if ok:
+            SlotAcceptance(1, *args)
+        else:
+            with pytest.raises(PolicyTypeError, match="finite numbers >= 0"):
+                SlotAcceptance(1, *args)

@@ -187,11 +187,7 @@ class SlotAcceptance:
         n = len(self.reached)
         for name in ("reached", "passed", "fast_reached", "fast_passed"):
             value = getattr(self, name)
-            if (
-                not isinstance(value, tuple)
-                or len(value) != n
-                or not all(is_real(v) and v >= 0 for v in value)
-            ):
+            if not isinstance(value, tuple) or len(value) != n or not _counts(value):
                 raise PolicyTypeError(
                     f"SlotAcceptance.{name} (slot {self.slot}): expected a tuple of {n} "
                     f"finite numbers >= 0, got {value!r}"
@@ -206,6 +202,18 @@ class SlotAcceptance:
                 f"SlotAcceptance.last_change_s (slot {self.slot}): expected None or a finite "
                 f"number, got {self.last_change_s!r}"
             )
+
+
+def _counts(values: tuple[float, ...]) -> bool:
+    """Every value a finite number >= 0 (decayed counts)."""
+    # Fast path for what update_acceptance builds (plain floats; a state is built per
+    # window): a NaN or an inf makes the sum NaN or inf. Anything else, or a sum that
+    # overflows, gets the exact check.
+    if all(type(v) is float for v in values) and (
+        not values or (min(values) >= 0.0 and math.isfinite(sum(values)))
+    ):
+        return True
+    return all(is_real(v) and v >= 0 for v in values)
 
 
 def _empty_slot(slot: int, max_steps: int) -> SlotAcceptance:
