@@ -22,6 +22,7 @@ from specgov.policies.estimators.step_cost import (
     StepCostConfig,
     StepCostPrior,
     StepCostState,
+    StepSample,
     cost_evidence,
     default_step_cost_prior,
     initial_step_cost_state,
@@ -576,3 +577,39 @@ def test_step_time_queries_reject_what_the_memo_must_not_answer(
         local_step_s(PROBED, batch_size, steps, kv_tokens)
     with pytest.raises(PolicyTypeError, match=name):
         predict_step_s(PROBED, batch_size, steps, kv_tokens)
+
+
+def test_eviction_drops_what_recounting_every_time_would() -> None:
+    # _evict counts each sample's cell once and keeps the counts as samples go; the
+    # choice must be the one a full recount before every drop makes.
+    import specgov.policies.estimators.step_cost as step_cost
+
+    def recounting(samples: list[StepSample], max_samples: int) -> list[StepSample]:
+        while len(samples) > max_samples:
+            counts: dict[tuple[int, int], int] = {}
+            for s in samples:
+                counts[step_cost._cell(s)] = counts.get(step_cost._cell(s), 0) + 1
+            most = max(counts.values())
+            oldest = min(
+                (i for i, s in enumerate(samples) if counts[step_cost._cell(s)] == most),
+                key=lambda i: (samples[i].time_s, i),
+            )
+            del samples[oldest]
+        return samples
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        n = int(rng.integers(1, 60))
+        samples = [
+            StepSample(
+                time_s=float(rng.integers(0, 10)),  # ties in time: the index decides
+                batch_size=float(2 ** rng.uniform(0, 6)),
+                steps=int(rng.integers(0, 4)),
+                kv_tokens=100.0,
+                step_s=0.01,
+                weight=0.5,
+            )
+            for _ in range(n)
+        ]
+        keep = int(rng.integers(1, n + 1))
+        assert step_cost._evict(list(samples), keep) == recounting(list(samples), keep)

@@ -868,16 +868,24 @@ def _cell(sample: StepSample) -> tuple[int, int]:
 
 def _evict(samples: list[StepSample], max_samples: int) -> list[StepSample]:
     """Drop the oldest sample of the most crowded cells until the buffer fits."""
+    if len(samples) <= max_samples:
+        return samples
+    # Each sample's cell once, and the counts kept as samples go (a full buffer drops a
+    # few per window: recounting all for each would cost more than the fit).
+    cells = [_cell(s) for s in samples]
+    counts: dict[tuple[int, int], int] = {}
+    for key in cells:
+        counts[key] = counts.get(key, 0) + 1
     while len(samples) > max_samples:
-        counts: dict[tuple[int, int], int] = {}
-        for s in samples:
-            key = _cell(s)
-            counts[key] = counts.get(key, 0) + 1
         most = max(counts.values())
         oldest = min(
-            (i for i, s in enumerate(samples) if counts[_cell(s)] == most),
+            (i for i, key in enumerate(cells) if counts[key] == most),
             key=lambda i: (samples[i].time_s, i),
         )
+        key = cells.pop(oldest)
+        counts[key] -= 1
+        if not counts[key]:
+            del counts[key]
         del samples[oldest]
     return samples
 
