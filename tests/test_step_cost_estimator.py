@@ -613,3 +613,25 @@ def test_eviction_drops_what_recounting_every_time_would() -> None:
         ]
         keep = int(rng.integers(1, n + 1))
         assert step_cost._evict(list(samples), keep) == recounting(list(samples), keep)
+
+
+def test_columns_taken_from_the_previous_state_equal_columns_built_afresh() -> None:
+    # Successive states share most samples: their columns copy the shared rows from the
+    # previous state's; through a full buffer (evictions) they must equal a fresh build.
+    import specgov.policies.estimators.step_cost as step_cost
+
+    rng = np.random.default_rng(5)
+    cfg = StepCostConfig(max_samples=40)
+    state = initial_step_cost_state(step_cost_prior(SPEC), cfg)
+    step_cost._COLUMNS_CACHE.clear()
+    for w in range(30):
+        state = update_step_cost(
+            state, _window(rng, float(w + 1), TRUTH, False), kv_tokens_per_request=CTX, config=cfg
+        )
+        warm = step_cost._columns(state.prior, state.samples)
+        fresh = step_cost._build_columns(state.prior, state.samples)
+        for name in ("features", "prior_s", "step_s", "batch", "steps"):
+            a, b = getattr(warm, name), getattr(fresh, name)
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+        assert warm.time_s == fresh.time_s and warm.weight == fresh.weight
+    assert len(state.samples) == 40  # the buffer filled and evicted

@@ -733,10 +733,26 @@ def _columns(prior: StepCostPrior, samples: tuple[StepSample, ...]) -> _Columns:
     hit = _COLUMNS_CACHE.get(id(samples))
     if hit is not None and hit[0] is samples and hit[1] is prior:
         return hit[2]
+    cols = None
+    if _COLUMNS_CACHE:
+        # An update keeps most of the previous tuple (in order) and appends a window:
+        # the kept samples' rows come from the newest columns, only new ones are built.
+        prev_samples, prev_prior, prev = next(reversed(_COLUMNS_CACHE.values()))
+        if prev_prior is prior:
+            cols = _columns_from(prev_samples, prev, prior, samples)
+    if cols is None:
+        cols = _build_columns(prior, samples)
+    if len(_COLUMNS_CACHE) >= _COLUMNS_CACHE_SIZE:
+        _COLUMNS_CACHE.clear()  # one atomic step, as _RESIDUAL_CACHE
+    _COLUMNS_CACHE[id(samples)] = (samples, prior, cols)
+    return cols
+
+
+def _build_columns(prior: StepCostPrior, samples: Sequence[StepSample]) -> _Columns:
     terms = [_sample_terms(prior, x) for x in samples]
     rows = itertools.chain.from_iterable(t[0] for t in terms)
     features = np.fromiter(rows, dtype=float, count=len(samples) * N_FEATURES)
-    cols = _Columns(
+    return _Columns(
         features=features.reshape(len(samples), N_FEATURES),
         prior_s=np.asarray([t[1] for t in terms], dtype=float),
         step_s=np.asarray([x.step_s for x in samples], dtype=float),
@@ -745,10 +761,47 @@ def _columns(prior: StepCostPrior, samples: tuple[StepSample, ...]) -> _Columns:
         time_s=[x.time_s for x in samples],
         weight=[x.weight for x in samples],
     )
-    if len(_COLUMNS_CACHE) >= _COLUMNS_CACHE_SIZE:
-        _COLUMNS_CACHE.clear()  # one atomic step, as _RESIDUAL_CACHE
-    _COLUMNS_CACHE[id(samples)] = (samples, prior, cols)
-    return cols
+
+
+def _columns_from(
+    prev_samples: tuple[StepSample, ...],
+    prev: _Columns,
+    prior: StepCostPrior,
+    samples: tuple[StepSample, ...],
+) -> _Columns | None:
+    """``samples``' columns, the rows of samples also in ``prev_samples`` copied from
+    ``prev`` (rows of the same objects: the same values); None when none is shared.
+
+    By identity: ``prev_samples`` is alive (its cache entry holds it), so no other
+    object has the id of one of its samples.
+    """
+    pos = {id(x): i for i, x in enumerate(prev_samples)}
+    fresh: list[StepSample] = []
+    index: list[int] = []
+    for x in samples:
+        i = pos.get(id(x))
+        if i is None:
+            i = len(prev_samples) + len(fresh)
+            fresh.append(x)
+        index.append(i)
+    if len(fresh) == len(samples):
+        return None
+    new = _build_columns(prior, fresh)
+    take = np.asarray(index, dtype=np.intp)
+
+    def pick(old: np.ndarray, added: np.ndarray) -> np.ndarray:
+        out: np.ndarray = np.concatenate([old, added])[take]
+        return out
+
+    return _Columns(
+        features=pick(prev.features, new.features),
+        prior_s=pick(prev.prior_s, new.prior_s),
+        step_s=pick(prev.step_s, new.step_s),
+        batch=pick(prev.batch, new.batch),
+        steps=pick(prev.steps, new.steps),
+        time_s=[x.time_s for x in samples],
+        weight=[x.weight for x in samples],
+    )
 
 
 def _residuals(state: StepCostState, half_life_s: float) -> _Residuals:
