@@ -873,3 +873,34 @@ def test_the_exact_prior_moves_to_the_optimum_without_a_cost_probe() -> None:
     r = run(SATURATED, pol, 40)
     assert steps_of(r.table) == {1: 1}
     assert all(not d.experiment_slots for d in r.decisions)
+
+
+@pytest.mark.parametrize(
+    ("changes", "ok"),
+    [
+        ({"batch": ((1, 2.0, 1.0), (8, 0, 3))}, True),  # ints count
+        ({"batch": ((1, float("nan"), 1.0),)}, False),
+        ({"batch": ((1, 2.0, float("inf")),)}, False),
+        ({"batch": ((1, -1.0, 1.0),)}, False),
+        ({"batch": ((True, 2.0, 1.0),)}, False),
+        ({"batch": ((1, 2.0),)}, False),
+        ({"slo_stats": (0.0, 1.0, -2.0, 3.0, 0.1, 0.1, 5.0)}, True),  # logs may be < 0
+        ({"slo_stats": (1e308, 1e308, 1e308, 1e308, 1e308, 1e308, 1e308)}, True),
+        ({"slo_stats": (0.0, 1.0, 2.0, float("nan"), 0.1, 0.1, 5.0)}, False),
+        ({"slo_stats": (0.0, 1.0, 2.0, 3.0, 0.1, 0.1, float("-inf"))}, False),
+        ({"slo_stats": (0.0, 1.0, 2.0, 3.0, 0.1, 0.1, True)}, False),
+        ({"seen_slots": ((1, 3), (8, 0))}, True),
+        ({"seen_slots": ((1, 3.0),)}, False),
+        ({"seen_slots": ((1, True),)}, False),
+        ({"seen_slots": ((1, 3, 5),)}, False),
+    ],
+)
+def test_state_fields_take_finite_numbers_and_ints_only(changes: dict[str, Any], ok: bool) -> None:
+    # The state is built a few times per decision; its checks take a fast path for plain
+    # floats and ints and must still refuse everything the exact checks refuse.
+    state = GoodputPolicy().initial_state()
+    if ok:
+        replace(state, **changes)
+    else:
+        with pytest.raises(PolicyTypeError, match="GoodputState"):
+            replace(state, **changes)

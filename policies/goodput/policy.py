@@ -566,8 +566,8 @@ class GoodputPolicy:
                 if options and rng.random() < cfg.explore:
                     probes[w.bound] = max(options, key=lambda k: (w.evals[k].score, -k))
                     break
-            probed = {"last_probe_s": now} if probes else {}
-            state = replace(state, rng_state=_rng_state_of(rng), **probed)
+            last_probe_s = now if probes else state.last_probe_s
+            state = replace(state, rng_state=_rng_state_of(rng), last_probe_s=last_probe_s)
 
         plans: list[SlotPlan] = []
         gains: list[tuple[float, float, float]] = []  # (weight, new score, current score)
