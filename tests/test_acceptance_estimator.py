@@ -408,3 +408,17 @@ def test_slot_counts_are_finite_numbers_at_least_zero(counts: tuple[float, ...],
         else:
             with pytest.raises(PolicyTypeError, match="finite numbers >= 0"):
                 SlotAcceptance(1, *args)
+
+
+def test_the_slots_shared_prior_is_kept_per_config() -> None:
+    # Every slot's posterior starts from one pooled prior per state; it is kept on the
+    # state for the config it was computed with, never reused for another.
+    rng = np.random.default_rng(6)
+    state = run(initial_acceptance_state([1, 8], CFG), CFG, rng, 4, 0.0, [(1, 3, 100, CODE)])
+    other = AcceptanceConfig(prior_mean=0.3, pool_strength=5.0)
+    first = acceptance_estimate(state, 8, CFG)
+    with_other = acceptance_estimate(state, 8, other)
+    fresh = AcceptanceState.from_dict(state.to_dict())
+    assert with_other == acceptance_estimate(fresh, 8, other)
+    assert with_other != first
+    assert acceptance_estimate(state, 8, CFG) == first == acceptance_estimate(fresh, 8, CFG)

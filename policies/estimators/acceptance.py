@@ -237,6 +237,10 @@ class AcceptanceState:
     _pooled: tuple[tuple[float, ...], tuple[float, ...]] | None = field(
         default=None, init=False, repr=False, compare=False
     )
+    # (config, per position the slots' Beta prior), see ``_slot_priors``.
+    _slot_priors: tuple[AcceptanceConfig, tuple[tuple[float, float], ...]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if not is_int(self.max_steps) or self.max_steps < 1:
@@ -525,6 +529,33 @@ def _extrapolation_start(
     return cap, ratio
 
 
+def _slot_priors(state: AcceptanceState, cfg: AcceptanceConfig) -> tuple[tuple[float, float], ...]:
+    """Per position, the Beta(a, b) prior every slot's posterior starts from.
+
+    The pooled posterior's mean with strength ``kappa``: the same for every slot of one
+    state, so it is computed once per state and config (kept on the state).
+    """
+    # (getattr: absent in a state pickled by an older build)
+    cached: tuple[AcceptanceConfig, tuple[tuple[float, float], ...]] | None = getattr(
+        state, "_slot_priors", None
+    )
+    if cached is not None and cached[0] is cfg:
+        return cached[1]
+    pooled_r, pooled_p = state.pooled()
+    priors: list[tuple[float, float]] = []
+    for pr, pooled in zip(pooled_r, pooled_p, strict=True):
+        pp = min(pooled, pr)
+        a_pool = cfg.prior_mean * cfg.prior_strength + pp
+        b_pool = (1.0 - cfg.prior_mean) * cfg.prior_strength + (pr - pp)
+        m_pool = a_pool / (a_pool + b_pool)
+        # The slot's prior is never more confident than the pooled posterior itself.
+        kappa = min(cfg.pool_strength, a_pool + b_pool)
+        priors.append((kappa * m_pool, kappa * (1.0 - m_pool)))
+    result = tuple(priors)
+    object.__setattr__(state, "_slot_priors", (cfg, result))
+    return result
+
+
 def acceptance_estimate(
     state: AcceptanceState, slot: int, config: AcceptanceConfig | None = None
 ) -> AcceptanceEstimate:
@@ -538,18 +569,11 @@ def acceptance_estimate(
 
     mean: list[float] = []
     lower: list[float] = []
-    for i in range(n):
-        pr = pooled_r[i]
-        pp = min(pooled_p[i], pr)
-        a_pool = cfg.prior_mean * cfg.prior_strength + pp
-        b_pool = (1.0 - cfg.prior_mean) * cfg.prior_strength + (pr - pp)
-        m_pool = a_pool / (a_pool + b_pool)
-        # The slot's prior is never more confident than the pooled posterior itself.
-        kappa = min(cfg.pool_strength, a_pool + b_pool)
+    for i, (a_prior, b_prior) in enumerate(_slot_priors(state, cfg)):
         r = own_r[i]
         p = min(own_p[i], r)
-        a = kappa * m_pool + p
-        b = kappa * (1.0 - m_pool) + (r - p)
+        a = a_prior + p
+        b = b_prior + (r - p)
         m = a / (a + b)
         sd = math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1.0)))
         mean.append(m)
