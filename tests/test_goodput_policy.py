@@ -904,3 +904,14 @@ def test_state_fields_take_finite_numbers_and_ints_only(changes: dict[str, Any],
     else:
         with pytest.raises(PolicyTypeError, match="GoodputState"):
             replace(state, **changes)
+
+
+def test_the_drafter_less_prior_is_the_prior_without_its_drafter_built_once() -> None:
+    from specgov.policies.estimators.step_cost import default_step_cost_prior
+    from specgov.policies.goodput import model
+
+    prior = default_step_cost_prior()
+    bare = model._without_drafter(prior)
+    assert bare == replace(prior, speculative=False, topk=1, num_draft_tokens=None)
+    assert model._without_drafter(prior) is bare
+    assert bare.predict_s(8.0, 0, 8192.0) < prior.predict_s(8.0, 0, 8192.0)

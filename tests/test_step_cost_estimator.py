@@ -534,15 +534,6 @@ def test_plain_python_medians_equal_numpys_bit_for_bit() -> None:
     assert step_cost._weighted_median([], []) == 1.0
 
 
-def test_without_drafter_is_the_prior_without_its_drafter_built_once() -> None:
-    prior = default_step_cost_prior()
-    bare = prior.without_drafter()
-    assert bare == replace(prior, speculative=False, topk=1, num_draft_tokens=None)
-    assert prior.without_drafter() is bare
-    assert bare.without_drafter() is bare  # no drafter to remove
-    assert bare.predict_s(8.0, 0, 8.0 * CTX) < prior.predict_s(8.0, 0, 8.0 * CTX)
-
-
 def test_penalty_scales_are_computed_once_per_prior_and_config_and_read_only() -> None:
     import specgov.policies.estimators.step_cost as step_cost
 

@@ -120,7 +120,6 @@ class StepCostPrior:
     topk: int = 1
     num_draft_tokens: int | None = None
     _roofline: Roofline = field(init=False, repr=False, compare=False)
-    _bare: StepCostPrior | None = field(init=False, default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.coefficients, RooflineCoefficients):
@@ -166,16 +165,6 @@ class StepCostPrior:
     def roofline(self) -> Roofline:
         """The shared step-cost formula for this prior's coefficients and shape."""
         return self._roofline
-
-    def without_drafter(self) -> StepCostPrior:
-        """The same server without a drafter (this prior when it has none); built once."""
-        bare = getattr(self, "_bare", None)  # absent in a prior pickled by an older build
-        if bare is None:
-            bare = self
-            if self.speculative:
-                bare = StepCostPrior(self.coefficients, speculative=False)
-            object.__setattr__(self, "_bare", bare)
-        return bare
 
     def verify_tokens_per_request(self, steps: int) -> int:
         """Target tokens verified per request at ``steps`` (1 without a drafter)."""

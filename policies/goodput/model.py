@@ -211,11 +211,28 @@ class _Restart:
         )
 
 
+# The prior without its drafter, per prior by identity (the entry holds both): asked for
+# per busy slot and decision, and building a prior builds its roofline.
+_BARE_PRIORS: dict[int, tuple[StepCostPrior, StepCostPrior]] = {}
+_BARE_PRIORS_SIZE = 8
+
+
+def _without_drafter(prior: StepCostPrior) -> StepCostPrior:
+    hit = _BARE_PRIORS.get(id(prior))
+    if hit is not None and hit[0] is prior:
+        return hit[1]
+    bare = replace(prior, speculative=False, topk=1, num_draft_tokens=None)
+    if len(_BARE_PRIORS) >= _BARE_PRIORS_SIZE:
+        _BARE_PRIORS.clear()  # one atomic step
+    _BARE_PRIORS[id(prior)] = (prior, bare)
+    return bare
+
+
 def _drafter_share(prior: StepCostPrior, batch: float, ctx: float) -> float:
     """Share of a step-0 step the drafter costs: the prior with vs without the drafter."""
     if not prior.speculative:
         return 0.0
-    bare = prior.without_drafter()
+    bare = _without_drafter(prior)
     kv = ctx * batch
     with_drafter = prior.predict_s(batch, 0, kv)
     return max(0.0, 1.0 - bare.predict_s(batch, 0, kv) / with_drafter) if with_drafter > 0 else 0.0
