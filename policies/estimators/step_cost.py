@@ -57,6 +57,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from specgov.policies.estimators._common import check_keys, is_int, is_real
+from specgov.policies.identity_cache import IdentityCache
 from specgov.policies.roofline import Roofline, RooflineCoefficients, RooflineError
 from specgov.policies.types import PolicyTypeError, TierStatsSnapshot
 
@@ -673,29 +674,23 @@ def _cell_correction(cells: _Cells, steps: int, min_rel_scale: float) -> float:
     return math.exp(c * shrink)
 
 
-# The last few states' residuals, keyed by identity (the entry holds the state, so its
-# id cannot be reused while cached). States are immutable: an entry never goes stale.
-_RESIDUAL_CACHE: dict[tuple[int, float], tuple[StepCostState, _Residuals]] = {}
-_RESIDUAL_CACHE_SIZE: Final = 8
+# The last few states' residuals (per half-life), by the state's identity.
+_RESIDUAL_CACHE: Final[IdentityCache[_Residuals]] = IdentityCache(8)
 
 
 # Per sample: its features and the prior's prediction. Both depend on the prior and the
 # sample only, and a sample stays in successive states (one window is added per update),
-# so each is computed once, not once per state. Keyed by identity; the entry holds both.
-_TERMS_CACHE: dict[int, tuple[StepSample, StepCostPrior, tuple[float, ...], float]] = {}
-_TERMS_CACHE_SIZE: Final = 16384
+# so each is computed once, not once per state. By the sample's and prior's identity.
+_TERMS_CACHE: Final[IdentityCache[tuple[tuple[float, ...], float]]] = IdentityCache(16384)
 
 
 def _sample_terms(prior: StepCostPrior, x: StepSample) -> tuple[tuple[float, ...], float]:
-    hit = _TERMS_CACHE.get(id(x))
-    if hit is not None and hit[0] is x and hit[1] is prior:
-        return hit[2], hit[3]
+    hit = _TERMS_CACHE.get((x, prior))
+    if hit is not None:
+        return hit
     feats = prior.features(x.batch_size, x.steps, x.kv_tokens)
     prior_s = prior.predict_s(x.batch_size, x.steps, x.kv_tokens)
-    if len(_TERMS_CACHE) >= _TERMS_CACHE_SIZE:
-        _TERMS_CACHE.clear()  # one atomic step, as _RESIDUAL_CACHE
-    _TERMS_CACHE[id(x)] = (x, prior, feats, prior_s)
-    return feats, prior_s
+    return _TERMS_CACHE.put((x, prior), (feats, prior_s))
 
 
 @dataclass(frozen=True)
@@ -711,30 +706,28 @@ class _Columns:
     weight: list[float]
 
 
-# The last few samples tuples' columns, by identity (the entry holds the tuple and the
-# prior). update_step_cost fits the tuple it then stores in the new state, whose
-# residuals the policy reads next: both read the same columns.
-_COLUMNS_CACHE: dict[int, tuple[tuple[StepSample, ...], StepCostPrior, _Columns]] = {}
-_COLUMNS_CACHE_SIZE: Final = 8
+# The last few samples tuples' columns, by the tuple's and prior's identity.
+# update_step_cost fits the tuple it then stores in the new state, whose residuals the
+# policy reads next: both read the same columns.
+_COLUMNS_CACHE: Final[IdentityCache[_Columns]] = IdentityCache(8)
 
 
 def _columns(prior: StepCostPrior, samples: tuple[StepSample, ...]) -> _Columns:
-    hit = _COLUMNS_CACHE.get(id(samples))
-    if hit is not None and hit[0] is samples and hit[1] is prior:
-        return hit[2]
+    hit = _COLUMNS_CACHE.get((samples, prior))
+    if hit is not None:
+        return hit
     cols = None
-    if _COLUMNS_CACHE:
+    newest = _COLUMNS_CACHE.newest()
+    if newest is not None:
         # An update keeps most of the previous tuple (in order) and appends a window:
         # the kept samples' rows come from the newest columns, only new ones are built.
-        prev_samples, prev_prior, prev = next(reversed(_COLUMNS_CACHE.values()))
+        (prev_samples, prev_prior), prev = newest
         if prev_prior is prior:
+            assert isinstance(prev_samples, tuple)
             cols = _columns_from(prev_samples, prev, prior, samples)
     if cols is None:
         cols = _build_columns(prior, samples)
-    if len(_COLUMNS_CACHE) >= _COLUMNS_CACHE_SIZE:
-        _COLUMNS_CACHE.clear()  # one atomic step, as _RESIDUAL_CACHE
-    _COLUMNS_CACHE[id(samples)] = (samples, prior, cols)
-    return cols
+    return _COLUMNS_CACHE.put((samples, prior), cols)
 
 
 def _build_columns(prior: StepCostPrior, samples: Sequence[StepSample]) -> _Columns:
@@ -794,10 +787,9 @@ def _columns_from(
 
 
 def _residuals(state: StepCostState, half_life_s: float) -> _Residuals:
-    key = (id(state), half_life_s)
-    hit = _RESIDUAL_CACHE.get(key)
-    if hit is not None and hit[0] is state:
-        return hit[1]
+    hit = _RESIDUAL_CACHE.get((state,), half_life_s)
+    if hit is not None:
+        return hit
     cols = _columns(state.prior, state.samples)
     step_s = cols.step_s
     # predict_step_s for every sample at once: the same products summed in the same order
@@ -815,10 +807,7 @@ def _residuals(state: StepCostState, half_life_s: float) -> _Residuals:
         prior_ratio=step_s / cols.prior_s,
         decayed=np.asarray(_decayed_weights(state.last_time_s, cols, half_life_s), dtype=float),
     )
-    if len(_RESIDUAL_CACHE) >= _RESIDUAL_CACHE_SIZE:
-        _RESIDUAL_CACHE.clear()  # one atomic step (a daemon may decide off its event loop)
-    _RESIDUAL_CACHE[key] = (state, res)
-    return res
+    return _RESIDUAL_CACHE.put((state,), res, half_life_s)
 
 
 def step_cost_bounds(
@@ -932,10 +921,9 @@ def _evict(samples: list[StepSample], max_samples: int) -> list[StepSample]:
     return samples
 
 
-# Per (prior, config) by identity (the entry holds both): _penalty_scales is
-# data-independent and every fit of a policy's life asks for the same one.
-_PENALTY_CACHE: dict[tuple[int, int], tuple[StepCostPrior, StepCostConfig, np.ndarray]] = {}
-_PENALTY_CACHE_SIZE: Final = 16
+# Per (prior, config) by identity: _penalty_scales is data-independent and every fit of
+# a policy's life asks for the same one.
+_PENALTY_CACHE: Final[IdentityCache[np.ndarray]] = IdentityCache(16)
 
 
 def _penalty_scales(prior: StepCostPrior, config: StepCostConfig) -> np.ndarray:
@@ -943,15 +931,12 @@ def _penalty_scales(prior: StepCostPrior, config: StepCostConfig) -> np.ndarray:
 
     Read-only: the array is shared by every fit with this prior and config.
     """
-    hit = _PENALTY_CACHE.get((id(prior), id(config)))
-    if hit is not None and hit[0] is prior and hit[1] is config:
-        return hit[2]
+    hit = _PENALTY_CACHE.get((prior, config))
+    if hit is not None:
+        return hit
     out = _compute_penalty_scales(prior, config)
     out.flags.writeable = False
-    if len(_PENALTY_CACHE) >= _PENALTY_CACHE_SIZE:
-        _PENALTY_CACHE.clear()  # one atomic step, as _RESIDUAL_CACHE
-    _PENALTY_CACHE[(id(prior), id(config))] = (prior, config, out)
-    return out
+    return _PENALTY_CACHE.put((prior, config), out)
 
 
 def _compute_penalty_scales(prior: StepCostPrior, config: StepCostConfig) -> np.ndarray:

@@ -7,6 +7,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Final
 
 from specgov.policies.estimators.acceptance import (
     AcceptanceEstimate,
@@ -17,6 +18,7 @@ from specgov.policies.estimators.step_cost import (
 from specgov.policies.goodput.config import (
     _GAUSS_HERMITE,
 )
+from specgov.policies.identity_cache import IdentityCache
 from specgov.policies.types import (
     Observation,
     RestartRecommendation,
@@ -211,21 +213,17 @@ class _Restart:
         )
 
 
-# The prior without its drafter, per prior by identity (the entry holds both): asked for
-# per busy slot and decision, and building a prior builds its roofline.
-_BARE_PRIORS: dict[int, tuple[StepCostPrior, StepCostPrior]] = {}
-_BARE_PRIORS_SIZE = 8
+# The prior without its drafter, per prior by identity: asked for per busy slot and
+# decision, and building a prior builds its roofline.
+_BARE_PRIORS: Final[IdentityCache[StepCostPrior]] = IdentityCache(8)
 
 
 def _without_drafter(prior: StepCostPrior) -> StepCostPrior:
-    hit = _BARE_PRIORS.get(id(prior))
-    if hit is not None and hit[0] is prior:
-        return hit[1]
+    hit = _BARE_PRIORS.get((prior,))
+    if hit is not None:
+        return hit
     bare = replace(prior, speculative=False, topk=1, num_draft_tokens=None)
-    if len(_BARE_PRIORS) >= _BARE_PRIORS_SIZE:
-        _BARE_PRIORS.clear()  # one atomic step
-    _BARE_PRIORS[id(prior)] = (prior, bare)
-    return bare
+    return _BARE_PRIORS.put((prior,), bare)
 
 
 def _drafter_share(prior: StepCostPrior, batch: float, ctx: float) -> float:
