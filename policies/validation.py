@@ -19,11 +19,12 @@ the caller's error type, so each module keeps its own typed error (``PolicyTypeE
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import TypeGuard
+from collections.abc import Callable, Sequence
+from typing import TypeGuard, cast
 
 __all__ = [
     "ErrorFactory",
+    "all_real",
     "check_bool",
     "check_int",
     "check_opt_int",
@@ -40,9 +41,13 @@ __all__ = [
 ErrorFactory = Callable[[str], Exception]
 
 
+# The exact-type tests first: the estimators check every value of the states they build
+# (a few per decision), nearly all plain ints and floats.
+
+
 def is_int(value: object) -> TypeGuard[int]:
     """An ``int`` that is not a ``bool`` (bool is an int subclass)."""
-    return isinstance(value, int) and not isinstance(value, bool)
+    return type(value) is int or (isinstance(value, int) and not isinstance(value, bool))
 
 
 def is_real(value: object) -> TypeGuard[int | float]:
@@ -51,12 +56,28 @@ def is_real(value: object) -> TypeGuard[int | float]:
     An int too large for a float counts as not finite (``float(v)`` would overflow), so
     ``float(value)`` is always finite when this is true.
     """
+    if type(value) is float:
+        return math.isfinite(value)
     if isinstance(value, bool) or not isinstance(value, int | float):
         return False
     try:
         return math.isfinite(value)
     except OverflowError:  # an int beyond float range
         return False
+
+
+def all_real(values: Sequence[object], *, minimum: float | None = None) -> bool:
+    """Every value :func:`is_real` (and ``>= minimum`` when given).
+
+    All plain floats (what the estimators build): a NaN or an inf makes the sum NaN or
+    inf, so one sum and one min decide; a sum that overflows, or any other value, gets
+    the per-value check.
+    """
+    if values and all(type(v) is float for v in values):
+        floats = cast(Sequence[float], values)
+        if math.isfinite(sum(floats)) and (minimum is None or min(floats) >= minimum):
+            return True
+    return all(is_real(v) and (minimum is None or v >= minimum) for v in values)
 
 
 def int_form(*, minimum: int | None = None, maximum: int | None = None) -> str:

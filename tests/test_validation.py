@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specgov.policies.validation import (
+    all_real,
     check_bool,
     check_int,
     check_opt_int,
@@ -245,3 +246,34 @@ def test_spool_reader_rejects_a_timestamp_beyond_float_range(tmp_path: Path) -> 
     reader = SpoolTableReader(tmp_path, steps, lambda: 10.0)
     assert reader() is None
     assert reader.ignored == {"invalid": 1}
+
+
+@pytest.mark.parametrize(
+    ("values", "minimum", "ok"),
+    [
+        ((), None, True),
+        ((0.5, 2.0), None, True),
+        ((0.5, math.nan), None, False),
+        ((math.inf, 1.0), None, False),
+        ((1e308, 1e308), None, True),  # finite values whose sum overflows: the exact check
+        ((1e308, 1e308, -math.inf), None, False),
+        ((0.0, 3.0), 0.0, True),
+        ((-1e-9, 3.0), 0.0, False),
+        ((1, 2.5), 0.0, True),  # an int among floats: the exact check
+        ((True, 1.0), None, False),  # a bool is not a number here
+        ((10**400,), None, False),  # beyond float range
+        (("1.0",), None, False),
+    ],
+)
+def test_all_real_agrees_with_is_real_per_value(
+    values: tuple[object, ...], minimum: float | None, ok: bool
+) -> None:
+    assert all_real(values, minimum=minimum) is ok
+    exact = all(is_real(v) and (minimum is None or v >= minimum) for v in values)
+    assert exact is ok
+
+
+@given(st.lists(st.floats(allow_nan=True, allow_infinity=True), max_size=8))
+def test_all_real_on_any_floats_is_the_per_value_check(values: list[float]) -> None:
+    assert all_real(tuple(values)) == all(math.isfinite(v) for v in values)
+    assert all_real(tuple(values), minimum=0.0) == all(math.isfinite(v) and v >= 0 for v in values)

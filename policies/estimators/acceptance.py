@@ -65,6 +65,7 @@ from typing import Any, Final
 from specgov.policies.codec import from_data, to_data
 from specgov.policies.estimators._common import is_int, is_real
 from specgov.policies.types import PolicyTypeError, TierStatsSnapshot
+from specgov.policies.validation import all_real
 
 __all__ = [
     "ACCEPTANCE_STATE_VERSION",
@@ -187,7 +188,7 @@ class SlotAcceptance:
         n = len(self.reached)
         for name in ("reached", "passed", "fast_reached", "fast_passed"):
             value = getattr(self, name)
-            if not isinstance(value, tuple) or len(value) != n or not _counts(value):
+            if not isinstance(value, tuple) or len(value) != n or not all_real(value, minimum=0.0):
                 raise PolicyTypeError(
                     f"SlotAcceptance.{name} (slot {self.slot}): expected a tuple of {n} "
                     f"finite numbers >= 0, got {value!r}"
@@ -202,18 +203,6 @@ class SlotAcceptance:
                 f"SlotAcceptance.last_change_s (slot {self.slot}): expected None or a finite "
                 f"number, got {self.last_change_s!r}"
             )
-
-
-def _counts(values: tuple[float, ...]) -> bool:
-    """Every value a finite number >= 0 (decayed counts)."""
-    # Fast path for what update_acceptance builds (plain floats; a state is built per
-    # window): a NaN or an inf makes the sum NaN or inf. Anything else, or a sum that
-    # overflows, gets the exact check.
-    if all(type(v) is float for v in values) and (
-        not values or (min(values) >= 0.0 and math.isfinite(sum(values)))
-    ):
-        return True
-    return all(is_real(v) and v >= 0 for v in values)
 
 
 def _empty_slot(slot: int, max_steps: int) -> SlotAcceptance:

@@ -266,17 +266,6 @@ def _dot(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def _check_point(batch_size: float, steps: int, kv_tokens: float) -> None:
-    # The policy's own queries (plain floats and an int, dozens per decision) pass here
-    # first; anything else (NaN, inf, negative, other types) takes the checks below.
-    if (
-        type(steps) is int
-        and steps >= 0
-        and type(batch_size) is float
-        and type(kv_tokens) is float
-        and 0.0 <= batch_size < math.inf
-        and 0.0 <= kv_tokens < math.inf
-    ):
-        return
     if not is_real(batch_size) or batch_size < 0:
         raise PolicyTypeError(f"step cost: batch_size: expected a number >= 0, got {batch_size!r}")
     if not is_int(steps) or steps < 0:

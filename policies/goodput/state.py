@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -23,7 +22,7 @@ from specgov.policies.types import (
     PolicyTypeError,
     StepTable,
 )
-from specgov.policies.validation import check_int, is_int, is_real
+from specgov.policies.validation import all_real, check_int, is_int, is_real
 
 # ---------------------------------------------------------------------------- state
 
@@ -103,13 +102,17 @@ class GoodputState:
         if self.slo_stats is not None and (
             not isinstance(self.slo_stats, tuple)
             or len(self.slo_stats) != 7
-            or not _finite(self.slo_stats)
+            or not all_real(self.slo_stats)
         ):
             raise PolicyTypeError(
                 f"GoodputState.slo_stats: expected None or 7 finite numbers, got {self.slo_stats!r}"
             )
         if self.seen_slots is not None and (
-            not isinstance(self.seen_slots, tuple) or not all(_int_pair(p) for p in self.seen_slots)
+            not isinstance(self.seen_slots, tuple)
+            or not all(
+                isinstance(p, tuple) and len(p) == 2 and all(is_int(v) for v in p)
+                for p in self.seen_slots
+            )
         ):
             raise PolicyTypeError(
                 f"GoodputState.seen_slots: expected None or (bound, steps) int pairs, "
@@ -200,42 +203,14 @@ class GoodputState:
         )
 
 
-# The checks below run on every state the policy builds (a few per decision): each
-# takes a fast path for what the policy itself builds (plain floats and ints) and the
-# exact per-value check for anything else (a NaN or an inf makes a sum NaN or inf; a
-# sum that overflows gets the exact check), so they accept exactly what it accepts.
-
-
 def _batch_entry(entry: object) -> bool:
     """(slot int, batch_size_sum, verify_calls), both sums finite numbers >= 0."""
-    if type(entry) is tuple and len(entry) == 3:
-        slot, b, v = entry
-        if (
-            type(slot) is int
-            and type(b) is float
-            and type(v) is float
-            and 0.0 <= b < math.inf
-            and 0.0 <= v < math.inf
-        ):
-            return True
     return (
         isinstance(entry, tuple)
         and len(entry) == 3
         and is_int(entry[0])
-        and all(is_real(v) and v >= 0 for v in entry[1:])
+        and all_real(entry[1:], minimum=0.0)
     )
-
-
-def _finite(values: tuple[float, ...]) -> bool:
-    if all(type(v) is float for v in values) and math.isfinite(sum(values)):
-        return True
-    return all(is_real(v) for v in values)
-
-
-def _int_pair(pair: object) -> bool:
-    if type(pair) is tuple and len(pair) == 2 and type(pair[0]) is int and type(pair[1]) is int:
-        return True
-    return isinstance(pair, tuple) and len(pair) == 2 and all(is_int(v) for v in pair)
 
 
 def _float_tuple_or_none(value: object) -> tuple[float, ...] | None:
