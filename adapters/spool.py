@@ -870,8 +870,11 @@ def _check_writer_id(writer_id: str) -> str:
     return writer_id
 
 
-def _stats_files(stats_dir: Path) -> list[tuple[str, int, Path]]:
-    """(writer id, seq, path) of every statistics file; other names are ignored."""
+def _stats_files(stats_dir: Path) -> list[tuple[str, int, str]]:
+    """(writer id, seq, file name) of every statistics file; other names are ignored.
+
+    Names, not paths: the daemon lists the directory at every decision and reads one
+    or two of its files (a Path per listed file was a third of the read)."""
     try:
         names = os.listdir(stats_dir)
     except FileNotFoundError:
@@ -880,7 +883,7 @@ def _stats_files(stats_dir: Path) -> list[tuple[str, int, Path]]:
     for name in names:
         match = _STATS_NAME_RE.fullmatch(name)
         if match is not None:
-            found.append((match.group(1), int(match.group(2)), stats_dir / name))
+            found.append((match.group(1), int(match.group(2)), name))
     return found
 
 
@@ -945,10 +948,10 @@ def write_tier_stats(
 
 
 def _prune(stats_dir: Path, writer_id: str, keep: int) -> None:
-    mine = sorted((s, p) for w, s, p in _stats_files(stats_dir) if w == writer_id)
-    for _, path in mine[:-keep]:
+    mine = sorted((s, name) for w, s, name in _stats_files(stats_dir) if w == writer_id)
+    for _, name in mine[:-keep]:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+            os.unlink(stats_dir / name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -1088,14 +1091,14 @@ def read_tier_stats(
         _read_log.log(logging.ERROR, "stats:insecure", str(exc))
         raise
     seen = dict(cursor or {})
-    by_writer: dict[str, list[tuple[int, Path]]] = {}
+    by_writer: dict[str, list[tuple[int, str]]] = {}
     try:
         listed = _stats_files(stats_dir)
     except PermissionError:
         _read_log.log(logging.ERROR, "stats:list", f"specgov spool: {_permission_fix(stats_dir)}")
         raise
-    for wid, seq, path in listed:
-        by_writer.setdefault(wid, []).append((seq, path))
+    for wid, seq, name in listed:
+        by_writer.setdefault(wid, []).append((seq, name))
     records: list[TierStatsRecord] = []
     skipped = 0
     gaps = 0
@@ -1107,7 +1110,7 @@ def read_tier_stats(
         last = seen.get(wid, -1)
         if files[-1][0] < last:
             last = -1  # sequence restarted under the same writer id
-        fresh = [(s, p) for s, p in files if s > last]
+        fresh = [(s, stats_dir / name) for s, name in files if s > last]
         if not fresh:
             continue
         if last >= 0 and fresh[0][0] > last + 1:
