@@ -266,6 +266,12 @@ class StateConfig:
     db_path: Path = Path("~/.local/state/specgov/state.db")  # "~" expanded when loaded
     # Group given read access to the state files (0640 instead of 0600); None: nobody.
     group: str | int | None = None
+    # The learned policy state is saved at most this often (0: every decision), and at
+    # once whenever what the guard acts on changes (a table, a trial, a block, an
+    # override, the policy). Encoding a full estimator buffer every second was the
+    # largest share of the daemon's CPU; a crash loses at most this much learning,
+    # which the next windows re-learn. The audit log is written every decision.
+    policy_state_interval_s: float = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -387,6 +393,10 @@ _Validator = Callable[[object, str], object]
 
 def _duration(value: object, where: str) -> float:
     return parse_duration(value, where=where)
+
+
+def _duration_or_zero(value: object, where: str) -> float:
+    return parse_duration(value, where=where, allow_zero=True)
 
 
 def _listen(value: object, where: str) -> ListenAddress:
@@ -592,7 +602,11 @@ _SCHEMA: Final[dict[str, dict[str, _Validator]]] = {
         "allowed_steps": _allowed_steps,
     },
     "guardrails": {f.name: _guardrail_value(f.name, f.default) for f in fields(GuardrailConfig)},
-    "state": {"db_path": _path, "group": _optional_group},
+    "state": {
+        "db_path": _path,
+        "group": _optional_group,
+        "policy_state_interval_s": _duration_or_zero,
+    },
     "metrics": {"listen": _listen},
     "control": {"listen": _listen, "token_env": _env_name},
     "recommend": {"enabled": _bool, "interval_s": _duration, "apply_command": _argv},

@@ -194,6 +194,8 @@ class Daemon:
         self._overrides: dict[str, Override] = {}
         self._override_seq = 0
         self._applied: tuple[str, float] | None = None  # (recommendation key, when applied)
+        # (time, GuardedState.checkpoint_key) of the last policy-state save by a decision.
+        self._checkpoint: tuple[float, tuple[object, ...]] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.core = self._make_core(config)
         self._start_store()
@@ -763,8 +765,20 @@ class Daemon:
         record, self.core_state = control_step(
             self.core, self.core_state, self._inputs(), _Effects(self), self._cpu_clock
         )
-        self._save_policy_state(record.time_s)
+        self._checkpoint_policy_state(record.time_s)
         return record
+
+    def _checkpoint_policy_state(self, time_s: float) -> None:
+        """Save the policy state when what the guard acts on changed, else at most every
+        ``state.policy_state_interval_s`` (see GuardedState.checkpoint_key)."""
+        key = self.state.checkpoint_key()
+        saved = self._checkpoint
+        if saved is not None and saved[1] == key:
+            age_s = time_s - saved[0]
+            if 0.0 <= age_s < self.config.state.policy_state_interval_s:
+                return
+        self._save_policy_state(time_s)
+        self._checkpoint = (time_s, key)
 
     def _save_policy_state(self, time_s: float) -> None:
         if self.store is None:
@@ -1051,6 +1065,8 @@ class Daemon:
 
     def set_policy(self, spec: str) -> dict[str, Any]:
         policy = self.core.policy(spec)  # raises ValueError naming the bad part
+        # The outgoing policy's learning since its last checkpoint, for a switch back.
+        self._save_policy_state(self._clock())
         # Keep the guard bookkeeping (table, dwell history); start the inner policy fresh
         # unless the store has learned state for it.
         inner_state = None

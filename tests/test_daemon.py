@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import stat
@@ -489,4 +490,118 @@ def test_a_restart_recommendation_is_structured_everywhere_and_reaches_the_apply
     )
     assert handed.exists(), "the apply hook was not run"
     assert json.loads(handed.read_text())["key"] == cli_out["key"]
+    store.close()
+
+
+class _CountingStore(StateStore):
+    """A real store that also lists every policy-state save (time, policy)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.saves: list[tuple[float, str]] = []
+
+    def save_policy_state(self, policy_name: str, state: Any, time_s: float) -> int:
+        self.saves.append((time_s, policy_name))
+        return super().save_policy_state(policy_name, state, time_s)
+
+
+class _StepClock:
+    """A wall clock that moves only when told (one decision interval per round)."""
+
+    def __init__(self) -> None:
+        self.now_s = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+async def _clocked_rounds(daemon: Daemon, clock: _StepClock, n: int, step_s: float) -> None:
+    for _ in range(n):
+        clock.now_s += step_s
+        await daemon.scrape_once()
+        daemon.decide_once()
+        await asyncio.sleep(0.2)  # lets the simulated server run a little (not awaited on)
+
+
+async def _clocked_until_published(daemon: Daemon, clock: _StepClock) -> None:
+    for _ in range(40):
+        await _clocked_rounds(daemon, clock, 1, 1.0)
+        if daemon.status()["tables_published"]:
+            return
+    raise AssertionError(f"no table published in 40 rounds: {daemon.status()}")
+
+
+def _saved_key(store: StateStore, daemon: Daemon) -> tuple[object, ...]:
+    saved = store.load_policy_state(daemon.policy.name)
+    assert saved is not None
+    return daemon.policy.state_from_dict(saved).checkpoint_key()
+
+
+@pytest.mark.parametrize("interval", [0, 10])
+def test_policy_state_is_saved_when_the_guard_changes_and_else_at_the_interval(
+    sim: SimServer, tmp_path: Path, interval: int
+) -> None:
+    # state.policy_state_interval_s, as a config file sets it (load_config's overrides
+    # are the same path): 0 saves at every decision; 10 saves at most every 10 s of
+    # decisions, but at once whenever what the guard acts on changed, so the saved
+    # table, versions, trial and blocks are never older than the running ones.
+    config = _config(sim, tmp_path, **{"state.policy_state_interval_s": interval})
+    assert config.state.policy_state_interval_s == interval
+    clock = _StepClock()
+    store = _CountingStore(config.state.db_path)
+    daemon = Daemon(config, store=store, clock=clock)
+    keys: list[tuple[object, ...]] = []
+    start_s = 0.0
+
+    async def go() -> list[float]:
+        nonlocal start_s
+        try:
+            await _clocked_until_published(daemon, clock)
+            start_s = clock.now_s
+            for _ in range(24):
+                await _clocked_rounds(daemon, clock, 1, 1.0)
+                assert _saved_key(store, daemon) == daemon.state.checkpoint_key()
+                keys.append(daemon.state.checkpoint_key())
+            return [t for t, _ in store.saves if t > start_s]
+        finally:
+            await daemon.close()
+
+    during = asyncio.run(go())
+    decided = [r.time_s for r in store.decisions(limit=1000) if r.time_s > start_s]
+    if interval == 0:
+        assert len(during) == 24 and during == sorted(decided)
+    else:
+        # 24 decisions 1 s apart: saves at least every 10 s, and otherwise only for a
+        # change of the guard's key (counted from the keys seen after each decision).
+        changes = sum(a != b for a, b in itertools.pairwise(keys))
+        assert 2 <= len(during) <= 3 + changes < 24, (during, changes)
+        gaps = [b - a for a, b in itertools.pairwise(during)]
+        assert max(gaps) <= 10.0, gaps
+    # Shutdown saves the newest state whatever the interval.
+    assert store.saves[-1][0] == clock.now_s
+    store.close()
+
+
+def test_a_policy_switch_saves_the_outgoing_policys_learning(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    config = _config(sim, tmp_path, **{"state.policy_state_interval_s": 3600})
+    clock = _StepClock()
+    store = _CountingStore(config.state.db_path)
+    daemon = Daemon(config, store=store, clock=clock)
+
+    async def go() -> None:
+        try:
+            await _clocked_until_published(daemon, clock)
+            await _clocked_rounds(daemon, clock, 5, 1.0)
+            outgoing = daemon.policy.name
+            before = daemon.state.to_dict()
+            daemon.set_policy("bandit")
+            snapshot = store.load_policy_snapshot(outgoing)
+            assert snapshot is not None and snapshot.time_s == clock.now_s
+            assert dict(snapshot.state) == before
+        finally:
+            await daemon.close()
+
+    asyncio.run(go())
     store.close()

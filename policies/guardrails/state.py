@@ -219,6 +219,29 @@ class GuardedState(Generic[S]):
                 return h
         return None
 
+    def checkpoint_key(self) -> tuple[object, ...]:
+        """What the guard acts on beyond learning, for deciding when to save the state.
+
+        A saver may skip saving while this equals the saved state's (the daemon does,
+        for up to ``state.policy_state_interval_s``): what it leaves out is learning
+        that the next windows re-learn after a crash (the inner policy's estimators,
+        window samples, the wanted table, a trial's post-change sums), while the
+        table, versions, change times, slot histories, the trial in progress, rollback
+        blocks, overridden slots and the policy are never older on disk than on screen.
+        """
+        trial = self.trial
+        return (
+            self.inner_name,
+            self.table,
+            self.last_version,
+            self.table_since_s,
+            self.slots,
+            self.change_times_s,
+            None if trial is None else (trial.version, trial.started_at_s, trial.changes),
+            self.blocks,
+            self.override_slots,
+        )
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = to_data(replace(self, inner=None))  # type: ignore[arg-type]
         data["version"] = GUARD_STATE_VERSION
