@@ -140,6 +140,25 @@ def test_json_endpoints_and_loads_query() -> None:
     assert rec.requests[1].url.params["include"] == "core,memory,spec,queues"
 
 
+def test_repeated_requests_send_the_same_absolute_urls_with_their_queries() -> None:
+    # The client resolves each (path, query) against the base URL once and reuses it.
+    rec = Recorder(sglang_like())
+
+    async def go() -> None:
+        async with client(rec) as c:
+            for _ in range(2):
+                await c.loads()
+                await c.scrape_metrics()
+
+    run(go())
+    urls = [str(r.url) for r in rec.requests]
+    assert urls == [f"{BASE}/v1/loads?include=core%2Cmemory%2Cspec%2Cqueues", f"{BASE}/metrics"] * 2
+    assert [r.headers["Accept"].startswith("text/plain") for r in rec.requests] == [
+        False,
+        True,
+    ] * 2
+
+
 def test_api_key_is_sent_as_bearer_and_unlocks_the_server() -> None:
     rec = Recorder(sglang_like(api_key="s3cret"))
 
