@@ -5,7 +5,9 @@ Targets (issue 5): at a 1 s decision interval the daemon uses < 2 % of one core 
 a spool directory, steady chat traffic replayed forever) and `specgov run --mode plugin`
 against it as separate processes, with the shipped defaults except the decision interval
 (1 s) and the restart-recommendation replays (off: they run hourly and are not the steady
-state). After a warm-up (first table published, ``--warmup-s``) it samples the daemon
+state). After a warm-up (first table published, then ``--warmup-s``: 150 s by default,
+long enough for the step-cost estimator's sample buffer to fill, after which the learning
+costs the most it will; the first minutes are cheaper) it samples the daemon
 process for ``--duration-s`` seconds from ``/proc/<pid>/stat`` (utime + stime) and
 ``/proc/<pid>/status`` (VmRSS, VmHWM), counts the decisions it made (its SQLite audit
 log) and reads its own ``specgov_decide_duration_seconds`` (the policy's CPU only).
@@ -348,7 +350,12 @@ def report(r: Result, decide_interval_s: float) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration-s", type=float, default=60.0)
-    parser.add_argument("--warmup-s", type=float, default=5.0)
+    parser.add_argument(
+        "--warmup-s",
+        type=float,
+        default=150.0,
+        help="after the first table; the default reaches the steady state (full buffers)",
+    )
     parser.add_argument("--decide-interval-s", type=float, default=1.0)
     parser.add_argument("--speed", type=float, default=10.0, help="sim-server speed")
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
