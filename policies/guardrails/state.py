@@ -225,9 +225,11 @@ class GuardedState(Generic[S]):
         A saver may skip saving while this equals the saved state's (the daemon does,
         for up to ``state.policy_state_interval_s``): what it leaves out is learning
         that the next windows re-learn after a crash (the inner policy's estimators,
-        window samples, the wanted table, a trial's post-change sums), while the
-        table, versions, change times, slot histories, the trial in progress, rollback
-        blocks, overridden slots and the policy are never older on disk than on screen.
+        window samples, the wanted table, a trial's post-change sums) and the time of
+        the last fresh observation (restored older, a frozen table's keep-alive ends
+        sooner: the safe side), while the table, versions, change times, slot
+        histories, the trial in progress, rollback blocks, overridden slots and the
+        policy are never older on disk than in memory.
         """
         trial = self.trial
         return (
