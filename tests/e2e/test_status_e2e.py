@@ -84,4 +84,8 @@ def test_status_shows_simulated_tok_s_of_an_accelerated_sim_server(e2e: E2E) -> 
     shown = float(match.group(1).replace(",", ""))
     per_wall = float(match.group(2).replace(",", ""))
     assert shown == pytest.approx(per_wall / SPEED, rel=0.01, abs=1.0)
-    assert shown == pytest.approx(sim_rate, rel=0.4), (shown, sim_rate)
+    # One scrape window's rate, not the mean above: on a loaded machine a window can be
+    # half or twice the mean. The headline is in simulated units (a wall rate would be
+    # SPEED = 20 times this), which a factor-of-3 band around the sim-server's own
+    # throughput tells apart.
+    assert sim_rate / 3 <= shown <= sim_rate * 3, (shown, sim_rate, wall_rates)
