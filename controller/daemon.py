@@ -408,6 +408,9 @@ class Daemon:
             self.metrics.set_journal(len(self._journal))
             return False
         self.metrics.set_journal(0)
+        # A file recreated or swapped in may hold none of the learned state: saved at
+        # this decision, not at the next checkpoint.
+        self._checkpoint = None
         self._decisions_cache.clear()
         self.status_info.store_error = None
         self._failing.update("store", None)
@@ -762,9 +765,14 @@ class Daemon:
 
     def decide_once(self) -> AuditRecord:
         """One decision through the control core; its effects carried out here."""
+        before = self.core_state
         record, self.core_state = control_step(
             self.core, self.core_state, self._inputs(), _Effects(self), self._cpu_clock
         )
+        if before.policy_spec != self.core_state.policy_spec:
+            # A pin started or ended: the outgoing policy's learning up to its last
+            # decision now lives only in memory (parked); saved, as set_policy does.
+            self._save_policy_state(record.time_s, before)
         self._checkpoint_policy_state(record.time_s)
         return record
 
@@ -780,10 +788,12 @@ class Daemon:
         self._save_policy_state(time_s)
         self._checkpoint = (time_s, key)
 
-    def _save_policy_state(self, time_s: float) -> None:
+    def _save_policy_state(self, time_s: float, core_state: CoreState | None = None) -> None:
+        """Save the guard state of ``core_state``'s running policy (default: the current)."""
         if self.store is None:
             return
-        name, state = self.policy.name, self.state.to_dict()
+        cs = self.core_state if core_state is None else core_state
+        name, state = self.core.policy(cs.policy_spec).name, cs.guard.to_dict()
         self._store_snapshot(
             f"policy_state:{name}", lambda s: s.save_policy_state(name, state, time_s)
         )

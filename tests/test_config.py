@@ -272,6 +272,11 @@ def _error(tmp_path: Path, text: str, **kwargs: Any) -> str:
         ),
         ("server:\n  timeout_s: -1\n", "cfg.yaml:2: server.timeout_s: expected a duration"),
         ("server:\n  timeout_s: 0\n", "server.timeout_s: expected a duration"),
+        (
+            "state:\n  policy_state_interval_s: -1\n",
+            "cfg.yaml:2: state.policy_state_interval_s: expected a duration like '5s', "
+            "'250ms', '5m', '1h' or a number of seconds >= 0, got -1",
+        ),
         ("loop:\n  mode: fast\n", "loop.mode: expected one of observe, plugin, got 'fast'"),
         ("budget:\n  vram_gib: lots\n", "budget.vram_gib: expected a number of GiB > 0 or null"),
         ("budget:\n  slo_tpot_ms: 0\n", "budget.slo_tpot_ms: expected a number of milliseconds"),

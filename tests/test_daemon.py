@@ -564,7 +564,10 @@ def test_policy_state_is_saved_when_the_guard_changes_and_else_at_the_interval(
                 keys.append(daemon.state.checkpoint_key())
             return [t for t, _ in store.saves if t > start_s]
         finally:
+            saves_before_close = len(store.saves)
             await daemon.close()
+            # Shutdown saves the newest state whatever the interval.
+            assert len(store.saves) == saves_before_close + 1
 
     during = asyncio.run(go())
     decided = [r.time_s for r in store.decisions(limit=1000) if r.time_s > start_s]
@@ -577,7 +580,6 @@ def test_policy_state_is_saved_when_the_guard_changes_and_else_at_the_interval(
         assert 2 <= len(during) <= 3 + changes < 24, (during, changes)
         gaps = [b - a for a, b in itertools.pairwise(during)]
         assert max(gaps) <= 10.0, gaps
-    # Shutdown saves the newest state whatever the interval.
     assert store.saves[-1][0] == clock.now_s
     store.close()
 
@@ -600,6 +602,33 @@ def test_a_policy_switch_saves_the_outgoing_policys_learning(
             snapshot = store.load_policy_snapshot(outgoing)
             assert snapshot is not None and snapshot.time_s == clock.now_s
             assert dict(snapshot.state) == before
+        finally:
+            await daemon.close()
+
+    asyncio.run(go())
+    store.close()
+
+
+def test_a_pin_saves_the_outgoing_policys_learning(sim: SimServer, tmp_path: Path) -> None:
+    # A pin switches the running policy inside the control core; the configured one is
+    # parked in memory. Its learning up to the pin is saved then, not only the pinned
+    # policy's at the next checkpoint (a restart during the pin restores from it).
+    config = _config(sim, tmp_path, **{"state.policy_state_interval_s": 3600})
+    clock = _StepClock()
+    store = _CountingStore(config.state.db_path)
+    daemon = Daemon(config, store=store, clock=clock)
+
+    async def go() -> None:
+        try:
+            await _clocked_until_published(daemon, clock)
+            await _clocked_rounds(daemon, clock, 5, 1.0)
+            outgoing = daemon.policy.name
+            before = daemon.state.to_dict()
+            daemon.set_override(None, None, False, "bandit", 600.0, "pin test")
+            await _clocked_rounds(daemon, clock, 1, 1.0)
+            assert daemon.policy.name != outgoing
+            snapshot = store.load_policy_snapshot(outgoing)
+            assert snapshot is not None and dict(snapshot.state) == before
         finally:
             await daemon.close()
 

@@ -42,7 +42,7 @@ from specgov.controller.store_journal import PendingWrite, StoreJournal
 PIN = "static:steps=3"
 
 
-def _config(tmp_path: Path) -> SpecgovConfig:
+def _config(tmp_path: Path, **extra: Any) -> SpecgovConfig:
     return load_config(
         None,
         env={},
@@ -51,6 +51,7 @@ def _config(tmp_path: Path) -> SpecgovConfig:
             "state.db_path": str(tmp_path / "state" / "state.db"),
             "spool.dir": str(tmp_path / "spool"),
             "loop.mode": "plugin",
+            **extra,
         },
     )
 
@@ -158,7 +159,9 @@ def test_deleted_db_is_noticed_reported_and_recreated_with_every_row(
 def test_replaced_db_is_saved_aside_and_the_new_file_gets_the_daemons_state(
     tmp_path: Path,
 ) -> None:
-    config = _config(tmp_path)
+    # A long checkpoint interval: the learned state must reach the new file at once,
+    # not at the next checkpoint (a kill before it would restart with a fresh guard).
+    config = _config(tmp_path, **{"state.policy_state_interval_s": 3600})
     db = config.state.db_path
     daemon = _daemon(config, StateStore(db, open_now=False))
     kept = _pin(daemon)
@@ -172,6 +175,8 @@ def test_replaced_db_is_saved_aside_and_the_new_file_gets_the_daemons_state(
     incident = daemon.status()["store_incidents"][-1]
     assert incident["kind"] == "replaced" and "saved as" in incident["message"]
     daemon.decide_once()
+    with StateStore(db) as new:
+        assert new.load_policy_state(daemon.policy.name) == daemon.state.to_dict()
     _close(daemon)
     aside = list(db.parent.glob("state.db.replaced-*"))
     assert len(aside) == 1
