@@ -62,6 +62,8 @@ ENDPOINT_PATHS: Final = (METRICS_PATH, HEALTH_PATH, SERVER_INFO_PATH, LOADS_PATH
 # kilobytes to a few megabytes even with many label sets, its JSON bodies smaller still.
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
 # prometheus_client serves OpenMetrics only when asked for it; ask for the text format.
+# Absolute URLs kept per client: the endpoints above, with room for get_json callers.
+MAX_CACHED_URLS: Final = 64
 _METRICS_ACCEPT: Final = "text/plain; version=0.0.4"
 _USER_AGENT: Final = "specgov-telemetry/0.1"
 
@@ -389,7 +391,8 @@ class SGLangClient:
         target = self._urls.get((path, query))
         if target is None:
             target = self._client.build_request("GET", path, params=params).url
-            self._urls[(path, query)] = target
+            if len(self._urls) < MAX_CACHED_URLS:  # bounded for get_json's free params
+                self._urls[(path, query)] = target
         attempts = 1 + self._retries
         last: ScrapeError | None = None
         for attempt in range(attempts):

@@ -21,7 +21,7 @@ from specgov.adapters.errors import (
     ResponseFormatError,
     TemporaryScrapeError,
 )
-from specgov.adapters.sglang_http import HealthState, SGLangClient
+from specgov.adapters.sglang_http import MAX_CACHED_URLS, HealthState, SGLangClient
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 BASE = "http://sglang.test:30000"
@@ -149,11 +149,19 @@ def test_repeated_requests_send_the_same_absolute_urls_with_their_queries() -> N
             for _ in range(2):
                 await c.loads()
                 await c.scrape_metrics()
+            # The same path with another query is another URL (the key holds the query).
+            await c.get_json("/v1/loads", params={"include": "core"}, expected="loads")
+            # Past the bound, URLs are still resolved, only not kept.
+            for i in range(MAX_CACHED_URLS + 2):
+                await c.get_json("/v1/loads", params={"n": str(i)}, expected="loads")
+            assert len(c._urls) == MAX_CACHED_URLS
 
     run(go())
     urls = [str(r.url) for r in rec.requests]
-    assert urls == [f"{BASE}/v1/loads?include=core%2Cmemory%2Cspec%2Cqueues", f"{BASE}/metrics"] * 2
-    assert [r.headers["Accept"].startswith("text/plain") for r in rec.requests] == [
+    loads_url = f"{BASE}/v1/loads?include=core%2Cmemory%2Cspec%2Cqueues"
+    assert urls[:5] == [loads_url, f"{BASE}/metrics"] * 2 + [f"{BASE}/v1/loads?include=core"]
+    assert urls[5:] == [f"{BASE}/v1/loads?n={i}" for i in range(MAX_CACHED_URLS + 2)]
+    assert [r.headers["Accept"].startswith("text/plain") for r in rec.requests[:4]] == [
         False,
         True,
     ] * 2
