@@ -268,9 +268,10 @@ class StateConfig:
     group: str | int | None = None
     # The learned policy state is saved at once whenever what the guard acts on changes
     # (a table, a trial, a block, an overridden slot, the running policy), and between
-    # such changes every this many seconds (0: every decision). Encoding a full estimator buffer every second was the
-    # largest share of the daemon's CPU; a crash loses at most this much learning,
-    # which the next windows re-learn. The audit log is written every decision.
+    # such changes every this many seconds (0: every decision). Encoding a full
+    # estimator buffer every second was the largest share of the daemon's CPU; a crash
+    # loses at most this much learning, which the next windows re-learn. The audit log
+    # is written every decision.
     policy_state_interval_s: float = 10.0
 
 
