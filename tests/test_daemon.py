@@ -584,9 +584,14 @@ def test_policy_state_is_saved_when_the_guard_changes_and_else_at_the_interval(
     store.close()
 
 
-def test_a_policy_switch_saves_the_outgoing_policys_learning(
-    sim: SimServer, tmp_path: Path
+@pytest.mark.parametrize("switch", ["policy set", "pin"])
+def test_a_switch_saves_the_outgoing_policys_learning(
+    sim: SimServer, tmp_path: Path, switch: str
 ) -> None:
+    # `policy set` switches at once; a pin switches inside the control core at the next
+    # decision, the configured policy parked in memory. Either way the outgoing policy's
+    # learning up to the switch is saved then, not only the incoming one's at the next
+    # checkpoint (a restart, or a switch back after one, resumes from it).
     config = _config(sim, tmp_path, **{"state.policy_state_interval_s": 3600})
     clock = _StepClock()
     store = _CountingStore(config.state.db_path)
@@ -598,37 +603,15 @@ def test_a_policy_switch_saves_the_outgoing_policys_learning(
             await _clocked_rounds(daemon, clock, 5, 1.0)
             outgoing = daemon.policy.name
             before = daemon.state.to_dict()
-            daemon.set_policy("bandit")
+            if switch == "policy set":
+                daemon.set_policy("bandit")
+            else:
+                daemon.set_override(None, None, False, "bandit", 600.0, "pin test")
+                await _clocked_rounds(daemon, clock, 1, 1.0)
+            assert daemon.policy.name != outgoing
             snapshot = store.load_policy_snapshot(outgoing)
             assert snapshot is not None and snapshot.time_s == clock.now_s
             assert dict(snapshot.state) == before
-        finally:
-            await daemon.close()
-
-    asyncio.run(go())
-    store.close()
-
-
-def test_a_pin_saves_the_outgoing_policys_learning(sim: SimServer, tmp_path: Path) -> None:
-    # A pin switches the running policy inside the control core; the configured one is
-    # parked in memory. Its learning up to the pin is saved then, not only the pinned
-    # policy's at the next checkpoint (a restart during the pin restores from it).
-    config = _config(sim, tmp_path, **{"state.policy_state_interval_s": 3600})
-    clock = _StepClock()
-    store = _CountingStore(config.state.db_path)
-    daemon = Daemon(config, store=store, clock=clock)
-
-    async def go() -> None:
-        try:
-            await _clocked_until_published(daemon, clock)
-            await _clocked_rounds(daemon, clock, 5, 1.0)
-            outgoing = daemon.policy.name
-            before = daemon.state.to_dict()
-            daemon.set_override(None, None, False, "bandit", 600.0, "pin test")
-            await _clocked_rounds(daemon, clock, 1, 1.0)
-            assert daemon.policy.name != outgoing
-            snapshot = store.load_policy_snapshot(outgoing)
-            assert snapshot is not None and dict(snapshot.state) == before
         finally:
             await daemon.close()
 
