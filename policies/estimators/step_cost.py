@@ -630,8 +630,7 @@ class _Residuals:
             ordered = self.log_fit[ranked_cell].tolist()
             cells[k] = (ordered, self.decayed[ranked_cell].tolist(), total)
             # Scatter within cells (a slope error moves whole cells apart; not noise).
-            mid = len(ordered) // 2
-            m = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+            m = _median_sorted(ordered)
             spread.extend([abs(v - m) for v in ordered])
         return _Cells(cells=cells, scatter=1.4826 * _median(spread))
 
@@ -991,8 +990,13 @@ def _median(values: Sequence[float] | np.ndarray) -> float:
             return float(np.partition(values, mid)[mid])
         part = np.partition(values, (mid - 1, mid))
         return float((part[mid - 1] + part[mid]) / 2.0)
-    ordered = sorted(values)
-    if n % 2:
+    return _median_sorted(sorted(values))
+
+
+def _median_sorted(ordered: Sequence[float]) -> float:
+    """:func:`_median` of a non-empty list already in ascending order."""
+    mid = len(ordered) // 2
+    if len(ordered) % 2:
         return float(ordered[mid])
     return float((ordered[mid - 1] + ordered[mid]) / 2.0)
 
