@@ -61,9 +61,9 @@ ENDPOINT_PATHS: Final = (METRICS_PATH, HEALTH_PATH, SERVER_INFO_PATH, LOADS_PATH
 # A body larger than this is refused unread (a format error): SGLang's /metrics is
 # kilobytes to a few megabytes even with many label sets, its JSON bodies smaller still.
 DEFAULT_MAX_BODY_BYTES: Final = 64 * 1024 * 1024
-# prometheus_client serves OpenMetrics only when asked for it; ask for the text format.
 # Absolute URLs kept per client: the endpoints above, with room for get_json callers.
 MAX_CACHED_URLS: Final = 64
+# prometheus_client serves OpenMetrics only when asked for it; ask for the text format.
 _METRICS_ACCEPT: Final = "text/plain; version=0.0.4"
 _USER_AGENT: Final = "specgov-telemetry/0.1"
 
