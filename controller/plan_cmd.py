@@ -210,6 +210,9 @@ def _render_sweep(doc: dict[str, Any]) -> None:
             vs = f"{saving['capacity_ratio']:.2f}x"
             if saving["cost_fraction"] is not None:
                 vs += f" ({100 * saving['cost_fraction']:+.0f}% $)"
+        verdict = row.get("speculation")
+        if verdict is not None:
+            vs += f", pays ({verdict['because']})" if verdict["pays"] else ", saves nothing"
         table.add_row(
             row["gpu"],
             row["drafter"],
@@ -252,6 +255,8 @@ def _render_sweep(doc: dict[str, Any]) -> None:
             f"best overall (by {doc['best_by']}): {b['gpu']} {b['drafter']} "
             f"{b['shape']['name']} {b['policy']}, {b['replicas']} replica(s)"
         )
+        if doc.get("recommendation"):
+            console.print(f"  why: {doc['recommendation']}")
 
 
 @plan_group.command(name="sweep")

@@ -31,8 +31,10 @@ Judging (the same for every fleet, so rows compare):
   completion), as ``simulator.metrics`` defines it for one server.
 
 The best fleet is the cheapest that holds the SLO (cost per hour with prices,
-GPUs without), then the one with the most goodput. When none holds it, the plan
-says so and names the fleet closest to holding it (highest attainment).
+GPUs without); at equal cost the simpler one (plain before speculative, static before
+a daemon policy: ``simplicity.py``), then the most SLO headroom, then goodput. When
+none holds it, the plan says so and names the fleet closest to holding it (highest
+attainment).
 """
 
 from __future__ import annotations

@@ -187,6 +187,39 @@ def curves_figure(
     return _save(fig, path)
 
 
+def pays_figure(
+    series: Sequence[tuple[str, bool, Sequence[float]]],
+    tpot_slos_ms: Sequence[float],
+    path: Path,
+    *,
+    title: str,
+) -> Path | None:
+    """When speculation pays: sustainable rate per replica against the TPOT SLO, one line
+    per configuration (*series*: label, is it the plain server, rate per SLO)."""
+    if not series or not any(max(v, default=0.0) > 0 for _, _, v in series):
+        return None
+    fig = Figure(figsize=(9, 4.8))
+    ax = fig.add_subplot(1, 1, 1)
+    for label, plain, rates in series:
+        ax.step(
+            list(tpot_slos_ms),
+            list(rates),
+            where="post",
+            label=label,
+            color="black" if plain else None,
+            linestyle="--" if plain else "-",
+            linewidth=2 if plain else 1.2,
+        )
+    ax.set_xlim(min(tpot_slos_ms), max(tpot_slos_ms))
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("TPOT SLO (ms, at the sweep's percentile)")
+    ax.set_ylabel("sustainable request rate per replica (req/s)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return _save(fig, path)
+
+
 def _bar_chart(
     labels: Sequence[str],
     values: Sequence[float],

@@ -57,6 +57,7 @@ each document (``vram.vram_document``)::
     {"configurations": [ROW, ...],
      "best": ROW | None,               # overall, by best_by
      "best_by": "cost_per_hour" | "replicas",
+     "recommendation": str | None,     # why the best is the best (simplicity.py)
      "best_per_gpu": {gpu: ROW},
      "trace": {...trace summary..., "base_rps": float},
      "slo": {"tpot_ms", "ttft_ms", "tpot_percentile", "ttft_percentile"},
@@ -82,6 +83,8 @@ each document (``vram.vram_document``)::
            "saving_vs_none": {"replicas": int, "capacity_ratio": float,
                               "cost_per_hour": float | None,
                               "cost_fraction": float | None} | None,
+           "speculation": {"pays": bool, "because": "replicas" | "slo" | None,
+                           "detail": str} | None,    # speculative ok rows only
            "launch_args": [str] | None,          # SGLang flags (adapters.launch_config)
            "launch_shell": str | None, "adaptive_config": dict | None,
            "launch_error": str | None, "daemon_policy": str | None,
@@ -115,6 +118,7 @@ from specgov.simulator.memory import MemoryPlanError
 from specgov.simulator.metrics import Slo, slo_mask
 from specgov.simulator.planning.prices import Prices
 from specgov.simulator.planning.search import SearchSettings, find_max_multiplier
+from specgov.simulator.planning.simplicity import complexity, speculation_verdict
 from specgov.simulator.planning.vram import NO_DRAFTER, vram_document, vram_plan
 from specgov.simulator.replay import (
     InEnginePolicy,
@@ -428,6 +432,7 @@ def _empty_row(job: JobSpec, shape: dict[str, Any]) -> dict[str, Any]:
         "cost_per_mtok": None,
         "cost_per_mtok_at_capacity": None,
         "saving_vs_none": None,
+        "speculation": None,
         "launch_args": None,
         "launch_shell": None,
         "adaptive_config": None,
@@ -598,6 +603,22 @@ def run_job(job: JobSpec, trace: Trace) -> dict[str, Any]:
 # ------------------------------------------------------------------ the document
 
 
+def _why(best: dict[str, Any] | None, rows: Sequence[dict[str, Any]]) -> str | None:
+    """Why the best configuration is the best, in one sentence."""
+    if best is None:
+        return None
+    if best.get("speculation"):
+        return f"speculation pays: {best['speculation']['detail']}"
+    spec = [r for r in rows if r.get("speculation")]
+    if not spec:
+        return "the plain server: no speculative configuration met the SLO"
+    return (
+        "the plain server: no speculative configuration saves a replica or cost beyond "
+        "the sweep's resolution or meets an SLO it cannot (ties go to the simpler "
+        "configuration)"
+    )
+
+
 def _launch(row: dict[str, Any], settings: SweepSettings, catalog: Catalog) -> None:
     """Fill the row's SGLang launch configuration (adapters.launch_config)."""
     from specgov.adapters.launch_config import (
@@ -699,12 +720,25 @@ def build_document(
             saving["cost_per_hour"] = base["cost_per_hour"] - row["cost_per_hour"]
             saving["cost_fraction"] = 1 - row["cost_per_hour"] / base["cost_per_hour"]
         row["saving_vs_none"] = saving
+    all_plain = {r["gpu"]: r for r in out_rows if r["drafter"] == NO_DRAFTER}
+    for row in out_rows:
+        if row["status"] == "ok" and row["drafter"] != NO_DRAFTER:
+            row["speculation"] = speculation_verdict(
+                row, all_plain.get(row["gpu"]), target_rps=target_rps
+            )
 
     best_by = "cost_per_hour" if prices is not None else "replicas"
 
-    def key(row: dict[str, Any]) -> tuple[float, float, str]:
-        first = row["cost_per_hour"] if prices is not None else row["replicas"]
-        return (float(first), -float(row["max_rps"]), row["id"])
+    def cost(row: dict[str, Any]) -> float:
+        return float(row["cost_per_hour"] if prices is not None else row["replicas"])
+
+    def key(row: dict[str, Any]) -> tuple[float, int, float, str]:
+        # Cost first; speculation that saves nothing costs what the plain server does
+        # (simplicity.py), and equal costs go to the simpler configuration.
+        verdict = row.get("speculation")
+        base = plain.get(row["gpu"])
+        first = cost(base) if verdict and not verdict["pays"] and base else cost(row)
+        return (first, complexity(row), -float(row["max_rps"]), row["id"])
 
     ok_rows = [r for r in out_rows if r["status"] == "ok"]
     best_per_gpu: dict[str, Any] = {}
@@ -712,10 +746,12 @@ def build_document(
         candidates = [r for r in ok_rows if r["gpu"] == gpu]
         if candidates:
             best_per_gpu[gpu] = min(candidates, key=key)
+    best = min(ok_rows, key=key) if ok_rows else None
     return {
         "configurations": out_rows,
-        "best": min(ok_rows, key=key) if ok_rows else None,
+        "best": best,
         "best_by": best_by,
+        "recommendation": _why(best, out_rows),
         "best_per_gpu": best_per_gpu,
         "trace": {**summary, "base_rps": base_rps(trace)},
         "slo": {
