@@ -61,6 +61,7 @@ from specgov.simulator.planning.fleet_spec import (
 )
 from specgov.simulator.planning.prices import Prices
 from specgov.simulator.planning.router import RouterSpec
+from specgov.simulator.planning.trace_load import trace_load
 from specgov.simulator.planning.vram import vram_document
 from specgov.simulator.replay import (
     BuiltServer,
@@ -318,7 +319,7 @@ def plan_fleet(
                 rows.append(row)
 
     doc: dict[str, Any] = {
-        "trace": trace.summary(),
+        "trace": {**trace.summary(), "load": trace_load(trace)},
         "rate_scale": scale,
         "target_rps": target_rps,
         "offered_rps": offered_rps(trace),

@@ -53,11 +53,14 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def config_label(row: Mapping[str, Any]) -> str:
-    """A sweep configuration as a short label: gpu drafter shape policy."""
+    """A sweep configuration as a short label: gpu drafter shape policy (+ its host
+    cache tier, if any)."""
     shape = row.get("shape")
     shape_name = shape.get("name") if isinstance(shape, Mapping) else shape
     parts = [row.get("gpu"), row.get("drafter"), shape_name, row.get("policy")]
-    return " ".join(str(p) for p in parts if p not in (None, ""))
+    label = " ".join(str(p) for p in parts if p not in (None, ""))
+    host = row.get("hicache_size_gb")
+    return f"{label} +host {host} GB" if isinstance(host, int) and host > 0 else label
 
 
 def fleet_label(row: Mapping[str, Any]) -> str:

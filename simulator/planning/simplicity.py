@@ -37,6 +37,7 @@ __all__ = [
     "policy_complexity",
     "speculation_crossing_ms",
     "speculation_verdict",
+    "upper_rps",
 ]
 
 # The TPOT SLOs of the "when speculation pays" curve (ms).
@@ -75,7 +76,7 @@ def complexity(row: Mapping[str, Any]) -> int:
     return policy_complexity(str(row.get("policy", "")))
 
 
-def _upper_rps(row: Mapping[str, Any]) -> float:
+def upper_rps(row: Mapping[str, Any]) -> float:
     """The top of a row's search bracket: the lowest rate seen to fail above its
     highest passing rate (inf when it passed at the search cap)."""
     best = float(row["max_rps"])
@@ -104,7 +105,7 @@ def speculation_verdict(
         }
     replicas = int(row["replicas"])
     plain_replicas = int(plain["replicas"])
-    top = _upper_rps(plain)
+    top = upper_rps(plain)
     plain_best_case = math.ceil(target_rps / top - 1e-9) if math.isfinite(top) else 1
     if replicas < plain_best_case:
         saved = plain_replicas - replicas
