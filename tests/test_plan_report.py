@@ -155,6 +155,7 @@ def test_the_sections_and_the_recommendation(report: Path, docs: dict[str, Any])
         assert flag in text or flag.endswith("adaptive-config.json"), flag
     assert "python -m sglang.launch_server --model-path MODEL --enable-metrics" in text
     assert "first item over the budget" in text  # the 70B on L40S overflow, explained
+    assert f"Why: {docs['sweep']['recommendation']}." in text.replace("&#x27;", "'")
     assert docs["fleet"]["recommendation"] in text.replace("&#x27;", "'")
 
 

@@ -273,6 +273,11 @@ def _summary(page: _Page, sweep: Mapping[str, Any] | None, fleet: Mapping[str, A
             if saving.get("cost_fraction") is not None:
                 text += f" ({_f(100 * float(saving['cost_fraction']), 1)}% of the cost)"
         page.add(f'<p class="rec">{text}.</p>')
+        why = (sweep or {}).get("recommendation")
+        if why:
+            page.add(f'<p class="rec">Why: {_e(why)}.</p>')
+        for gpu, answer in ((sweep or {}).get("host_cache_or_gpus") or {}).items():
+            page.add(f'<p class="rec">Host cache or GPUs on {_e(gpu)}: {_e(answer["answer"])}.</p>')
     elif sweep is not None:
         page.add('<p class="rec">The sweep found no configuration that holds the SLO.</p>')
     if fleet is not None:
