@@ -16,6 +16,7 @@ from specgov.controller.cli import main
 from specgov.simulator import sim_cli
 from specgov.simulator.engine import Engine, EngineConfig, EngineConfigError, EngineResult
 from specgov.simulator.prefix_cache import (
+    CacheNode,
     HicacheError,
     PrefixCache,
     block_tokens,
@@ -204,11 +205,10 @@ def test_a_host_hit_costs_its_pcie_copy() -> None:
 
 def test_replay_reports_the_hit_rate_per_tier_and_the_host_capacity() -> None:
     trace = generate_trace(parse_synthetic_spec(SMALL_MULTI_TURN))
-    server = {"mem_fraction_static": 0.25}
-    plain = replay(trace, ServerSpec(**server), ["none"], seed=0).to_json()  # type: ignore[arg-type]
+    plain = replay(trace, ServerSpec(mem_fraction_static=0.25), ["none"], seed=0).to_json()
     hier = replay(
         trace,
-        ServerSpec(hierarchical_cache=True, hicache_size_gb=20, **server),  # type: ignore[arg-type]
+        ServerSpec(hierarchical_cache=True, hicache_size_gb=20, mem_fraction_static=0.25),
         ["none"],
         seed=0,
     ).to_json()
@@ -282,3 +282,52 @@ def test_sim_server_takes_the_flags_and_reports_them_in_server_info(
         assert "--enable-hierarchical-cache --hicache-ratio 3" in info["launch_command"]
     finally:
         sim.stop()
+
+
+def _walk(cache: PrefixCache) -> list[CacheNode]:
+    out = []
+    stack = list(cache.root.children.values())
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children.values())
+    return out
+
+
+def test_random_operations_keep_both_tiers_consistent() -> None:
+    import random
+
+    rng = random.Random(7)  # seeded: the same sequence every run
+    cache = PrefixCache(host_token_capacity=12 * B)
+    held: list[list[CacheNode]] = []
+    for step in range(3000):
+        now = float(step)
+        op = rng.random()
+        if op < 0.45:
+            conv = rng.randrange(6)
+            blocks = rng.randrange(1, 6)
+            ids = [conv * 100 + j for j in range(blocks)]
+            path = cache.match(ids, blocks * B, now)
+            cache.pin(path)
+            added, _, _ = cache.insert(ids, blocks * B, path, now)
+            held.append(path + added)
+        elif op < 0.8 and held:
+            cache.unpin(held.pop(rng.randrange(len(held))), now)
+        else:
+            cache.evict(rng.randrange(1, 6) * B)
+        nodes = _walk(cache)
+        dev = [n for n in nodes if n.on_device]
+        assert cache.total_tokens == sum(n.tokens for n in dev)
+        host = sum(n.tokens for n in nodes if n.on_host)
+        assert cache.host_tokens == host <= cache.host_token_capacity
+        assert cache.blocks == len(nodes)
+        for n in nodes:
+            parent = n.parent
+            assert parent is not None  # a block in the trie has one
+            # Prefix-closed tiers; a block is somewhere; pinned blocks are on the device.
+            assert n.on_device or n.on_host
+            assert not n.on_device or parent.on_device
+            assert not n.on_host or parent.on_host
+            assert n.pins == 0 or n.on_device
+            kids = sum(1 for c in n.children.values() if c.on_device)
+            assert n.dev_kids == kids
