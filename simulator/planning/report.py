@@ -547,7 +547,10 @@ def _pays_section(
     records: list[dict[str, Any]] = []
     notes: list[str] = []
     for gpu, rows in by_gpu.items():
-        series = [(figs.config_label(r), r.get("drafter") == "none", r) for r in rows]
+        # Rows that ran (a configuration that cannot run has no curve to read).
+        series = [
+            (figs.config_label(r), r.get("drafter") == "none", r) for r in rows if r.get("curve")
+        ]
         curves = [(label, plain, pays_curve(r, ttft_ms=ttft_ms)) for label, plain, r in series]
         plain_curve = next((c for _, plain, c in curves if plain), None)
         for (label, plain, curve), (_, _, row) in zip(curves, series, strict=True):
