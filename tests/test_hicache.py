@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from collections.abc import Sequence
+from pathlib import Path
 
 import httpx
 import pytest
@@ -331,3 +332,20 @@ def test_random_operations_keep_both_tiers_consistent() -> None:
             assert n.pins == 0 or n.on_device
             kids = sum(1 for c in n.children.values() if c.on_device)
             assert n.dev_kids == kids
+
+
+def test_a_catalog_gpu_without_a_pcie_figure_is_named(tmp_path: Path) -> None:
+    extra = tmp_path / "gpus.yaml"
+    extra.write_text(
+        "gpus:\n  my-gpu: {memory_gib: 96, hbm_bandwidth_tb_s: 4.0, bf16_tflops: 900}\n"
+    )
+    server = ServerSpec(gpu="my-gpu", hierarchical_cache=True, catalog_files=(extra,))
+    with pytest.raises(HicacheError, match="GPU 'my-gpu' has no pcie_gb_s in the catalog"):
+        prepare_run(server, parse_policy("none"), seed=0)
+    result = CliRunner().invoke(
+        main,
+        ["replay", SMALL_MULTI_TURN, "--policy", "none", "--gpu", "my-gpu", "--catalog",
+         str(extra), "--enable-hierarchical-cache"],
+    )  # fmt: skip
+    assert result.exit_code != 0 and "has no pcie_gb_s" in result.output
+    assert "Traceback" not in result.output
