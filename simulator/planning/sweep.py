@@ -272,7 +272,7 @@ class JobSpec:
             "drafter": self.drafter,
             "shape": self.shape.name,
             "policy": self.policy,
-            "hicache_size_gb": str(self.hicache_size_gb),
+            **({"hicache_size_gb": str(self.hicache_size_gb)} if self.hicache_size_gb else {}),
             "job_id": self.job_id,
         }
 
