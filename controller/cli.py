@@ -28,6 +28,7 @@ from specgov.controller.cli_options import (
     trace_selection_options,
 )
 from specgov.controller.policy_help import kinds_help
+from specgov.simulator.sim_cli import hicache_options  # click only at load
 
 if TYPE_CHECKING:
     from specgov.simulator.replay import ReplayReport
@@ -200,8 +201,12 @@ def _run_replay(
     prior_gpu: str | None = None,
     skip_zero_step_draft_extend: bool = False,
     no_prefix_cache: bool = False,
+    enable_hierarchical_cache: bool = False,
+    hicache_ratio: float | None = None,
+    hicache_size: int = 0,
 ) -> None:
     from specgov.simulator.metrics import Slo
+    from specgov.simulator.prefix_cache import HicacheError
     from specgov.simulator.priors import PriorOptionError
     from specgov.simulator.replay import ServerSpec, replay
 
@@ -222,8 +227,11 @@ def _run_replay(
             prior_gpu=prior_gpu,
             skip_zero_step_draft_extend=skip_zero_step_draft_extend,
             prefix_cache=not no_prefix_cache,
+            hierarchical_cache=enable_hierarchical_cache,
+            hicache_ratio=hicache_ratio,
+            hicache_size_gb=hicache_size,
         )
-    except PriorOptionError as exc:  # a bad option value: usage error (exit 2)
+    except (PriorOptionError, HicacheError) as exc:  # a bad option value: usage error (exit 2)
         raise click.UsageError(str(exc)) from None
     progress, stop = _progress_factory()
     try:
@@ -368,6 +376,7 @@ def _with_server_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     "--gpu (same model and drafter): a wrong knee, not only a wrong scale.",
 )
 @_with_server_options
+@hicache_options
 def replay(
     trace: str,
     fmt: str | None,

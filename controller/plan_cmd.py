@@ -41,6 +41,14 @@ def _csv(text: str) -> list[str]:
     return [part.strip() for part in text.split(",") if part.strip()]
 
 
+def _sizes_gb(text: str) -> list[int]:
+    """``--hicache-sizes``: whole GB >= 0, comma-separated."""
+    parts = _csv(text)
+    if not parts or not all(p.isdigit() for p in parts):
+        raise BadInput(f"--hicache-sizes {text!r}: expected whole GB >= 0, e.g. 0,64,256")
+    return [int(p) for p in parts]
+
+
 def _write_report(out_dir: Path, **documents: Any) -> Path:
     """Hand the documents to the HTML report (simulator/planning/report.py).
 
@@ -181,11 +189,13 @@ def _render_sweep(doc: dict[str, Any]) -> None:
         f"target {doc['target_rps']:g} req/s | seed {doc['seed']}"
     )
     table = Table(title=title, title_justify="left")
+    host_cache = doc.get("host_cache_or_gpus") is not None
     for col in (
         "gpu",
         "drafter",
         "shape",
         "policy",
+        *(["host GB"] if host_cache else []),
         "status",
         "max req/s",
         "TPOT ms",
@@ -210,11 +220,15 @@ def _render_sweep(doc: dict[str, Any]) -> None:
             vs = f"{saving['capacity_ratio']:.2f}x"
             if saving["cost_fraction"] is not None:
                 vs += f" ({100 * saving['cost_fraction']:+.0f}% $)"
+        verdict = row.get("speculation")
+        if verdict is not None:
+            vs += f", pays ({verdict['because']})" if verdict["pays"] else ", saves nothing"
         table.add_row(
             row["gpu"],
             row["drafter"],
             row["shape"]["name"],
             row["policy"],
+            *([str(row.get("hicache_size_gb") or 0)] if host_cache else []),
             row["status"],
             cell(row["max_rps"], 2),
             cell(at.get("tpot_ms")),
@@ -232,11 +246,19 @@ def _render_sweep(doc: dict[str, Any]) -> None:
         else Console(width=220, highlight=False)
     )
     console.print(table)
+    if trace.get("load"):
+        from specgov.simulator.planning.trace_load import trace_load_text
+
+        console.print(trace_load_text(trace["load"], doc["target_rps"]), soft_wrap=True)
     for gpu, best in doc["best_per_gpu"].items():
+        host = f" +host {best['hicache_size_gb']} GB" if best.get("hicache_size_gb") else ""
         console.print(
-            f"best on {gpu}: {best['drafter']} {best['shape']['name']} {best['policy']}, "
+            f"best on {gpu}: {best['drafter']} {best['shape']['name']} {best['policy']}{host}, "
             f"{best['replicas']} replica(s) at {best['max_rps']:.2f} req/s each"
         )
+        answer = (doc.get("host_cache_or_gpus") or {}).get(gpu)
+        if answer is not None:
+            console.print(f"  host cache or GPUs: {answer['answer']}")
         if best["launch_shell"] is not None:
             flags = best["launch_shell"] or "(none: no speculation)"
             console.print(f"  sglang flags: {flags}", soft_wrap=True)
@@ -250,8 +272,12 @@ def _render_sweep(doc: dict[str, Any]) -> None:
         b = doc["best"]
         console.print(
             f"best overall (by {doc['best_by']}): {b['gpu']} {b['drafter']} "
-            f"{b['shape']['name']} {b['policy']}, {b['replicas']} replica(s)"
+            f"{b['shape']['name']} {b['policy']}"
+            f"{' +host ' + str(b['hicache_size_gb']) + ' GB' if b.get('hicache_size_gb') else ''}"
+            f", {b['replicas']} replica(s)"
         )
+        if doc.get("recommendation"):
+            console.print(f"  why: {doc['recommendation']}")
 
 
 @plan_group.command(name="sweep")
@@ -311,6 +337,14 @@ def _render_sweep(doc: dict[str, Any]) -> None:
     show_default=True,
     help="Search stops when the bracket [pass, fail] is this tight (relative).",
 )
+@click.option(
+    "--hicache-sizes",
+    default="0",
+    show_default=True,
+    help="Comma-separated host cache tiers, GB per GPU (SGLang's --enable-hierarchical-cache "
+    "--hicache-size N; 0: none). With sizes > 0 every configuration is swept once per size "
+    "and the plan says, per GPU, whether to add host cache or GPUs.",
+)
 @prices_option
 @mem_fraction_static_option
 @max_running_requests_option
@@ -361,6 +395,7 @@ def sweep_cmd(
     ttft_percentile: float,
     target_rps: float,
     rel_tol: float,
+    hicache_sizes: str,
     prices: Path | None,
     mem_fraction_static: float | None,
     max_running_requests: int | None,
@@ -416,6 +451,7 @@ def sweep_cmd(
             shapes=_csv(shapes),
             settings=settings,
             trace=trace,
+            hicache_sizes_gb=_sizes_gb(hicache_sizes),
         )
         price_table = load_prices(prices, cat) if prices is not None else None
         if price_table is not None:

@@ -127,6 +127,10 @@ def render_table(doc: Mapping[str, Any]) -> None:
         # Piped or captured: no width to fit, so do not squeeze the columns to 80.
         console = Console(width=170)
     console.print(table)
+    if trace.get("load"):
+        from specgov.simulator.planning.trace_load import trace_load_text
+
+        console.print(trace_load_text(trace["load"]), soft_wrap=True)
     console.print(doc["recommendation"])
 
 

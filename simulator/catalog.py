@@ -79,6 +79,8 @@ class GpuSpec:
     aliases: tuple[str, ...] = ()
     # field -> (measured | fitted | assumed, where the figure comes from)
     provenance: tuple[tuple[str, str, str], ...] = ()
+    # Achieved host-to-device copy bandwidth, GB/s (HiCache load-back); None: unknown.
+    pcie_gb_s: float | None = None
 
     @property
     def achieved_bandwidth_bytes_s(self) -> float:
@@ -276,6 +278,7 @@ _GPU_FIELDS: dict[str, _Field] = {
     "bf16_tflops": (_pos, True),
     "bandwidth_efficiency": (_fraction, False),
     "compute_efficiency": (_fraction, False),
+    "pcie_gb_s": (_pos, False),
     "aliases": (_names, False),
 }
 _MODEL_FIELDS: dict[str, _Field] = {

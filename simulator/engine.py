@@ -21,7 +21,13 @@ What it models, in SGLang's own order (scheduler event loop of 0.5.23, non-overl
   finished requests' prompts in the same KV pool, running requests pin theirs, and
   unpinned blocks are evicted LRU when requests need room (before any retraction, as
   ``check_decode_mem`` evicts first). Requests without ids reuse nothing; a trace
-  without any ids runs exactly as with the cache off.
+  without any ids runs exactly as with the cache off. With a host tier
+  (``EngineConfig.hicache_token_capacity``, SGLang's ``--enable-hierarchical-cache``)
+  evicted blocks stay in host memory; a hit there is loaded back over PCIe at
+  ``hicache_load_s_per_token``: SGLang copies layer by layer on its own stream while
+  the prefill forward runs, so a prefill batch takes the longer of its compute and its
+  copies (assumed: full overlap, no contention; the write-through D2H backups run on
+  their own stream and are not charged).
 * The KV pool has a fixed token capacity (from the VRAM plan). A decode step
   needs room for every verified token; when the pool runs dry requests are
   retracted in SGLang's order (fewest output tokens first, then longest input)
@@ -200,6 +206,9 @@ class EngineConfig:
     cold_recovery_verifies: int = 16
     # SGLang's radix cache; False is its --disable-radix-cache (module docstring).
     prefix_cache: bool = True
+    # Host tier (HiCache) tokens; 0: none. Load-back seconds per token (PCIe).
+    hicache_token_capacity: int = 0
+    hicache_load_s_per_token: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kv_token_capacity < 1:
@@ -231,6 +240,16 @@ class EngineConfig:
         if self.cold_recovery_verifies < 1:
             raise EngineConfigError(
                 f"cold_recovery_verifies must be >= 1, got {self.cold_recovery_verifies}"
+            )
+        if self.hicache_token_capacity < 0 or self.hicache_load_s_per_token < 0:
+            raise EngineConfigError(
+                "hicache_token_capacity and hicache_load_s_per_token must be >= 0, got "
+                f"{self.hicache_token_capacity}, {self.hicache_load_s_per_token}"
+            )
+        if self.hicache_token_capacity and not self.prefix_cache:
+            raise EngineConfigError(
+                "a hierarchical cache needs the radix cache (prefix_cache=True), as SGLang's "
+                "--enable-hierarchical-cache does"
             )
 
     def verify_tokens_per_request(self, steps: int) -> int:
@@ -284,11 +303,24 @@ class EngineResult:
     cache_hit_tokens: int = 0
     cache_lookup_tokens: int = 0
     cache_evicted_tokens: int = 0
+    # Host tier (HiCache): hits served from it (loaded back), its capacity, its
+    # evictions and the PCIe seconds spent loading back.
+    cache_hit_host_tokens: int = 0
+    hicache_token_capacity: int = 0
+    cache_host_evicted_tokens: int = 0
+    hicache_load_s: float = 0.0
+
+    @property
+    def prefix_cache_hit_rate_host(self) -> float:
+        """Reused prompt tokens that came from the host tier / looked-up tokens."""
+        if self.cache_lookup_tokens <= 0:
+            return 0.0
+        return self.cache_hit_host_tokens / self.cache_lookup_tokens
 
     @property
     def prefix_cache_hit_rate(self) -> float:
-        """Reused / looked-up prompt tokens (SGLang's cache_hit_rate, whole run); 0 when
-        nothing was looked up (no cache, or no request with block ids)."""
+        """Reused / looked-up prompt tokens (SGLang's cache_hit_rate, whole run, both
+        tiers); 0 when nothing was looked up (no cache, or no request with block ids)."""
         if self.cache_lookup_tokens <= 0:
             return 0.0
         return self.cache_hit_tokens / self.cache_lookup_tokens
@@ -334,7 +366,11 @@ class Engine:
             else None
         )
         # One cache per server: it outlives a run (the sim-server runs one per trace loop).
-        self.prefix_cache: PrefixCache | None = PrefixCache() if config.prefix_cache else None
+        self.prefix_cache: PrefixCache | None = (
+            PrefixCache(host_token_capacity=config.hicache_token_capacity)
+            if config.prefix_cache
+            else None
+        )
         self.oracle: BatchOracle | None = policy if isinstance(policy, BatchOracle) else None
         if self.oracle is not None:
             self.oracle.bind_engine(cost, config)
@@ -429,9 +465,11 @@ class _Run:
         "accepted_total",
         "arrivals",
         "batch_cache_hit",
+        "batch_load_tokens",
         "bs_hist",
         "cache",
         "cache_hit",
+        "cache_hit_host",
         "cache_lookup",
         "capacity",
         "chunk_budget",
@@ -445,6 +483,7 @@ class _Run:
         "events",
         "first_arrival_s",
         "graph_bs",
+        "hicache_load_s",
         "kv_peak",
         "kv_used",
         "ledger",
@@ -581,6 +620,9 @@ class _Run:
         self.cache_hit = 0
         self.cache_lookup = 0
         self.batch_cache_hit = 0
+        self.cache_hit_host = 0
+        self.batch_load_tokens = 0
+        self.hicache_load_s = 0.0
 
     # ---- admission and time ----
 
@@ -794,7 +836,7 @@ class _Run:
             need = r.prefill_target - r.prefilled - cached
             rem_out = r.output_tokens - r.generated
             total = need + min(rem_out, CLIP_MAX_NEW_TOKENS) * new_token_ratio
-            pin_cost = cache.unpinned_tokens(path)
+            pin_cost = cache.unpinned_tokens(path)  # host-only blocks: loaded back
             if total + pin_cost > rem_total:
                 if not running and not batch and chunked is None and kv_used == 0:
                     waiting.popleft()  # can never fit, even alone: SGLang rejects it
@@ -803,6 +845,13 @@ class _Run:
                 break
             waiting.popleft()
             if path:
+                host = cache.host_only_tokens(path)
+                if host:
+                    self.batch_load_tokens += host
+                    # Reused tokens past the device part came from the host tier.
+                    host_hit = cached - (cache.path_tokens(path) - host)
+                    if host_hit > 0 and r.retracted == 0:
+                        self.cache_hit_host += host_hit
                 cache.pin(path)
                 r.cache_nodes = list(path)
             r.cached = cached
@@ -826,6 +875,13 @@ class _Run:
             new_tokens += take
             prefix += r.prefilled
         dt = self.prefill_s(new_tokens, prefix)
+        if self.batch_load_tokens:
+            # Load-back copies overlap the forward layer by layer (module docstring).
+            load_s = self.batch_load_tokens * self.engine.config.hicache_load_s_per_token
+            self.hicache_load_s += load_s
+            self.batch_load_tokens = 0
+            if load_s > dt:
+                dt = load_s
         now = self.now + dt
         self.now = now
         self.prefill_time += dt
@@ -1155,4 +1211,8 @@ class _Run:
             cache_hit_tokens=self.cache_hit,
             cache_lookup_tokens=self.cache_lookup,
             cache_evicted_tokens=0 if self.cache is None else self.cache.evicted_tokens,
+            cache_hit_host_tokens=self.cache_hit_host,
+            hicache_token_capacity=0 if self.cache is None else self.cache.host_token_capacity,
+            cache_host_evicted_tokens=0 if self.cache is None else self.cache.host_evicted_tokens,
+            hicache_load_s=self.hicache_load_s,
         )

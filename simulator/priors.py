@@ -21,7 +21,7 @@ from pathlib import Path
 
 from specgov.policies.estimators.step_cost import StepCostPrior
 from specgov.policies.roofline import scaled_coefficients
-from specgov.simulator.catalog import Catalog
+from specgov.simulator.catalog import Catalog, CatalogError
 from specgov.simulator.cost import CostModel, CostModelError
 
 __all__ = [
@@ -74,11 +74,15 @@ def check_prior_options(
         )
     if prior_gpu is None:
         return
-    names = Catalog.load(tuple(catalog_files)).gpu_names()
-    if not isinstance(prior_gpu, str) or prior_gpu not in names:
+    catalog = Catalog.load(tuple(catalog_files))
+    try:
+        # The lookup --gpu uses: names and aliases, case-insensitive.
+        catalog.gpu(prior_gpu)  # type: ignore[arg-type]
+    except CatalogError:
         raise PriorOptionError(
-            f"prior_gpu (--prior-gpu): unknown GPU {prior_gpu!r}; valid: {', '.join(names)}"
-        )
+            f"prior_gpu (--prior-gpu): unknown GPU {prior_gpu!r}; valid: "
+            f"{', '.join(catalog.gpu_names())} (or an alias, see `specgov catalog show`)"
+        ) from None
 
 
 def replay_step_cost_prior(

@@ -44,6 +44,7 @@ from specgov.simulator.cost import CostModel
 from specgov.simulator.engine import Engine, EngineConfig, EngineResult, VirtualClock
 from specgov.simulator.memory import MemoryPlan, plan_memory
 from specgov.simulator.metrics import Slo, summarise
+from specgov.simulator.prefix_cache import HicacheError, hicache_token_capacity
 from specgov.simulator.priors import check_prior_options, replay_step_cost_prior
 from specgov.simulator.sim_metrics import SimMetrics
 from specgov.simulator.traces import Request, Trace
@@ -216,9 +217,51 @@ class ServerSpec:
     # SGLang's radix cache (on by default there); False: --disable-radix-cache, replay's
     # --no-prefix-cache. Only requests with prefix block ids (hash_ids) can hit.
     prefix_cache: bool = True
+    # SGLang's --enable-hierarchical-cache (host tier of the radix cache), sized by
+    # --hicache-size (GB per rank, wins when > 0) or --hicache-ratio (x the KV pool;
+    # None: SGLang's 2.0). prefix_cache_summary reports the hit rate per tier.
+    hierarchical_cache: bool = False
+    hicache_ratio: float | None = None
+    hicache_size_gb: int = 0
 
     def __post_init__(self) -> None:
         check_prior_options(self.prior_scale, self.prior_gpu, self.catalog_files)
+        if self.hierarchical_cache and not self.prefix_cache:
+            raise HicacheError(
+                "--enable-hierarchical-cache needs the radix cache: drop --disable-radix-cache"
+            )
+        if not self.hierarchical_cache and (self.hicache_ratio is not None or self.hicache_size_gb):
+            raise HicacheError(
+                "--hicache-ratio/--hicache-size size the host tier: add "
+                "--enable-hierarchical-cache (without it they have no effect)"
+            )
+        # Checks the flags' forms now (the capacity itself needs the KV pool).
+        hicache_token_capacity(
+            1, 1.0, hicache_ratio=self.hicache_ratio, hicache_size_gb=self.hicache_size_gb
+        )
+
+
+def hicache_engine_fields(server: ServerSpec, gpu: GpuSpec, memory: MemoryPlan) -> dict[str, Any]:
+    """EngineConfig's host-tier fields for *server* on *memory*'s KV pool: the tier's
+    tokens (SGLang's sizing) and the PCIe load-back seconds per token (the rank's KV
+    bytes over the catalog's ``pcie_gb_s``); empty without a hierarchical cache."""
+    if not server.hierarchical_cache:
+        return {}
+    if gpu.pcie_gb_s is None:
+        raise HicacheError(
+            f"GPU {gpu.name!r} has no pcie_gb_s in the catalog: the hierarchical cache's "
+            "load-back needs it (add pcie_gb_s: <GB/s> to its catalog entry)"
+        )
+    per_token = memory.kv_bytes_per_token
+    return {
+        "hicache_token_capacity": hicache_token_capacity(
+            memory.kv_token_capacity,
+            per_token,
+            hicache_ratio=server.hicache_ratio,
+            hicache_size_gb=server.hicache_size_gb,
+        ),
+        "hicache_load_s_per_token": per_token / (gpu.pcie_gb_s * 1e9),
+    }
 
 
 @dataclass
@@ -392,6 +435,7 @@ def prepare_run(
         record_events=record_events,
         skip_zero_step_draft_extend=server.skip_zero_step_draft_extend,
         prefix_cache=server.prefix_cache,
+        **hicache_engine_fields(server, b.gpu, memory),
     )
     clock = VirtualClock()
     loop: ClosedLoop | None = None
@@ -526,14 +570,29 @@ def build_engine(
 def prefix_cache_summary(result: EngineResult) -> dict[str, Any]:
     """The prefix-cache figures of one run (replay JSON keys): the hit rate (reused /
     looked-up prompt tokens, first admissions, as SGLang's cache_hit_rate), the tokens
-    behind it, the prefill tokens computed and the cached tokens evicted."""
-    return {
+    behind it, the prefill tokens computed and the cached tokens evicted; with a
+    hierarchical cache also the host tier's share of the hits, its token capacity,
+    its evictions and the PCIe load-back seconds (the hit rate counts both tiers)."""
+    out: dict[str, Any] = {
         "prefix_cache_hit_rate": result.prefix_cache_hit_rate,
         "prefix_cache_hit_tokens": result.cache_hit_tokens,
         "prefix_cache_lookup_tokens": result.cache_lookup_tokens,
         "prefix_cache_evicted_tokens": result.cache_evicted_tokens,
         "prefill_tokens": result.prefill_tokens,
     }
+    if result.hicache_token_capacity:
+        out.update(
+            {
+                "prefix_cache_hit_rate_device": result.prefix_cache_hit_rate
+                - result.prefix_cache_hit_rate_host,
+                "prefix_cache_hit_rate_host": result.prefix_cache_hit_rate_host,
+                "prefix_cache_hit_host_tokens": result.cache_hit_host_tokens,
+                "hicache_token_capacity": result.hicache_token_capacity,
+                "hicache_evicted_tokens": result.cache_host_evicted_tokens,
+                "hicache_load_s": result.hicache_load_s,
+            }
+        )
+    return out
 
 
 def replay(
@@ -572,7 +631,17 @@ def replay(
             "acceptance_profile": server.acceptance_profile or built.drafter.acceptance_profile,
             "skip_zero_step_draft_extend": server.skip_zero_step_draft_extend,
             "prefix_cache": server.prefix_cache,
-            "prior": {"gpu": server.prior_gpu or built.gpu.name, "scale": server.prior_scale},
+            "hierarchical_cache": server.hierarchical_cache,
+            "hicache_ratio": server.hicache_ratio,
+            "hicache_size_gb": server.hicache_size_gb,
+            "prior": {
+                "gpu": (
+                    Catalog.load(server.catalog_files).gpu(server.prior_gpu).name
+                    if server.prior_gpu is not None
+                    else built.gpu.name
+                ),
+                "scale": server.prior_scale,
+            },
         },
         seed=seed,
         slo=slo,

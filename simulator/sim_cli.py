@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import click
 
@@ -29,6 +29,44 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT: Final = 30000  # SGLang's default --port
 DEFAULT_TRACE: Final = "synthetic:demo"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# SGLang's hierarchical cache (HiCache) flags, as SGLang 0.5.23 names them; `replay` and
+# `sim-server` share them (ServerSpec.hierarchical_cache / hicache_ratio / hicache_size_gb);
+# declared here because the simulator may not import the controller's options.
+def hicache_options(fn: F) -> F:
+    """Add --enable-hierarchical-cache, --hicache-ratio and --hicache-size to *fn*."""
+    for option in reversed(_HICACHE_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+_HICACHE_OPTIONS = [
+    click.option(
+        "--enable-hierarchical-cache",
+        is_flag=True,
+        default=False,
+        help="SGLang's --enable-hierarchical-cache: prefix blocks evicted from the KV pool "
+        "stay in host memory and are loaded back over PCIe (the catalog's pcie_gb_s) "
+        "instead of recomputed.",
+    ),
+    click.option(
+        "--hicache-ratio",
+        type=click.FloatRange(min=0.0, min_open=True),
+        default=None,
+        help="Host tier size as a multiple of the KV pool's tokens (SGLang's default 2.0 "
+        "when neither this nor --hicache-size is given).",
+    ),
+    click.option(
+        "--hicache-size",
+        type=click.IntRange(min=0),
+        default=0,
+        show_default=True,
+        help="Host tier size in GB (1e9 bytes) per GPU; > 0 wins over --hicache-ratio, "
+        "as in SGLang.",
+    ),
+]
 
 
 def serve(
@@ -133,6 +171,7 @@ def load_trace_arg(text: str, *, seed: int = 0) -> Trace:
     help="SGLang's --disable-radix-cache: no prefix reuse (by default requests whose "
     "trace gives hash_ids reuse cached prompt prefixes).",
 )
+@hicache_options
 def sim_server_cmd(
     port: int,
     host: str,
@@ -147,6 +186,9 @@ def sim_server_cmd(
     acceptance_profile: str | None,
     seed: int,
     disable_radix_cache: bool,
+    enable_hierarchical_cache: bool,
+    hicache_ratio: float | None,
+    hicache_size: int,
 ) -> None:
     """A simulated SGLang 0.5.23 server (the daemon cannot tell it from SGLang
     except by /model_info). Ctrl-C stops it."""
@@ -164,6 +206,9 @@ def sim_server_cmd(
                 spec_steps=spec_steps,
                 acceptance_profile=acceptance_profile,
                 prefix_cache=not disable_radix_cache,
+                hierarchical_cache=enable_hierarchical_cache,
+                hicache_ratio=hicache_ratio,
+                hicache_size_gb=hicache_size,
             ),
             speed=speed,
             spool_dir=spool_dir,

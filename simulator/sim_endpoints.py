@@ -125,6 +125,9 @@ class LaunchInfo:
     cuda_graph_max_bs: int | None = None
     decode_cuda_graph_bs: tuple[int, ...] | None = None
     disable_radix_cache: bool = False  # --disable-radix-cache (no prefix reuse)
+    enable_hierarchical_cache: bool = False  # HiCache host tier, sized as below
+    hicache_ratio: float | None = None
+    hicache_size: int = 0  # GB per rank; > 0 wins over the ratio
     launch_command: str = "specgov sim-server"
     api_key_set: bool = False
     decode_log_interval: int = 40
@@ -192,6 +195,9 @@ def server_args_dict(launch: LaunchInfo) -> dict[str, Any]:
         "cuda_graph_max_bs_decode": launch.cuda_graph_max_bs,
         "disable_cuda_graph": launch.cuda_graph_max_bs is None,
         "disable_radix_cache": launch.disable_radix_cache,
+        "enable_hierarchical_cache": launch.enable_hierarchical_cache,
+        "hicache_ratio": launch.hicache_ratio,
+        "hicache_size": launch.hicache_size,
         "tp_size": 1,
         "pp_size": 1,
         "dp_size": 1,

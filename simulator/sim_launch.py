@@ -168,6 +168,7 @@ class Launch:
                 self.server.acceptance_profile or built.drafter.acceptance_profile
             ),
             "prefix_cache": self.server.prefix_cache,
+            "hierarchical_cache": self.server.hierarchical_cache,
         }
 
     def write_adaptive_config(self) -> None:
@@ -277,6 +278,9 @@ class Launch:
             speculative_algorithm=self.algorithm,
             speculative_num_steps=self.server.spec_steps,
             disable_radix_cache=not self.server.prefix_cache,
+            enable_hierarchical_cache=self.server.hierarchical_cache,
+            hicache_ratio=self.server.hicache_ratio,
+            hicache_size=self.server.hicache_size_gb,
             speculative_eagle_topk=self.server.topk,
             speculative_num_draft_tokens=self._num_draft_tokens(),
             speculative_adaptive=self.adaptive,
@@ -289,10 +293,22 @@ class Launch:
             launch_command=(
                 f"specgov sim-server --port {port} --speed {self.speed:g}{spool}"
                 + ("" if self.server.prefix_cache else " --disable-radix-cache")
+                + self._hicache_flags()
             ),
             api_key_set=api_key_set,
             startup_time={"load_weight": 0.0, "kv_cache_allocation": 0.0},
         )
+
+    def _hicache_flags(self) -> str:
+        s = self.server
+        if not s.hierarchical_cache:
+            return ""
+        out = " --enable-hierarchical-cache"
+        if s.hicache_ratio is not None:
+            out += f" --hicache-ratio {s.hicache_ratio:g}"
+        if s.hicache_size_gb:
+            out += f" --hicache-size {s.hicache_size_gb}"
+        return out
 
     def _num_draft_tokens(self) -> int:
         if self.server.topk == 1 or self.server.num_draft_tokens is None:

@@ -417,7 +417,7 @@ def _row(fleet: str, kind: str, gpus: int, tpot: float, goodput: float) -> dict[
     }
 
 
-def test_equal_cost_fleets_are_ranked_by_slo_headroom() -> None:
+def test_equal_cost_fleets_go_to_the_simpler_then_by_slo_headroom() -> None:
     from specgov.simulator.planning.fleet_judge import choose, recommendation_text, slo_margin
 
     slo = {"tpot_ms": 50.0, "ttft_ms": 2000.0, "percentile": 99.0}
@@ -429,9 +429,14 @@ def test_equal_cost_fleets_are_ranked_by_slo_headroom() -> None:
     assert slo_margin(rows[0], slo) == pytest.approx(34.0 / 50.0)
     picked = choose(rows, priced=False, slo=slo)
     assert picked["best"]["fleet"] == "0+3" and picked["best_plain"]["fleet"] == "0+3"
+    # Issue 22 §4: more headroom does not make speculation worth it at the same cost.
     rows[1]["slo_tpot_at_percentile_ms"] = 40.0
     picked = choose(rows, priced=False, slo=slo)
-    assert picked["best"]["fleet"] == "2+1"
-    assert picked["saving_vs_plain"]["saved"] == 0.0
+    assert picked["best"]["fleet"] == "0+3"
     doc = {"fleets": rows, "slo": slo, "offered_rps": 40.0, **picked}
-    assert "Speculation saves nothing here: the plain fleet 0+3" in recommendation_text(doc)
+    assert "Speculation does not pay at this load" in recommendation_text(doc)
+    # Between equal-cost speculative fleets, headroom still decides.
+    rows.append(_row("3+0", "speculative", 3, 30.0, 9800.0))
+    rows.append(_row("1+2", "mixed", 3, 20.0, 9800.0))
+    spec_only = [r for r in rows if r["kind"] != "plain"]
+    assert choose(spec_only, priced=False, slo=slo)["best"]["fleet"] == "1+2"

@@ -42,6 +42,7 @@ FIGURES = (
     "replicas_cost",
     "fleets",
     "where_speculation_pays",
+    "speculation_pays_h100",
 )
 
 
@@ -143,15 +144,18 @@ def test_the_sections_and_the_recommendation(report: Path, docs: dict[str, Any])
         "VRAM budgets",
         "Sustainable load: throughput-latency curves",
         "SLO frontier",
+        "When speculation pays",
         "Replicas and cost",
         "Fleet comparison",
         "Data files",
     ):
         assert f">{heading}</h" in text, heading
     best = docs["sweep"]["best"]
-    assert best["launch_shell"] in text.replace("&#x27;", "'")
-    assert "python -m sglang.launch_server" in text
+    for flag in best["launch_args"]:
+        assert flag in text or flag.endswith("adaptive-config.json"), flag
+    assert "python -m sglang.launch_server --model-path MODEL --enable-metrics" in text
     assert "first item over the budget" in text  # the 70B on L40S overflow, explained
+    assert f"Why: {docs['sweep']['recommendation']}." in text.replace("&#x27;", "'")
     assert docs["fleet"]["recommendation"] in text.replace("&#x27;", "'")
 
 
@@ -326,3 +330,50 @@ def test_a_report_removes_the_temporary_files_of_an_interrupted_one(tmp_path: Pa
     assert not any(path.exists() for path in stale)
     assert keep.read_text() == "the operator's"
     assert not [p for p in tmp_path.rglob("*.tmp")]
+
+
+def test_the_launch_command_is_complete_and_names_the_adaptive_config_file(
+    docs: dict[str, Any], tmp_path: Path
+) -> None:
+    # Issue 22 §4: --enable-metrics, and the adaptive config written next to the report.
+    adaptive = next(
+        r for r in docs["sweep"]["configurations"] if r.get("adaptive_config") is not None
+    )
+    report = write_report(
+        tmp_path, vram=None, sweep={**docs["sweep"], "best": adaptive}, fleet=None
+    )
+    text = report.read_text()
+    found = re.search(r"<pre>(python -m sglang.launch_server[^<]*)</pre>", text)
+    assert found is not None
+    command = found.group(1)
+    assert command.startswith("python -m sglang.launch_server --model-path MODEL --enable-metrics")
+    (written,) = tmp_path.glob("adaptive-config-*.json")
+    assert f"--speculative-adaptive-config {written.resolve()}" in command
+    assert json.loads(written.read_text()) == adaptive["adaptive_config"]
+    assert f'href="{written.name}"' in text
+    assert written.stat().st_mode & 0o777 == 0o644
+
+
+def test_every_report_file_is_readable_by_others(report: Path) -> None:
+    files = [p for p in report.parent.rglob("*") if p.is_file()]
+    assert files
+    for path in files:
+        assert path.stat().st_mode & 0o777 == 0o644, path
+
+
+def test_when_speculation_pays_curve_and_its_data(report: Path, docs: dict[str, Any]) -> None:
+    from specgov.simulator.planning.simplicity import PAYS_TPOT_SLOS_MS, pays_curve
+
+    with (report.parent / "data" / "speculation_pays.csv").open(newline="") as fh:
+        records = list(csv.DictReader(fh))
+    configs = [c for c in docs["sweep"]["configurations"] if c["curve"]]
+    assert len(records) == len(configs) * len(PAYS_TPOT_SLOS_MS)
+    ttft = docs["sweep"]["slo"]["ttft_ms"]
+    for row in configs:
+        mine = [float(r["rps"]) for r in records if r["id"] == row["id"]]
+        assert mine == pays_curve(row, ttft_ms=ttft)
+        assert mine == sorted(mine)  # a looser TPOT SLO never sustains less
+    text = report.read_text()
+    assert "sustains more than the plain server at a TPOT SLO of" in text or (
+        "never sustains more than the plain server" in text
+    )

@@ -115,3 +115,47 @@ def test_report_option(tmp_path: Path) -> None:
     else:
         assert code == 0 and "report: " in text
         assert any((tmp_path / "r").iterdir())
+
+
+@pytest.mark.parametrize("fraction", ["0.80", "0.83", "0.85", "0.88", "0.90", "0.93"])
+def test_fits_never_comes_with_negative_headroom(fraction: str) -> None:
+    # Issue 22 §4: `--tp-size 2 --mem-fraction-static 0.85` said FITS with left -0.75 GiB.
+    code, docs, _ = _run(
+        "--gpu", "h100", "--model", "llama-3.1-70b", "--tp-size", "2", "--drafter", "none",
+        "--mem-fraction-static", fraction, "--output", "json",
+    )  # fmt: skip
+    (doc,) = docs
+    assert code == (0 if doc["fits"] else 3)
+    if doc["fits"]:
+        assert doc["left_gib"] >= 0
+        assert next(i["gib"] for i in doc["items"] if i["name"] == "left") >= 0
+    elif doc["first_overflow"] == "activation headroom":
+        assert doc["overflow_gib"] == pytest.approx(-doc["left_gib"], abs=1e-3)
+        assert "short of the activation headroom" in doc["message"]
+
+
+def test_an_activation_shortfall_does_not_fit_and_says_how_to_fix_it() -> None:
+    args = ["--gpu", "h100", "--model", "llama-3.1-70b", "--tp-size", "2", "--drafter", "none"]
+    code, _, text = _run(*args, "--mem-fraction-static", "0.85")
+    assert code == 3
+    assert "DOES NOT FIT (first overflow: activation headroom)" in text
+    assert "Use mem_fraction_static <= 0.836" in text
+    code, _, text = _run(*args, "--mem-fraction-static", "0.836")
+    assert code == 0 and "FITS" in text
+
+
+def test_the_sweep_agrees_with_plan_vram_on_what_can_run() -> None:
+    from specgov.simulator.planning.sweep import SweepSettings, enumerate_jobs, run_job
+    from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+
+    trace = generate_trace(parse_synthetic_spec("synthetic:duration=10,rate=2,seed=1"))
+    settings = SweepSettings(mem_fraction_static=0.9)  # 8 GiB of slack on an H100
+    (plain,) = enumerate_jobs(
+        gpus=["h100"], drafters=["none"], policies=["none"], settings=settings, trace=trace
+    )
+    row = run_job(plain, trace)
+    code, docs, _ = _run("--gpu", "h100", "--drafter", "none", "--mem-fraction-static", "0.9",
+                         "--output", "json")  # fmt: skip
+    assert code == 3 and docs[0]["fits"] is False
+    assert row["status"] == "does-not-fit" and row["fits"] is False
+    assert row["reason"] == docs[0]["message"]

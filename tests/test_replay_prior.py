@@ -172,3 +172,16 @@ def test_cli_bad_prior_values_exit_2_naming_the_option(args: list[str], needle: 
     assert "Traceback" not in result.output
     if "--prior-gpu" in args:
         assert "valid: " in result.output and "l40s" in result.output
+
+
+def test_prior_gpu_takes_the_catalog_aliases_gpu_takes() -> None:
+    # `--gpu a100` works, so `--prior-gpu a100` must (issue 22 §4): same lookup.
+    assert _replay_prior(prior_gpu="a100") == _replay_prior(prior_gpu="a100-80g")
+    assert _replay_prior(prior_gpu="H100-SXM") == _replay_prior(prior_gpu="h100")
+    ServerSpec(prior_gpu="a100")  # accepted
+    result = CliRunner().invoke(
+        main, ["replay", SMALL_SYNTH, "--policy", "goodput", "--prior-gpu", "a100",
+               "--output", "json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["server"]["prior"]["gpu"] == "a100-80g"

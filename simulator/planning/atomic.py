@@ -28,10 +28,11 @@ _PARTIAL = re.compile(r"^\..+\.tmp$|^.+\.tmp\d+$")
 
 def write_atomic(path: Path, data: bytes | str) -> Path:
     """Write *data* (text is UTF-8) to *path*: a reader sees the old file or the whole new
-    one, never a part. Raises OSError like ``open``; *path* is then as it was."""
+    one, never a part. Raises OSError like ``open``; *path* is then as it was. The file
+    is 0644: plans and reports are for others to read (mkstemp alone would make 0600)."""
     raw = data.encode("utf-8") if isinstance(data, str) else data
     # fsync: a sweep's results must survive the machine going down, not only the process.
-    atomic_write_bytes(Path(path), raw, fsync=True)
+    atomic_write_bytes(Path(path), raw, fsync=True, mode=0o644)
     return Path(path)
 
 

@@ -31,8 +31,10 @@ Judging (the same for every fleet, so rows compare):
   completion), as ``simulator.metrics`` defines it for one server.
 
 The best fleet is the cheapest that holds the SLO (cost per hour with prices,
-GPUs without), then the one with the most goodput. When none holds it, the plan
-says so and names the fleet closest to holding it (highest attainment).
+GPUs without); at equal cost the simpler one (plain before speculative, static before
+a daemon policy: ``simplicity.py``), then the most SLO headroom, then goodput. When
+none holds it, the plan says so and names the fleet closest to holding it (highest
+attainment).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ from specgov.simulator.planning.fleet_spec import (
 )
 from specgov.simulator.planning.prices import Prices
 from specgov.simulator.planning.router import RouterSpec
+from specgov.simulator.planning.trace_load import trace_load
 from specgov.simulator.planning.vram import vram_document
 from specgov.simulator.replay import (
     BuiltServer,
@@ -316,7 +319,7 @@ def plan_fleet(
                 rows.append(row)
 
     doc: dict[str, Any] = {
-        "trace": trace.summary(),
+        "trace": {**trace.summary(), "load": trace_load(trace)},
         "rate_scale": scale,
         "target_rps": target_rps,
         "offered_rps": offered_rps(trace),

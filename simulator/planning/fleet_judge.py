@@ -14,6 +14,7 @@ import numpy as np
 from specgov.simulator.engine import EngineResult
 from specgov.simulator.memory import MemoryPlan
 from specgov.simulator.metrics import Slo
+from specgov.simulator.planning.simplicity import complexity
 
 
 def _nearest_rank(values: np.ndarray, pct: float) -> float | None:
@@ -120,12 +121,14 @@ def slo_margin(row: Mapping[str, Any], slo: Mapping[str, Any] | None) -> float:
 
 def _price_key(
     row: Mapping[str, Any], priced: bool, slo: Mapping[str, Any] | None = None
-) -> tuple[float, float, float]:
-    # Cheapest first; at equal cost the most SLO headroom (fleets that hold serve the
-    # same tokens, so goodput differs by noise), then goodput.
+) -> tuple[float, int, float, float]:
+    # Cheapest first; at equal cost the simpler fleet (plain before speculative, static
+    # before a daemon policy: simplicity.py), then the most SLO headroom (fleets that
+    # hold serve the same tokens, so goodput differs by noise), then goodput.
     cost = row.get("cost_per_hour") if priced else row.get("gpus")
     return (
         float(cost) if cost is not None else math.inf,
+        complexity(row),
         round(slo_margin(row, slo), 3),
         -float(row.get("goodput_tok_s") or 0),
     )
@@ -213,11 +216,6 @@ def recommendation_text(doc: Mapping[str, Any]) -> str:
         )
     elif best["kind"] != "plain" and doc.get("best_plain") is None:
         text += f" No plain fleet of up to {largest} replicas holds the SLO."
-    elif best["kind"] != "plain" and saving is not None:
-        text += (
-            f" Speculation saves nothing here: the plain fleet {doc['best_plain']['fleet']} "
-            f"holds the SLO at the same cost (it was ranked on SLO headroom)."
-        )
     return text
 
 

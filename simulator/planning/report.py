@@ -26,6 +26,7 @@ import csv
 import html
 import io
 import json
+import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,11 @@ from typing import Any
 
 from specgov.simulator.planning import report_figures as figs
 from specgov.simulator.planning.atomic import remove_partial_writes, write_atomic
+from specgov.simulator.planning.simplicity import (
+    PAYS_TPOT_SLOS_MS,
+    pays_curve,
+    speculation_crossing_ms,
+)
 
 __all__ = ["ReportError", "write_report"]
 
@@ -267,6 +273,11 @@ def _summary(page: _Page, sweep: Mapping[str, Any] | None, fleet: Mapping[str, A
             if saving.get("cost_fraction") is not None:
                 text += f" ({_f(100 * float(saving['cost_fraction']), 1)}% of the cost)"
         page.add(f'<p class="rec">{text}.</p>')
+        why = (sweep or {}).get("recommendation")
+        if why:
+            page.add(f'<p class="rec">Why: {_e(why)}.</p>')
+        for gpu, answer in ((sweep or {}).get("host_cache_or_gpus") or {}).items():
+            page.add(f'<p class="rec">Host cache or GPUs on {_e(gpu)}: {_e(answer["answer"])}.</p>')
     elif sweep is not None:
         page.add('<p class="rec">The sweep found no configuration that holds the SLO.</p>')
     if fleet is not None:
@@ -275,7 +286,7 @@ def _summary(page: _Page, sweep: Mapping[str, Any] | None, fleet: Mapping[str, A
     page.add("<h3>Launch configuration</h3>")
     blocks: list[str] = []
     if isinstance(best, Mapping):
-        blocks.append(_launch_block(f"sweep best: {figs.config_label(best)}", best))
+        blocks.append(_launch_block(page, f"sweep best: {figs.config_label(best)}", best))
     kinds = (fleet or {}).get("replica_kinds")
     fleet_best = (fleet or {}).get("best")
     if isinstance(kinds, Mapping) and isinstance(fleet_best, Mapping):
@@ -288,25 +299,40 @@ def _summary(page: _Page, sweep: Mapping[str, Any] | None, fleet: Mapping[str, A
             kind = kinds.get(name)
             if isinstance(kind, Mapping):
                 label = "plain replicas" if name == "none" else f"speculative replicas ({name})"
-                blocks.append(_launch_block(f"fleet: {label}", kind.get("launch_args") or {}))
+                src = kind.get("launch_args") or {}
+                blocks.append(_launch_block(page, f"fleet: {label}", src))
     if blocks:
         page.add("".join(blocks))
     else:
         page.add('<p class="missing">No launch configuration: nothing holds the SLO.</p>')
 
 
-def _launch_block(title: str, src: Mapping[str, Any]) -> str:
+ADAPTIVE_FLAG = "--speculative-adaptive-config"
+
+
+def _launch_block(page: _Page, title: str, src: Mapping[str, Any]) -> str:
+    """The launch command, complete: ``--enable-metrics`` (specgov reads ``/metrics``) and
+    the adaptive config written as a file next to the report, named in the command."""
     argv = src.get("launch_args") if "launch_args" in src else src.get("argv")
     error = src.get("launch_error") if "launch_error" in src else src.get("error")
     text = f"<p><b>{_e(title)}</b></p>"
     if error:
         return text + f'<p class="missing">{_e(error)}</p>'
-    flags = " ".join(str(a) for a in argv) if isinstance(argv, list) else ""
+    args = [str(a) for a in argv] if isinstance(argv, list) else []
+    config = src.get("adaptive_config")
+    config_path: Path | None = None
+    if config:
+        config_path = page.out_dir / f"adaptive-config-{_slug(title)}.json"
+        page.data(write_atomic(config_path, json.dumps(config, indent=1) + "\n"))
+        if ADAPTIVE_FLAG in args[:-1]:
+            args[args.index(ADAPTIVE_FLAG) + 1] = str(config_path.resolve())
+    flags = shlex.join(["--enable-metrics", *args])
     text += f"<pre>python -m sglang.launch_server --model-path MODEL {_e(flags)}</pre>"
-    if src.get("adaptive_config"):
+    if config_path is not None:
+        name = config_path.name
         text += (
-            "<p>--speculative-adaptive-config JSON:</p>"
-            f"<pre>{_e(_compact_json(src['adaptive_config']))}</pre>"
+            f'<p>{ADAPTIVE_FLAG} file (<a href="{_e(name)}">{_e(name)}</a>, written next '
+            f"to this report):</p><pre>{_e(_compact_json(config))}</pre>"
         )
     if src.get("daemon_policy"):
         daemon = _e(src["daemon_policy"])
@@ -496,6 +522,8 @@ def _sweep_sections(page: _Page, sweep: Mapping[str, Any] | None) -> None:
     page.add(_table(SWEEP_TABLE, rows, classes=classes))
     page.data(_write_csv(page.data_dir / "sweep_configurations.csv", SWEEP_COLUMNS, rows))
 
+    _pays_section(page, by_gpu, slo)
+
     page.add("<h2>Replicas and cost</h2>")
     if not page.figure(
         "replicas_cost",
@@ -505,6 +533,68 @@ def _sweep_sections(page: _Page, sweep: Mapping[str, Any] | None) -> None:
         page.add(
             '<p class="missing">No configuration has a replica count (none holds the SLO).</p>'
         )
+
+
+def _pays_section(
+    page: _Page, by_gpu: Mapping[str, list[dict[str, Any]]], slo: Mapping[str, Any]
+) -> None:
+    """When speculation pays: sustainable rate per replica against the TPOT SLO, plain
+    against each speculative configuration, and where they cross (simplicity.py)."""
+    page.add("<h2>When speculation pays</h2>")
+    slos = PAYS_TPOT_SLOS_MS
+    ttft = slo.get("ttft_ms")
+    ttft_ms = float(ttft) if isinstance(ttft, int | float) else None
+    records: list[dict[str, Any]] = []
+    notes: list[str] = []
+    for gpu, rows in by_gpu.items():
+        # Rows that ran (a configuration that cannot run has no curve to read).
+        series = [
+            (figs.config_label(r), r.get("drafter") == "none", r) for r in rows if r.get("curve")
+        ]
+        curves = [(label, plain, pays_curve(r, ttft_ms=ttft_ms)) for label, plain, r in series]
+        plain_curve = next((c for _, plain, c in curves if plain), None)
+        for (label, plain, curve), (_, _, row) in zip(curves, series, strict=True):
+            records += [
+                {"id": row.get("id"), "configuration": label, "tpot_slo_ms": x, "rps": y}
+                for x, y in zip(slos, curve, strict=True)
+            ]
+            if plain or plain_curve is None:
+                continue
+            cross = speculation_crossing_ms(plain_curve, curve, slos)
+            notes.append(
+                f"{label}: "
+                + (
+                    "never sustains more than the plain server at a TPOT SLO of "
+                    f"{slos[0]:g}-{slos[-1]:g} ms"
+                    if cross is None
+                    else f"sustains more than the plain server at a TPOT SLO of {cross:g} ms "
+                    "and tighter"
+                )
+            )
+
+        def draw(
+            p: Path, c: list[tuple[str, bool, list[float]]] = curves, g: str = gpu
+        ) -> Path | None:
+            return figs.pays_figure(c, slos, p, title=f"{g}: when speculation pays")
+
+        page.figure(
+            f"speculation_pays_{_slug(gpu)}",
+            draw,
+            f"{gpu}: the highest rate one replica sustains against the TPOT SLO (TTFT SLO "
+            "held), plain (dashed) and each speculative configuration; read from the "
+            "sweep's evaluated rates (a step curve at the search's resolution)",
+        )
+    if notes:
+        page.add("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
+    else:
+        page.add('<p class="missing">No plain server and speculative curve to compare.</p>')
+    page.data(
+        _write_csv(
+            page.data_dir / "speculation_pays.csv",
+            _keys("id", "configuration", "tpot_slo_ms", "rps"),
+            records,
+        )
+    )
 
 
 # data/fleets.csv: one row per fleet and router.

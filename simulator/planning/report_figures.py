@@ -53,11 +53,14 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 def config_label(row: Mapping[str, Any]) -> str:
-    """A sweep configuration as a short label: gpu drafter shape policy."""
+    """A sweep configuration as a short label: gpu drafter shape policy (+ its host
+    cache tier, if any)."""
     shape = row.get("shape")
     shape_name = shape.get("name") if isinstance(shape, Mapping) else shape
     parts = [row.get("gpu"), row.get("drafter"), shape_name, row.get("policy")]
-    return " ".join(str(p) for p in parts if p not in (None, ""))
+    label = " ".join(str(p) for p in parts if p not in (None, ""))
+    host = row.get("hicache_size_gb")
+    return f"{label} +host {host} GB" if isinstance(host, int) and host > 0 else label
 
 
 def fleet_label(row: Mapping[str, Any]) -> str:
@@ -183,6 +186,39 @@ def curves_figure(
         ax.set_title(f"{name} against load (x: SLO missed)")
     axes[0].legend(fontsize=7, loc="upper left")
     fig.suptitle(title)
+    fig.tight_layout()
+    return _save(fig, path)
+
+
+def pays_figure(
+    series: Sequence[tuple[str, bool, Sequence[float]]],
+    tpot_slos_ms: Sequence[float],
+    path: Path,
+    *,
+    title: str,
+) -> Path | None:
+    """When speculation pays: sustainable rate per replica against the TPOT SLO, one line
+    per configuration (*series*: label, is it the plain server, rate per SLO)."""
+    if not series or not any(max(v, default=0.0) > 0 for _, _, v in series):
+        return None
+    fig = Figure(figsize=(9, 4.8))
+    ax = fig.add_subplot(1, 1, 1)
+    for label, plain, rates in series:
+        ax.step(
+            list(tpot_slos_ms),
+            list(rates),
+            where="post",
+            label=label,
+            color="black" if plain else None,
+            linestyle="--" if plain else "-",
+            linewidth=2 if plain else 1.2,
+        )
+    ax.set_xlim(min(tpot_slos_ms), max(tpot_slos_ms))
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("TPOT SLO (ms, at the sweep's percentile)")
+    ax.set_ylabel("sustainable request rate per replica (req/s)")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return _save(fig, path)
 

@@ -57,8 +57,14 @@ each document (``vram.vram_document``)::
     {"configurations": [ROW, ...],
      "best": ROW | None,               # overall, by best_by
      "best_by": "cost_per_hour" | "replicas",
+     "recommendation": str | None,     # why the best is the best (simplicity.py)
      "best_per_gpu": {gpu: ROW},
-     "trace": {...trace summary..., "base_rps": float},
+     "host_cache_or_gpus": {gpu: {"without": BRIEF | None, "with": [BRIEF + {"pays": bool,
+                            "saves_replicas": int | None}], "answer": str}} | None,
+                                       # host_cache.py; None without --hicache-sizes
+     "trace": {...trace summary..., "base_rps": float,
+               "load": {"source": str, "duration_s": float, "mean_rps": float,
+                        "peak_rps": float, "peak_window_s": float}},   # trace_load
      "slo": {"tpot_ms", "ttft_ms", "tpot_percentile", "ttft_percentile"},
      "target_rps": float, "model": str, "seed": int,
      "search": {"start", "min_multiplier", "max_multiplier", "rel_tol", "max_evals"},
@@ -70,6 +76,7 @@ each document (``vram.vram_document``)::
            "shape": {"name": str, "steps": int, "topk": int, "num_draft_tokens": int,
                      "candidate_steps": [int]},
            "policy": str,              # canonical: none, static:3, sglang-ema, goodput
+           "hicache_size_gb": int,     # host cache tier (--hicache-size), 0: none
            "status": "ok" | "does-not-fit" | "cannot-run" | "slo-unmet",
            "reason": str | None,       # why not ok (or a note, e.g. capped search)
            "fits": bool, "vram": VRAM_DOCUMENT | None,
@@ -82,6 +89,8 @@ each document (``vram.vram_document``)::
            "saving_vs_none": {"replicas": int, "capacity_ratio": float,
                               "cost_per_hour": float | None,
                               "cost_fraction": float | None} | None,
+           "speculation": {"pays": bool, "because": "replicas" | "slo" | None,
+                           "detail": str} | None,    # speculative ok rows only
            "launch_args": [str] | None,          # SGLang flags (adapters.launch_config)
            "launch_shell": str | None, "adaptive_config": dict | None,
            "launch_error": str | None, "daemon_policy": str | None,
@@ -102,7 +111,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -113,8 +122,12 @@ import numpy as np
 from specgov.simulator.catalog import Catalog
 from specgov.simulator.memory import MemoryPlanError
 from specgov.simulator.metrics import Slo, slo_mask
+from specgov.simulator.planning.host_cache import host_cache_answer
 from specgov.simulator.planning.prices import Prices
 from specgov.simulator.planning.search import SearchSettings, find_max_multiplier
+from specgov.simulator.planning.simplicity import complexity, speculation_verdict
+from specgov.simulator.planning.sweep_launch import fill_launch
+from specgov.simulator.planning.trace_load import base_rps, trace_load
 from specgov.simulator.planning.vram import NO_DRAFTER, vram_document, vram_plan
 from specgov.simulator.replay import (
     InEnginePolicy,
@@ -225,6 +238,7 @@ class JobSpec:
     trace_id: str  # trace_fingerprint of the trace the job replays
     catalog_id: str  # catalog_fingerprint of the catalog data (built-in + settings' files)
     version: str  # specgov_version() of the process that enumerated the job
+    hicache_size_gb: int = 0  # SGLang's --hicache-size host tier; 0: no hierarchical cache
 
     @property
     def job_id(self) -> str:
@@ -244,6 +258,8 @@ class JobSpec:
                 "trace": self.trace_id,
                 "catalog": self.catalog_id,
                 "specgov": self.version,
+                # Only when set: sweeps without a host tier keep their job ids.
+                **({"hicache_size_gb": self.hicache_size_gb} if self.hicache_size_gb else {}),
             },
             sort_keys=True,
         )
@@ -256,6 +272,7 @@ class JobSpec:
             "drafter": self.drafter,
             "shape": self.shape.name,
             "policy": self.policy,
+            **({"hicache_size_gb": str(self.hicache_size_gb)} if self.hicache_size_gb else {}),
             "job_id": self.job_id,
         }
 
@@ -319,11 +336,13 @@ def enumerate_jobs(
     shapes: Sequence[str] = ("chain",),
     settings: SweepSettings,
     trace: Trace,
+    hicache_sizes_gb: Sequence[int] = (0,),
 ) -> list[JobSpec]:
     """Every configuration: the plain server once per GPU, then GPU x drafter x shape x
-    speculative policy. Names are resolved (catalog aliases, canonical policy names) so
-    that a configuration given twice runs once; an unknown name fails here, before any
-    simulation."""
+    speculative policy; all of it once per host cache size (``hicache_sizes_gb``, 0: no
+    hierarchical cache), so a plan can answer "add host cache or add GPUs?". Names are
+    resolved (catalog aliases, canonical policy names) so that a configuration given twice
+    runs once; an unknown name fails here, before any simulation."""
     catalog = Catalog.load([Path(p) for p in settings.catalog_files])
     gpu_names = [catalog.gpu(g).name for g in _names(gpus, "--gpus")]
     gpu_names = list(dict.fromkeys(gpu_names))
@@ -345,21 +364,28 @@ def enumerate_jobs(
     tid = trace_fingerprint(trace)
     cid = catalog_fingerprint(catalog)
     version = specgov_version()
-    jobs: list[JobSpec] = []
-    for gpu in gpu_names:
-        jobs.append(
-            JobSpec(gpu, NO_DRAFTER, Shape("plain", 0, 0), "none", settings, tid, cid, version)
+    sizes = list(dict.fromkeys(hicache_sizes_gb))
+    if not sizes or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in sizes):
+        raise SweepError(
+            f"--hicache-sizes: expected whole GB >= 0 (0: no host cache), got {hicache_sizes_gb!r}"
         )
-        for drafter in drafter_names:
-            if drafter == NO_DRAFTER:
-                continue
-            for shape in shape_list:
-                for policy in parsed:
-                    if not policy.speculative:
-                        continue
-                    jobs.append(
-                        JobSpec(gpu, drafter, shape, policy.name, settings, tid, cid, version)
-                    )
+    jobs: list[JobSpec] = []
+    for gb in sizes:
+        for gpu in gpu_names:
+            plain = Shape("plain", 0, 0)
+            jobs.append(JobSpec(gpu, NO_DRAFTER, plain, "none", settings, tid, cid, version, gb))
+            for drafter in drafter_names:
+                if drafter == NO_DRAFTER:
+                    continue
+                for shape in shape_list:
+                    for policy in parsed:
+                        if not policy.speculative:
+                            continue
+                        jobs.append(
+                            JobSpec(
+                                gpu, drafter, shape, policy.name, settings, tid, cid, version, gb
+                            )
+                        )
     return jobs
 
 
@@ -381,6 +407,8 @@ def _server(job: JobSpec) -> ServerSpec:
         mem_fraction_static=s.mem_fraction_static,
         max_running_requests=s.max_running_requests,
         catalog_files=tuple(Path(p) for p in s.catalog_files),
+        hierarchical_cache=job.hicache_size_gb > 0,
+        hicache_size_gb=job.hicache_size_gb,
     )
 
 
@@ -414,6 +442,7 @@ def _empty_row(job: JobSpec, shape: dict[str, Any]) -> dict[str, Any]:
         "drafter": job.drafter,
         "shape": shape,
         "policy": job.policy,
+        "hicache_size_gb": job.hicache_size_gb,
         "status": "cannot-run",
         "reason": None,
         "fits": False,
@@ -428,6 +457,7 @@ def _empty_row(job: JobSpec, shape: dict[str, Any]) -> dict[str, Any]:
         "cost_per_mtok": None,
         "cost_per_mtok_at_capacity": None,
         "saving_vs_none": None,
+        "speculation": None,
         "launch_args": None,
         "launch_shell": None,
         "adaptive_config": None,
@@ -435,12 +465,6 @@ def _empty_row(job: JobSpec, shape: dict[str, Any]) -> dict[str, Any]:
         "daemon_policy": None,
         "timing": {"wall_s": 0.0, "cpu_s": 0.0, "evals": 0},
     }
-
-
-def base_rps(trace: Trace) -> float:
-    """The trace's request rate: requests over the arrival span (one request: 1/s)."""
-    n = len(trace.requests)
-    return n / trace.duration_s if trace.duration_s > 0 else float(n)
 
 
 @functools.lru_cache(maxsize=8)
@@ -598,58 +622,21 @@ def run_job(job: JobSpec, trace: Trace) -> dict[str, Any]:
 # ------------------------------------------------------------------ the document
 
 
-def _launch(row: dict[str, Any], settings: SweepSettings, catalog: Catalog) -> None:
-    """Fill the row's SGLang launch configuration (adapters.launch_config)."""
-    from specgov.adapters.launch_config import (
-        LaunchConfigError,
-        SlotCandidates,
-        build_launch_config,
-        default_slots,
-        make_shape,
-        shape_from_flags,
+def _why(best: dict[str, Any] | None, rows: Sequence[dict[str, Any]]) -> str | None:
+    """Why the best configuration is the best, in one sentence."""
+    if best is None:
+        return None
+    if best.get("speculation"):
+        return f"speculation pays: {best['speculation']['detail']}"
+    if not any(r["drafter"] != NO_DRAFTER for r in rows):
+        return "the plain server (no speculative configuration was swept)"
+    if not any(r.get("speculation") for r in rows):
+        return "the plain server: no speculative configuration met the SLO"
+    return (
+        "the plain server: no speculative configuration saves a replica or cost beyond "
+        "the sweep's resolution or meets an SLO it cannot (ties go to the simpler "
+        "configuration)"
     )
-    from specgov.policies.types import SpecShape
-    from specgov.simulator.replay import SPECGOV_SLOT_CANDIDATES
-
-    policy = parse_policy(row["policy"])
-    knobs: dict[str, Any] = {
-        "mem_fraction_static": settings.mem_fraction_static,
-        "max_running_requests": settings.max_running_requests,
-    }
-    try:
-        if not policy.speculative:
-            launch = build_launch_config(SpecShape("NONE", 0, 0, 0, ()), **knobs)
-        else:
-            algo = catalog.drafter(row["drafter"]).algorithm.upper()
-            shape = row["shape"]
-            if policy.adaptive:
-                if policy.daemon_spec is not None:
-                    slots = tuple(
-                        SlotCandidates.of(bound, steps) for bound, steps in SPECGOV_SLOT_CANDIDATES
-                    )
-                    row["daemon_policy"] = policy.name
-                else:
-                    slots = default_slots()
-                union = sorted({k for slot in slots for k in slot.candidate_steps})
-                spec_shape = shape_from_flags(
-                    algo, settings.spec_steps, 1, None, adaptive_candidates=union
-                )
-                launch = build_launch_config(spec_shape, slots, **knobs)
-            else:
-                spec_shape = make_shape(
-                    algo,
-                    shape["steps"],
-                    shape["topk"],
-                    shape["num_draft_tokens"],
-                    f"configuration {row['id']}",
-                )
-                launch = build_launch_config(spec_shape, **knobs)
-    except LaunchConfigError as exc:
-        row["launch_error"] = str(exc)
-        return
-    row["launch_args"] = launch.to_argv()
-    row["launch_shell"] = launch.to_shell()
-    row["adaptive_config"] = launch.adaptive_config_json()
 
 
 def build_document(
@@ -683,10 +670,14 @@ def build_document(
             row["cost_per_mtok_at_capacity"] = (
                 per_replica / capacity_mtok if capacity_mtok else None
             )
-        _launch(row, settings, catalog)
-    plain = {r["gpu"]: r for r in out_rows if r["drafter"] == NO_DRAFTER and r["status"] == "ok"}
+        fill_launch(row, settings, catalog)
+
+    def where(r: Mapping[str, Any]) -> tuple[str, int]:  # the plain server to compare with
+        return (r["gpu"], int(r.get("hicache_size_gb") or 0))
+
+    plain = {where(r): r for r in out_rows if r["drafter"] == NO_DRAFTER and r["status"] == "ok"}
     for row in out_rows:
-        base = plain.get(row["gpu"])
+        base = plain.get(where(row))
         if row["status"] != "ok" or base is None or row is base:
             continue
         saving: dict[str, Any] = {
@@ -699,25 +690,53 @@ def build_document(
             saving["cost_per_hour"] = base["cost_per_hour"] - row["cost_per_hour"]
             saving["cost_fraction"] = 1 - row["cost_per_hour"] / base["cost_per_hour"]
         row["saving_vs_none"] = saving
+    all_plain = {where(r): r for r in out_rows if r["drafter"] == NO_DRAFTER}
+    for row in out_rows:
+        if row["status"] == "ok" and row["drafter"] != NO_DRAFTER:
+            row["speculation"] = speculation_verdict(
+                row, all_plain.get(where(row)), target_rps=target_rps
+            )
 
     best_by = "cost_per_hour" if prices is not None else "replicas"
 
-    def key(row: dict[str, Any]) -> tuple[float, float, str]:
-        first = row["cost_per_hour"] if prices is not None else row["replicas"]
-        return (float(first), -float(row["max_rps"]), row["id"])
+    def cost(row: Mapping[str, Any]) -> float:
+        return float(row["cost_per_hour"] if prices is not None else row["replicas"])
+
+    host: dict[str, Any] | None = None
+
+    def key(row: Mapping[str, Any]) -> tuple[float, int, int, float, str]:
+        # Cost first; speculation (or a host tier) that saves nothing costs what the
+        # plain server (the best row without a host tier) does: simplicity.py,
+        # host_cache.py. Equal costs go to the simpler configuration.
+        verdict = row.get("speculation")
+        base = plain.get(where(row))
+        first = cost(base) if verdict and not verdict["pays"] and base else cost(row)
+        gb = int(row.get("hicache_size_gb") or 0)
+        if host is not None and gb and row["gpu"] in host:
+            answer = host[row["gpu"]]
+            entry = next((e for e in answer["with"] if e["hicache_size_gb"] == gb), None)
+            if entry is not None and not entry["pays"] and answer["without"] is not None:
+                first = max(first, cost(answer["without"]))
+        return (first, complexity(row), int(gb > 0), -float(row["max_rps"]), row["id"])
 
     ok_rows = [r for r in out_rows if r["status"] == "ok"]
+    host = host_cache_answer(
+        ok_rows, key, target_rps=target_rps, trace_has_ids=bool(summary.get("with_hash_ids"))
+    )
     best_per_gpu: dict[str, Any] = {}
     for gpu in dict.fromkeys(r["gpu"] for r in out_rows):
         candidates = [r for r in ok_rows if r["gpu"] == gpu]
         if candidates:
             best_per_gpu[gpu] = min(candidates, key=key)
+    best = min(ok_rows, key=key) if ok_rows else None
     return {
         "configurations": out_rows,
-        "best": min(ok_rows, key=key) if ok_rows else None,
+        "best": best,
         "best_by": best_by,
+        "recommendation": _why(best, out_rows),
         "best_per_gpu": best_per_gpu,
-        "trace": {**summary, "base_rps": base_rps(trace)},
+        "host_cache_or_gpus": host,
+        "trace": {**summary, "base_rps": base_rps(trace), "load": trace_load(trace)},
         "slo": {
             "tpot_ms": settings.slo_tpot_ms,
             "ttft_ms": settings.slo_ttft_ms,

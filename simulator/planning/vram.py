@@ -8,6 +8,7 @@ whose shape ``specgov.simulator.planning.sweep``'s docstring gives.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -115,24 +116,45 @@ def vram_plan(
 def vram_document(
     plan: MemoryPlan, *, shape: dict[str, Any], max_running_requests: int | None
 ) -> dict[str, Any]:
-    """The ``plan vram --output json`` document (shape: sweep.py's module docstring)."""
+    """The ``plan vram --output json`` document (shape: sweep.py's module docstring).
+
+    A configuration fits when a KV pool is left *and* the runtime slack (total x (1 -
+    mem_fraction_static)) holds SGLang's activation headroom and the CUDA graphs it
+    keeps: with less, a full prefill chunk may run out of memory at run time, so
+    neither ``plan vram`` nor the sweep (which reads this document) says it fits, and
+    ``left`` is never negative on a configuration that fits.
+    """
     warnings: list[str] = []
-    if plan.runtime_left_gib < 0:
-        warnings.append(
-            f"the runtime slack ({plan.runtime_reserve_gib:.2f} GiB) is "
-            f"{-plan.runtime_left_gib:.2f} GiB short of the activation headroom: a full "
-            f"prefill chunk of {plan.chunked_prefill_size} tokens may run out of memory; "
-            "lower mem_fraction_static or chunked_prefill_size"
-        )
+    fits = plan.fits
+    first_overflow = plan.first_overflow
+    message = None if plan.fits else plan.overflow_message()
     overflow_gib = 0.0 if plan.fits else -plan.kv_pool_gib
+    if plan.fits and plan.runtime_left_gib < 0:
+        fits = False
+        first_overflow = "activation headroom"
+        overflow_gib = -plan.runtime_left_gib
+        graphs = plan.cuda_graph_total_gib - plan.cuda_graph_in_static_gib
+        # Room for the activations and every graph in the slack, rounded down.
+        need_gib = plan.activations_reserve_gib + plan.cuda_graph_total_gib
+        at_most = math.floor(1000 * (1 - need_gib / plan.total_gib)) / 1000
+        message = (
+            f"the runtime slack {plan.runtime_reserve_gib:.2f} GiB ({plan.total_gib:g} GiB x "
+            f"(1 - mem_fraction_static {plan.mem_fraction_static:.3f})) is "
+            f"{-plan.runtime_left_gib:.2f} GiB short of the activation headroom "
+            f"{plan.activations_reserve_gib:.2f} GiB + the CUDA graphs it holds "
+            f"{graphs:.2f} GiB: a full prefill chunk of {plan.chunked_prefill_size} tokens "
+            "may run out of memory. "
+            f"Use mem_fraction_static <= {at_most:.3f}, a smaller chunked_prefill_size or "
+            "more tensor parallelism."
+        )
     return {
-        "fits": plan.fits,
+        "fits": fits,
         "items": [{"name": name, "gib": round(gib, 4)} for name, gib in plan.items()],
         "kv_pool_tokens": plan.kv_token_capacity,
         "kv_pool_gib": round(max(0.0, plan.kv_pool_gib), 4),
         "kv_bytes_per_token": plan.kv_bytes_per_token,
         "left_gib": round(plan.left_gib, 4),
-        "first_overflow": plan.first_overflow,
+        "first_overflow": first_overflow,
         "overflow_gib": round(overflow_gib, 4),
         "gpu": plan.gpu,
         "model": plan.model,
@@ -152,7 +174,7 @@ def vram_document(
             {"steps": s, "gib": round(g, 4)} for s, g in plan.cuda_graph_reserve_gib
         ],
         "sglang_loads_memory": plan.sglang_loads_memory(),
-        "message": None if plan.fits else plan.overflow_message(),
+        "message": message,
         "warnings": warnings,
         "assumptions": list(VRAM_ASSUMPTIONS),
     }
