@@ -18,7 +18,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,8 @@ import numpy as np
 from benchmarks.policies import report
 from benchmarks.policies.scenarios import (
     ACCEPT_PRIORS,
-    CLAIRVOYANT,
     DAEMON_POLICIES,
+    ORACLES,
     POLICIES,
     PRIORS_BY_NAME,
     STATIC_POLICIES,
@@ -59,6 +59,7 @@ class Job:
     seed: int
     slo: Slo
     keep_series: bool
+    tier_switch_ms: float | None = None  # None: the catalog's (0 built in)
 
 
 def run_job(job: Job) -> report.RunResult:
@@ -67,6 +68,8 @@ def run_job(job: Job) -> report.RunResult:
     requests = build_requests(sc.workload, job.data_dir)
     policy = parse_policy(job.run.spec)
     server = job.run.prior.apply(sc.server())
+    if job.tier_switch_ms is not None:
+        server = replace(server, tier_switch_ms=job.tier_switch_ms)
     prepared = prepare_run(server, policy, seed=job.seed, slo=job.slo)
     started = time.perf_counter()
     result = prepared.run(requests, concurrency=sc.workload.concurrency)
@@ -134,7 +137,7 @@ def _cost(job: Job) -> float:
     if job.scenario.gpu != "h100":
         n *= 1.3
     daemon = parse_policy(job.run.spec).daemon_spec is not None
-    oracle = job.run.spec == CLAIRVOYANT
+    oracle = job.run.spec in ORACLES
     return n * (4.0 if daemon else 2.5 if oracle else 1.0)
 
 
@@ -170,12 +173,14 @@ def run_suite(
     prior_families: Sequence[str] = DAEMON_POLICIES,
     command: str | None = None,
     progress: bool = True,
+    tier_switch_ms: float | None = None,
 ) -> SuiteOutput:
     """Run every policy on every scenario, then write the tables, targets and plots.
 
     Daemon policies run once per step-cost prior variant in ``priors`` (names of
     ``scenarios.PRIORS``), goodput once more per acceptance prior in ``accept_priors``,
-    and ``oracle`` adds the clairvoyant oracle.
+    and ``oracle`` adds the two oracles (clairvoyant and informed). ``tier_switch_ms``
+    charges every tier switch that much GPU time (None: the catalog's, 0 built in).
     """
     started = time.perf_counter()
     slo = slo or Slo()
@@ -191,7 +196,15 @@ def run_suite(
         parse_policy(r.spec)  # fail before any simulation on a bad policy
     plotted = plot_scenario(scenarios)
     work = [
-        Job(sc, r, data, seed, slo, keep_series=sc == plotted and r.variant == "exact")
+        Job(
+            sc,
+            r,
+            data,
+            seed,
+            slo,
+            keep_series=sc == plotted and r.variant == "exact",
+            tier_switch_ms=tier_switch_ms,
+        )
         for sc in scenarios
         for r in runs
     ]
@@ -232,6 +245,9 @@ def run_suite(
         )
         or "-",
         "acceptance priors (goodput prior_mean)": ", ".join(f"{m:g}" for m in accept_priors) or "-",
+        "tier-switch cost": "the drafter catalog's (0 ms built in)"
+        if tier_switch_ms is None
+        else f"{tier_switch_ms:g} ms per switch",
     }
     markdown = report.render_markdown(
         rows, targets, scenarios, meta, phase_table, per_prior=per_prior, misses=missed
@@ -251,6 +267,8 @@ def run_suite(
                 "targets": [t.__dict__ for t in targets],
                 "targets_per_prior": {k: [t.__dict__ for t in v] for k, v in per_prior.items()},
                 "misses": missed,
+                # Headline: per policy, the median share of each oracle's gain over none.
+                "median_oracle_shares": report.median_shares(rows),
                 "runs": [
                     {
                         "scenario": r.scenario_id,
@@ -353,13 +371,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="daemon policies run under the wrong step-cost priors (default all: "
         f"{' '.join(DAEMON_POLICIES)})",
     )
-    parser.add_argument("--no-oracle", action="store_true", help="skip the clairvoyant oracle")
+    parser.add_argument(
+        "--no-oracle", action="store_true", help="skip the oracles (clairvoyant and informed)"
+    )
+    parser.add_argument(
+        "--tier-switch-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="GPU time charged per tier switch (default: the drafter catalog's, 0)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slo-tpot-ms", type=float, default=50.0)
     parser.add_argument("--slo-ttft-ms", type=float, default=None)
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.tier_switch_ms is not None and not 0.0 <= args.tier_switch_ms < float("inf"):
+        parser.error(f"--tier-switch-ms must be a number >= 0, got {args.tier_switch_ms}")
     try:
         slo = Slo(tpot_ms=args.slo_tpot_ms, ttft_ms=args.slo_ttft_ms)
         scenarios = select(args.scenarios, quick=args.quick)
@@ -401,6 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             oracle=not args.no_oracle,
             prior_families=args.prior_families,
             command=command,
+            tier_switch_ms=args.tier_switch_ms,
         )
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
