@@ -244,6 +244,7 @@ class PolicyRun:
     memory: MemoryPlan | None
     summary: dict[str, Any]
     wall_s: float
+    loop: ClosedLoop | None = None  # daemon policies: the loop (its audit rows)
 
 
 @dataclass
@@ -623,6 +624,6 @@ def replay(
             summary["decisions"] = len(log.decisions)
             summary["table_changes"] = log.table_changes
             summary["mean_decide_ms"] = log.mean_decide_ms
-        report.runs.append(PolicyRun(policy, result, memory, summary, wall))
+        report.runs.append(PolicyRun(policy, result, memory, summary, wall, run.loop))
     report.ceiling = oracle_report([run.summary for run in report.runs])
     return report

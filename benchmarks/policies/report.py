@@ -100,6 +100,8 @@ CSV_COLUMNS: tuple[str, ...] = (
     "table_changes",
     "table_changes_per_min",
     "mean_decide_ms",
+    "restart_recommended",
+    "restart_predicted_gain",
     "wall_s",
 )
 PHASE_CSV_COLUMNS: tuple[str, ...] = (
@@ -192,8 +194,19 @@ def _row(scenario: Scenario, label: str, run: RunResult) -> dict[str, Any]:
             changes / (duration / 60.0) if changes is not None and duration else None
         ),
         "mean_decide_ms": s.get("mean_decide_ms"),
+        "restart_recommended": _restart_label(s),
+        "restart_predicted_gain": (s.get("restart_recommendation") or {}).get("predicted_gain"),
         "wall_s": s.get("wall_s"),
     }
+
+
+def _restart_label(summary: Mapping[str, Any]) -> str | None:
+    """The configuration the run's restart check recommends, "-" when it stayed silent,
+    None when no check ran."""
+    if "restart_recommendation" not in summary:
+        return None
+    rec = summary["restart_recommendation"]
+    return "-" if rec is None else str(rec["configuration"]["label"])
 
 
 def best_static(runs: Mapping[str, RunResult]) -> str | None:
@@ -779,6 +792,84 @@ def render_oracle_shares(
     return _table([*head_cells, *names], body)
 
 
+# The restart recommendation fires where restarting gains at least this (issue 20 §4)...
+RESTART_MIN_GAIN = 0.10
+# ...and its predicted gain is within this fraction of the gain measured by replaying it.
+RESTART_TOLERANCE = 0.25
+
+
+def restart_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per scenario with a restart check of the target policy: what it recommended, the
+    predicted gain, the gain measured by replaying the plain server (none) on the same
+    trace, and whether it fired where it should and predicted within the tolerance."""
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["scenario"], {})[r["policy"]] = r
+    out = []
+    for sc, t in by.items():
+        g, none = t.get(TARGET_POLICY), t.get("none")
+        if g is None or none is None or g.get("restart_recommended") is None:
+            continue
+        measured = _ratio(none["goodput_tok_s"], g["goodput_tok_s"])
+        gain = None if measured is None else measured - 1.0
+        fired = g["restart_recommended"] != "-"
+        should = gain is not None and gain >= RESTART_MIN_GAIN
+        pred = g.get("restart_predicted_gain")
+        within = None
+        if (
+            fired
+            and gain is not None
+            and pred is not None
+            and g["restart_recommended"] == ("no speculation")
+        ):
+            within = abs(pred - gain) <= RESTART_TOLERANCE * abs(gain)
+        out.append(
+            {
+                "scenario": sc,
+                "recommended": g["restart_recommended"],
+                "predicted_gain": pred,
+                "measured_plain_gain": gain,
+                "should_fire": should,
+                "right": fired == should,
+                "within_tolerance": within,
+            }
+        )
+    return out
+
+
+def render_restart_checks(checks: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not checks:
+        return []
+    body = [
+        [
+            c["scenario"],
+            c["recommended"],
+            _fmt(c["predicted_gain"], 3),
+            _fmt(c["measured_plain_gain"], 3),
+            "yes" if c["should_fire"] else "no",
+            "ok" if c["right"] else "WRONG",
+            "-" if c["within_tolerance"] is None else "yes" if c["within_tolerance"] else "no",
+        ]
+        for c in checks
+    ]
+    right = sum(1 for c in checks if c["right"])
+    judged = [c for c in checks if c["within_tolerance"] is not None]
+    within = sum(1 for c in judged if c["within_tolerance"])
+    body.append(
+        [
+            "**total**",
+            "",
+            "",
+            "",
+            "",
+            f"{right}/{len(checks)} right",
+            f"{within}/{len(judged)} within {RESTART_TOLERANCE:.0%}",
+        ]
+    )
+    head = ["scenario", "recommended", "predicted", "measured (none)", "should fire", "fired?"]
+    return _table([*head, f"within {RESTART_TOLERANCE:.0%}"], body)
+
+
 # Policies whose tier switches are tabulated.
 SWITCH_POLICIES = (EMA, "batch-table", "goodput", "bandit", CLAIRVOYANT, INFORMED)
 
@@ -907,6 +998,21 @@ def render_markdown(
             "",
         ]
         lines += shares
+    restart = render_restart_checks(restart_checks(rows))
+    if restart:
+        lines += [
+            "",
+            "## Restart recommendation (goodput, exact prior)",
+            "",
+            "What the daemon's restart check (controller.recommend: the recent window "
+            "replayed over candidate shapes, the table in force as the baseline) recommends "
+            "from each run, its predicted goodput gain, and the gain measured by the plain "
+            f"server (none) on the same trace. It should fire where that is >= "
+            f"{RESTART_MIN_GAIN:.0%} and stay silent elsewhere; a no-speculation prediction "
+            f"should be within {RESTART_TOLERANCE:.0%} of the measured gain.",
+            "",
+        ]
+        lines += restart
     switches = render_tier_switches(rows, scenarios)
     if switches:
         lines += [

@@ -26,7 +26,6 @@ if __package__ in (None, ""):
     # Run as a script: make the repository root importable for `benchmarks.policies`.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import numpy as np
 
 from benchmarks.policies import report
 from benchmarks.policies.scenarios import (
@@ -45,7 +44,9 @@ from benchmarks.policies.scenarios import (
     select,
     suite_runs,
 )
-from specgov.simulator.metrics import Slo, slo_mask, summarise
+from specgov.controller.recommend import replay_restart_check
+from specgov.simulator.metrics import Slo, good_tokens_by_window, summarise
+from specgov.simulator.replay import PolicyRun as ReplayRun
 from specgov.simulator.replay import parse_policy, prepare_run
 
 DEFAULT_OUT = Path("out/policies")
@@ -60,6 +61,7 @@ class Job:
     slo: Slo
     keep_series: bool
     tier_switch_ms: float | None = None  # None: the catalog's (0 built in)
+    restart_check: bool = False  # the restart recommendation of this (daemon) run
 
 
 def run_job(job: Job) -> report.RunResult:
@@ -79,6 +81,18 @@ def run_job(job: Job) -> report.RunResult:
     summary["prior"] = _prior_text(job.run, server)
     reasons: dict[str, int] = {}
     changes: list[dict[str, Any]] = []
+    if job.restart_check and prepared.loop is not None:
+        # What the daemon would recommend from this run's window (controller.recommend,
+        # as `specgov replay --output json` reports it); measured against none in report.
+        replay_restart_check(
+            [ReplayRun(policy, result, prepared.memory, summary, wall, prepared.loop)],
+            requests,
+            gpu=server.gpu,
+            model=server.model,
+            drafter=server.drafter,
+            slo_tpot_ms=job.slo.tpot_ms,
+            seed=job.seed,
+        )
     if prepared.loop is not None:
         log = prepared.loop.log
         summary["decisions"] = len(log.decisions)
@@ -96,18 +110,10 @@ def run_job(job: Job) -> report.RunResult:
             if d.changed
         ]
     # Per-phase accounting: output tokens of SLO-meeting requests, by arrival phase.
-    phase_tokens: dict[str, int] = {}
     phases = sc.workload.phases()
-    if phases:
-        ok = slo_mask(result, job.slo)
-        arrival = np.asarray(result.req_arrival_s, dtype=np.float64)
-        tokens = np.asarray(result.req_output_tokens, dtype=np.int64)
-        for i, ph in enumerate(phases):
-            # The last phase also takes any arrival at or after its end (rounding).
-            upper = np.inf if i == len(phases) - 1 else ph.end_s
-            lower = -np.inf if i == 0 else ph.start_s
-            in_phase = ok & (arrival >= lower) & (arrival < upper)
-            phase_tokens[ph.name] = int(tokens[in_phase].sum())
+    phase_tokens = good_tokens_by_window(
+        result, job.slo, [(ph.name, ph.start_s, ph.end_s) for ph in phases]
+    )
     return report.RunResult(
         scenario_id=sc.id,
         policy=job.run.label,
@@ -138,7 +144,7 @@ def _cost(job: Job) -> float:
         n *= 1.3
     daemon = parse_policy(job.run.spec).daemon_spec is not None
     oracle = job.run.spec in ORACLES
-    return n * (4.0 if daemon else 2.5 if oracle else 1.0)
+    return n * (4.0 if daemon else 2.5 if oracle else 1.0) * (3.0 if job.restart_check else 1.0)
 
 
 def plot_scenario(scenarios: Sequence[Scenario]) -> Scenario | None:
@@ -174,6 +180,7 @@ def run_suite(
     command: str | None = None,
     progress: bool = True,
     tier_switch_ms: float | None = None,
+    restart_check: bool = True,
 ) -> SuiteOutput:
     """Run every policy on every scenario, then write the tables, targets and plots.
 
@@ -181,6 +188,7 @@ def run_suite(
     ``scenarios.PRIORS``), goodput once more per acceptance prior in ``accept_priors``,
     and ``oracle`` adds the two oracles (clairvoyant and informed). ``tier_switch_ms``
     charges every tier switch that much GPU time (None: the catalog's, 0 built in).
+    ``restart_check`` computes the restart recommendation of goodput's exact-prior run.
     """
     started = time.perf_counter()
     slo = slo or Slo()
@@ -204,6 +212,7 @@ def run_suite(
             slo,
             keep_series=sc == plotted and r.variant == "exact",
             tier_switch_ms=tier_switch_ms,
+            restart_check=restart_check and r.label == report.TARGET_POLICY,
         )
         for sc in scenarios
         for r in runs
@@ -269,6 +278,7 @@ def run_suite(
                 "misses": missed,
                 # Headline: per policy, the median share of each oracle's gain over none.
                 "median_oracle_shares": report.median_shares(rows),
+                "restart_checks": report.restart_checks(rows),
                 "runs": [
                     {
                         "scenario": r.scenario_id,
@@ -375,6 +385,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-oracle", action="store_true", help="skip the oracles (clairvoyant and informed)"
     )
     parser.add_argument(
+        "--no-restart-check",
+        action="store_true",
+        help="skip goodput's restart recommendation (one replay per candidate per scenario)",
+    )
+    parser.add_argument(
         "--tier-switch-ms",
         type=float,
         default=None,
@@ -431,6 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             prior_families=args.prior_families,
             command=command,
             tier_switch_ms=args.tier_switch_ms,
+            restart_check=not args.no_restart_check,
         )
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)
