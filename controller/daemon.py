@@ -598,7 +598,11 @@ class Daemon:
 
     def workload_summary(self) -> Any:
         """The recent window for the restart loop (None until two scrapes apart)."""
-        from specgov.controller.recommend import WorkloadSummary, saturated_concurrency
+        from specgov.controller.recommend import (
+            WorkloadSummary,
+            busy_steps,
+            saturated_concurrency,
+        )
 
         if len(self._totals) < 2:
             return None
@@ -607,16 +611,23 @@ class Daemon:
         if t1 <= t0 or requests <= 0:
             return None
         obs = self._observation
+        table = obs.table.slots if obs is not None and obs.table is not None else None
+        steps = obs.spec_num_steps if obs is not None else None
+        running = [t[4] for t in self._totals if t[4] is not None]
+        if table is not None and running:
+            # The accept length is the window's, mostly measured at the busy slot's steps
+            # (the gauge is only the last batch's).
+            steps = busy_steps(table, sum(running) / len(running))
         return WorkloadSummary(
             window_s=t1 - t0,
             request_rate_rps=requests / (t1 - t0),
             mean_input_tokens=(p1 - p0) / requests,
             mean_output_tokens=(g1 - g0) / requests,
-            accept_length=obs.accept_length if obs is not None else None,
-            current_steps=obs.spec_num_steps if obs is not None else None,
+            accept_length=obs.accept_length if obs is not None and steps else None,
+            current_steps=steps,
             concurrency=saturated_concurrency([(t[4], t[5]) for t in self._totals]),
             # The table in force is the baseline (what a restart would give up).
-            table=obs.table.slots if obs is not None and obs.table is not None else None,
+            table=table,
         )
 
     async def recommend_once(self) -> dict[str, Any] | None:

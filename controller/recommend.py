@@ -120,6 +120,17 @@ def saturated_concurrency(samples: Sequence[tuple[int | None, int | None]]) -> f
     return sum(r + q for r, q in known) / len(known)
 
 
+def busy_steps(table: Sequence[tuple[int, int]], running: float) -> int:
+    """The steps *table* runs at a batch of *running* requests (the slot whose bound is the
+    largest at or below it; the first slot below every bound), what the window's measured
+    accept length was mostly measured at."""
+    steps = table[0][1]
+    for bound, k in sorted(table):
+        if bound <= running:
+            steps = k
+    return steps
+
+
 def table_policy(table: Sequence[tuple[int, int]]) -> str:
     """The replay policy that runs a fixed step table (what a daemon has in force)."""
     return "batch-table:" + ",".join(f"{bound}={steps}" for bound, steps in table)
@@ -782,13 +793,19 @@ def replay_workload(run: Any, requests: Sequence[Any]) -> WorkloadSummary:
         (r.table_in_force for r in reversed(records) if r.table_in_force is not None), None
     )
     samples = [(r.inputs_summary.get("running"), r.inputs_summary.get("queued")) for r in records]
+    running = [r for r, _ in samples if r is not None]
+    steps = last.get("spec_num_steps")
+    if in_force is not None and running:
+        # The gauge is the last batch's steps (at the end of a run, a draining small batch):
+        # the accept length was measured over the window, mostly at the busy slot's steps.
+        steps = busy_steps(in_force.slots, sum(running) / len(running))
     return WorkloadSummary(
         window_s=duration,
         request_rate_rps=completed / duration,
         mean_input_tokens=sum(inputs) / len(inputs) if inputs else 0.0,
         mean_output_tokens=result.output_tokens / completed if completed else 0.0,
-        accept_length=last.get("accept_length") if last.get("spec_num_steps") else None,
-        current_steps=last.get("spec_num_steps"),
+        accept_length=last.get("accept_length") if steps else None,
+        current_steps=steps,
         concurrency=saturated_concurrency(samples),
         table=None if in_force is None else tuple(in_force.slots),
     )
