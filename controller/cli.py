@@ -246,6 +246,20 @@ def _run_replay(
         )
     finally:
         stop()
+    if any(run.policy.daemon_spec is not None for run in report.runs):
+        # Each daemon policy's restart recommendation, from what its daemon saw (the
+        # restart loop's replay; controller.recommend), into the summaries and the JSON.
+        from specgov.controller.recommend import replay_restart_check
+
+        replay_restart_check(
+            report.runs,
+            trace.requests,
+            gpu=gpu,
+            model=model,
+            drafter=drafter,
+            slo_tpot_ms=report.slo.tpot_ms,
+            seed=seed,
+        )
     if plot is not None:
         from specgov.simulator.plots import write_plots
 

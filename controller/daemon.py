@@ -187,7 +187,8 @@ class Daemon:
         self._adaptive_config_path: str | None = None
         # (time, requests, prompt tokens, generation tokens) counter totals per scrape,
         # for the restart loop's workload summary.
-        self._totals: list[tuple[float, float, float, float]] = []
+        # (time, requests, prompt tokens, generated tokens, running, queued) per scrape.
+        self._totals: list[tuple[float, float, float, float, int | None, int | None]] = []
         self._memory_decisions: list[dict[str, Any]] = []  # when there is no store at all
         # The operator's overrides by id: a cache of the store (the truth), re-read at
         # every decision; it carries on alone only while the store is unavailable.
@@ -504,7 +505,7 @@ class Daemon:
                 # temporary "format" error) must not cost the round either: gauges suffice.
                 loads = None
             obs = self._builder.feed(now, scrape.snapshot, info, loads)
-            self._note_totals(now, scrape.snapshot)
+            self._note_totals(now, scrape.snapshot, obs)
             report = self._builder.last_report
             if report is not None and report.restart_detected:
                 # The server restarted: its shape may have changed, and the builder
@@ -571,7 +572,7 @@ class Daemon:
         self._totals.clear()
         self._server_info_at = None  # the builder forgot the server's shape
 
-    def _note_totals(self, now: float, snapshot: Any) -> None:
+    def _note_totals(self, now: float, snapshot: Any, obs: Observation | None = None) -> None:
         from specgov.adapters.prometheus_text import counter_by_dp
 
         def total(name: str) -> float | None:
@@ -588,34 +589,54 @@ class Daemon:
         req, prompt, gen = (float(v) for v in values if v is not None)
         if self._totals and req < self._totals[-1][1]:
             self._totals.clear()  # counters went down: the server restarted
-        self._totals.append((now, req, prompt, gen))
+        running = None if obs is None else obs.running_requests
+        queued = None if obs is None else obs.queued_requests
+        self._totals.append((now, req, prompt, gen, running, queued))
         horizon = now - max(self.config.recommend.interval_s, 60.0)
         while len(self._totals) > 2 and self._totals[0][0] < horizon:
             self._totals.pop(0)
 
     def workload_summary(self) -> Any:
         """The recent window for the restart loop (None until two scrapes apart)."""
-        from specgov.controller.recommend import WorkloadSummary
+        from specgov.controller.recommend import (
+            WorkloadSummary,
+            busy_steps,
+            saturated_concurrency,
+        )
 
         if len(self._totals) < 2:
             return None
-        (t0, r0, p0, g0), (t1, r1, p1, g1) = self._totals[0], self._totals[-1]
+        (t0, r0, p0, g0, _, _), (t1, r1, p1, g1, _, _) = self._totals[0], self._totals[-1]
         requests = r1 - r0
         if t1 <= t0 or requests <= 0:
             return None
         obs = self._observation
+        table = obs.table.slots if obs is not None and obs.table is not None else None
+        steps = obs.spec_num_steps if obs is not None else None
+        running = [t[4] for t in self._totals if t[4] is not None]
+        if table is not None and running:
+            # The accept length is the window's, mostly measured at the busy slot's steps
+            # (the gauge is only the last batch's).
+            steps = busy_steps(table, sum(running) / len(running))
         return WorkloadSummary(
             window_s=t1 - t0,
             request_rate_rps=requests / (t1 - t0),
             mean_input_tokens=(p1 - p0) / requests,
             mean_output_tokens=(g1 - g0) / requests,
-            accept_length=obs.accept_length if obs is not None else None,
-            current_steps=obs.spec_num_steps if obs is not None else None,
+            accept_length=obs.accept_length if obs is not None and steps else None,
+            current_steps=steps,
+            concurrency=saturated_concurrency([(t[4], t[5]) for t in self._totals]),
+            # The table in force is the baseline (what a restart would give up).
+            table=table,
         )
 
     async def recommend_once(self) -> dict[str, Any] | None:
         """Replay the recent workload over candidate shapes (in a thread); surface the best."""
-        from specgov.controller.recommend import RecommendError, recommend
+        from specgov.controller.recommend import (
+            RecommendError,
+            recommend,
+            restart_recommendation,
+        )
 
         workload = self.workload_summary()
         if workload is None:
@@ -634,6 +655,18 @@ class Daemon:
             )
         except (RecommendError, ValueError) as exc:
             self.status_info.recommendation = {"recommendation": None, "message": str(exc)}
+            return None
+        if restart_recommendation(rec, drafter=dep.drafter) is None:
+            # Silent: a burst (window under SUSTAINED_S) or under RESTART_MIN_GAIN.
+            self.status_info.recommendation = {
+                "recommendation": None,
+                "message": (
+                    f"no restart recommended: best {rec.label}, predicted "
+                    f"{rec.predicted_gain:+.1%} on {rec.metric} over {rec.current_label} "
+                    f"in a {workload.window_s:.0f} s window"
+                ),
+                "details": rec.to_dict(),
+            }
             return None
         data = self.surface_recommendation(rec.structured(), self._clock(), rec.to_dict())
         await self._maybe_apply(data)

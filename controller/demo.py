@@ -195,7 +195,46 @@ async def _run_demo(
     return results
 
 
-def _summary(live_results: list[Any], trace: Any) -> None:
+def trace_phases(spec: Any) -> list[tuple[str, float, float]]:
+    """(name, start_s, end_s) of a synthetic spec's content phases, each named after its
+    heaviest domain ("code", "chat", ...)."""
+    out: list[tuple[str, float, float]] = []
+    start = 0.0
+    for i, ph in enumerate(spec.phases or ()):
+        name = max(ph.domains, key=lambda d: ph.domains[d])
+        if any(name == n for n, _, _ in out):
+            name = f"{name} #{i + 1}"  # the same domain again: a phase of its own
+        out.append((name, start, start + ph.duration_s))
+        start += ph.duration_s
+    return out
+
+
+def _change(new: float, old: float) -> str:
+    """A relative change in plain words: "+12.3 %" or "-4.0 %" (or "n/a" without a base)."""
+    return "n/a" if old <= 0 else f"{new / old - 1.0:+.1%}"
+
+
+def headline(goodput: dict[str, float], by_phase: dict[str, dict[str, int]], live: str) -> str:
+    """One plain line: what the live run gained over sglang-ema and over no speculation,
+    overall and in the phase where it gained most over sglang-ema."""
+    g, ema, none = goodput[live], goodput["sglang-ema"], goodput["none"]
+    line = (
+        f"specgov's goodput: {_change(g, ema)} vs SGLang's EMA and {_change(g, none)} vs no "
+        "speculation over the whole trace"
+    )
+    phases = [
+        (p, t) for p, t in by_phase.get(live, {}).items() if by_phase["sglang-ema"].get(p, 0) > 0
+    ]
+    if phases:
+        best, tokens = max(phases, key=lambda pt: pt[1] / by_phase["sglang-ema"][pt[0]])
+        line += (
+            f"; most in the {best} phase: {_change(tokens, by_phase['sglang-ema'][best])} vs "
+            f"EMA, {_change(tokens, by_phase['none'].get(best, 0))} vs no speculation"
+        )
+    return line + "."
+
+
+def _summary(live_results: list[Any], trace: Any, spec: Any = None) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -206,7 +245,7 @@ def _summary(live_results: list[Any], trace: Any) -> None:
         percent,
         vs_baseline,
     )
-    from specgov.simulator.metrics import Slo, summarise
+    from specgov.simulator.metrics import Slo, good_tokens_by_window, summarise
     from specgov.simulator.replay import ServerSpec, replay
 
     slo = Slo()
@@ -261,6 +300,19 @@ def _summary(live_results: list[Any], trace: Any) -> None:
     console.print(table)
     if not live_results:
         click.echo("(the live run was interrupted before the trace finished: no live row)")
+        return
+    # The headline: good tokens by the content phase the requests arrived in (each run's
+    # arrivals measured from its first one, as the trace's are from its first request).
+    windows = trace_phases(spec) if spec is not None else []
+    t0 = trace.requests[0].arrival_s if trace.requests else 0.0
+    results = {rows[0]["name"]: live_results[0]}
+    results.update({run.policy.name: run.result for run in report.runs})
+    by_phase = {
+        name: good_tokens_by_window(r, slo, windows, offset_s=t0 - r.first_arrival_s)
+        for name, r in results.items()
+    }
+    goodput = {r["name"]: float(r["goodput_tok_s"]) for r in rows}
+    click.echo(headline(goodput, by_phase, rows[0]["name"]))
 
 
 @click.command("demo")
@@ -329,7 +381,7 @@ def demo_cmd(
         )
         # The live view's last frame stays on screen; the summary starts on a new line.
         click.echo()
-        _summary(results, trace)
+        _summary(results, trace, DEFAULT_DEMO_SPEC)
     except KeyboardInterrupt:
         click.echo("\ninterrupted; stopped cleanly")
     except OSError as exc:

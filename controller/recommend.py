@@ -7,6 +7,19 @@ and output lengths, acceptance), synthesises a trace from it, replays that trace
 in the simulator over candidate shapes that fit the VRAM budget, and records the
 best launch configuration with its predicted goodput gain over the current one.
 
+The baseline is what the server runs now, replayed on the same synthetic trace: the
+step table in force when a daemon policy drives it (``WorkloadSummary.table``, replayed
+as ``batch-table``), else the candidate closest to the current shape. A saturated window
+(requests queued in most of it) is replayed as that many closed-loop users
+(``WorkloadSummary.concurrency``): at saturation the arrival rate is what the server
+served, and an open-loop trace at exactly that rate sits on the edge of an unbounded
+queue, where any small difference between configurations would read as a huge gain.
+
+The gain is on goodput or, where goodput is equal (within ``EQUAL_GOODPUT``), on TPOT p50.
+``restart_recommendation`` turns a replay into the decision: it fires only for a
+sustained window (``SUSTAINED_S``) and a predicted gain of at least ``RESTART_MIN_GAIN``
+over the configuration in force.
+
 Honest limits: acceptance is summarised as one per-position rate fitted to the
 observed accept length at the server's current steps (E[L(k)] = (1-α^(k+1))/(1-α)),
 so deeper positions are neither better nor worse than the measured average; and
@@ -54,6 +67,16 @@ CANDIDATES: tuple[tuple[str, str, int, int | None], ...] = (
 )
 
 
+# A restart is recommended only for a window at least this long (a regime, not a burst)
+# and a predicted gain of at least this fraction over the configuration in force.
+SUSTAINED_S = 120.0
+RESTART_MIN_GAIN = 0.10
+# Goodputs within this fraction of each other are "equal": the gain is then on TPOT p50.
+EQUAL_GOODPUT = 0.01
+# A window is saturated when requests were queued in at least this share of its samples.
+SATURATED_SHARE = 0.5
+
+
 class RecommendError(ValueError):
     """Not enough telemetry, or the deployment is unknown to the catalog."""
 
@@ -68,6 +91,12 @@ class WorkloadSummary:
     mean_output_tokens: float
     accept_length: float | None  # tokens per verify at current_steps
     current_steps: int | None
+    # Saturated window: the mean requests in the server (running + queued), replayed as
+    # that many closed-loop users; None: open loop at request_rate_rps.
+    concurrency: float | None = None
+    # The step table in force ((slot bound, steps), ...) when a daemon policy drives the
+    # server: the baseline the candidates are compared with.
+    table: tuple[tuple[int, int], ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,7 +106,34 @@ class WorkloadSummary:
             "mean_output_tokens": self.mean_output_tokens,
             "accept_length": self.accept_length,
             "current_steps": self.current_steps,
+            "concurrency": self.concurrency,
+            "table": None if self.table is None else [list(e) for e in self.table],
         }
+
+
+def saturated_concurrency(samples: Sequence[tuple[int | None, int | None]]) -> float | None:
+    """From (running, queued) samples of a window: the mean requests in the server when
+    requests were queued in at least SATURATED_SHARE of the samples, else None."""
+    known = [(r, q) for r, q in samples if r is not None and q is not None]
+    if not known or sum(1 for _, q in known if q > 0) < SATURATED_SHARE * len(known):
+        return None
+    return sum(r + q for r, q in known) / len(known)
+
+
+def busy_steps(table: Sequence[tuple[int, int]], running: float) -> int:
+    """The steps *table* runs at a batch of *running* requests (the slot whose bound is the
+    largest at or below it; the first slot below every bound), what the window's measured
+    accept length was mostly measured at."""
+    steps = table[0][1]
+    for bound, k in sorted(table):
+        if bound <= running:
+            steps = k
+    return steps
+
+
+def table_policy(table: Sequence[tuple[int, int]]) -> str:
+    """The replay policy that runs a fixed step table (what a daemon has in force)."""
+    return "batch-table:" + ",".join(f"{bound}={steps}" for bound, steps in table)
 
 
 @dataclass(frozen=True)
@@ -92,6 +148,7 @@ class Recommendation:
     candidates: tuple[dict[str, Any], ...]
     workload: WorkloadSummary
     notes: tuple[str, ...] = field(default=())
+    metric: str = "goodput_tok_s"  # what predicted_gain is measured on
 
     def structured(self) -> RestartRecommendation:
         """The replay's conclusion in the one structured form every recommendation has."""
@@ -119,6 +176,7 @@ class Recommendation:
             "current": self.current_label,
             "current_goodput_tok_s": self.current_goodput_tok_s,
             "predicted_gain": self.predicted_gain,
+            "metric": self.metric,
             # Launch flags are not here: recommendation_document derives them once, from
             # the structured recommendation's shape (its "launch" key).
             "candidates": list(self.candidates),
@@ -155,7 +213,8 @@ def recommend(
     seed: int = 0,
     candidates: Sequence[tuple[str, str, int, int | None]] = CANDIDATES,
 ) -> Recommendation:
-    """Replay a trace synthesised from *workload* over candidate shapes; pick the best."""
+    """Replay a trace synthesised from *workload* over candidate shapes; pick the best
+    (module docstring: the baseline, closed-loop replay of a saturated window, metric)."""
     from specgov.simulator.memory import DoesNotFitError
     from specgov.simulator.metrics import Slo
     from specgov.simulator.replay import ServerSpec, parse_policy, replay
@@ -184,9 +243,20 @@ def recommend(
         seed=seed,
     )
     trace = generate_trace(spec)
+    users = None
+    if workload.concurrency is not None and workload.concurrency >= 1:
+        users = max(1, round(workload.concurrency))
+        notes.append(
+            f"saturated window: replayed as {users} closed-loop users "
+            f"({len(trace.requests)} requests)"
+        )
     slo = Slo(tpot_ms=slo_tpot_ms or 50.0)
     rows: list[dict[str, Any]] = []
     best: tuple[float, tuple[str, str, int, int | None]] | None = None
+    current_table = None
+    if workload.table:
+        current_table = ("the step table in force", table_policy(workload.table), 1, None)
+        candidates = (*candidates, current_table)
     for cand in candidates:
         label, policy, topk, ndt = cand
         server = ServerSpec(
@@ -200,7 +270,9 @@ def recommend(
         )
         try:
             # replay() plans the VRAM first: a shape that does not fit raises.
-            report = replay(trace, server, [parse_policy(policy)], slo=slo, seed=seed)
+            report = replay(
+                trace, server, [parse_policy(policy)], slo=slo, seed=seed, concurrency=users
+            )
         except DoesNotFitError as exc:
             rows.append({"candidate": label, "fits": False, "reason": str(exc)})
             continue
@@ -229,7 +301,9 @@ def recommend(
             why = recommend_skip_zero_step(report.runs[0].result.steps_hist, default_slots())
             if why is not None:
                 skip = replace(server, skip_zero_step_draft_extend=True)
-                skip_report = replay(trace, skip, [parse_policy(policy)], slo=slo, seed=seed)
+                skip_report = replay(
+                    trace, skip, [parse_policy(policy)], slo=slo, seed=seed, concurrency=users
+                )
                 skip_goodput = float(skip_report.runs[0].summary["goodput_tok_s"])
                 rows.append(
                     {
@@ -248,22 +322,57 @@ def recommend(
                 )
     if best is None:
         raise RecommendError("no candidate shape fits this deployment")
-    goodput, (label, policy, topk, ndt) = best
-    current_label, current_goodput = _current_row(current, rows)
-    gain = goodput / current_goodput - 1.0 if current_goodput > 0 else math.inf
+    if current_table is not None:
+        current_row = next((r for r in rows if r["candidate"] == current_table[0]), None)
+    else:
+        current_row = _current_row(current, rows)
+    # The table in force is the baseline, never a restart target (it needs no restart).
+    restartable = [
+        r for r in rows if r.get("fits") and r.get("candidate") != "the step table in force"
+    ]
+    choice, metric, gain = choose_candidate(restartable, current_row)
+    label, policy = str(choice["candidate"]), str(choice["policy"])
+    topk, ndt = int(choice["topk"]), choice["num_draft_tokens"]
     shape = _shape_of(policy, topk, ndt, drafter_algorithm=_algorithm(drafter))
     return Recommendation(
         label=label,
         policy=policy,
         shape=shape,
-        predicted_goodput_tok_s=goodput,
-        current_label=current_label,
-        current_goodput_tok_s=current_goodput,
+        predicted_goodput_tok_s=float(choice["goodput_tok_s"]),
+        current_label=(
+            "unknown (not among the candidates)"
+            if current_row is None
+            else current_row["candidate"]
+        ),
+        current_goodput_tok_s=0.0 if current_row is None else float(current_row["goodput_tok_s"]),
         predicted_gain=gain,
         candidates=tuple(rows),
         workload=workload,
         notes=tuple(notes),
+        metric=metric,
     )
+
+
+def choose_candidate(
+    rows: Sequence[dict[str, Any]], current: Mapping[str, Any] | None
+) -> tuple[dict[str, Any], str, float]:
+    """(best candidate, metric, predicted gain over *current*): the most goodput or, where
+    that is within EQUAL_GOODPUT of the current goodput, the lowest TPOT p50 among the
+    candidates that keep the goodput."""
+    best = max(rows, key=lambda r: float(r["goodput_tok_s"]))
+    if current is None or float(current["goodput_tok_s"]) <= 0:
+        return dict(best), "goodput_tok_s", math.inf
+    base = float(current["goodput_tok_s"])
+    gain = float(best["goodput_tok_s"]) / base - 1.0
+    if gain > EQUAL_GOODPUT:
+        return dict(best), "goodput_tok_s", gain
+    keep = [r for r in rows if float(r["goodput_tok_s"]) >= (1.0 - EQUAL_GOODPUT) * base]
+    tpot = current.get("tpot_p50_ms")
+    timed = [r for r in keep if r.get("tpot_p50_ms") is not None]
+    if not is_real(tpot) or tpot <= 0 or not timed:
+        return dict(best), "goodput_tok_s", gain
+    fastest = min(timed, key=lambda r: float(r["tpot_p50_ms"]))
+    return dict(fastest), "tpot_p50_ms", float(tpot) / float(fastest["tpot_p50_ms"]) - 1.0
 
 
 def _algorithm(drafter: str) -> str:
@@ -282,7 +391,9 @@ def _shape_of(policy: str, topk: int, ndt: int | None, *, drafter_algorithm: str
     return SpecShape(drafter_algorithm, steps, topk, draft_tokens, (steps,))
 
 
-def _current_row(current: SpecShape | None, rows: Sequence[dict[str, Any]]) -> tuple[str, float]:
+def _current_row(
+    current: SpecShape | None, rows: Sequence[dict[str, Any]]
+) -> dict[str, Any] | None:
     """The candidate closest to what the server runs now (its goodput is the baseline)."""
     fitting = [r for r in rows if r.get("fits")]
     if current is None or current.algorithm == "NONE":
@@ -293,11 +404,11 @@ def _current_row(current: SpecShape | None, rows: Sequence[dict[str, Any]]) -> t
         wanted = f"static:{current.num_steps}"
     for r in fitting:
         if r.get("policy") == wanted and (r.get("topk") or 1) == (current.topk if current else 1):
-            return str(r["candidate"]), float(r["goodput_tok_s"])
+            return r
     for r in fitting:
         if r.get("policy") == wanted:
-            return str(r["candidate"]), float(r["goodput_tok_s"])
-    return "unknown (not among the candidates)", 0.0
+            return r
+    return None
 
 
 def launch_for(shape: SpecShape, *, rationale: str) -> dict[str, Any]:
@@ -633,3 +744,128 @@ def _most_used_positive(hist: Mapping[int, Mapping[int, int]], union: Sequence[i
     if not totals:
         return 0
     return max(totals, key=lambda s: (totals[s], -s))
+
+
+# ------------------------------------------------- the decision: fire or stay silent
+
+
+def restart_recommendation(
+    rec: Recommendation,
+    *,
+    drafter: str,
+    min_gain: float = RESTART_MIN_GAIN,
+    sustained_s: float = SUSTAINED_S,
+) -> dict[str, Any] | None:
+    """The ``restart_recommendation`` object of *rec*, or None when it does not fire: a
+    window shorter than *sustained_s* (a burst), or a predicted gain under *min_gain*."""
+    if rec.workload.window_s < sustained_s:
+        return None
+    if not math.isfinite(rec.predicted_gain) or rec.predicted_gain < min_gain:
+        return None
+    shape = rec.shape
+    return {
+        "configuration": {
+            "label": rec.label,
+            "policy": rec.policy,
+            "drafter": "none" if shape.algorithm == "NONE" else drafter,
+            **shape.to_dict(),
+        },
+        "metric": rec.metric,
+        "predicted_gain": rec.predicted_gain,
+        "current": rec.current_label,
+        "window_s": rec.workload.window_s,
+        "source": "replay",
+        "notes": list(rec.notes),
+    }
+
+
+def replay_workload(run: Any, requests: Sequence[Any]) -> WorkloadSummary:
+    """The window a daemon policy's replay run saw (its whole run), as the restart loop
+    summarises it: rates and lengths from the counters, acceptance, saturation and the
+    table in force from the daemon's own audit rows (what its observations said)."""
+    result = run.result
+    records = [] if run.loop is None else run.loop.records
+    duration = max(result.end_s - result.first_arrival_s, 1e-9)
+    completed = max(result.completed, 0)
+    inputs = [r.input_tokens for r in requests[: max(completed, 1)]]
+    last = records[-1].inputs_summary if records else {}
+    in_force = next(
+        (r.table_in_force for r in reversed(records) if r.table_in_force is not None), None
+    )
+    samples = [(r.inputs_summary.get("running"), r.inputs_summary.get("queued")) for r in records]
+    running = [r for r, _ in samples if r is not None]
+    steps = last.get("spec_num_steps")
+    if in_force is not None and running:
+        # The gauge is the last batch's steps (at the end of a run, a draining small batch):
+        # the accept length was measured over the window, mostly at the busy slot's steps.
+        steps = busy_steps(in_force.slots, sum(running) / len(running))
+    return WorkloadSummary(
+        window_s=duration,
+        request_rate_rps=completed / duration,
+        mean_input_tokens=sum(inputs) / len(inputs) if inputs else 0.0,
+        mean_output_tokens=result.output_tokens / completed if completed else 0.0,
+        accept_length=last.get("accept_length") if steps else None,
+        current_steps=steps,
+        concurrency=saturated_concurrency(samples),
+        table=None if in_force is None else tuple(in_force.slots),
+    )
+
+
+def replay_restart_check(
+    runs: Sequence[Any],
+    requests: Sequence[Any],
+    *,
+    gpu: str,
+    model: str,
+    drafter: str,
+    slo_tpot_ms: float | None,
+    seed: int = 0,
+    horizon_s: float = 180.0,
+) -> dict[str, dict[str, Any] | None]:
+    """Per daemon policy of one replay (``PolicyRun``s), its ``restart_recommendation``
+    (None when it does not fire), also set as that key of the run's summary (the replay
+    JSON). Where the replay also ran the recommended configuration on the same trace, the
+    object carries the gain measured there (``measured_gain``)."""
+    summaries = {r.policy.name: r.summary for r in runs}
+    out: dict[str, dict[str, Any] | None] = {}
+    for run in runs:
+        if run.policy.daemon_spec is None:
+            continue
+        workload = replay_workload(run, requests)
+        try:
+            rec = recommend(
+                workload,
+                gpu=gpu,
+                model=model,
+                drafter=drafter,
+                current=None,
+                slo_tpot_ms=slo_tpot_ms,
+                horizon_s=horizon_s,
+                seed=seed,
+            )
+        except RecommendError as exc:
+            out[run.policy.name] = None
+            run.summary["restart_check"] = str(exc)  # why there is nothing to recommend
+            continue
+        doc = restart_recommendation(rec, drafter=drafter)
+        if doc is not None:
+            measured = summaries.get(rec.policy)
+            if measured is not None:
+                doc["measured_gain"] = measured_gain(measured, run.summary, rec.metric)
+        out[run.policy.name] = doc
+    for run in runs:
+        if run.policy.name in out:
+            run.summary["restart_recommendation"] = out[run.policy.name]
+    return out
+
+
+def measured_gain(
+    recommended: Mapping[str, Any], current: Mapping[str, Any], metric: str
+) -> float | None:
+    """What replaying the recommended configuration gained over the current run, on
+    *metric* (goodput: more is better; TPOT p50: less is better)."""
+    if metric == "tpot_p50_ms":
+        a, b = recommended["tpot_ms"]["p50"], current["tpot_ms"]["p50"]
+        return None if not a or b is None else float(b) / float(a) - 1.0
+    a, b = recommended.get("goodput_tok_s"), current.get("goodput_tok_s")
+    return None if a is None or not b else float(a) / float(b) - 1.0

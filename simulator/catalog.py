@@ -134,6 +134,9 @@ class DrafterSpec:
     verify_overhead_ms: float = 0.0
     verify_token_overhead_us: float = 0.0
     per_request_us: float = 0.0
+    # GPU time a change of the step count (SGLang's runtime-state switch) stalls the next
+    # decode forward; 0 (the default, assumed): a switch is free.
+    tier_switch_ms: float = 0.0
     bytes_per_param: float = 2.0
     params_b_by_target: tuple[tuple[str, float], ...] = ()
     targets: tuple[str, ...] = ()
@@ -305,6 +308,7 @@ _DRAFTER_FIELDS: dict[str, _Field] = {
     "verify_overhead_ms": (_nonneg, False),
     "verify_token_overhead_us": (_nonneg, False),
     "per_request_us": (_nonneg, False),
+    "tier_switch_ms": (_nonneg, False),
     "aliases": (_names, False),
 }
 

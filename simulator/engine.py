@@ -119,19 +119,21 @@ class PeekableSampler(Protocol):
 class BatchOracle(Protocol):
     """An in-engine policy allowed to see each running request's true next acceptance.
 
-    Benchmarks only (``specgov.simulator.oracle``): the engine binds its cost model and
-    config once, then before every ``get_steps_for_batch`` hands over, per running
-    request, ``peek(steps)`` (the accepted drafts its next verify would get) and the
-    output tokens it still has to generate, plus the KV tokens in use.
+    Benchmarks only (``specgov.simulator.oracle``): the engine binds its cost model,
+    config and acceptance model once, then before every ``get_steps_for_batch`` hands
+    over, per running request, ``peek(steps)`` (the accepted drafts its next verify would
+    get), the output tokens it still has to generate and its domain, plus the KV tokens
+    in use.
     """
 
-    def bind_engine(self, cost: StepCost, config: EngineConfig) -> None: ...
+    def bind_engine(self, cost: StepCost, config: EngineConfig, acceptance: object) -> None: ...
 
     def observe_batch(
         self,
         peeks: Sequence[Callable[[int], int]],
         remaining_tokens: Sequence[int],
         kv_used_tokens: int,
+        domains: Sequence[str | None],
     ) -> None: ...
 
 
@@ -209,6 +211,9 @@ class EngineConfig:
     # Host tier (HiCache) tokens; 0: none. Load-back seconds per token (PCIe).
     hicache_token_capacity: int = 0
     hicache_load_s_per_token: float = 0.0
+    # GPU time one tier switch (a change of the runtime state's step count) stalls the
+    # next decode forward (the drafter catalog's tier_switch_ms; default 0: free).
+    tier_switch_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kv_token_capacity < 1:
@@ -250,6 +255,10 @@ class EngineConfig:
             raise EngineConfigError(
                 "a hierarchical cache needs the radix cache (prefix_cache=True), as SGLang's "
                 "--enable-hierarchical-cache does"
+            )
+        if not self.tier_switch_s >= 0.0 or math.isinf(self.tier_switch_s):
+            raise EngineConfigError(
+                f"tier_switch_s must be a finite number >= 0 seconds, got {self.tier_switch_s}"
             )
 
     def verify_tokens_per_request(self, steps: int) -> int:
@@ -373,7 +382,7 @@ class Engine:
         )
         self.oracle: BatchOracle | None = policy if isinstance(policy, BatchOracle) else None
         if self.oracle is not None:
-            self.oracle.bind_engine(cost, config)
+            self.oracle.bind_engine(cost, config, acceptance)
         if policy is not None:
             # AdaptiveController.init_states: graphs first, then the initial state.
             policy.set_cuda_graph_bs(self.cuda_graph_bs)
@@ -512,6 +521,8 @@ class _Run:
         "skip_zero",
         "slot_of_bsz",
         "steps_hist",
+        "switch_s",
+        "switch_stall_s",
         "tick_interval_s",
         "tier_switches",
         "vclock",
@@ -604,6 +615,8 @@ class _Run:
         self.verified_requests = 0
         self.retractions = 0
         self.tier_switches = 0
+        self.switch_s = cfg.tier_switch_s
+        self.switch_stall_s = 0.0  # switch time not yet charged to a forward
         self.steps_hist: dict[tuple[int, int], int] = {}
         self.bs_hist: dict[int, int] = {}
         self.slot_of_bsz: dict[int, int] = {}  # report_slot memo: batch size -> slot
@@ -966,6 +979,7 @@ class _Run:
         self.engine._check_step(step)
         self.current_steps = step
         self.tier_switches += 1
+        self.switch_stall_s += self.switch_s
 
     def _choose_steps(self, bsz: int) -> int:
         """activate_step_by_batch: the oracle sees the batch, the policy picks its step."""
@@ -976,6 +990,7 @@ class _Run:
                 [r.peek for r in running],  # type: ignore[misc]
                 [r.output_tokens - r.generated for r in running],
                 self._in_use(),
+                [r.domain for r in running],
             )
         policy = self.policy
         if policy is not None:
@@ -1051,6 +1066,10 @@ class _Run:
             k = self._choose_steps(bsz)
         kv_used = self.kv_used
         dt = self.decode_step_s(bsz, k, kv_used)
+        if self.switch_stall_s:
+            # The switches since the last forward stall this one (decode GPU time).
+            dt += self.switch_stall_s
+            self.switch_stall_s = 0.0
         start = self.now
         now = start + dt
         self.now = now

@@ -15,6 +15,7 @@ Definitions (the same for every policy, so ratios are fair):
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +71,27 @@ def slo_mask(result: EngineResult, slo: Slo) -> np.ndarray:
     if slo.ttft_ms is not None:
         ok &= np.asarray(result.ttft_s, dtype=np.float64) * 1e3 <= slo.ttft_ms
     return ok
+
+
+def good_tokens_by_window(
+    result: EngineResult,
+    slo: Slo,
+    windows: Sequence[tuple[str, float, float]],
+    *,
+    offset_s: float = 0.0,
+) -> dict[str, int]:
+    """Output tokens of the SLO-meeting requests by the (name, start_s, end_s) window their
+    arrival (``+ offset_s``) fell in; the first window also takes earlier arrivals and the
+    last later ones (rounding at the edges)."""
+    ok = slo_mask(result, slo)
+    arrival = np.asarray(result.req_arrival_s, dtype=np.float64) + offset_s
+    tokens = np.asarray(result.req_output_tokens, dtype=np.int64)
+    out: dict[str, int] = {}
+    for i, (name, start_s, end_s) in enumerate(windows):
+        lower = -np.inf if i == 0 else start_s
+        upper = np.inf if i == len(windows) - 1 else end_s
+        out[name] = int(tokens[ok & (arrival >= lower) & (arrival < upper)].sum())
+    return out
 
 
 def summarise(name: str, result: EngineResult, slo: Slo) -> dict[str, Any]:

@@ -9,6 +9,7 @@ stream under every policy.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from specgov.simulator.cost import CostModel
 from specgov.simulator.engine import Engine, EngineConfig, EngineResult, VirtualClock
 from specgov.simulator.memory import MemoryPlan, plan_memory
 from specgov.simulator.metrics import Slo, summarise
+from specgov.simulator.oracle import ClairvoyantOracle, InformedOracle, oracle_report
 from specgov.simulator.prefix_cache import HicacheError, hicache_token_capacity
 from specgov.simulator.priors import check_prior_options, replay_step_cost_prior
 from specgov.simulator.sim_metrics import SimMetrics
@@ -100,30 +102,35 @@ class InEnginePolicy:
 OBSERVED_DOMAINS = ("sharegpt", "instructcoder", "cnn", "gsm8k", "mtbench")
 
 KNOWN_POLICIES = (
-    "in-engine: none, static:K (K >= 0), sglang-ema, oracle (clairvoyant, benchmarks); "
+    "in-engine: none, static:K (K >= 0), sglang-ema, oracle (clairvoyant) and "
+    "oracle:informed (benchmarks); "
     "daemon (closed loop): batch-table:..., goodput[:...], bandit[:...]"
 )
 IN_ENGINE_KINDS = ("none", "static", "sglang-ema", "oracle")
 
 
 def parse_policy(text: str) -> InEnginePolicy:
-    """Parse a replay policy name: ``none``, ``static:K``, ``sglang-ema`` or ``oracle``."""
+    """Parse a replay policy name: ``none``, ``static:K``, ``sglang-ema``, ``oracle``,
+    ``oracle:informed`` or a daemon policy spec."""
     raw = text.strip()
     kind, _, arg = raw.partition(":")
     kind = kind.strip().lower()
     if kind == "oracle":
-        # Clairvoyant yardstick (specgov.simulator.oracle): per batch, the step with the
-        # most tokens per second given the true acceptance; the daemon policies' steps.
-        from specgov.simulator.oracle import ClairvoyantOracle
-
-        if arg:
-            raise PolicySpecError(f"policy {raw!r}: 'oracle' takes no argument")
+        # Benchmark yardsticks (specgov.simulator.oracle): per batch, the step with the most
+        # tokens per second given the true acceptance draws (clairvoyant) or the true
+        # acceptance distributions (informed); the daemon policies' steps.
+        variant = arg.strip().lower()
+        if variant not in ("", "informed"):
+            raise PolicySpecError(
+                f"policy {raw!r}: expected 'oracle' (clairvoyant) or 'oracle:informed'"
+            )
         every = tuple(sorted({k for _, ks in SPECGOV_SLOT_CANDIDATES for k in ks}))
+        cls = InformedOracle if variant else ClairvoyantOracle
         return InEnginePolicy(
-            "oracle",
+            cls.name,
             True,
             every,
-            lambda initial: ClairvoyantOracle(every, initial if initial in every else None),
+            lambda initial: cls(every, initial if initial in every else None),
         )
     if kind == "none":
         if arg:
@@ -223,6 +230,8 @@ class ServerSpec:
     hierarchical_cache: bool = False
     hicache_ratio: float | None = None
     hicache_size_gb: int = 0
+    # GPU time per tier switch (ms); None: the drafter catalog's tier_switch_ms (0 built in).
+    tier_switch_ms: float | None = None
 
     def __post_init__(self) -> None:
         check_prior_options(self.prior_scale, self.prior_gpu, self.catalog_files)
@@ -239,6 +248,13 @@ class ServerSpec:
         hicache_token_capacity(
             1, 1.0, hicache_ratio=self.hicache_ratio, hicache_size_gb=self.hicache_size_gb
         )
+        ms = self.tier_switch_ms
+        if ms is not None and (not isinstance(ms, int | float) or not 0.0 <= ms < math.inf):
+            raise PolicySpecError(f"tier_switch_ms: expected a number >= 0 (ms), got {ms!r}")
+
+    def switch_ms(self, drafter: DrafterSpec) -> float:
+        """The tier-switch cost this server runs with (ms): the override, else the catalog's."""
+        return drafter.tier_switch_ms if self.tier_switch_ms is None else float(self.tier_switch_ms)
 
 
 def hicache_engine_fields(server: ServerSpec, gpu: GpuSpec, memory: MemoryPlan) -> dict[str, Any]:
@@ -271,6 +287,7 @@ class PolicyRun:
     memory: MemoryPlan | None
     summary: dict[str, Any]
     wall_s: float
+    loop: ClosedLoop | None = None  # daemon policies: the loop (its audit rows)
 
 
 @dataclass
@@ -280,10 +297,13 @@ class ReplayReport:
     seed: int
     slo: Slo
     runs: list[PolicyRun] = field(default_factory=list)
+    # The oracles' fleet ceiling (specgov.simulator.oracle.oracle_report); None: no oracle.
+    ceiling: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "policies": [run.summary for run in self.runs],
+            "ceiling": self.ceiling,
             "trace": self.trace,
             "server": self.server,
             "slo": {"tpot_ms": self.slo.tpot_ms, "ttft_ms": self.slo.ttft_ms},
@@ -436,6 +456,7 @@ def prepare_run(
         skip_zero_step_draft_extend=server.skip_zero_step_draft_extend,
         prefix_cache=server.prefix_cache,
         **hicache_engine_fields(server, b.gpu, memory),
+        tier_switch_s=server.switch_ms(b.drafter) / 1e3 if policy.speculative else 0.0,
     )
     clock = VirtualClock()
     loop: ClosedLoop | None = None
@@ -634,6 +655,7 @@ def replay(
             "hierarchical_cache": server.hierarchical_cache,
             "hicache_ratio": server.hicache_ratio,
             "hicache_size_gb": server.hicache_size_gb,
+            "tier_switch_ms": server.switch_ms(built.drafter),
             "prior": {
                 "gpu": (
                     Catalog.load(server.catalog_files).gpu(server.prior_gpu).name
@@ -671,5 +693,6 @@ def replay(
             summary["decisions"] = len(log.decisions)
             summary["table_changes"] = log.table_changes
             summary["mean_decide_ms"] = log.mean_decide_ms
-        report.runs.append(PolicyRun(policy, result, memory, summary, wall))
+        report.runs.append(PolicyRun(policy, result, memory, summary, wall, run.loop))
+    report.ceiling = oracle_report([run.summary for run in report.runs])
     return report

@@ -267,3 +267,29 @@ def test_provenance_is_validated(tmp_path: Path, body: str, match: str) -> None:
     )
     with pytest.raises(CatalogError, match=match):
         Catalog.load([f])
+
+
+def test_tier_switch_cost_from_the_catalog_reaches_the_engine(tmp_path: Path) -> None:
+    from specgov.simulator.replay import PolicySpecError, ServerSpec, parse_policy, prepare_run
+
+    path = tmp_path / "switch.yaml"
+    path.write_text(
+        "drafters:\n"
+        "  slow-switch: {algorithm: eagle3, params_b: 0.42, kv_bytes_per_token: 4096,"
+        " static_reserve_gib: 2, acceptance_profile: eagle3-llama3.1-8b, tier_switch_ms: 2.5}\n"
+    )
+    assert Catalog.load().drafter("eagle3").tier_switch_ms == 0.0  # built in: free
+    server = ServerSpec(drafter="slow-switch", catalog_files=(path,))
+
+    def switch_s(spec: ServerSpec, policy: str) -> float:
+        return prepare_run(spec, parse_policy(policy), seed=0).engine.config.tier_switch_s
+
+    assert switch_s(server, "sglang-ema") == pytest.approx(2.5e-3)
+    assert switch_s(ServerSpec(tier_switch_ms=1.0), "sglang-ema") == pytest.approx(1e-3)
+    assert switch_s(server, "none") == 0.0  # no speculation: no tiers to switch
+    with pytest.raises(PolicySpecError, match="tier_switch_ms: expected a number >= 0"):
+        ServerSpec(tier_switch_ms=-1.0)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(path.read_text().replace("2.5", "-1"))
+    with pytest.raises(CatalogError, match=r"drafters\.slow-switch\.tier_switch_ms: expected"):
+        Catalog.load([bad])

@@ -161,3 +161,41 @@ def test_demo_status_wraps_a_real_daemon_as_a_control_service(tmp_path: Any) -> 
     wrapped = demo._DemoStatus(Daemon(config, store=None), 10.0)
     assert isinstance(wrapped, ControlService)
     assert wrapped.status()["sim_speed"] == 10.0
+
+
+def test_headline_says_what_specgov_gained_and_where_in_one_line() -> None:
+    from specgov.simulator.synthetic import DEFAULT_DEMO_SPEC
+
+    assert demo.trace_phases(DEFAULT_DEMO_SPEC) == [
+        ("code", 0.0, 200.0),
+        ("chat", 200.0, 400.0),
+        ("rag", 400.0, 600.0),
+    ]
+    line = demo.headline(
+        {"live": 1100.0, "sglang-ema": 1000.0, "none": 880.0},
+        {
+            "live": {"code": 100, "chat": 300, "rag": 90},
+            "sglang-ema": {"code": 100, "chat": 200, "rag": 100},
+            "none": {"code": 50, "chat": 250, "rag": 120},
+        },
+        "live",
+    )
+    assert line == (
+        "specgov's goodput: +10.0% vs SGLang's EMA and +25.0% vs no speculation over the "
+        "whole trace; most in the chat phase: +50.0% vs EMA, +20.0% vs no speculation."
+    )
+
+
+def test_the_summary_ends_with_the_headline_from_real_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from specgov.simulator.replay import ServerSpec, replay
+    from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+
+    spec = parse_synthetic_spec("synthetic:duration=40,rate=2,out=64,phases=code@20+chat@20,seed=2")
+    trace = generate_trace(spec)
+    live = replay(trace, ServerSpec(), ["static:2"]).runs[0].result
+    demo._summary([live], trace, spec)
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("specgov's goodput: ") and " vs SGLang's EMA and " in last
+    assert "; most in the " in last and last.endswith(" vs no speculation.")

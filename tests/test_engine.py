@@ -321,3 +321,28 @@ def test_series_and_histogram_use_the_slots_the_policy_decides_for() -> None:
     assert seen <= set(layout) and len(seen) > 1
     # Without speculation there is one slot (one answer for every batch size).
     assert list(_engine().run(reqs).series.steps_by_slot) == [1]
+
+
+class AlternatingPolicy(RecordingPolicy):
+    """Switches between steps 1 and 2 at every decode batch."""
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        self.steps = 3 - self.steps
+        return self.steps
+
+
+@pytest.mark.parametrize("switch_s", [0.0, 0.004])
+def test_each_tier_switch_stalls_the_next_forward_by_the_switch_cost(switch_s: float) -> None:
+    policy = AlternatingPolicy(steps=1, candidates=[1, 2])
+    result = _engine(policy, accepted=2, tier_switch_s=switch_s).run([Request(0.0, 100, 41)])
+    # 40 tokens after prefill at alternating 2 / 3 tokens per verify: 16 verifies, all
+    # switches (the engine starts with no step set: the first batch switches too).
+    assert result.decode_batches == 16 and result.tier_switches == 16
+    forwards = 8 * 0.012 + 8 * 0.011
+    assert result.decode_time_s == pytest.approx(forwards + 16 * switch_s)
+    assert result.tpot_s[0] == pytest.approx((forwards + 16 * switch_s) / 40)
+
+
+def test_tier_switch_cost_is_validated() -> None:
+    with pytest.raises(EngineConfigError, match="tier_switch_s must be a finite number >= 0"):
+        EngineConfig(kv_token_capacity=10, tier_switch_s=-1e-3)

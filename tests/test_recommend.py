@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from specgov.controller.recommend import (
+    Recommendation,
     RecommendError,
     WorkloadSummary,
+    busy_steps,
     fit_acceptance_rate,
     recommend,
     recommendation_document,
+    replay_restart_check,
+    restart_recommendation,
+    saturated_concurrency,
+    table_policy,
 )
 from specgov.policies.types import SpecShape
+from specgov.simulator.replay import replay
+from specgov.simulator.traces import Trace
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))  # benchmarks.policies: the suite's scenarios
 
 H100 = {"gpu": "h100", "model": "llama-3.1-8b", "drafter": "eagle3"}
 
@@ -105,3 +121,114 @@ def test_when_the_emas_zero_slots_stay_at_0_the_skip_flag_is_replayed_and_report
     )
     assert skip[0]["goodput_tok_s"] != ema["goodput_tok_s"]  # a real second replay
     assert any("replayed with it" in n for n in rec.notes), rec.notes
+
+
+# ------------------------------------------- the restart decision (issue 20 §4)
+
+
+def test_saturation_is_queued_requests_in_most_of_the_window() -> None:
+    assert saturated_concurrency([(10, 5), (12, 3), (9, 0)]) == pytest.approx(13.0)
+    assert saturated_concurrency([(10, 0), (12, 3), (9, 0)]) is None  # a burst
+    assert saturated_concurrency([(None, None)]) is None
+    assert table_policy(((1, 3), (64, 0))) == "batch-table:1=3,64=0"
+    table = ((1, 3), (64, 1), (128, 0))
+    assert [busy_steps(table, n) for n in (0.5, 63.9, 100.0, 200.0)] == [3, 3, 1, 0]
+
+
+def _rec(gain: float, window_s: float = 300.0, policy: str = "none") -> Recommendation:
+    workload = WorkloadSummary(window_s, 10.0, 500, 200, None, None)
+    shape = (
+        SpecShape("NONE", 0, 0, 0, ()) if policy == "none" else SpecShape("EAGLE3", 1, 1, 2, (1,))
+    )
+    return Recommendation(
+        label="no speculation" if policy == "none" else "chain, 1 step",
+        policy=policy,
+        shape=shape,
+        predicted_goodput_tok_s=100.0 * (1 + gain),
+        current_label="the step table in force",
+        current_goodput_tok_s=100.0,
+        predicted_gain=gain,
+        candidates=(),
+        workload=workload,
+    )
+
+
+def test_the_recommendation_fires_only_for_a_sustained_gain_of_ten_percent() -> None:
+    doc = restart_recommendation(_rec(0.25), drafter="eagle3")
+    assert doc is not None
+    assert doc["configuration"]["drafter"] == "none" and doc["configuration"]["algorithm"] == "NONE"
+    assert (doc["metric"], doc["predicted_gain"]) == ("goodput_tok_s", 0.25)
+    assert restart_recommendation(_rec(0.099), drafter="eagle3") is None  # under 10 %
+    assert restart_recommendation(_rec(0.5, window_s=60.0), drafter="eagle3") is None  # burst
+    other = restart_recommendation(_rec(0.2, policy="static:1"), drafter="eagle3")
+    assert other is not None and other["configuration"]["drafter"] == "eagle3"
+
+
+def test_equal_goodput_compares_tpot_p50() -> None:
+    from specgov.controller.recommend import choose_candidate
+
+    rows = [
+        {"candidate": "a", "goodput_tok_s": 100.0, "tpot_p50_ms": 20.0},
+        {"candidate": "b", "goodput_tok_s": 100.5, "tpot_p50_ms": 16.0},
+        {"candidate": "c", "goodput_tok_s": 90.0, "tpot_p50_ms": 10.0},  # loses goodput
+    ]
+    choice, metric, gain = choose_candidate(rows, rows[0])
+    assert (choice["candidate"], metric) == ("b", "tpot_p50_ms")
+    assert gain == pytest.approx(20.0 / 16.0 - 1.0)
+    rows[1]["goodput_tok_s"] = 130.0
+    choice, metric, gain = choose_candidate(rows, rows[0])
+    assert (choice["candidate"], metric, gain) == ("b", "goodput_tok_s", pytest.approx(0.3))
+
+
+def _suite_replay(scenario_id: str, data_dir: Path) -> tuple[Any, Any]:
+    """One suite scenario replayed as `specgov replay` does: none and goodput, then the
+    restart check of the goodput daemon (what its daemon saw)."""
+    from benchmarks.policies import scenarios
+
+    (sc,) = scenarios.select([scenario_id], quick=False)
+    requests = scenarios.build_requests(sc.workload, data_dir)
+    server = sc.server()
+    trace = Trace(name=sc.id, requests=tuple(requests), source=sc.id)
+    report = replay(trace, server, ["none", "goodput"], seed=0, concurrency=sc.workload.concurrency)
+    checks = replay_restart_check(
+        report.runs,
+        requests,
+        gpu=server.gpu,
+        model=server.model,
+        drafter=server.drafter,
+        slo_tpot_ms=report.slo.tpot_ms,
+        horizon_s=90.0,
+    )
+    by = {run.policy.name: run.summary for run in report.runs}
+    return checks["goodput"], by
+
+
+# users-256/h100/eagle3 is a measured miss (issue 20 §4's closing note): none gains +20 % on
+# the Azure requests, but on the trace synthesised from the window's means (log-normal
+# lengths, fitted acceptance) the table in force beats none by 13-40 %, so the replay
+# predicts no gain. strict: when the prediction improves, this test says so.
+_SYNTHETIC_MISS = pytest.mark.xfail(
+    strict=True, reason="the synthesised trace favours the table where the real one does not"
+)
+
+
+@pytest.mark.parametrize(
+    "scenario_id",
+    [pytest.param("users-256/h100/eagle3", marks=_SYNTHETIC_MISS), "users-256/h100/ngram"],
+)
+def test_restart_recommendation_fires_on_the_suites_saturation_scenarios(
+    azure_trace_dir: Path, scenario_id: str
+) -> None:
+    rec, by = _suite_replay(scenario_id, azure_trace_dir.parent.parent)
+    measured = by["none"]["goodput_tok_s"] / by["goodput"]["goodput_tok_s"] - 1.0
+    assert measured >= 0.10  # replaying the plain server gains >= 10 % here...
+    assert rec is not None  # ...and the recommendation fires, to restart without the drafter
+    assert rec["configuration"]["drafter"] == "none" and rec["metric"] == "goodput_tok_s"
+    assert rec["predicted_gain"] >= 0.10 and rec["measured_gain"] == pytest.approx(measured)
+    assert by["goodput"]["restart_recommendation"] is rec  # the replay JSON's object
+
+
+def test_restart_recommendation_is_silent_where_speculation_pays(azure_trace_dir: Path) -> None:
+    rec, by = _suite_replay("users-4/h100/eagle3", azure_trace_dir.parent.parent)
+    assert by["goodput"]["goodput_tok_s"] >= by["none"]["goodput_tok_s"]  # speculation pays
+    assert rec is None and by["goodput"]["restart_recommendation"] is None

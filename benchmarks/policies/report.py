@@ -14,11 +14,17 @@ derived after the fact from the static:1..7 runs:
 
 Ratios ``*_vs_ema`` divide by the sglang-ema row of the same scenario.
 
-The clairvoyant ``oracle`` run (``specgov.simulator.oracle``) is the physical limit:
-``oracle_share`` = (policy - none) / (oracle - none) on goodput (the headline metric),
-``oracle_share_throughput`` the same on throughput (what the oracle maximises per batch).
-Left empty where the oracle gains less than ``MIN_ORACLE_GAIN`` over ``none``: there is
-no gain to share (an unsaturated server serves every arrival whatever the steps).
+Two oracle runs (``specgov.simulator.oracle``) bound what per-batch step choice can do:
+the clairvoyant ``oracle`` (knows each request's next acceptance draw) and the informed
+``oracle:informed`` (knows each request's acceptance distribution, not the draws: what a
+realisable per-batch policy could reach). ``oracle_share`` = (policy - none) / (oracle -
+none) on goodput (the headline metric), ``informed_share`` the same against the informed
+oracle, ``oracle_share_throughput`` the clairvoyant share on throughput (what the oracles
+maximise per batch). Left empty where the oracle gains less than ``MIN_ORACLE_GAIN`` over
+``none``: there is no gain to share (an unsaturated server serves every arrival whatever
+the steps). Where ``none`` beats an oracle (saturation: step 0 still pays the drafter) the
+ceiling is the fleet's, ``max(oracle, none)`` (``fleet_ceiling``, ``vs_fleet_ceiling``):
+only a restart without speculation gets there.
 
 Wrong priors: a daemon policy run with a step-cost or acceptance prior other than the
 truth is labelled ``policy@variant`` (``goodput@x0.7``, ``goodput@gpu``,
@@ -48,18 +54,18 @@ from benchmarks.policies.scenarios import (
     CLAIRVOYANT,
     DAEMON_POLICIES,
     EMA,
+    INFORMED,
     POLICY_LABELS,
     STATIC_POLICIES,
     Scenario,
 )
 from specgov.simulator.engine import TimeSeries
+from specgov.simulator.oracle import MIN_ORACLE_GAIN, ceiling, oracle_share
 from specgov.simulator.plots import write_plots
 
 ORACLE = "oracle-static"
 PHASE_ORACLE = "oracle-per-phase"
 TARGET_POLICY = "goodput"
-# Below this relative gain of the oracle over none, shares of it are not reported.
-MIN_ORACLE_GAIN = 0.01
 
 CSV_COLUMNS: tuple[str, ...] = (
     "scenario",
@@ -79,17 +85,23 @@ CSV_COLUMNS: tuple[str, ...] = (
     "throughput_vs_ema",
     "goodput_vs_ema",
     "oracle_share",
+    "informed_share",
     "oracle_share_throughput",
+    "fleet_ceiling",
+    "vs_fleet_ceiling",
     "completed_requests",
     "duration_s",
     "mean_accept_length",
     "mean_decode_batch_size",
     "kv_token_capacity",
     "retractions",
+    "tier_switches",
     "decisions",
     "table_changes",
     "table_changes_per_min",
     "mean_decide_ms",
+    "restart_recommended",
+    "restart_predicted_gain",
     "wall_s",
 )
 PHASE_CSV_COLUMNS: tuple[str, ...] = (
@@ -175,14 +187,26 @@ def _row(scenario: Scenario, label: str, run: RunResult) -> dict[str, Any]:
         "mean_decode_batch_size": s.get("mean_decode_batch_size"),
         "kv_token_capacity": s.get("kv_token_capacity"),
         "retractions": s.get("retractions"),
+        "tier_switches": s.get("tier_switches"),
         "decisions": s.get("decisions"),
         "table_changes": changes,
         "table_changes_per_min": (
             changes / (duration / 60.0) if changes is not None and duration else None
         ),
         "mean_decide_ms": s.get("mean_decide_ms"),
+        "restart_recommended": _restart_label(s),
+        "restart_predicted_gain": (s.get("restart_recommendation") or {}).get("predicted_gain"),
         "wall_s": s.get("wall_s"),
     }
+
+
+def _restart_label(summary: Mapping[str, Any]) -> str | None:
+    """The configuration the run's restart check recommends, "-" when it stayed silent,
+    None when no check ran."""
+    if "restart_recommendation" not in summary:
+        return None
+    rec = summary["restart_recommendation"]
+    return "-" if rec is None else str(rec["configuration"]["label"])
 
 
 def best_static(runs: Mapping[str, RunResult]) -> str | None:
@@ -268,30 +292,31 @@ def _oracle_rows(sc: Scenario, runs: Mapping[str, RunResult]) -> list[dict[str, 
     return [oracle, per_phase]
 
 
-def oracle_share(value: Any, none: Any, oracle: Any) -> float | None:
-    """(value - none) / (oracle - none); None without a gain of MIN_ORACLE_GAIN to share."""
-    if value is None or none is None or oracle is None or not none:
-        return None
-    gain = float(oracle) - float(none)
-    if gain < MIN_ORACLE_GAIN * float(none):
-        return None
-    return (float(value) - float(none)) / gain
-
-
 def _with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ema = next((r for r in rows if r["policy"] == EMA), None)
     none = next((r for r in rows if r["policy"] == "none"), None)
     clair = next((r for r in rows if r["policy"] == CLAIRVOYANT), None)
+    informed = next((r for r in rows if r["policy"] == INFORMED), None)
+    top: tuple[float, str] | None = None
+    if none is not None and clair is not None:
+        # The fleet ceiling: the clairvoyant oracle, or none where none beats it.
+        top = ceiling(float(none["goodput_tok_s"]), float(clair["goodput_tok_s"]))
     for r in rows:
         if ema is not None:
             r["throughput_vs_ema"] = _ratio(r["throughput_tok_s"], ema["throughput_tok_s"])
             r["goodput_vs_ema"] = _ratio(r["goodput_tok_s"], ema["goodput_tok_s"])
-        if none is not None and clair is not None:
-            for col, metric in (
-                ("oracle_share", "goodput_tok_s"),
-                ("oracle_share_throughput", "throughput_tok_s"),
-            ):
-                r[col] = oracle_share(r[metric], none[metric], clair[metric])
+        if none is None:
+            continue
+        for col, metric, oracle in (
+            ("oracle_share", "goodput_tok_s", clair),
+            ("informed_share", "goodput_tok_s", informed),
+            ("oracle_share_throughput", "throughput_tok_s", clair),
+        ):
+            if oracle is not None:
+                r[col] = oracle_share(r[metric], none[metric], oracle[metric])
+        if top is not None:
+            r["fleet_ceiling"] = CLAIRVOYANT if top[1] == "oracle" else "none"
+            r["vs_fleet_ceiling"] = _ratio(r["goodput_tok_s"], top[0])
     return rows
 
 
@@ -690,8 +715,10 @@ def render_targets_per_prior(per_prior: Mapping[str, Sequence[TargetResult]]) ->
     return _table(["target", *names], body)
 
 
-# Policies whose oracle share is tabulated (the worst-prior goodput is added).
-SHARE_POLICIES = (EMA, ORACLE, PHASE_ORACLE, "batch-table", "goodput", "bandit")
+# Policies whose oracle shares are tabulated (the worst-prior goodput is added).
+SHARE_POLICIES = (EMA, ORACLE, PHASE_ORACLE, INFORMED, "batch-table", "goodput", "bandit")
+# The share columns: (row key, the oracle it is a share of).
+SHARE_COLUMNS = (("oracle_share", CLAIRVOYANT), ("informed_share", INFORMED))
 
 
 def render_oracle_shares(
@@ -699,7 +726,8 @@ def render_oracle_shares(
     scenarios: Sequence[Scenario],
     targets: Sequence[TargetResult],
 ) -> list[str]:
-    """Per scenario: the oracle's gain over none, and each policy's share of it."""
+    """Per scenario: each oracle's gain over none, the fleet ceiling, and each policy's
+    share of each oracle's gain ("clairvoyant / informed"); median and min per policy."""
     by: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by.setdefault(r["scenario"], {})[r["policy"]] = r
@@ -711,32 +739,175 @@ def render_oracle_shares(
     if head is not None:
         worst_prior = dict(head.priors)
     pols = [p for p in SHARE_POLICIES if any(p in by[s.id] for s in ran)]
-    shares: dict[str, list[float]] = {p: [] for p in [*pols, "goodput (worst prior)"]}
+    names = [*pols, "goodput (worst prior)"]
+    shares: dict[tuple[str, str], list[float]] = {
+        (p, c): [] for p in names for c, _ in SHARE_COLUMNS
+    }
     body = []
     for sc in ran:
         t = by[sc.id]
-        gain = _ratio(t[CLAIRVOYANT]["goodput_tok_s"], t.get("none", {}).get("goodput_tok_s"))
-        cells = [sc.id, _fmt(gain, 3)]
-        for p in pols:
-            v = t.get(p, {}).get("oracle_share")
-            cells.append(_fmt(v, 2))
-            if v is not None:
-                shares[p].append(v)
+        none = t.get("none", {}).get("goodput_tok_s")
+        cells = [sc.id]
+        for _, oracle in SHARE_COLUMNS:
+            cells.append(_fmt(_ratio(t.get(oracle, {}).get("goodput_tok_s"), none), 3))
+        goodput_row = t.get(TARGET_POLICY, {})
+        top = goodput_row.get("fleet_ceiling")
+        cells.append(
+            "-"
+            if top is None
+            else f"{top}: goodput {_fmt(goodput_row.get('vs_fleet_ceiling'), 3)}x"
+            + (" (restart plain)" if top == "none" else "")
+        )
         label = worst_prior.get(sc.id)
-        v = t.get(label, {}).get("oracle_share") if label else None
-        cells.append(_fmt(v, 2) + (f" ({label})" if label else ""))
-        if v is not None:
-            shares["goodput (worst prior)"].append(v)
+        for p in names:
+            row = t.get(label, {}) if p == "goodput (worst prior)" and label else t.get(p, {})
+            vals = []
+            for col, _ in SHARE_COLUMNS:
+                v = row.get(col)
+                vals.append(_fmt(v, 2))
+                if v is not None:
+                    shares[(p, col)].append(v)
+            cell = " / ".join(vals)
+            if p == "goodput (worst prior)" and label:
+                cell += f" ({label})"
+            cells.append(cell)
         body.append(cells)
     for name, fn in (("median", np.median), ("min", np.min)):
         body.append(
             [
                 f"**{name}**",
                 "",
-                *(_fmt(float(fn(v)), 2) if v else "-" for v in shares.values()),
+                "",
+                "",
+                *(
+                    " / ".join(
+                        _fmt(float(fn(shares[(p, c)])), 2) if shares[(p, c)] else "-"
+                        for c, _ in SHARE_COLUMNS
+                    )
+                    for p in names
+                ),
             ]
         )
-    return _table(["scenario", "oracle / none", *pols, "goodput (worst prior)"], body)
+    head_cells = ["scenario", "oracle / none", "informed / none", "fleet ceiling"]
+    return _table([*head_cells, *names], body)
+
+
+# The restart recommendation fires where restarting gains at least this (issue 20 §4)...
+RESTART_MIN_GAIN = 0.10
+# ...and its predicted gain is within this fraction of the gain measured by replaying it.
+RESTART_TOLERANCE = 0.25
+
+
+def restart_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per scenario with a restart check of the target policy: what it recommended, the
+    predicted gain, the gain measured by replaying the plain server (none) on the same
+    trace, and whether it fired where it should and predicted within the tolerance."""
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["scenario"], {})[r["policy"]] = r
+    out = []
+    for sc, t in by.items():
+        g, none = t.get(TARGET_POLICY), t.get("none")
+        if g is None or none is None or g.get("restart_recommended") is None:
+            continue
+        measured = _ratio(none["goodput_tok_s"], g["goodput_tok_s"])
+        gain = None if measured is None else measured - 1.0
+        fired = g["restart_recommended"] != "-"
+        should = gain is not None and gain >= RESTART_MIN_GAIN
+        pred = g.get("restart_predicted_gain")
+        within = None
+        if (
+            fired
+            and gain is not None
+            and pred is not None
+            and g["restart_recommended"] == ("no speculation")
+        ):
+            within = abs(pred - gain) <= RESTART_TOLERANCE * abs(gain)
+        out.append(
+            {
+                "scenario": sc,
+                "recommended": g["restart_recommended"],
+                "predicted_gain": pred,
+                "measured_plain_gain": gain,
+                "should_fire": should,
+                "right": fired == should,
+                "within_tolerance": within,
+            }
+        )
+    return out
+
+
+def render_restart_checks(checks: Sequence[Mapping[str, Any]]) -> list[str]:
+    if not checks:
+        return []
+    body = [
+        [
+            c["scenario"],
+            c["recommended"],
+            _fmt(c["predicted_gain"], 3),
+            _fmt(c["measured_plain_gain"], 3),
+            "yes" if c["should_fire"] else "no",
+            "ok" if c["right"] else "WRONG",
+            "-" if c["within_tolerance"] is None else "yes" if c["within_tolerance"] else "no",
+        ]
+        for c in checks
+    ]
+    right = sum(1 for c in checks if c["right"])
+    judged = [c for c in checks if c["within_tolerance"] is not None]
+    within = sum(1 for c in judged if c["within_tolerance"])
+    body.append(
+        [
+            "**total**",
+            "",
+            "",
+            "",
+            "",
+            f"{right}/{len(checks)} right",
+            f"{within}/{len(judged)} within {RESTART_TOLERANCE:.0%}",
+        ]
+    )
+    head = ["scenario", "recommended", "predicted", "measured (none)", "should fire", "fired?"]
+    return _table([*head, f"within {RESTART_TOLERANCE:.0%}"], body)
+
+
+# Policies whose tier switches are tabulated.
+SWITCH_POLICIES = (EMA, "batch-table", "goodput", "bandit", CLAIRVOYANT, INFORMED)
+
+
+def render_tier_switches(
+    rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]
+) -> list[str]:
+    """Per scenario: each policy's tier switches, and goodput's over sglang-ema's."""
+    by: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault(r["scenario"], {})[r["policy"]] = r
+    ran = [s for s in scenarios if s.id in by]
+    pols = [p for p in SWITCH_POLICIES if any(p in by[s.id] for s in ran)]
+    if not pols:
+        return []
+    body = []
+    for sc in ran:
+        t = by[sc.id]
+        counts = [t.get(p, {}).get("tier_switches") for p in pols]
+        ratio = _ratio(
+            t.get(TARGET_POLICY, {}).get("tier_switches"), t.get(EMA, {}).get("tier_switches")
+        )
+        body.append([sc.id, *(_fmt(c) for c in counts), _fmt(ratio, 2)])
+    return _table(["scenario", *pols, "goodput / ema"], body)
+
+
+def median_shares(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
+    """Per policy label, the median share of each oracle's gain over the scenarios where
+    it is defined (the headline: ``{"oracle": ..., "oracle:informed": ...}``)."""
+    out: dict[str, dict[str, float | None]] = {}
+    labels = dict.fromkeys(r["policy"] for r in rows)
+    for label in labels:
+        entry: dict[str, float | None] = {}
+        for col, oracle in SHARE_COLUMNS:
+            vals = [r[col] for r in rows if r["policy"] == label and r.get(col) is not None]
+            entry[oracle] = float(np.median(vals)) if vals else None
+        out[label] = entry
+    return out
 
 
 def prior_sensitivity(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[int, int]]:
@@ -814,14 +985,46 @@ def render_markdown(
     if shares:
         lines += [
             "",
-            "## Share of the clairvoyant oracle's gain over none (goodput)",
+            "## Share of the oracles' gain over none (goodput): clairvoyant / informed",
             "",
-            "(policy - none) / (oracle - none) on goodput; '-' where the oracle gains less "
-            f"than {MIN_ORACLE_GAIN:.0%} over none. The oracle maximises tokens per second "
-            "per batch, not goodput, so a share can exceed 1.",
+            "(policy - none) / (oracle - none) on goodput, for the clairvoyant oracle (knows "
+            "each request's next acceptance draw) / the informed one (knows each request's "
+            "acceptance distribution: what a realisable per-batch policy could reach); '-' "
+            f"where the oracle gains less than {MIN_ORACLE_GAIN:.0%} over none. The oracles "
+            "maximise tokens per second per batch, not goodput, so a share can exceed 1. "
+            "Fleet ceiling: max(clairvoyant oracle, none) and goodput's ratio to it; where it "
+            "is none, no step table gets there (step 0 still pays the drafter), a restart "
+            "without speculation does.",
             "",
         ]
         lines += shares
+    restart = render_restart_checks(restart_checks(rows))
+    if restart:
+        lines += [
+            "",
+            "## Restart recommendation (goodput, exact prior)",
+            "",
+            "What the daemon's restart check (controller.recommend: the recent window "
+            "replayed over candidate shapes, the table in force as the baseline) recommends "
+            "from each run, its predicted goodput gain, and the gain measured by the plain "
+            f"server (none) on the same trace. It should fire where that is >= "
+            f"{RESTART_MIN_GAIN:.0%} and stay silent elsewhere; a no-speculation prediction "
+            f"should be within {RESTART_TOLERANCE:.0%} of the measured gain.",
+            "",
+        ]
+        lines += restart
+    switches = render_tier_switches(rows, scenarios)
+    if switches:
+        lines += [
+            "",
+            "## Tier switches (changes of the step count in the engine)",
+            "",
+            "Per scenario and policy; the last column is goodput's count over sglang-ema's "
+            "(issue 20's bound: <= 3x). The simulator charges each switch the drafter "
+            "catalog's tier_switch_ms (this run: see the meta line).",
+            "",
+        ]
+        lines += switches
     lines += [
         "",
         "Per-scenario values behind the targets: goodput policy's goodput ratios, and the "

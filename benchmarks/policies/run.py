@@ -18,7 +18,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +26,12 @@ if __package__ in (None, ""):
     # Run as a script: make the repository root importable for `benchmarks.policies`.
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import numpy as np
 
 from benchmarks.policies import report
 from benchmarks.policies.scenarios import (
     ACCEPT_PRIORS,
-    CLAIRVOYANT,
     DAEMON_POLICIES,
+    ORACLES,
     POLICIES,
     PRIORS_BY_NAME,
     STATIC_POLICIES,
@@ -45,7 +44,9 @@ from benchmarks.policies.scenarios import (
     select,
     suite_runs,
 )
-from specgov.simulator.metrics import Slo, slo_mask, summarise
+from specgov.controller.recommend import replay_restart_check
+from specgov.simulator.metrics import Slo, good_tokens_by_window, summarise
+from specgov.simulator.replay import PolicyRun as ReplayRun
 from specgov.simulator.replay import parse_policy, prepare_run
 
 DEFAULT_OUT = Path("out/policies")
@@ -59,6 +60,8 @@ class Job:
     seed: int
     slo: Slo
     keep_series: bool
+    tier_switch_ms: float | None = None  # None: the catalog's (0 built in)
+    restart_check: bool = False  # the restart recommendation of this (daemon) run
 
 
 def run_job(job: Job) -> report.RunResult:
@@ -67,6 +70,8 @@ def run_job(job: Job) -> report.RunResult:
     requests = build_requests(sc.workload, job.data_dir)
     policy = parse_policy(job.run.spec)
     server = job.run.prior.apply(sc.server())
+    if job.tier_switch_ms is not None:
+        server = replace(server, tier_switch_ms=job.tier_switch_ms)
     prepared = prepare_run(server, policy, seed=job.seed, slo=job.slo)
     started = time.perf_counter()
     result = prepared.run(requests, concurrency=sc.workload.concurrency)
@@ -76,6 +81,18 @@ def run_job(job: Job) -> report.RunResult:
     summary["prior"] = _prior_text(job.run, server)
     reasons: dict[str, int] = {}
     changes: list[dict[str, Any]] = []
+    if job.restart_check and prepared.loop is not None:
+        # What the daemon would recommend from this run's window (controller.recommend,
+        # as `specgov replay --output json` reports it); measured against none in report.
+        replay_restart_check(
+            [ReplayRun(policy, result, prepared.memory, summary, wall, prepared.loop)],
+            requests,
+            gpu=server.gpu,
+            model=server.model,
+            drafter=server.drafter,
+            slo_tpot_ms=job.slo.tpot_ms,
+            seed=job.seed,
+        )
     if prepared.loop is not None:
         log = prepared.loop.log
         summary["decisions"] = len(log.decisions)
@@ -93,18 +110,10 @@ def run_job(job: Job) -> report.RunResult:
             if d.changed
         ]
     # Per-phase accounting: output tokens of SLO-meeting requests, by arrival phase.
-    phase_tokens: dict[str, int] = {}
     phases = sc.workload.phases()
-    if phases:
-        ok = slo_mask(result, job.slo)
-        arrival = np.asarray(result.req_arrival_s, dtype=np.float64)
-        tokens = np.asarray(result.req_output_tokens, dtype=np.int64)
-        for i, ph in enumerate(phases):
-            # The last phase also takes any arrival at or after its end (rounding).
-            upper = np.inf if i == len(phases) - 1 else ph.end_s
-            lower = -np.inf if i == 0 else ph.start_s
-            in_phase = ok & (arrival >= lower) & (arrival < upper)
-            phase_tokens[ph.name] = int(tokens[in_phase].sum())
+    phase_tokens = good_tokens_by_window(
+        result, job.slo, [(ph.name, ph.start_s, ph.end_s) for ph in phases]
+    )
     return report.RunResult(
         scenario_id=sc.id,
         policy=job.run.label,
@@ -134,8 +143,8 @@ def _cost(job: Job) -> float:
     if job.scenario.gpu != "h100":
         n *= 1.3
     daemon = parse_policy(job.run.spec).daemon_spec is not None
-    oracle = job.run.spec == CLAIRVOYANT
-    return n * (4.0 if daemon else 2.5 if oracle else 1.0)
+    oracle = job.run.spec in ORACLES
+    return n * (4.0 if daemon else 2.5 if oracle else 1.0) * (3.0 if job.restart_check else 1.0)
 
 
 def plot_scenario(scenarios: Sequence[Scenario]) -> Scenario | None:
@@ -170,12 +179,16 @@ def run_suite(
     prior_families: Sequence[str] = DAEMON_POLICIES,
     command: str | None = None,
     progress: bool = True,
+    tier_switch_ms: float | None = None,
+    restart_check: bool = True,
 ) -> SuiteOutput:
     """Run every policy on every scenario, then write the tables, targets and plots.
 
     Daemon policies run once per step-cost prior variant in ``priors`` (names of
     ``scenarios.PRIORS``), goodput once more per acceptance prior in ``accept_priors``,
-    and ``oracle`` adds the clairvoyant oracle.
+    and ``oracle`` adds the two oracles (clairvoyant and informed). ``tier_switch_ms``
+    charges every tier switch that much GPU time (None: the catalog's, 0 built in).
+    ``restart_check`` computes the restart recommendation of goodput's exact-prior run.
     """
     started = time.perf_counter()
     slo = slo or Slo()
@@ -191,7 +204,16 @@ def run_suite(
         parse_policy(r.spec)  # fail before any simulation on a bad policy
     plotted = plot_scenario(scenarios)
     work = [
-        Job(sc, r, data, seed, slo, keep_series=sc == plotted and r.variant == "exact")
+        Job(
+            sc,
+            r,
+            data,
+            seed,
+            slo,
+            keep_series=sc == plotted and r.variant == "exact",
+            tier_switch_ms=tier_switch_ms,
+            restart_check=restart_check and r.label == report.TARGET_POLICY,
+        )
         for sc in scenarios
         for r in runs
     ]
@@ -232,6 +254,9 @@ def run_suite(
         )
         or "-",
         "acceptance priors (goodput prior_mean)": ", ".join(f"{m:g}" for m in accept_priors) or "-",
+        "tier-switch cost": "the drafter catalog's (0 ms built in)"
+        if tier_switch_ms is None
+        else f"{tier_switch_ms:g} ms per switch",
     }
     markdown = report.render_markdown(
         rows, targets, scenarios, meta, phase_table, per_prior=per_prior, misses=missed
@@ -251,6 +276,9 @@ def run_suite(
                 "targets": [t.__dict__ for t in targets],
                 "targets_per_prior": {k: [t.__dict__ for t in v] for k, v in per_prior.items()},
                 "misses": missed,
+                # Headline: per policy, the median share of each oracle's gain over none.
+                "median_oracle_shares": report.median_shares(rows),
+                "restart_checks": report.restart_checks(rows),
                 "runs": [
                     {
                         "scenario": r.scenario_id,
@@ -353,13 +381,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="daemon policies run under the wrong step-cost priors (default all: "
         f"{' '.join(DAEMON_POLICIES)})",
     )
-    parser.add_argument("--no-oracle", action="store_true", help="skip the clairvoyant oracle")
+    parser.add_argument(
+        "--no-oracle", action="store_true", help="skip the oracles (clairvoyant and informed)"
+    )
+    parser.add_argument(
+        "--no-restart-check",
+        action="store_true",
+        help="skip goodput's restart recommendation (one replay per candidate per scenario)",
+    )
+    parser.add_argument(
+        "--tier-switch-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="GPU time charged per tier switch (default: the drafter catalog's, 0)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slo-tpot-ms", type=float, default=50.0)
     parser.add_argument("--slo-ttft-ms", type=float, default=None)
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
+    if args.tier_switch_ms is not None and not 0.0 <= args.tier_switch_ms < float("inf"):
+        parser.error(f"--tier-switch-ms must be a number >= 0, got {args.tier_switch_ms}")
     try:
         slo = Slo(tpot_ms=args.slo_tpot_ms, ttft_ms=args.slo_ttft_ms)
         scenarios = select(args.scenarios, quick=args.quick)
@@ -401,6 +445,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             oracle=not args.no_oracle,
             prior_families=args.prior_families,
             command=command,
+            tier_switch_ms=args.tier_switch_ms,
+            restart_check=not args.no_restart_check,
         )
     except ScenarioError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from specgov.simulator.oracle import CLAIRVOYANT, INFORMED
 from specgov.simulator.replay import ServerSpec
 from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
 from specgov.simulator.traces import Request, Trace, load_trace, transform_trace
@@ -81,9 +82,10 @@ def policy_label(spec: str) -> str:
 
 POLICY_LABELS: tuple[str, ...] = tuple(policy_label(p) for p in POLICIES)
 DAEMON_POLICIES: tuple[str, ...] = ("batch-table", "goodput", "bandit")
-# The clairvoyant oracle (specgov.simulator.oracle): per batch the step with the most
-# tokens/s given the true acceptance; the physical limit every policy is measured against.
-CLAIRVOYANT = "oracle"
+# The oracles (specgov.simulator.oracle), per batch the step with the most tokens/s: the
+# clairvoyant one given the true acceptance draws (an upper bound on per-batch choice), the
+# informed one given the true acceptance distributions (what a realisable policy reaches).
+ORACLES: tuple[str, ...] = (CLAIRVOYANT, INFORMED)
 
 # Another GPU of the catalog whose step-cost prior a daemon policy gets in the "gpu"
 # variant: a slower, smaller-knee GPU for the H100 (the issue's L40S example), a faster
@@ -163,7 +165,7 @@ def suite_runs(
 ) -> list[PolicyRun]:
     """Every run per scenario: each policy with the exact prior, each daemon policy in
     ``prior_families`` with every other prior variant, goodput with each acceptance prior,
-    and the oracle."""
+    and the two oracles."""
     unknown = [p for p in priors if p not in PRIORS_BY_NAME]
     if unknown:
         raise ScenarioError(
@@ -176,7 +178,7 @@ def suite_runs(
         )
     runs = [PolicyRun(p) for p in policies]
     if oracle:
-        runs.append(PolicyRun(CLAIRVOYANT))
+        runs += [PolicyRun(o) for o in ORACLES]
     for name in priors:
         if name == EXACT_PRIOR.name:
             continue
