@@ -52,6 +52,12 @@ from specgov.policies.goodput.model import (
     _SlotWork,
     _update_batch,
 )
+from specgov.policies.goodput.rules import (
+    build_rule,
+    probe_charged,
+    scaled_rates,
+    steady_rule,
+)
 from specgov.policies.goodput.state import (
     GoodputState,
     _generator,
@@ -63,6 +69,7 @@ from specgov.policies.types import (
     Observation,
     ReasonCode,
     SlotLayout,
+    SlotRule,
     StepTable,
     TierStatsSnapshot,
 )
@@ -473,6 +480,60 @@ class GoodputPolicy:
                     chosen = (value, w.bound, k)
         return None if chosen is None else (chosen[1], chosen[2])
 
+    def _slot_rule(
+        self,
+        w: _SlotWork,
+        cost: StepCostState,
+        ctx: float,
+        slo_ms: float | None,
+        slo: _SloModel | None,
+    ) -> SlotRule | None:
+        """The slot's live-acceptance rule over its plan's candidates (``rules.py``).
+
+        The candidates are the ones the plan weighed (one step past the evidence at most)
+        plus the least positive step, the probe a slot at 0 runs; each is scored on the
+        slot's acceptance profile scaled to the signal, with the plan's step times.
+        """
+        est = w.est
+        cands = sorted(w.evals)
+        positive = [k for k in w.allowed if k > 0]
+        probe = min(positive) if positive else None
+        if probe is not None and probe not in cands:
+            cands.append(probe)
+        if len(cands) < 2 or not est.mean:
+            return None
+        flat = _flat_past_evidence(est)
+        profile = {k: est.mean if k <= est.observed else flat for k in cands}
+        step_s = {
+            k: w.evals[k].step_s
+            if k in w.evals
+            else local_step_s(cost, w.batch, k, ctx * w.batch, config=self._cost_cfg)
+            for k in cands
+        }
+        hard_slo = slo_ms if slo is None else None
+
+        def scores_at(signal: float) -> dict[int, float]:
+            evals = {
+                k: self._evaluate(
+                    scaled_rates(profile[k], signal), cost, w.batch, ctx, k, slo, step_s[k]
+                )
+                for k in cands
+            }
+            if 0 in evals and probe is not None:
+                e0, ep = evals[0], evals[probe]
+                tokens, time_s = probe_charged(
+                    w.batch * e0.accept_length, e0.step_s, w.batch * ep.accept_length, ep.step_s
+                )
+                evals[0] = _Eval(
+                    tokens / w.batch, time_s, tokens / time_s, 1e3 * time_s, e0.slo_fraction
+                )
+            feasible = [k for k, e in evals.items() if hard_slo is None or e.tpot_ms <= hard_slo]
+            if not feasible:  # nothing meets the SLO: the least TPOT, as the plan does
+                return {k: -e.tpot_ms for k, e in evals.items()}
+            return {k: evals[k].score for k in feasible}
+
+        return build_rule(scores_at, prior=est.mean[0])
+
     def _plan(
         self,
         observation: Observation,
@@ -573,6 +634,10 @@ class GoodputPolicy:
         gains: list[tuple[float, float, float]] = []  # (weight, new score, current score)
         for w in work:
             steps = probes.get(w.bound, w.best)
+            # A probe is a fixed experiment; elsewhere the engine follows the slot's rule.
+            rule = None if w.bound in probes else self._slot_rule(w, cost, ctx, slo_ms, slo)
+            if rule is not None and current is not None:
+                rule = steady_rule(rule, current.rule_for(w.bound))
             e = w.evals.get(steps) or self._evaluate(w.est.mean, cost, w.batch, ctx, steps, slo)
             plans.append(
                 SlotPlan(
@@ -588,6 +653,7 @@ class GoodputPolicy:
                     probe=w.bound in probes,
                     slo_fraction=e.slo_fraction,
                     no_drafter_score_tok_s=self._no_drafter(cost, w.batch, ctx, slo),
+                    rule=rule,
                 )
             )
             if w.cur is not None:
@@ -684,12 +750,21 @@ class GoodputPolicy:
         # A table starts at bound 1; batches below the engine's first slot bound use its
         # first slot anyway (StepTable and SGLang route them there alike).
         slots = tuple((1 if i == 0 else p.slot, p.steps) for i, p in enumerate(plans))
+        rules = tuple(
+            (1 if i == 0 else p.slot, p.rule) for i, p in enumerate(plans) if p.rule is not None
+        )
         # Also "changed" when the table in force is what we want but our last proposal
         # was not (the guardrails held it): say so, or that proposal stays pending.
+        # Rules count by their cuts and steps (the prior moves with every window).
+        cuts = _rule_cuts(rules)
         changed = (
             current is None
             or current.slots != slots
-            or (state.last_table is not None and state.last_table.slots != slots)
+            or _rule_cuts(current.rules) != cuts
+            or (
+                state.last_table is not None
+                and (state.last_table.slots != slots or _rule_cuts(state.last_table.rules) != cuts)
+            )
         )
         limited: list[str] = []
         if any(p.slo_limited for p in plans):
@@ -734,6 +809,7 @@ class GoodputPolicy:
             produced_at_s=observation.time_s,
             ttl_s=self._config.ttl_s,
             reason=reason.value,
+            rules=rules,
         )
         gain_text = "" if expected_gain is None else f", predicted gain {expected_gain:+.1%}"
         if experiments:
@@ -750,3 +826,10 @@ class GoodputPolicy:
             ),
             replace(state, last_table=table),
         )
+
+
+def _rule_cuts(
+    rules: Sequence[tuple[int, SlotRule]],
+) -> tuple[tuple[int, tuple[float, ...], tuple[int, ...]], ...]:
+    """What a table's rules decide, without the priors they start from."""
+    return tuple((b, r.thresholds, r.steps) for b, r in rules)
