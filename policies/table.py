@@ -88,6 +88,9 @@ _ANSWER_CACHE_MAX: Final = 8192
 SIGNAL_MEMORY_TRIALS: Final = 200.0  # ~0.035 sd at a 0.5 rate
 PROBE_MEMORY_TRIALS: Final = 30.0
 PRIOR_TRIALS: Final = 4.0
+# A slot at 0 steps leaves only on this much (decayed) evidence: a lucky first probe
+# would otherwise buy a dwell's worth of batches at the wrong steps.
+LEAVE_ZERO_TRIALS: Final = 12.0
 RULE_HYSTERESIS: Final = 0.03  # signal units (acceptance rate)
 RULE_DWELL_S: Final = 10.0
 PROBE_EVERY_BATCHES: Final = 512
@@ -124,19 +127,19 @@ class _RuleSlot:
         self.probe_left = 0
 
     def adopt(self, rule: SlotRule) -> None:
-        """A new table's rule for this slot: same evidence, new thresholds and prior."""
+        """A new table's rule for this slot: same evidence, new thresholds and prior.
+
+        The slot keeps running its steps where the new rule has them (in the band
+        nearest the signal); from there hysteresis and dwell judge any move, as for a
+        change of the signal. Only a rule without those steps moves the slot at once.
+        """
         self.rule = rule
         self.probe_step = rule.probe_step
         self.signal = (self.succ + rule.prior * PRIOR_TRIALS) / (self.trials + PRIOR_TRIALS)
         band = rule.band_for(self.signal)
-        if rule.steps[band] != self.steps:
-            # Keep the running step where the new rule still allows it within hysteresis.
-            lo, hi = (
-                rule.band_for(self.signal - RULE_HYSTERESIS),
-                rule.band_for(self.signal + RULE_HYSTERESIS),
-            )
-            keep = [i for i in range(lo, hi + 1) if rule.steps[i] == self.steps]
-            band = keep[0] if keep else band
+        keep = [i for i, k in enumerate(rule.steps) if k == self.steps]
+        if keep:
+            band = min(keep, key=lambda i: abs(i - band))
         self.band = band
         self.steps = rule.steps[band]
 
@@ -151,6 +154,8 @@ class _RuleSlot:
             self.trials + PRIOR_TRIALS
         )
         cur = self.band
+        if self.steps == 0 and self.trials < LEAVE_ZERO_TRIALS:
+            return False
         up = rule.band_for(signal - RULE_HYSTERESIS)
         if up > cur:
             new = up
