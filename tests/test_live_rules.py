@@ -13,7 +13,7 @@ from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool import SpoolTableReader, write_step_table
 from specgov.adapters.tp_sync import LocalChannel
 from specgov.policies.ema import EmaPolicy
-from specgov.policies.goodput.rules import GRID, build_rule, steady_rule
+from specgov.policies.goodput.rules import GRID, RuleEval, slot_rule
 from specgov.policies.table import (
     PROBE_SHARE,
     RULE_DWELL_S,
@@ -234,24 +234,37 @@ def test_a_newer_format_falls_back_to_sglangs_controller_with_a_counted_reason(
 # ------------------------------------------------------------- the daemon side
 
 
-def test_build_rule_cuts_where_the_best_step_changes() -> None:
-    # Score k by a toy goodput: (1 + k * signal) / (1 + 0.4 * k).
-    def scores(signal: float) -> dict[int, float]:
-        return {k: (1 + k * signal) / (1 + 0.4 * k) for k in (0, 1, 3)}
-
-    rule = build_rule(scores, prior=0.5)
-    assert rule is not None and rule.steps == (0, 3)  # linear in k: all or nothing
-    (cut,) = rule.thresholds
-    assert abs(cut - 0.4) <= GRID[1] - GRID[0]
-    assert build_rule(lambda s: {0: 1.0, 1: 0.5}, prior=0.5) is None  # one step wins
+def toy(signal: float, k: int) -> RuleEval:
+    """A drafter whose every position is accepted at ``signal``; step time 1 + 0.3 k."""
+    accept = sum(signal**j for j in range(k + 1))
+    return RuleEval(accept_length=accept, step_s=1.0 + 0.3 * k, slo_fraction=1.0)
 
 
-def test_a_rule_that_barely_moved_is_no_change() -> None:
-    in_force = SlotRule((0.3, 0.6), (0, 1, 3), prior=0.4)
-    jitter = SlotRule((0.32, 0.62), (0, 1, 3), prior=0.42)
-    kept = steady_rule(jitter, in_force)
-    assert kept.thresholds == in_force.thresholds and kept.prior == 0.42
-    moved = SlotRule((0.45, 0.6), (0, 1, 3), prior=0.42)
-    assert steady_rule(moved, in_force) is moved
-    other_steps = SlotRule((0.3, 0.6), (0, 1, 5), prior=0.4)
-    assert steady_rule(other_steps, in_force) is other_steps
+def test_slot_rule_cuts_where_the_best_step_changes_and_charges_the_probe() -> None:
+    rule = slot_rule((0.5,), (0, 1, 3), (0, 1, 3), 1.0, toy, None, None, 0.0)
+    assert rule is not None and rule.steps[0] == 0 and rule.steps[-1] == 3
+    # Step 1 beats 0 from signal 0.3 on (1 + s > 1.3); the probe's cost moves the cut
+    # no further than a grid cell.
+    assert abs(rule.thresholds[0] - 0.3) <= GRID[1] - GRID[0]
+    assert slot_rule((0.5,), (0,), (0,), 1.0, toy, None, None, 0.0) is None  # one step
+
+
+def test_a_rule_still_good_near_the_signal_is_kept() -> None:
+    fresh = slot_rule((0.5,), (0, 1, 3), (0, 1, 3), 1.0, toy, None, None, 0.02)
+    assert fresh is not None
+    # Cuts a cell off, far from the prior 0.9: kept, with the new prior.
+    nudged = SlotRule(tuple(t + 0.02 for t in fresh.thresholds), fresh.steps, prior=0.3)
+    kept = slot_rule((0.9,), (0, 1, 3), (0, 1, 3), 1.0, toy, None, None, 0.02, nudged)
+    assert kept is not None and kept.thresholds == nudged.thresholds and kept.prior == 0.9
+    # A rule that runs 0 where 3 is far better is replaced.
+    wrong = SlotRule((0.95,), (0, 3), prior=0.9)
+    new = slot_rule((0.9,), (0, 1, 3), (0, 1, 3), 1.0, toy, None, None, 0.02, wrong)
+    assert new is not None and new.steps_at(0.9) == 3
+
+
+def test_the_busiest_slots_step_wins_near_ties() -> None:
+    free = slot_rule((0.5,), (0, 1, 3), (0, 1, 3), 1.0, toy, None, None, 0.0)
+    sticky = slot_rule((0.5,), (0, 1, 3), (0, 1, 3), 1.0, toy, None, 3, 0.05)
+    assert free is not None and sticky is not None
+    # With a 5 % tie, 3 steps take over part of the signal range 1 step had.
+    assert sticky.thresholds[-1] < free.thresholds[-1]

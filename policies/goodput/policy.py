@@ -53,10 +53,10 @@ from specgov.policies.goodput.model import (
     _update_batch,
 )
 from specgov.policies.goodput.rules import (
-    build_rule,
-    probe_charged,
+    RuleEval,
+    rule_cuts,
     scaled_rates,
-    steady_rule,
+    slot_rule,
 )
 from specgov.policies.goodput.state import (
     GoodputState,
@@ -487,52 +487,25 @@ class GoodputPolicy:
         ctx: float,
         slo_ms: float | None,
         slo: _SloModel | None,
+        prefer: int | None,
+        in_force: SlotRule | None,
     ) -> SlotRule | None:
-        """The slot's live-acceptance rule over its plan's candidates (``rules.py``).
+        """The slot's live-acceptance rule (``rules.slot_rule``) over the candidates its
+        plan weighed, with the plan's acceptance profiles, step times and SLO model."""
+        flat = _flat_past_evidence(w.est)
 
-        The candidates are the ones the plan weighed (one step past the evidence at most)
-        plus the least positive step, the probe a slot at 0 runs; each is scored on the
-        slot's acceptance profile scaled to the signal, with the plan's step times.
-        """
-        est = w.est
-        cands = sorted(w.evals)
-        positive = [k for k in w.allowed if k > 0]
-        probe = min(positive) if positive else None
-        if probe is not None and probe not in cands:
-            cands.append(probe)
-        if len(cands) < 2 or not est.mean:
-            return None
-        flat = _flat_past_evidence(est)
-        profile = {k: est.mean if k <= est.observed else flat for k in cands}
-        step_s = {
-            k: w.evals[k].step_s
-            if k in w.evals
-            else local_step_s(cost, w.batch, k, ctx * w.batch, config=self._cost_cfg)
-            for k in cands
-        }
-        hard_slo = slo_ms if slo is None else None
+        def evaluate(signal: float, k: int) -> RuleEval:
+            rates = scaled_rates(w.est.mean if k <= w.est.observed else flat, signal)
+            step_s = w.evals[k].step_s if k in w.evals else None
+            e = self._evaluate(rates, cost, w.batch, ctx, k, slo, step_s)
+            return RuleEval(e.accept_length, e.step_s, e.slo_fraction)
 
-        def scores_at(signal: float) -> dict[int, float]:
-            evals = {
-                k: self._evaluate(
-                    scaled_rates(profile[k], signal), cost, w.batch, ctx, k, slo, step_s[k]
-                )
-                for k in cands
-            }
-            if 0 in evals and probe is not None:
-                e0, ep = evals[0], evals[probe]
-                tokens, time_s = probe_charged(
-                    w.batch * e0.accept_length, e0.step_s, w.batch * ep.accept_length, ep.step_s
-                )
-                evals[0] = _Eval(
-                    tokens / w.batch, time_s, tokens / time_s, 1e3 * time_s, e0.slo_fraction
-                )
-            feasible = [k for k, e in evals.items() if hard_slo is None or e.tpot_ms <= hard_slo]
-            if not feasible:  # nothing meets the SLO: the least TPOT, as the plan does
-                return {k: -e.tpot_ms for k, e in evals.items()}
-            return {k: evals[k].score for k in feasible}
-
-        return build_rule(scores_at, prior=est.mean[0])
+        hard_slo_ms = slo_ms if slo is None else None
+        cands = tuple(sorted(w.evals))
+        tie = self._config.hysteresis
+        return slot_rule(
+            w.est.mean, cands, w.allowed, w.batch, evaluate, hard_slo_ms, prefer, tie, in_force
+        )
 
     def _plan(
         self,
@@ -632,12 +605,17 @@ class GoodputPolicy:
 
         plans: list[SlotPlan] = []
         gains: list[tuple[float, float, float]] = []  # (weight, new score, current score)
+        busiest = max(work, key=lambda w: (w.share, -w.bound), default=None)
+        prefer = None if busiest is None or busiest.share <= 0 else busiest.best
         for w in work:
             steps = probes.get(w.bound, w.best)
             # A probe is a fixed experiment; elsewhere the engine follows the slot's rule.
-            rule = None if w.bound in probes else self._slot_rule(w, cost, ctx, slo_ms, slo)
-            if rule is not None and current is not None:
-                rule = steady_rule(rule, current.rule_for(w.bound))
+            in_force = None if current is None else current.rule_for(w.bound)
+            rule = (
+                None
+                if w.bound in probes
+                else self._slot_rule(w, cost, ctx, slo_ms, slo, prefer, in_force)
+            )
             e = w.evals.get(steps) or self._evaluate(w.est.mean, cost, w.batch, ctx, steps, slo)
             plans.append(
                 SlotPlan(
@@ -756,15 +734,10 @@ class GoodputPolicy:
         # Also "changed" when the table in force is what we want but our last proposal
         # was not (the guardrails held it): say so, or that proposal stays pending.
         # Rules count by their cuts and steps (the prior moves with every window).
-        cuts = _rule_cuts(rules)
-        changed = (
-            current is None
-            or current.slots != slots
-            or _rule_cuts(current.rules) != cuts
-            or (
-                state.last_table is not None
-                and (state.last_table.slots != slots or _rule_cuts(state.last_table.rules) != cuts)
-            )
+        last = state.last_table
+        changed = any(
+            t is None or t.slots != slots or rule_cuts(t.rules) != rule_cuts(rules)
+            for t in ((current,) if last is None else (current, last))
         )
         limited: list[str] = []
         if any(p.slo_limited for p in plans):
@@ -826,10 +799,3 @@ class GoodputPolicy:
             ),
             replace(state, last_table=table),
         )
-
-
-def _rule_cuts(
-    rules: Sequence[tuple[int, SlotRule]],
-) -> tuple[tuple[int, tuple[float, ...], tuple[int, ...]], ...]:
-    """What a table's rules decide, without the priors they start from."""
-    return tuple((b, r.thresholds, r.steps) for b, r in rules)
