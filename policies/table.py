@@ -18,6 +18,9 @@
   every verify of the slot at steps >= 1, and the rule maps it to steps with hysteresis
   (a change needs the signal ``RULE_HYSTERESIS`` past a threshold) and a dwell (at most
   one change per slot per ``RULE_DWELL_S``, judged on the poll clock); see "Live rules";
+* keeps the engine's tier when a batch's slot would switch it for a near-tie: a slot
+  whose rule gives the running step within ``STICKY_BAND`` of its signal runs it, so
+  batches alternating between neighbouring slots do not flip the tier each time;
 * keeps a slot at 0 steps learnable: every ``PROBE_EVERY_BATCHES`` of its batches it runs
   ``PROBE_BATCHES`` at the rule's ``probe_step`` (under 1 % of the slot's batches; the
   daemon charges that cost when it chooses 0), so the signal sees a rise in acceptance;
@@ -92,6 +95,11 @@ PRIOR_TRIALS: Final = 4.0
 # would otherwise buy a dwell's worth of batches at the wrong steps.
 LEAVE_ZERO_TRIALS: Final = 12.0
 RULE_HYSTERESIS: Final = 0.03  # signal units (acceptance rate)
+# A slot runs the engine's current tier instead of its own step while its rule would
+# give that tier within this of its signal: near a cut the two steps are near-tied (a
+# cut is where they tie), and batches alternating between neighbouring slots would
+# otherwise switch the engine's tier at every crossing for no measurable gain.
+STICKY_BAND: Final = 2 * RULE_HYSTERESIS
 RULE_DWELL_S: Final = 10.0
 PROBE_EVERY_BATCHES: Final = 512
 PROBE_BATCHES: Final = 4
@@ -174,6 +182,13 @@ class _RuleSlot:
             return False
         self.steps = steps
         return True
+
+    def accepts(self, steps: int) -> bool:
+        """Whether the rule gives ``steps`` within ``STICKY_BAND`` of the signal."""
+        rule, signal = self.rule, self.signal
+        lo = rule.band_for(signal - STICKY_BAND)
+        hi = rule.band_for(signal + STICKY_BAND)
+        return steps in rule.steps[lo : hi + 1]
 
     def next_steps(self) -> int:
         """The steps of the slot's next batch: its rule's, or a probe's at 0 steps."""
@@ -269,6 +284,8 @@ class TablePolicy:
         self._answers: dict[int, tuple[int, int, _RuleSlot | None]] = {}
         self._rule_slots: dict[int, _RuleSlot] = {}  # slot bound -> live rule state
         self._poll_now_s = 0.0  # the clock at the last poll (identical on TP ranks)
+        self._last_steps = -1  # the step of the last answer: the engine's tier
+        self._tier_owner = -1  # the slot whose own choice that tier is
         self.rule_changes = 0  # tier changes made by live rules
         # step -> CUDA-graph batch sizes captured for it; None: CUDA graphs disabled.
         self._captured: dict[int, frozenset[int]] | None = None
@@ -323,6 +340,13 @@ class TablePolicy:
                 slot, steps, live = answer
                 if live is not None:
                     steps = live.next_steps()
+                    last = self._last_steps
+                    if steps == last or live.steps != steps:
+                        self._tier_owner = slot  # its own choice (or a probe)
+                    elif slot != self._tier_owner and live.accepts(last):
+                        steps = last  # another slot's choice, as good here
+                    else:
+                        self._tier_owner = slot
             else:
                 fallback = self._fallback
                 steps = fallback.get_steps_for_batch(batch_size)
@@ -330,6 +354,7 @@ class TablePolicy:
                 reasons = self.fallback_reasons
                 reasons[self._fallback_reason] = reasons.get(self._fallback_reason, 0) + 1
             self._pending.append((batch_size, slot, steps, now, self._epoch))
+            self._last_steps = steps
             return steps
         except Exception as exc:
             self._note_error(exc)

@@ -9,6 +9,9 @@ import json
 import random
 from pathlib import Path
 
+import pytest
+
+import specgov.policies.table as table_mod
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool import SpoolTableReader, write_step_table
 from specgov.adapters.tp_sync import LocalChannel
@@ -122,6 +125,44 @@ def test_steady_load_changes_a_slot_at_most_once_per_dwell() -> None:
     assert RULE_DWELL_S == 10.0
     assert all(g >= RULE_DWELL_S - 16 * BATCH_S for g in gaps), gaps
     assert len(switches) <= 120 / 10 + 1
+
+
+def _alternating_slots_switches() -> tuple[int, set[int]]:
+    clock = Clock()
+    # Slot 1 cuts 3 -> 5 at 0.60, slot 8 at 0.64; the acceptance sits between them.
+    table = StepTable(
+        ((1, 5), (8, 3)),
+        version=1,
+        produced_at_s=clock(),
+        ttl_s=1e6,
+        rules=(
+            (1, SlotRule((0.60,), (3, 5), prior=0.62)),
+            (8, SlotRule((0.64,), (3, 5), prior=0.62)),
+        ),
+    )
+    policy = table_policy(lambda: table, clock)
+    rng = random.Random(5)
+    ran = []
+    for i in range(6000):
+        batch_size = 7 if i % 3 else 8  # batches cross the slot boundary all the time
+        steps = policy.get_steps_for_batch(batch_size)
+        ran.append(steps)
+        policy.on_verify_complete(draw(rng, steps, batch_size, 0.62), batch_size)
+        clock.now_s += BATCH_S
+    return sum(1 for a, b in itertools.pairwise(ran) if a != b), set(ran)
+
+
+def test_neighbouring_slots_near_a_tie_keep_the_engines_tier(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    switches, steps = _alternating_slots_switches()
+    assert steps <= {3, 5}
+    # Each slot changes its own choice at most once per dwell (two slots, 60 s); the
+    # engine's tier follows those changes, not the 4,000 slot crossings.
+    assert switches <= 2 * (60 / RULE_DWELL_S + 1) * 2, switches
+    monkeypatch.setattr(table_mod, "STICKY_BAND", 0.0)
+    alone, _ = _alternating_slots_switches()
+    assert switches * 3 < alone, (switches, alone)
 
 
 def test_a_slot_at_zero_probes_and_returns_within_30_s_when_acceptance_rises() -> None:
