@@ -94,7 +94,7 @@ PRIOR_TRIALS: Final = 4.0
 # A slot at 0 steps leaves only on this much (decayed) evidence: a lucky first probe
 # would otherwise buy a dwell's worth of batches at the wrong steps.
 LEAVE_ZERO_TRIALS: Final = 12.0
-RULE_HYSTERESIS: Final = 0.03  # signal units (acceptance rate)
+RULE_HYSTERESIS: Final = 0.06  # signal units (acceptance rate)
 # A slot runs the engine's current tier instead of its own step while its rule would
 # give that tier within this of its signal: near a cut the two steps are near-tied (a
 # cut is where they tie), and batches alternating between neighbouring slots would
