@@ -13,9 +13,11 @@ Layout of a spool directory::
                                              one file per statistics window, the last
                                              ``keep`` per writer kept
 
-The step-table file (schema 1)::
+The step-table file (schema 1 or 2: the table's own format, ``TABLE_SCHEMA``; 1 is a
+step per slot, 2 adds live-acceptance rules; a plugin reads both and counts a newer
+one as ``future_version``, falling back to SGLang's controller)::
 
-    {"schema": 1, "kind": "specgov.step_table",
+    {"schema": 2, "kind": "specgov.step_table",
      "table": StepTable.to_dict(),
      "candidate_steps": [...],   # the adaptive config's candidate union the daemon
                                  # planned for, echoed so a mismatch is detected
@@ -62,12 +64,19 @@ from typing import Any, BinaryIO, Final, Protocol
 
 from specgov.adapters.errors import escape_upstream
 from specgov.adapters.log_throttle import DEFAULT_LOG_INTERVAL_S, LogThrottle
-from specgov.policies.types import PolicyTypeError, StepTable, TierStatsSnapshot
+from specgov.policies.types import (
+    TABLE_SCHEMA,
+    TABLE_SCHEMAS_READ,
+    FutureTableFormat,
+    PolicyTypeError,
+    StepTable,
+    TierStatsSnapshot,
+)
 from specgov.policies.validation import is_int, is_real
 
 logger = logging.getLogger(__name__)
 
-SPOOL_SCHEMA: Final = 1
+SPOOL_SCHEMA: Final = 1  # the statistics files' format
 TABLE_KIND: Final = "specgov.step_table"
 STATS_KIND: Final = "specgov.tier_stats"
 TABLE_FILENAME: Final = "step_table.json"
@@ -542,10 +551,11 @@ def write_step_table(
     now = time.time() if written_at_s is None else written_at_s
     if not is_real(now):
         raise SpoolError(f"write_step_table: written_at_s must be a finite number, got {now!r}")
+    encoded = table.to_dict()
     document = {
-        "schema": SPOOL_SCHEMA,
+        "schema": encoded["schema"],  # the table's format: older plugins read format 1
         "kind": TABLE_KIND,
-        "table": table.to_dict(),
+        "table": encoded,
         "candidate_steps": steps,
         "written_at_s": float(now),
     }
@@ -566,8 +576,16 @@ class _Rejected(Exception):
         self.detail = detail
 
 
-def parse_step_table_document(raw: bytes, candidate_steps: list[int]) -> StepTable:
-    """Decode and check a step-table file; raises ``_Rejected`` naming the reason."""
+def parse_step_table_document(
+    raw: bytes, candidate_steps: list[int] | None, *, strict: bool = True
+) -> StepTable:
+    """Decode and check a step-table file; raises ``_Rejected`` naming the reason.
+
+    ``strict`` (the plugin): the whole document is checked, and ``candidate_steps`` must
+    match the echoed ones. Not strict (the daemon's restart, :func:`read_published_table`:
+    it only needs the last version it published): a readable table is enough.
+    A format newer than this specgov's is ``future_version`` either way.
+    """
     try:
         document = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -579,24 +597,48 @@ def parse_step_table_document(raw: bytes, candidate_steps: list[int]) -> StepTab
         raise _Rejected(INVALID, "JSON nested deeper than the decoder allows") from None
     if not isinstance(document, dict):
         raise _Rejected(INVALID, f"expected a JSON object, got {type(document).__name__}")
+    schema = document.get("schema")
+    if is_int(schema) and schema > TABLE_SCHEMA:
+        raise _Rejected(
+            FUTURE_VERSION,
+            f"key 'schema': version {schema} is newer than this plugin's {TABLE_SCHEMA}; "
+            "upgrade specgov in the server environment",
+        )
+    if strict:
+        _check_table_document(document, schema, candidate_steps)
+    if "table" not in document:
+        raise _Rejected(INVALID, "key 'table': missing")
+    try:
+        return StepTable.from_dict(document["table"])
+    except FutureTableFormat as exc:
+        raise _Rejected(FUTURE_VERSION, f"key 'table': {exc}") from None
+    except PolicyTypeError as exc:
+        raise _Rejected(INVALID, f"key 'table': {exc}") from None
+
+
+def _check_table_document(
+    document: dict[str, Any], schema: object, candidate_steps: list[int] | None
+) -> None:
+    """The strict checks of :func:`parse_step_table_document`."""
     kind = document.get("kind")
     if kind != TABLE_KIND:
         raise _Rejected(WRONG_KIND, f"key 'kind': expected {TABLE_KIND!r}, got {kind!r}")
-    schema = document.get("schema")
-    if is_int(schema) and schema > SPOOL_SCHEMA:
+    if not is_int(schema) or schema not in TABLE_SCHEMAS_READ:
         raise _Rejected(
-            FUTURE_VERSION,
-            f"key 'schema': version {schema} is newer than this plugin's {SPOOL_SCHEMA}; "
-            "upgrade specgov in the server environment",
+            INVALID, f"key 'schema': expected one of {list(TABLE_SCHEMAS_READ)}, got {schema!r}"
         )
-    if not is_int(schema) or schema != SPOOL_SCHEMA:
-        raise _Rejected(INVALID, f"key 'schema': expected {SPOOL_SCHEMA}, got {schema!r}")
     keys = set(document)
     if keys != _TABLE_KEYS:
         raise _Rejected(
             INVALID,
             f"expected keys {sorted(_TABLE_KEYS)}, missing {sorted(_TABLE_KEYS - keys)}, "
             f"unknown {sorted(keys - _TABLE_KEYS)}",
+        )
+    table = document["table"]
+    if isinstance(table, dict) and table.get("schema") != schema:
+        raise _Rejected(
+            INVALID,
+            f"key 'table': format {table.get('schema')!r} inside a schema {schema} document",
         )
     if not is_real(document["written_at_s"]):
         raise _Rejected(
@@ -607,17 +649,13 @@ def parse_step_table_document(raw: bytes, candidate_steps: list[int]) -> StepTab
         raise _Rejected(
             INVALID, f"key 'candidate_steps': expected a list of non-negative ints, got {echoed!r}"
         )
-    if sorted(set(echoed)) != candidate_steps:
+    if candidate_steps is None or sorted(set(echoed)) != candidate_steps:
         raise _Rejected(
             CANDIDATE_MISMATCH,
             f"key 'candidate_steps': the table was planned for candidate steps "
             f"{sorted(set(echoed))}, this engine runs {candidate_steps} "
             "(--speculative-adaptive-config differs from the daemon's)",
         )
-    try:
-        return StepTable.from_dict(document["table"])
-    except PolicyTypeError as exc:
-        raise _Rejected(INVALID, f"key 'table': {exc}") from None
 
 
 def read_published_table(
@@ -646,11 +684,9 @@ def read_published_table(
         logger.warning("cannot read the published table %s: %s", path, escape_upstream(exc))
         return None
     try:
-        document = json.loads(raw.decode("utf-8"))
-        table = document["table"] if isinstance(document, dict) else None
-        return None if table is None else StepTable.from_dict(table)
-    except (UnicodeDecodeError, ValueError, KeyError, TypeError, RecursionError) as exc:
-        logger.warning("published table %s ignored: %s", path, escape_upstream(exc))
+        return parse_step_table_document(raw, None, strict=False)
+    except _Rejected as exc:
+        logger.warning("published table %s ignored: %s", path, escape_upstream(exc.detail))
         return None
 
 

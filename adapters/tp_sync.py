@@ -165,15 +165,26 @@ def default_channel() -> TpChannel:
     return sglang_tp_channel()
 
 
-def encode_payload(enabled: bool, now_s: float, table: StepTable | None) -> bytes:
-    """Rank 0's broadcast: whether it reads a spool, its clock, and the table (or null)."""
-    document = {
-        "v": PAYLOAD_VERSION,
-        "enabled": enabled,
-        "now_s": now_s,
-        "table": None if table is None else table.to_dict(),
-    }
-    return json.dumps(document, allow_nan=False, separators=(",", ":")).encode("utf-8")
+def encode_table(table: StepTable) -> str:
+    """The table's JSON as it travels in a payload (``StepTable.to_dict``)."""
+    return json.dumps(table.to_dict(), allow_nan=False, separators=(",", ":"))
+
+
+def encode_payload(
+    enabled: bool, now_s: float, table: StepTable | None, *, table_json: str | None = None
+) -> bytes:
+    """Rank 0's broadcast: whether it reads a spool, its clock, and the table (or null).
+
+    ``table_json``: ``encode_table(table)`` done already (rank 0 encodes a table once,
+    when its spool reader hands it a new one, and forwards that text at every boundary).
+    """
+    head = json.dumps(
+        {"v": PAYLOAD_VERSION, "enabled": enabled, "now_s": now_s},
+        allow_nan=False,
+        separators=(",", ":"),
+    )
+    text = "null" if table is None else (table_json or encode_table(table))
+    return f'{head[:-1]},"table":{text}}}'.encode()
 
 
 def decode_payload(payload: bytes) -> tuple[bool, float, StepTable | None]:
@@ -239,6 +250,10 @@ class TableSync:
         self._every = every_batches
         self._clock = clock
         self._channel: TpChannel | None = None
+        # Rank 0: the last table its reader returned and its payload text (the reader
+        # returns the same object until the file changes, so it is encoded once).
+        self._encoded: tuple[StepTable, str] | None = None
+        self.table_encodings = 0
         self._calls = 0
         self.active = True  # False once rank 0 said "no spool", or after a failure
         self.decided = False  # True after the first boundary
@@ -330,7 +345,16 @@ class TableSync:
         # Rank 0 must reach the collective whatever happens here, or the others hang.
         enabled, now_s, table = self._rank0_read()
         try:
-            payload = encode_payload(enabled, now_s, table)
+            text = None
+            if table is not None:
+                cached = self._encoded
+                if cached is not None and cached[0] is table:
+                    text = cached[1]
+                else:
+                    text = encode_table(table)
+                    self._encoded = (table, text)
+                    self.table_encodings += 1
+            payload = encode_payload(enabled, now_s, table, table_json=text)
             if len(payload) <= MAX_PAYLOAD_BYTES:
                 return payload
             raise TpSyncError(f"table payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")

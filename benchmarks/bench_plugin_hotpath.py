@@ -28,7 +28,7 @@ from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool import write_step_table
 from specgov.adapters.tp_sync import LocalChannel
 from specgov.policies.ema import EmaPolicy
-from specgov.policies.types import StepTable
+from specgov.policies.types import SlotRule, StepTable
 
 BUDGET_GET_US = 2.0
 BUDGET_VERIFY_US = 20.0
@@ -132,7 +132,23 @@ def main() -> None:
         plugin3.get_steps_for_batch(64)
         assert plugin3.mode == "table" and plugin3.table == table_b
         get3_ns, verify3_ns = measure(plugin3, batch_sizes, accepted_for, overhead)
-        for p in (plugin, plugin3):
+
+        # (c) The same config with a live-acceptance rule (table format 2): the lookup
+        # reads the slot's live steps, the verify also feeds the slot's signal.
+        spool_c = Path(tmp) / "c"
+        rule = SlotRule(thresholds=(0.3, 0.6), steps=(1, 3, 5), prior=0.5)
+        table_c = StepTable(
+            ((1, 3),), version=1, produced_at_s=now, ttl_s=300.0, rules=((1, rule),)
+        )
+        write_step_table(spool_c, table_c, [1, 3, 5, 7])
+        plugin_r = SpecgovAdaptiveParams(
+            3, str(cfg), spool_dir=spool_c, original=None, channel_factory=LocalChannel
+        )
+        plugin_r.set_cuda_graph_bs(GRAPHS)
+        plugin_r.get_steps_for_batch(64)
+        assert plugin_r.mode == "table" and plugin_r.table == table_c
+        getr_ns, verifyr_ns = measure(plugin_r, batch_sizes, accepted_for, overhead)
+        for p in (plugin, plugin3, plugin_r):
             close = getattr(p.stats_writer, "close", None)
             if close is not None:
                 close(5.0)
@@ -148,6 +164,8 @@ def main() -> None:
     print(summary("table, default cfg: on_verify_complete (bs 64)", verify_ns, BUDGET_VERIFY_US))
     print(summary("table, step 3 at bs 64: get_steps_for_batch", get3_ns, BUDGET_GET_US))
     print(summary("table, step 3 at bs 64: on_verify_complete", verify3_ns, BUDGET_VERIFY_US))
+    print(summary("live rule at bs 64: get_steps_for_batch", getr_ns, BUDGET_GET_US))
+    print(summary("live rule at bs 64: on_verify_complete", verifyr_ns, BUDGET_VERIFY_US))
     print(summary("passthrough (no spool): get_steps_for_batch", pget_ns, None))
     print(summary("passthrough (no spool): on_verify_complete", pverify_ns, None))
     print(summary("EmaPolicy alone: get_steps_for_batch", eget_ns, None))

@@ -13,6 +13,17 @@
   whose EMA slot lists it; an uncaptured size would silently run eagerly, slower
   than not installing specgov). Then the fallback :class:`EmaPolicy` answers, and the
   reason is counted in ``fallback_reasons`` (per decode batch);
+* follows a slot's live-acceptance rule (table format 2, :class:`SlotRule`) where the
+  table has one: the slot's signal is its recent first-draft acceptance rate, fed by
+  every verify of the slot at steps >= 1, and the rule maps it to steps with hysteresis
+  (a change needs the signal ``RULE_HYSTERESIS`` past a threshold) and a dwell (at most
+  one change per slot per ``RULE_DWELL_S``, judged on the poll clock); see "Live rules";
+* keeps the engine's tier when a batch's slot would switch it for a near-tie: a slot
+  whose rule gives the running step within ``STICKY_BAND`` of its signal runs it, so
+  batches alternating between neighbouring slots do not flip the tier each time;
+* keeps a slot at 0 steps learnable: every ``PROBE_EVERY_BATCHES`` of its batches it runs
+  ``PROBE_BATCHES`` at the rule's ``probe_step`` (under 1 % of the slot's batches; the
+  daemon charges that cost when it chooses 0), so the signal sees a rise in acceptance;
 * always feeds the fallback every verify, so it is warm when it takes over;
 * records per-tier statistics keyed by (slot lower bound, steps used) and hands a
   :class:`TierStatsSnapshot` to ``stats_sink`` about every ``flush_interval_s``;
@@ -26,6 +37,15 @@ ranks), on what ``table_source`` returns and on ``clock()`` read at poll boundar
 only there. The adapter makes those identical across ranks (rank 0 reads the spool and
 broadcasts the table and its clock reading). ``clock()`` read elsewhere feeds only the
 statistics.
+
+Live rules: the signal is ``(succ + prior * PRIOR_TRIALS) / (trials + PRIOR_TRIALS)``
+over decayed sums of first-draft successes and trials (one trial per request verified
+at steps >= 1), each verify decaying the sums by ``exp(-trials / memory)``: a memory of
+``SIGNAL_MEMORY_TRIALS`` while the slot speculates, ``PROBE_MEMORY_TRIALS`` while it sits
+at 0 steps (there the old evidence describes the poor phase that put it there, and a
+false rise costs one dwell at the probe step, where every batch is evidence). The state
+of a slot survives new tables (it is keyed by the slot bound), so a table refresh is no
+tier change unless its thresholds move the slot.
 
 Step wall time of a batch is ``clock()`` at its ``on_verify_complete`` minus ``clock()``
 at its ``get_steps_for_batch``. With SGLang's overlap scheduler the next batch's
@@ -44,6 +64,7 @@ from typing import Final
 from specgov.policies.ema import EmaPolicy
 from specgov.policies.types import (
     PolicyTypeError,
+    SlotRule,
     StepTable,
     TierStat,
     TierStatsSnapshot,
@@ -64,6 +85,125 @@ INTERNAL_ERROR: Final = "internal_error"
 # scheduler); the bound only drops lookups whose verify never came (e.g. idle batches).
 _PENDING_MAX: Final = 8
 _ANSWER_CACHE_MAX: Final = 8192
+
+# Live rules (module docstring). Not operator knobs: the daemon's rule is computed for
+# exactly this estimator and probe schedule (GoodputPolicy charges PROBE_SHARE).
+SIGNAL_MEMORY_TRIALS: Final = 200.0  # ~0.035 sd at a 0.5 rate
+PROBE_MEMORY_TRIALS: Final = 30.0
+PRIOR_TRIALS: Final = 4.0
+# A slot at 0 steps leaves only on this much (decayed) evidence: a lucky first probe
+# would otherwise buy a dwell's worth of batches at the wrong steps.
+LEAVE_ZERO_TRIALS: Final = 12.0
+RULE_HYSTERESIS: Final = 0.06  # signal units (acceptance rate)
+# A slot runs the engine's current tier instead of its own step while its rule would
+# give that tier within this of its signal: near a cut the two steps are near-tied (a
+# cut is where they tie), and batches alternating between neighbouring slots would
+# otherwise switch the engine's tier at every crossing for no measurable gain.
+STICKY_BAND: Final = 2 * RULE_HYSTERESIS
+RULE_DWELL_S: Final = 10.0
+PROBE_EVERY_BATCHES: Final = 512
+PROBE_BATCHES: Final = 4
+PROBE_SHARE: Final = PROBE_BATCHES / (PROBE_EVERY_BATCHES + PROBE_BATCHES)
+
+
+class _RuleSlot:
+    """Live state of one slot that follows a SlotRule."""
+
+    __slots__ = (
+        "band",
+        "changed_at_s",
+        "probe_left",
+        "probe_step",
+        "rule",
+        "signal",
+        "steps",
+        "succ",
+        "trials",
+        "zero_batches",
+    )
+
+    def __init__(self, rule: SlotRule) -> None:
+        self.succ = 0.0
+        self.trials = 0.0
+        self.signal = rule.prior
+        self.rule = rule
+        self.band = rule.band_for(rule.prior)
+        self.steps = rule.steps[self.band]
+        self.probe_step = rule.probe_step
+        self.changed_at_s: float | None = None
+        self.zero_batches = 0
+        self.probe_left = 0
+
+    def adopt(self, rule: SlotRule) -> None:
+        """A new table's rule for this slot: same evidence, new thresholds and prior.
+
+        The slot keeps running its steps where the new rule has them (in the band
+        nearest the signal); from there hysteresis and dwell judge any move, as for a
+        change of the signal. Only a rule without those steps moves the slot at once.
+        """
+        self.rule = rule
+        self.probe_step = rule.probe_step
+        self.signal = (self.succ + rule.prior * PRIOR_TRIALS) / (self.trials + PRIOR_TRIALS)
+        band = rule.band_for(self.signal)
+        keep = [i for i, k in enumerate(rule.steps) if k == self.steps]
+        if keep:
+            band = min(keep, key=lambda i: abs(i - band))
+        self.band = band
+        self.steps = rule.steps[band]
+
+    def observe(self, successes: int, trials: int, now_s: float) -> bool:
+        """Feed one verify at steps >= 1; True when the slot's steps changed."""
+        memory = SIGNAL_MEMORY_TRIALS if self.steps > 0 else PROBE_MEMORY_TRIALS
+        decay = math.exp(-trials / memory)
+        self.succ = self.succ * decay + successes
+        self.trials = self.trials * decay + trials
+        rule = self.rule
+        signal = self.signal = (self.succ + rule.prior * PRIOR_TRIALS) / (
+            self.trials + PRIOR_TRIALS
+        )
+        cur = self.band
+        if self.steps == 0 and self.trials < LEAVE_ZERO_TRIALS:
+            return False
+        up = rule.band_for(signal - RULE_HYSTERESIS)
+        if up > cur:
+            new = up
+        else:
+            down = rule.band_for(signal + RULE_HYSTERESIS)
+            if down >= cur:
+                return False
+            new = down
+        changed = self.changed_at_s
+        if changed is not None and now_s - changed < RULE_DWELL_S:
+            return False
+        self.changed_at_s = now_s
+        self.band = new
+        steps = rule.steps[new]
+        if steps == self.steps:
+            return False
+        self.steps = steps
+        return True
+
+    def accepts(self, steps: int) -> bool:
+        """Whether the rule gives ``steps`` within ``STICKY_BAND`` of the signal."""
+        rule, signal = self.rule, self.signal
+        lo = rule.band_for(signal - STICKY_BAND)
+        hi = rule.band_for(signal + STICKY_BAND)
+        return steps in rule.steps[lo : hi + 1]
+
+    def next_steps(self) -> int:
+        """The steps of the slot's next batch: its rule's, or a probe's at 0 steps."""
+        steps = self.steps
+        if steps != 0 or self.probe_step is None:
+            return steps
+        if self.probe_left > 0:
+            self.probe_left -= 1
+            return self.probe_step
+        self.zero_batches += 1
+        if self.zero_batches >= PROBE_EVERY_BATCHES:
+            self.zero_batches = 0
+            self.probe_left = PROBE_BATCHES - 1
+            return self.probe_step
+        return 0
 
 
 class _TierAcc:
@@ -140,7 +280,13 @@ class TablePolicy:
         self._table: StepTable | None = None
         self._epoch = 0  # bumped whenever the answer source changes
         self._fallback_reason = NO_TABLE
-        self._answers: dict[int, tuple[int, int]] = {}  # batch size -> (slot, steps)
+        # batch size -> (slot, steps, the slot's live rule or None)
+        self._answers: dict[int, tuple[int, int, _RuleSlot | None]] = {}
+        self._rule_slots: dict[int, _RuleSlot] = {}  # slot bound -> live rule state
+        self._poll_now_s = 0.0  # the clock at the last poll (identical on TP ranks)
+        self._last_steps = -1  # the step of the last answer: the engine's tier
+        self._tier_owner = -1  # the slot whose own choice that tier is
+        self.rule_changes = 0  # tier changes made by live rules
         # step -> CUDA-graph batch sizes captured for it; None: CUDA graphs disabled.
         self._captured: dict[int, frozenset[int]] | None = None
         self._gets = 0
@@ -191,7 +337,16 @@ class TablePolicy:
                 answer = self._answers.get(batch_size)
                 if answer is None:
                     answer = self._answer_slow(self._table, batch_size)
-                slot, steps = answer
+                slot, steps, live = answer
+                if live is not None:
+                    steps = live.next_steps()
+                    last = self._last_steps
+                    if steps == last or live.steps != steps:
+                        self._tier_owner = slot  # its own choice (or a probe)
+                    elif slot != self._tier_owner and live.accepts(last):
+                        steps = last  # another slot's choice, as good here
+                    else:
+                        self._tier_owner = slot
             else:
                 fallback = self._fallback
                 steps = fallback.get_steps_for_batch(batch_size)
@@ -199,6 +354,7 @@ class TablePolicy:
                 reasons = self.fallback_reasons
                 reasons[self._fallback_reason] = reasons.get(self._fallback_reason, 0) + 1
             self._pending.append((batch_size, slot, steps, now, self._epoch))
+            self._last_steps = steps
             return steps
         except Exception as exc:
             self._note_error(exc)
@@ -218,19 +374,26 @@ class TablePolicy:
         try:
             now = self._clock()
             entry = self._match_pending(batch_size)
-            self._record(entry, num_correct_drafts_per_req, batch_size, now)
+            slot, ran = self._record(entry, num_correct_drafts_per_req, batch_size, now)
             self._maybe_flush(now)
             table = self._table
             if table is None:
                 return fallback_step
+            live = self._rule_slots.get(slot) if ran > 0 else None
+            if live is not None and num_correct_drafts_per_req:
+                n = len(num_correct_drafts_per_req)
+                if live.observe(n - num_correct_drafts_per_req.count(0), n, self._poll_now_s):
+                    self.rule_changes += 1
+                    return live.steps
             if entry is not None and entry[4] != self._epoch:
                 # A new table arrived since this batch's step was chosen: switch now if
                 # its answer for this batch size differs from the step that ran.
                 answer = self._answers.get(batch_size)
                 if answer is None:
                     answer = self._answer_slow(table, batch_size)
-                if answer[1] != entry[2]:
-                    return answer[1]
+                steps = answer[1] if answer[2] is None else answer[2].steps
+                if steps != entry[2]:
+                    return steps
             return None
         except Exception as exc:
             self._note_error(exc)
@@ -287,6 +450,7 @@ class TablePolicy:
         return self._last_resort
 
     def _poll(self, now: float) -> None:
+        self._poll_now_s = now
         try:
             table = self._source()
         except Exception as exc:
@@ -314,8 +478,9 @@ class TablePolicy:
         graph_bs = self._fallback.cuda_graph_bs
         if captured is not None and graph_bs is not None:
             for bs in graph_bs:
-                if bs not in captured[table.steps_for(bs)]:
-                    return UNCAPTURED_STEP
+                for step in table.slot_steps(bs):
+                    if bs not in captured[step]:
+                        return UNCAPTURED_STEP
         return None
 
     def _set_table(self, table: StepTable | None, rejection: str | None) -> None:
@@ -328,10 +493,30 @@ class TablePolicy:
             self._table = new
             self._epoch += 1
             self._answers.clear()
+            if new is not None:
+                self._adopt_rules(new)
 
-    def _answer_slow(self, table: StepTable, batch_size: int) -> tuple[int, int]:
+    def _adopt_rules(self, table: StepTable) -> None:
+        """Live state for the new table's rules; a slot keeps its evidence."""
+        kept: dict[int, _RuleSlot] = {}
+        for bound, rule in table.rules:
+            live = self._rule_slots.get(bound)
+            if live is None:
+                live = _RuleSlot(rule)
+            else:
+                live.adopt(rule)
+            kept[bound] = live
+        self._rule_slots = kept
+
+    @property
+    def live_rules(self) -> dict[int, tuple[float, int]]:
+        """Per slot bound with a rule in force: (live signal, steps it runs)."""
+        return {b: (r.signal, r.steps) for b, r in self._rule_slots.items()}
+
+    def _answer_slow(self, table: StepTable, batch_size: int) -> tuple[int, int, _RuleSlot | None]:
         padded = self._fallback.pad_batch_size(batch_size)
-        answer = (table.slot_for(padded), table.steps_for(padded))
+        slot = table.slot_for(padded)
+        answer = (slot, table.steps_for(padded), self._rule_slots.get(slot))
         if len(self._answers) >= _ANSWER_CACHE_MAX:
             self._answers.clear()
         self._answers[batch_size] = answer
@@ -353,7 +538,8 @@ class TablePolicy:
         accepted: list[int],
         batch_size: int,
         now: float,
-    ) -> None:
+    ) -> tuple[int, int]:
+        """Record one verify in its tier; returns the tier (slot, steps)."""
         if entry is not None:
             slot, steps = entry[1], entry[2]
             elapsed = now - entry[3]
@@ -361,7 +547,9 @@ class TablePolicy:
             # A verify without a lookup: attribute it to the current answer, untimed.
             table = self._table
             if table is not None:
-                slot, steps = self._answer_slow(table, batch_size)
+                slot, steps, live = self._answer_slow(table, batch_size)
+                if live is not None:
+                    steps = live.steps
             else:
                 slot = self._fallback.slot_bound_for(batch_size)
                 steps = self._fallback.get_steps_for_batch(batch_size)
@@ -383,6 +571,7 @@ class TablePolicy:
                 hist[j] += 1
             else:
                 hist[0 if j < 0 else steps] += 1
+        return key
 
     def _maybe_flush(self, now: float) -> None:
         start = self._window_start_s

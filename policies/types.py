@@ -30,9 +30,14 @@ from specgov.policies.validation import (
     check_opt_real,
     check_real,
     is_int,
+    is_real,
 )
 
 SCHEMA_VERSION: Final = 1
+# The step table's own format (its "schema" key, and the spool file's): 1 = a step per
+# slot; 2 = also a live-acceptance rule per slot (SlotRule). Version 1 is still read.
+TABLE_SCHEMA: Final = 2
+TABLE_SCHEMAS_READ: Final = (1, 2)
 
 # The engine's slot layout, the one representation every layer uses: per batch-size
 # slot, sorted by lower bound, (bound, candidate steps) -- the steps SGLang captured
@@ -168,12 +173,71 @@ class SpecShape:
 
 
 @dataclass(frozen=True, slots=True)
+class SlotRule:
+    """One slot's steps as a function of the live acceptance signal (table schema 2).
+
+    The signal is the slot's recent first-draft acceptance rate, which the in-engine
+    policy measures from every verify of the slot at steps >= 1 (``TablePolicy``). A
+    signal below ``thresholds[0]`` runs ``steps[0]``, from ``thresholds[i - 1]`` up to
+    below ``thresholds[i]`` ``steps[i]``, from the last threshold on ``steps[-1]``.
+    ``prior`` is the daemon's estimate of the signal: where the live one starts, and
+    what it is shrunk to while its evidence is thin. The daemon computes the thresholds
+    from its step-cost and acceptance models, so each step count holds exactly where it
+    maximises expected goodput for the slot; ``probe_step`` (the least positive step in
+    the rule) is what a slot at 0 steps probes with.
+    """
+
+    thresholds: tuple[float, ...]
+    steps: tuple[int, ...]
+    prior: float
+
+    def __post_init__(self) -> None:
+        th, steps = self.thresholds, self.steps
+        if not isinstance(th, tuple) or not all(is_real(t) and 0.0 < t < 1.0 for t in th):
+            raise _fail("SlotRule.thresholds", "expected a tuple of numbers in (0, 1)", th)
+        if any(a >= b for a, b in itertools.pairwise(th)):
+            raise _fail("SlotRule.thresholds", "expected strictly increasing thresholds", th)
+        if (
+            not isinstance(steps, tuple)
+            or len(steps) != len(th) + 1
+            or not all(is_int(k) and k >= 0 for k in steps)
+        ):
+            raise _fail(
+                "SlotRule.steps",
+                f"expected {len(th) + 1} non-negative ints (one more than the thresholds)",
+                steps,
+            )
+        if not (is_real(self.prior) and 0.0 <= self.prior <= 1.0):
+            raise _fail("SlotRule.prior", "expected a number in [0, 1]", self.prior)
+
+    def band_for(self, signal: float) -> int:
+        """Index into ``steps`` for ``signal``."""
+        return bisect.bisect_right(self.thresholds, signal)
+
+    def steps_at(self, signal: float) -> int:
+        return self.steps[bisect.bisect_right(self.thresholds, signal)]
+
+    @property
+    def probe_step(self) -> int | None:
+        """The step a slot at 0 steps probes with (None: the rule never speculates)."""
+        positive = [k for k in self.steps if k > 0]
+        return min(positive) if positive else None
+
+
+class FutureTableFormat(PolicyTypeError):
+    """A step table in a newer format than this specgov knows (upgrade the plugin)."""
+
+
+@dataclass(frozen=True, slots=True)
 class StepTable:
     """The live decision: batch-size slot lower bound -> draft steps.
 
     ``slots`` is sorted by lower bound; the first bound is 1. A batch of size b uses the
     slot with the largest lower bound <= b. The table is valid until
-    ``produced_at_s + ttl_s``.
+    ``produced_at_s + ttl_s``. ``rules`` (format 2, optional): (slot bound, SlotRule)
+    pairs; a slot with a rule runs the rule's steps for the live acceptance signal
+    (its ``slots`` step is the rule at the daemon's prior, for reports and guards), a
+    slot without one runs its ``slots`` step.
     """
 
     slots: tuple[tuple[int, int], ...]
@@ -181,12 +245,14 @@ class StepTable:
     produced_at_s: float
     ttl_s: float
     reason: str = ""
+    rules: tuple[tuple[int, SlotRule], ...] = ()
     # A table nested in a saved state may be in its spool form (to_dict), with "schema".
     CODEC_TOLERATED_KEYS: ClassVar[frozenset[str]] = frozenset({"schema"})
     # Derived lookup arrays (not part of equality or the serialised form; the default
     # lets the codec build a table from data, __post_init__ fills them in).
     _bounds: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
     _steps: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+    _rules: tuple[SlotRule | None, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         slots = self.slots
@@ -213,8 +279,24 @@ class StepTable:
         _check_real("StepTable.produced_at_s", self.produced_at_s)
         _check_real("StepTable.ttl_s", self.ttl_s, positive=True)
         _check_type("StepTable.reason", self.reason, str, "expected a str")
+        rules = self.rules
+        if not isinstance(rules, tuple) or not all(
+            isinstance(r, tuple) and len(r) == 2 and isinstance(r[1], SlotRule) for r in rules
+        ):
+            raise _fail("StepTable.rules", "expected a tuple of (slot bound, SlotRule)", rules)
+        rule_bounds = [b for b, _ in rules]
+        if any(a >= b for a, b in itertools.pairwise(rule_bounds)) or not set(rule_bounds) <= set(
+            bounds
+        ):
+            raise _fail(
+                "StepTable.rules",
+                f"expected increasing slot bounds among the table's {list(bounds)}",
+                rule_bounds,
+            )
+        by_bound = dict(rules)
         object.__setattr__(self, "_bounds", bounds)
         object.__setattr__(self, "_steps", steps)
+        object.__setattr__(self, "_rules", tuple(by_bound.get(b) for b in bounds))
 
     @property
     def expires_at_s(self) -> float:
@@ -234,6 +316,16 @@ class StepTable:
         """Lower bound of the slot ``batch_size`` falls in."""
         return self._bounds[self._index(batch_size)]
 
+    def rule_for(self, batch_size: int) -> SlotRule | None:
+        """The live-acceptance rule of the slot ``batch_size`` falls in, if it has one."""
+        return self._rules[self._index(batch_size)]
+
+    def slot_steps(self, batch_size: int) -> tuple[int, ...]:
+        """Every step the slot of ``batch_size`` may run (its step and its rule's)."""
+        i = self._index(batch_size)
+        rule = self._rules[i]
+        return (self._steps[i],) if rule is None else tuple(sorted(set(rule.steps)))
+
     def is_expired(self, now_s: float) -> bool:
         return now_s >= self.produced_at_s + self.ttl_s
 
@@ -241,6 +333,7 @@ class StepTable:
         """Raise :class:`PolicyTypeError` if a slot names a step the engine has not built."""
         allowed = set(candidate_steps)
         bad = [(b, s) for b, s in self.slots if s not in allowed]
+        bad += [(b, s) for b, r in self.rules for s in r.steps if s not in allowed]
         if bad:
             raise PolicyTypeError(
                 f"StepTable.slots: every step must be one of the engine's candidate steps "
@@ -248,18 +341,33 @@ class StepTable:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        return to_versioned(self, SCHEMA_VERSION, key="schema")
+        """Format 2 when the table has rules, else format 1 (what older plugins read)."""
+        data = to_versioned(self, TABLE_SCHEMA if self.rules else 1, key="schema")
+        if not self.rules:
+            del data["rules"]
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepTable:
-        return from_versioned(
-            cls,
-            data,
-            SCHEMA_VERSION,
-            key="schema",
-            where="StepTable.from_dict",
-            error=PolicyTypeError,
-        )
+        """Formats 1 and 2; a newer one raises :class:`FutureTableFormat`."""
+        where = "StepTable.from_dict"
+        if not isinstance(data, Mapping):
+            raise PolicyTypeError(f"{where}: expected an object, got {type(data).__name__}")
+        version = data.get("schema")
+        if is_int(version) and version > TABLE_SCHEMA:
+            raise FutureTableFormat(
+                f"{where}: key 'schema': table format {version} is newer than this "
+                f"specgov's {TABLE_SCHEMA}; upgrade specgov in the server environment"
+            )
+        if not is_int(version) or version not in TABLE_SCHEMAS_READ:
+            raise PolicyTypeError(
+                f"{where}: key 'schema': expected one of {list(TABLE_SCHEMAS_READ)}, "
+                f"got {version!r}"
+            )
+        if version == 1 and "rules" in data:
+            raise PolicyTypeError(f"{where}: key 'rules': format 1 has no rules")
+        body = {k: v for k, v in data.items() if k != "schema"}
+        return from_data(cls, body, where=where, error=PolicyTypeError)
 
 
 @dataclass(frozen=True, slots=True)

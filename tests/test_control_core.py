@@ -63,7 +63,7 @@ from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
 
 INTERVAL_S = 5.0
 GAPS = {8, 9}  # telemetry unavailable (HTTP 503 for the daemon)
-FAILED_PUBLISH = {12, 13}  # the spool write fails (twice in a row)
+FAILED_PUBLISH = {3, 4}  # the spool write fails (twice in a row, where tables change)
 OVERRIDE_SET, OVERRIDE_CLEARED = 18, 24
 BLOCKED = {30, 31}  # permanent telemetry error (HTTP 401 for the daemon)
 TICKS = 40

@@ -44,7 +44,13 @@ from specgov.controller.state_store import StateStore
 from specgov.policies.control_core import AuditRecord, ControlInputs, CoreState
 from specgov.policies.ema import EmaPolicy
 from specgov.policies.guardrails import GuardrailConfig
-from specgov.policies.types import Observation, ReasonCode, StepTable, TierStatsSnapshot
+from specgov.policies.types import (
+    TABLE_SCHEMA,
+    Observation,
+    ReasonCode,
+    StepTable,
+    TierStatsSnapshot,
+)
 from specgov.simulator.cost import CostModel
 from specgov.simulator.metrics import Slo
 from specgov.simulator.priors import step_cost_prior
@@ -853,7 +859,9 @@ def test_the_plugin_answers_like_sglang_on_torn_stale_and_future_tables_and_foll
 
     # A newer daemon's schema: not guessed at, SGLang's controller answers.
     document = json.loads(table_file.read_text())
-    table_file.write_text(json.dumps({**document, "schema": 2, "field_of_v2": True}))
+    table_file.write_text(
+        json.dumps({**document, "schema": TABLE_SCHEMA + 1, "field_of_the_future": True})
+    )
     assert _like_sglang(engine.run(4)) and engine.reader.last_reason == "future_version"
     third = good(3)
     assert _follows(engine.run(4), third)

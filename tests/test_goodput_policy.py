@@ -854,9 +854,11 @@ def test_a_wrong_gpu_prior_probes_the_untimed_neighbour_and_keeps_it() -> None:
     first = r.decisions[0]
     assert first.table is not None and steps_of(first.table) == {1: 1}
     assert first.experiment_slots == (1,)
-    # ... and, timed, kept: no further table.
+    # ... and, timed, kept: no further step change; one more table at most, when the
+    # experiment ends and the slot gets its live-acceptance rule back.
     assert steps_of(r.table) == {1: 1}
-    assert all(d.table is None for d in r.decisions[1:])
+    later = [d.table for d in r.decisions[1:] if d.table is not None]
+    assert len(later) <= 1 and all(steps_of(t) == {1: 1} and t.rules for t in later)
 
 
 def test_without_cost_probes_the_wrong_gpu_prior_stays_on_the_step_it_ran() -> None:
@@ -915,3 +917,35 @@ def test_the_drafter_less_prior_is_the_prior_without_its_drafter_built_once() ->
     assert bare == replace(prior, speculative=False, topk=1, num_draft_tokens=None)
     assert model._without_drafter(prior) is bare
     assert bare.predict_s(8.0, 0, 8192.0) < prior.predict_s(8.0, 0, 8192.0)
+
+
+# ------------------------------------------------------------- live-acceptance rules
+
+
+def test_the_guarded_policy_publishes_live_rules_and_charges_step_0_its_probes() -> None:
+    # A poor drafter at a large batch: 0 steps there, with a rule to come back by.
+    world = World(LOW, TWO_SLOTS)
+    tables = [t for t in run_guarded(world, policy(), 12) if t is not None]
+    table = tables[-1]
+    assert table.to_dict()["schema"] == 2
+    rule = table.rule_for(128)
+    assert rule is not None and table.steps_for(128) in rule.steps
+    assert rule.steps[0] == 0 and rule.probe_step == 1  # off now, a probe to learn by
+    # Step 0 wins only below the acceptance where one step (probes included) pays.
+    assert 0.0 < rule.thresholds[0] < 1.0 and rule.steps_at(rule.prior) == 0
+
+
+def test_published_rules_keep_to_the_budgets_allowed_steps() -> None:
+    world = World(HIGH, TWO_SLOTS)
+    guarded = GuardedPolicy(policy(), GuardrailConfig())
+    state = guarded.initial_state()
+    budget = Budget(None, None, None, None, (0, 1, 3))  # 5 and 7 not allowed
+    table: StepTable | None = None
+    for i in range(12):
+        obs = daemon_fields(world.observe(world.window_s * (i + 1), table))
+        decision, state = guarded.decide(obs, state, budget)
+        if decision.table is not None:
+            table = decision.table
+    assert table is not None
+    for bound, rule in table.rules:
+        assert set(rule.steps) <= {0, 1, 3}, (bound, rule)

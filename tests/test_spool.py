@@ -21,7 +21,7 @@ from specgov.adapters.spool import (
     write_step_table,
     write_tier_stats,
 )
-from specgov.policies.types import StepTable, TierStat, TierStatsSnapshot
+from specgov.policies.types import TABLE_SCHEMA, StepTable, TierStat, TierStatsSnapshot
 
 CANDIDATES = [0, 1, 3, 5, 7]
 
@@ -122,7 +122,7 @@ def test_failed_write_keeps_old_file_and_leaves_no_temp(
 
 def _bad_files() -> list[tuple[str, bytes]]:
     good = json.dumps(envelope()).encode()
-    future = dict(envelope(), schema=2, extra_field_of_v2=True)
+    future = dict(envelope(), schema=TABLE_SCHEMA + 1, extra_field_of_future=True)
     bad_table = envelope(table=dict(table().to_dict(), slots=[[2, 3]]))  # must start at 1
     cases = [
         ("torn", good[: len(good) // 2]),

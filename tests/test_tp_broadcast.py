@@ -32,8 +32,9 @@ from specgov.adapters.tp_sync import (
     TpSyncError,
     decode_payload,
     encode_payload,
+    encode_table,
 )
-from specgov.policies.types import StepTable
+from specgov.policies.types import SlotRule, StepTable
 
 GRAPHS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64]
 CANDIDATES = [0, 1, 3, 5, 7]
@@ -187,6 +188,31 @@ def test_replayed_broadcasts_give_identical_answers(tmp_path: Path) -> None:
     results1 = run_rank(1, make_params(1, tmp_path, follower, clock1), clock1, None)
     assert results1 == results0
     check_phases(results0)
+
+
+def test_rank0_encodes_each_table_once_and_forwards_it(tmp_path: Path) -> None:
+    leader = CountingChannel(0, 2)
+    clock = Clock(T0)
+    params = make_params(0, tmp_path, leader, clock)
+    run_rank(0, params, clock, tmp_path)
+    sync = params.sync
+    assert sync is not None
+    # Three scripted tables over 60 boundaries: three encodings, not one per boundary.
+    assert sync.table_encodings == 3 < len(leader.sent) == math.ceil(CALLS / POLL)
+    # What travels is the table as parsed from the spool, with live rules too.
+    rule_table = StepTable(
+        ((1, 3),),
+        version=9,
+        produced_at_s=T0,
+        ttl_s=5.0,
+        rules=((1, SlotRule((0.4,), (1, 5), prior=0.5)),),
+    )
+    text = encode_table(rule_table)
+    assert decode_payload(encode_payload(True, T0, rule_table, table_json=text)) == (
+        True,
+        T0,
+        rule_table,
+    )
 
 
 def test_collective_failure_stops_sync_and_falls_back(tmp_path: Path) -> None:

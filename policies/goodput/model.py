@@ -22,6 +22,7 @@ from specgov.policies.identity_cache import IdentityCache
 from specgov.policies.types import (
     Observation,
     RestartRecommendation,
+    SlotRule,
     SpecShape,
     TierStat,
     TierStatsSnapshot,
@@ -51,6 +52,8 @@ class SlotPlan:
     slo_fraction: float = 1.0
     # The same slot on a server without the drafter: goodput in the SLO sense (tok/s).
     no_drafter_score_tok_s: float | None = None
+    # The slot's live-acceptance rule (None: the engine runs ``steps`` whatever it sees).
+    rule: SlotRule | None = None
 
     @property
     def score_tok_s(self) -> float:
@@ -324,7 +327,14 @@ def _describe(p: SlotPlan) -> str:
         (" probe" if p.probe else "", " slo-limited" if p.slo_limited else "",
          " budget-limited" if p.budget_limited else "")
     )  # fmt: skip
+    rule = ""
+    if p.rule is not None:
+        cuts = "".join(
+            f"<{t:g}<=" + str(k) for t, k in zip(p.rule.thresholds, p.rule.steps[1:], strict=True)
+        )
+        rule = f" rule={p.rule.steps[0]}{cuts}@{p.rule.prior:.2f}"
     return (
-        f"slot {p.slot}: k={p.steps}{flags} B={p.batch_size:.1f} E[L]={p.accept_length:.2f} "
-        f"T={p.step_s * 1e3:.2f}ms TPOT={p.tpot_ms:.2f}ms G={p.goodput_tok_s:.0f}tok/s"
+        f"slot {p.slot}: k={p.steps}{flags}{rule} B={p.batch_size:.1f} "
+        f"E[L]={p.accept_length:.2f} T={p.step_s * 1e3:.2f}ms TPOT={p.tpot_ms:.2f}ms "
+        f"G={p.goodput_tok_s:.0f}tok/s"
     )

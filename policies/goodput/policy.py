@@ -52,6 +52,12 @@ from specgov.policies.goodput.model import (
     _SlotWork,
     _update_batch,
 )
+from specgov.policies.goodput.rules import (
+    RuleEval,
+    rule_cuts,
+    scaled_rates,
+    slot_rule,
+)
 from specgov.policies.goodput.state import (
     GoodputState,
     _generator,
@@ -63,6 +69,7 @@ from specgov.policies.types import (
     Observation,
     ReasonCode,
     SlotLayout,
+    SlotRule,
     StepTable,
     TierStatsSnapshot,
 )
@@ -473,6 +480,33 @@ class GoodputPolicy:
                     chosen = (value, w.bound, k)
         return None if chosen is None else (chosen[1], chosen[2])
 
+    def _slot_rule(
+        self,
+        w: _SlotWork,
+        cost: StepCostState,
+        ctx: float,
+        slo_ms: float | None,
+        slo: _SloModel | None,
+        prefer: int | None,
+        in_force: SlotRule | None,
+    ) -> SlotRule | None:
+        """The slot's live-acceptance rule (``rules.slot_rule``) over the candidates its
+        plan weighed, with the plan's acceptance profiles, step times and SLO model."""
+        flat = _flat_past_evidence(w.est)
+
+        def evaluate(signal: float, k: int) -> RuleEval:
+            rates = scaled_rates(w.est.mean if k <= w.est.observed else flat, signal)
+            step_s = w.evals[k].step_s if k in w.evals else None
+            e = self._evaluate(rates, cost, w.batch, ctx, k, slo, step_s)
+            return RuleEval(e.accept_length, e.step_s, e.slo_fraction)
+
+        hard_slo_ms = slo_ms if slo is None else None
+        cands = tuple(sorted(w.evals))
+        tie = self._config.hysteresis
+        return slot_rule(
+            w.est.mean, cands, w.allowed, w.batch, evaluate, hard_slo_ms, prefer, tie, in_force
+        )
+
     def _plan(
         self,
         observation: Observation,
@@ -571,8 +605,17 @@ class GoodputPolicy:
 
         plans: list[SlotPlan] = []
         gains: list[tuple[float, float, float]] = []  # (weight, new score, current score)
+        busiest = max(work, key=lambda w: (w.share, -w.bound), default=None)
+        prefer = None if busiest is None or busiest.share <= 0 else busiest.best
         for w in work:
             steps = probes.get(w.bound, w.best)
+            # A probe is a fixed experiment; elsewhere the engine follows the slot's rule.
+            in_force = None if current is None else current.rule_for(w.bound)
+            rule = (
+                None
+                if w.bound in probes
+                else self._slot_rule(w, cost, ctx, slo_ms, slo, prefer, in_force)
+            )
             e = w.evals.get(steps) or self._evaluate(w.est.mean, cost, w.batch, ctx, steps, slo)
             plans.append(
                 SlotPlan(
@@ -588,6 +631,7 @@ class GoodputPolicy:
                     probe=w.bound in probes,
                     slo_fraction=e.slo_fraction,
                     no_drafter_score_tok_s=self._no_drafter(cost, w.batch, ctx, slo),
+                    rule=rule,
                 )
             )
             if w.cur is not None:
@@ -684,12 +728,16 @@ class GoodputPolicy:
         # A table starts at bound 1; batches below the engine's first slot bound use its
         # first slot anyway (StepTable and SGLang route them there alike).
         slots = tuple((1 if i == 0 else p.slot, p.steps) for i, p in enumerate(plans))
+        rules = tuple(
+            (1 if i == 0 else p.slot, p.rule) for i, p in enumerate(plans) if p.rule is not None
+        )
         # Also "changed" when the table in force is what we want but our last proposal
         # was not (the guardrails held it): say so, or that proposal stays pending.
-        changed = (
-            current is None
-            or current.slots != slots
-            or (state.last_table is not None and state.last_table.slots != slots)
+        # Rules count by their cuts and steps (the prior moves with every window).
+        last = state.last_table
+        changed = any(
+            t is None or t.slots != slots or rule_cuts(t.rules) != rule_cuts(rules)
+            for t in ((current,) if last is None else (current, last))
         )
         limited: list[str] = []
         if any(p.slo_limited for p in plans):
@@ -734,6 +782,7 @@ class GoodputPolicy:
             produced_at_s=observation.time_s,
             ttl_s=self._config.ttl_s,
             reason=reason.value,
+            rules=rules,
         )
         gain_text = "" if expected_gain is None else f", predicted gain {expected_gain:+.1%}"
         if experiments:

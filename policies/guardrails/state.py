@@ -29,6 +29,7 @@ from specgov.policies.guardrails._common import (
 from specgov.policies.types import (
     Observation,
     ReasonCode,
+    SlotRule,
     StepTable,
 )
 from specgov.policies.validation import (
@@ -183,6 +184,8 @@ class Wanted:
     reason: ReasonCode
     # Engine slot bounds whose wanted step is an experiment (a probe): no prediction.
     experiment_slots: frozenset[PosInt] = frozenset()
+    # The policy's live-acceptance rules by engine slot bound (table format 2).
+    rules: tuple[tuple[PosInt, SlotRule], ...] = ()
 
 
 # ----------------------------------------------------------------------------- state

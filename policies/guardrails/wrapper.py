@@ -46,6 +46,7 @@ from specgov.policies.types import (
     Decision,
     Observation,
     ReasonCode,
+    SlotRule,
     StepTable,
 )
 
@@ -191,6 +192,7 @@ def _wanted(decision: Decision, previous: Wanted | None, cands: Candidates | Non
         return None
     table = decision.table
     steps = tuple((b, table.steps_for(b)) for b in bounds)
+    rules = tuple((b, r) for b in bounds if (r := table.rule_for(b)) is not None)
     gain = decision.expected_gain
     trials = set(decision.experiment_slots)
     experiments = frozenset(b for b in bounds if table.slot_for(b) in trials)
@@ -199,8 +201,37 @@ def _wanted(decision: Decision, previous: Wanted | None, cands: Candidates | Non
         gain = previous.expected_gain
         experiments = previous.experiment_slots
     return Wanted(
-        steps=steps, expected_gain=gain, reason=decision.reason, experiment_slots=experiments
+        steps=steps,
+        expected_gain=gain,
+        reason=decision.reason,
+        experiment_slots=experiments,
+        rules=rules,
     )
+
+
+def _published_rules(
+    ctx: GuardContext, p: Proposal, steps: Slots
+) -> tuple[tuple[int, SlotRule], ...]:
+    """The policy's rules for the slots whose published step the rule can produce.
+
+    A slot an override, a rollback or a clamp set keeps that step (no rule); so does one
+    whose rule names a step the engine did not build for the slot or the budget forbids.
+    """
+    wanted = ctx.wanted
+    if wanted is None or not wanted.rules or ctx.candidates is None:
+        return ()
+    fixed = p.override_slots | p.rolled_back_slots | p.forced_slots
+    built = dict(ctx.candidates)
+    allowed = ctx.budget.allowed_steps
+    by_bound = dict(wanted.rules)
+    rules = []
+    for b, k in steps:
+        rule = by_bound.get(b)
+        if rule is None or b in fixed or k not in rule.steps:
+            continue
+        if all(s in built.get(b, ()) and (allowed is None or s in allowed) for s in rule.steps):
+            rules.append((b, rule))
+    return tuple(rules)
 
 
 def _commit(
@@ -234,7 +265,17 @@ def _commit(
         if keepalive and p.frozen and not p.override_slots:
             assert steps is not None
             keepalive = _clamp_all(ctx, steps, frozenset())[0] == steps
-    publish = publishable and (initial or bool(moves) or keepalive)
+    rules: tuple[tuple[int, SlotRule], ...] = ()
+    rules_moved = False
+    if publishable:
+        assert steps is not None
+        rules = _published_rules(ctx, p, steps)
+        in_force = () if state.table is None else state.table.rules
+        # New cuts are a change for the engine; a new prior alone waits for a keepalive.
+        rules_moved = not p.frozen and [(b, r.thresholds, r.steps) for b, r in rules] != [
+            (b, r.thresholds, r.steps) for b, r in in_force
+        ]
+    publish = publishable and (initial or bool(moves) or keepalive or rules_moved)
 
     skip = p.override_slots | p.release_slots | p.rolled_back_slots | p.forced_slots
     policy_moves = {b: m for b, m in moves.items() if b not in skip}
@@ -251,6 +292,7 @@ def _commit(
             produced_at_s=now,
             ttl_s=config.table_ttl_s,
             reason=reason.value,
+            rules=rules,
         )
         if initial:
             headline = f"published initial table v{version} {_fmt(steps)}"
@@ -258,6 +300,8 @@ def _commit(
             headline = f"published v{version}: {_fmt_moves(moves)}"
             if gain is not None:
                 headline += f" (expected gain {gain:+.1%})"
+        elif rules_moved:
+            headline = f"published v{version}: live-acceptance rules moved"
         else:
             headline = f"re-issued unchanged table as v{version} before its TTL runs out"
         state = replace(state, table=table, last_version=version)
