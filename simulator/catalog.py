@@ -22,6 +22,8 @@ add or override entries with YAML files of the same schema::
 
 An acceptance profile of a catalog file is used by name (``replay --acceptance-profile``
 or a drafter's ``acceptance_profile``) and wins over a built-in profile of that name.
+``request_correlation`` (h, default 0) is the per-request share of acceptance
+variance; ``runs: true`` samples exact-match runs (``acceptance_runs``) instead.
 ``token_correlation`` null (or absent) samples the rates per verify; ``fit`` is the
 fit's report, kept as written and not read by the simulator.
 
@@ -389,9 +391,24 @@ def _mapping(ctx: _Ctx, path: str, value: object) -> dict[str, Any]:
     return value
 
 
+def _fraction_below_one(ctx: _Ctx, path: str, value: object) -> float:
+    out = _nonneg(ctx, path, value)
+    if out >= 1.0:
+        raise ctx.fail(path, "a number in [0, 1)", value)
+    return out
+
+
+def _runs_flag(ctx: _Ctx, path: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ctx.fail(path, "true or false", value)
+    return value
+
+
 _DOMAIN_FIELDS: dict[str, _Field] = {
     "rates": (_rates, True),
     "token_correlation": (_correlation, False),
+    "request_correlation": (_fraction_below_one, False),
+    "runs": (_runs_flag, False),
     "fit": (_mapping, False),
 }
 _PROFILE_FIELDS: dict[str, _Field] = {
@@ -411,7 +428,13 @@ def _acceptance_profile(ctx: _Ctx, path: str, name: str, entry: object) -> Accep
     for key, value in raw.items():
         domain = _name(ctx, f"{path}.domains (domain name)", key)
         d = _fields(ctx, f"{path}.domains.{key}", value, _DOMAIN_FIELDS)
-        domains.append((domain, DomainAcceptance(d["rates"], d.get("token_correlation"))))
+        entry = DomainAcceptance(
+            d["rates"],
+            d.get("token_correlation"),
+            d.get("request_correlation", 0.0),
+            d.get("runs", False),
+        )
+        domains.append((domain, entry))
     default = f.pop("default_domain", None)
     if default is not None and default not in dict(domains):
         raise CatalogError(
