@@ -142,6 +142,10 @@ def test_cli_fits_a_profile_that_replay_loads(tmp_path: Path) -> None:
     entry = doc["acceptance_profiles"]["mine"]
     assert entry["default_domain"] == "chat"
     assert entry["domains"]["chat"]["fit"]["max_rel_error"] < 0.03
+    # Issue 22: the per-request level and the model kind are written and reported.
+    assert 0.0 <= entry["domains"]["chat"]["request_correlation"] < 1.0
+    assert isinstance(entry["domains"]["chat"]["runs"], bool)
+    assert "request_correlation" in result.output
     spec = Catalog.load([out]).acceptance_profile("mine")
     assert spec is not None and spec.default_domain == "chat"
     # Replay a trace without acc_len: the sampled model (the fitted profile) decides.
