@@ -134,6 +134,11 @@ class DrafterSpec:
     verify_overhead_ms: float = 0.0
     verify_token_overhead_us: float = 0.0
     per_request_us: float = 0.0
+    # Step 0 (issue 22 §2): the share of each term a speculative step at 0 drafts pays
+    # (1: as SGLang 0.5.23 runs it; 0: free), and of the KV pool the drafter takes.
+    zero_step_extend_scale: float = 1.0
+    zero_step_verify_scale: float = 1.0
+    kv_pool_reduction_scale: float = 1.0
     bytes_per_param: float = 2.0
     params_b_by_target: tuple[tuple[str, float], ...] = ()
     targets: tuple[str, ...] = ()
@@ -304,6 +309,9 @@ _DRAFTER_FIELDS: dict[str, _Field] = {
     "verify_overhead_ms": (_nonneg, False),
     "verify_token_overhead_us": (_nonneg, False),
     "per_request_us": (_nonneg, False),
+    "zero_step_extend_scale": (_nonneg, False),
+    "zero_step_verify_scale": (_nonneg, False),
+    "kv_pool_reduction_scale": (_nonneg, False),
     "aliases": (_names, False),
 }
 
