@@ -418,8 +418,12 @@ def fit_domain(
     *,
     steps: Sequence[int] = FIT_STEPS,
     seed: int = 0,
+    requests_differ: bool = True,
 ) -> DomainFit:
-    """Fit one domain's rates, ρ, h and model (latent or runs) to its per-token sequences."""
+    """Fit one domain's rates, ρ, h and model (latent or runs) to its per-token sequences.
+
+    ``requests_differ=False``: h = 0 and the latent model, ρ alone (the fit before
+    issue 22, for comparisons)."""
     _check_sequences(sequences)
     seqs = [list(map(int, s)) for s in sequences if len(s)]
     rates = trace_rates(seqs)
@@ -430,16 +434,17 @@ def fit_domain(
     # The latent model: ρ and h trade off (both lower the accept length a verify sees);
     # h is pinned by the per-request spread, ρ by the accept lengths: alternate.
     rho = _fit_rho(ev, 0.0, trace_al, _COARSE)
-    h = _fit_spread(ev, False, rho, want)
-    rho = _fit_rho(ev, h, trace_al, _COARSE)
-    h = _fit_spread(ev, False, rho, want)
+    h = _fit_spread(ev, False, rho, want) if requests_differ else 0.0
+    if requests_differ:
+        rho = _fit_rho(ev, h, trace_al, _COARSE)
+        h = _fit_spread(ev, False, rho, want)
     near = [round(rho + 0.01 * d, 2) for d in range(-4, 5)]
     rho = _fit_rho(ev, h, trace_al, [r for r in near if 0.0 <= r <= 0.98])
     latent = ev.accept_lengths(False, rho, h)
     # The run model: h only (its other parameters are the rates).
-    h_runs = _fit_spread(ev, True, 0.0, want)
+    h_runs = _fit_spread(ev, True, 0.0, want) if requests_differ else 0.0
     run_al = ev.accept_lengths(True, 0.0, h_runs)
-    use_runs = _max_error(run_al, trace_al) < _max_error(latent, trace_al)
+    use_runs = requests_differ and _max_error(run_al, trace_al) < _max_error(latent, trace_al)
     per_verify = {k: expected_accept_length_from_rates(rates, k) for k in steps}
     return DomainFit(
         domain=domain,

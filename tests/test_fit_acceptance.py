@@ -277,7 +277,8 @@ def test_split_half_check_of_a_trace_whose_requests_differ(tmp_path: Path) -> No
     trace_p99 = _tpot_p99_ms(half_b, tmp_path, None, replay=True)
     model_p99 = _tpot_p99_ms(half_b, tmp_path, "half-a", replay=False)
     assert model_p99 == pytest.approx(trace_p99, rel=0.10)
-    # Without the per-request level (the model before issue 22) the tail is too short.
-    flat = DomainFit(**{**fit.__dict__, "request_correlation": 0.0})
-    _write_profile(tmp_path, "half-a", flat)
+    # The fit before issue 22 (no per-request level, ρ alone) makes the tail too short.
+    before = fit_domain("code", half_a, requests_differ=False)
+    assert before.request_correlation == 0.0 and not before.runs
+    _write_profile(tmp_path, "half-a", before)
     assert _tpot_p99_ms(half_b, tmp_path, "half-a", replay=False) < 0.9 * trace_p99
