@@ -61,22 +61,13 @@ visits over-sample hard stretches (a hard stretch takes more verifies per token)
 is the visited-position effect. It is a Markov model over per-token acceptance: the
 acceptance at t depends on the past only through z_{t-1}.
 
-Requests differ (issue 22). Each request also draws its own level b_r ~ N(0, 1) and
-every latent above becomes √h·b_r + √(1-h)·z_t, h = ``request_correlation`` in [0, 1):
-still N(0, 1) at every position, so the profile's rates hold on average over requests,
-while some requests accept much more than others all the way through (the long,
-repetitive outputs that carry much of a code trace's tokens). Without it every request
-of a domain had one level and the TPOT tail came out too short. h for the built-in
-profiles is ``BUILTIN_REQUEST_CORRELATION`` = 0.1 (0.3 for n-gram's runs): *assumed*,
-no public per-request series; ``fit-acceptance`` fits it to a trace (the spread over
-requests of their mean acc_len).
-
-N-gram acceptance comes in exact-match runs (a match continues or the run ends):
-``ngram`` domains are sampled with ``specgov.simulator.acceptance_runs``, whose run
-lengths and run-start rate follow from the same measured all-position rates (so they
-are reproduced exactly) but put the accepted positions in runs, which a verify rides or
-misses. Sampling those rates per token with a short correlation overstated n-gram
-accept length by 16-29 % at k=3 and 33-77 % at k=7 (cnn .. instructcoder).
+Requests differ (issue 22): each request draws its own level b_r ~ N(0, 1) and every
+latent above becomes √h·b_r + √(1-h)·z_t (h = ``request_correlation``), still N(0, 1)
+at every position, so the rates hold on average while some requests accept much more
+than others throughout (the TPOT tail). Built-in h: ``BUILTIN_REQUEST_CORRELATION``,
+assumed (no public per-request series); ``fit-acceptance`` fits it. ``ngram`` domains
+are sampled as exact-match runs (``specgov.simulator.acceptance_runs``), which keep the
+measured rates but put the accepted positions in runs that a verify rides or misses.
 
 ρ for the built-in all-position profiles is ``BUILTIN_TOKEN_CORRELATION`` = 0.38,
 *fitted* (with h = 0.1) to REFERENCE §3's chat replay (1.66 / 2.25 / 2.48): the model
@@ -107,6 +98,8 @@ import numpy as np
 from scipy.signal import lfilter
 from scipy.special import ndtr
 
+from specgov.policies.validation import is_real
+from specgov.simulator.acceptance_cold import ColdDrafter
 from specgov.simulator.acceptance_runs import RunProcess, run_acc_len, run_process
 
 __all__ = [
@@ -134,8 +127,7 @@ DEFAULT_SIBLING_DISCOUNT = 0.35
 DEFAULT_DOMAIN = "sharegpt"
 # Fitted to REFERENCE §3's chat trace replay (see module doc); assumed for other domains.
 BUILTIN_TOKEN_CORRELATION = 0.38
-# Per-request heterogeneity of the built-in profiles: assumed (no public per-request
-# series; see module doc).
+# Per-request heterogeneity of the built-in profiles: assumed (module doc).
 BUILTIN_REQUEST_CORRELATION = 0.1
 BUILTIN_RUN_REQUEST_CORRELATION = 0.3
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
@@ -207,20 +199,19 @@ class DomainAcceptance:
     ``rates`` are per-position conditional rates α_1..; ``token_correlation`` is None
     when they are per-verify rates (what verifies saw: the per-verify sampler with the
     model's burstiness) and ρ in [0, 1) when they are all-position averages (the
-    per-token sampler, see module doc).
+    per-token sampler, see module doc); ``request_correlation`` is h, the share of the
+    latent's variance that is the request's own; ``runs``: exact-match runs
+    (``specgov.simulator.acceptance_runs``) instead of the latent.
     """
 
     rates: tuple[float, ...]
     token_correlation: float | None = None
-    # h: share of the latent's variance that is the request's own (module doc).
     request_correlation: float = 0.0
-    # Exact-match runs (``specgov.simulator.acceptance_runs``) instead of the latent.
     runs: bool = False
 
 
-# Built-in domains whose rates are per-verify, not all-position averages.
+# Built-in domains whose rates are per-verify; built-in profiles sampled as runs.
 _PER_VERIFY_DOMAINS = frozenset({"mtbench"})
-# Built-in profiles whose acceptance comes in exact-match runs (the n-gram drafter).
 _RUN_PROFILES = frozenset({"ngram"})
 
 ProfileEntry = Sequence[float] | DomainAcceptance
@@ -324,15 +315,14 @@ class AcceptanceSampler:
         cold_key: str = "",
         request_correlation: float = 0.0,
     ) -> None:
-        self._cold = _Cold(cold_key)
+        self._cold = ColdDrafter(cold_key)
         self._tables = tables
         self._rng = rng
         self._rho = burstiness
         self._innov = math.sqrt(1.0 - burstiness * burstiness)
         # Stationary start, so the first verify already has the right marginal.
         self._z = rng.gauss(0.0, 1.0) if burstiness > 0.0 else 0.0
-        # The request's own level (drawn only when used: h = 0 keeps the old stream).
-        h = request_correlation
+        h = request_correlation  # the request's level, drawn only when used (h = 0: as before)
         self._shift = math.sqrt(h) * rng.gauss(0.0, 1.0) if h > 0.0 else 0.0
         self._scale = math.sqrt(1.0 - h)
         self._acc = acc_len
@@ -348,9 +338,20 @@ class AcceptanceSampler:
         return self._pos
 
     def go_stale(self, penalty: float, verifies: int) -> None:
-        """The drafter's state went stale (step-0 draft-extend skipped): see ``_Cold``."""
+        """The drafter's state went stale (step-0 draft-extend skipped): see ``ColdDrafter``."""
         _check_stale(penalty, verifies)
         self._cold.start(float(penalty), verifies)
+
+    def _uniform(self) -> tuple[float, float]:
+        """The next verify's uniform and AR state (the request's level applied)."""
+        rho = self._rho
+        if rho > 0.0:
+            z = rho * self._z + self._innov * self._rng.gauss(0.0, 1.0)
+            return 0.5 * (1.0 + math.erf((self._shift + self._scale * z) * _INV_SQRT2)), z
+        if self._shift != 0.0:
+            x = self._shift + self._scale * self._rng.gauss(0.0, 1.0)
+            return 0.5 * (1.0 + math.erf(x * _INV_SQRT2)), self._z
+        return self._rng.random(), self._z
 
     def draw(self, steps: int) -> int:
         """HOT. Accepted drafts (bonus excluded), 0..steps, for this request's next verify."""
@@ -375,16 +376,7 @@ class AcceptanceSampler:
             self._next_u = -1.0
             self._z = self._next_z
         else:
-            rho = self._rho
-            if rho > 0.0:
-                z = rho * self._z + self._innov * self._rng.gauss(0.0, 1.0)
-                self._z = z
-                u = 0.5 * (1.0 + math.erf((self._shift + self._scale * z) * _INV_SQRT2))
-            elif self._shift != 0.0:
-                z = self._shift + self._scale * self._rng.gauss(0.0, 1.0)
-                u = 0.5 * (1.0 + math.erf(z * _INV_SQRT2))
-            else:
-                u = self._rng.random()
+            u, self._z = self._uniform()
         surv = self._tables[steps]
         n = 0
         while n < steps and u < surv[n]:
@@ -418,16 +410,7 @@ class AcceptanceSampler:
             return 0
         u = self._next_u
         if u < 0.0:
-            rho = self._rho
-            if rho > 0.0:
-                z = rho * self._z + self._innov * self._rng.gauss(0.0, 1.0)
-                self._next_z = z
-                u = 0.5 * (1.0 + math.erf((self._shift + self._scale * z) * _INV_SQRT2))
-            elif self._shift != 0.0:
-                z = self._shift + self._scale * self._rng.gauss(0.0, 1.0)
-                u = 0.5 * (1.0 + math.erf(z * _INV_SQRT2))
-            else:
-                u = self._rng.random()
+            u, self._next_z = self._uniform()
             self._next_u = u
         if self._cold.left > 0 and self._cold.rejects_first(consume=False):
             return 0
@@ -436,58 +419,6 @@ class AcceptanceSampler:
         while n < steps and u < surv[n]:
             n += 1
         return n
-
-
-class _Cold:
-    """Stale-drafter penalty of one request (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND).
-
-    With the flag, SGLang 0.5.23 replaces the step-0 draft-extend pass by zeroed stubs
-    (``EAGLEWorkerV2._stub_skipped_draft_extend``): an upshift then drafts from zeroed
-    hidden states and top-k ids, so the first drafted verify after it accepts nothing,
-    and the drafter's KV lacks every token generated at step 0. So after a request went
-    through such verifies, its next drafted verify rejects its first draft, and the
-    ``verifies`` after that reject it with probability ``penalty * (verifies - i) /
-    verifies`` for the i-th (0-based): accepted drafts fall by ``penalty`` at first,
-    recovering linearly. Its own random stream, so a request that never goes stale draws
-    exactly what it drew before.
-    """
-
-    __slots__ = ("_key", "_rng", "forced", "left", "penalty", "pending", "total")
-
-    def __init__(self, key: str) -> None:
-        self._key = key
-        self._rng: random.Random | None = None
-        self.forced = False
-        self.left = 0
-        self.total = 0
-        self.penalty = 0.0
-        self.pending = -1.0  # the next cold verify's uniform, drawn early by peek
-
-    def start(self, penalty: float, verifies: int) -> None:
-        self.forced = True
-        self.left = verifies + 1  # the forced verify, then the recovery
-        self.total = verifies
-        self.penalty = penalty
-
-    def rejects_first(self, consume: bool) -> bool:
-        """Whether the next drafted verify loses its first draft (``left`` > 0 only)."""
-        if self.forced:
-            if consume:
-                self.forced = False
-                self.left -= 1
-            return True
-        u = self.pending
-        if u < 0.0:
-            if self._rng is None:
-                self._rng = random.Random(self._key)
-            u = self._rng.random()
-        p = self.penalty * self.left / self.total
-        if consume:
-            self.pending = -1.0
-            self.left -= 1
-        else:
-            self.pending = u
-        return u < p
 
 
 def _check_stale(penalty: float, verifies: int) -> None:
@@ -556,8 +487,7 @@ class TokenAcceptanceSampler:
         self._base = -1  # position of self._u[0]; -1: no latent generated yet
         self._u: list[float] = []
         self._z_last = 0.0
-        self._cold = _Cold(cold_key)
-        # The request's own level (drawn only when used: h = 0 keeps the old stream).
+        self._cold = ColdDrafter(cold_key)
         h = runs[0].request_correlation if runs is not None else request_correlation
         offset = float(self._np.standard_normal()) if h > 0.0 or runs is not None else 0.0
         self._shift = math.sqrt(h) * offset
@@ -572,7 +502,7 @@ class TokenAcceptanceSampler:
         return self._pos
 
     def go_stale(self, penalty: float, verifies: int) -> None:
-        """The drafter's state went stale (step-0 draft-extend skipped): see ``_Cold``."""
+        """The drafter's state went stale (step-0 draft-extend skipped): see ``ColdDrafter``."""
         _check_stale(penalty, verifies)
         self._cold.start(float(penalty), verifies)
 
@@ -697,9 +627,7 @@ class AcceptanceModel:
                 rho = entry.token_correlation
                 h = entry.request_correlation
                 for what, v in (("token_correlation", rho), ("request_correlation", h)):
-                    if v is not None and (
-                        isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < 1
-                    ):
+                    if v is not None and (not is_real(v) or not 0 <= v < 1):
                         raise AcceptanceError(
                             f"profile '{key}' domain '{d}': {what} must be a number "
                             f"in [0, 1){' or None' if what[0] == 't' else ''}, got {v!r}"
@@ -826,14 +754,9 @@ class AcceptanceModel:
         rho = self._rho[key]
         h = self._spread[key]
         runs = self._runs.get(key)
-        if runs is not None:
-            # The deepest draft a verify at each steps reaches (a tree's depth cut);
-            # tree widening is not modelled for runs.
-            caps = [
-                s if self.topk == 1 else sum(1 for v in tables[s] if v > 0.0)
-                for s in range(MAX_STEPS + 1)
-            ]
-            return TokenAcceptanceSampler(tables, rng, 0.0, replay, cold_key, h, (runs, caps))
+        if runs is not None:  # runs reach the tree's depth cut; widening is not modelled
+            depth = [min(s, (self.num_draft_tokens or s + 1) - 1) for s in range(MAX_STEPS + 1)]
+            return TokenAcceptanceSampler(tables, rng, 0.0, replay, cold_key, h, (runs, depth))
         if rho is not None:
             return TokenAcceptanceSampler(tables, rng, rho, replay, cold_key, h)
         return AcceptanceSampler(tables, rng, self.burstiness, replay, cold_key, h)
