@@ -1,4 +1,6 @@
-"""`specgov catalog list`: the GPUs, target models and drafters the simulator knows.
+"""`specgov catalog list` / `show`: the GPUs, target models and drafters the simulator
+knows; `show NAME` gives one entry's figures with their provenance and, for a drafter,
+what a step at 0 drafts costs beyond a plain step, term by term (issue 22 §2).
 
 Offline (no daemon): the names are what `specgov replay --gpu/--model/--drafter` and
 the deployment section of the config take. The simulator's catalog is imported inside
@@ -75,13 +77,17 @@ def catalog_group() -> None:
     """The simulator's catalog of GPUs, models and drafters (offline)."""
 
 
-@catalog_group.command("list")
-@click.option(
+# Both commands read the same extra files.
+_catalog_files = click.option(
     "--catalog",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     multiple=True,
     help="Extra catalog YAML file (GPUs, models, drafters); repeatable, later names win.",
 )
+
+
+@catalog_group.command("list")
+@_catalog_files
 @click.option(
     "--output",
     type=click.Choice(["table", "json"]),
@@ -263,12 +269,7 @@ def _find(cat: Any, name: str) -> tuple[str, Any]:
 
 @catalog_group.command("show")
 @click.argument("name")
-@click.option(
-    "--catalog",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    multiple=True,
-    help="Extra catalog YAML file; repeatable, later names win.",
-)
+@_catalog_files
 @click.option("--gpu", default="h100", show_default=True, help="GPU for a drafter's step-0 terms.")
 @click.option(
     "--model", default="llama-3.1-8b", show_default=True, help="Target for the step-0 terms."

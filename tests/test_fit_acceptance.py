@@ -37,31 +37,40 @@ from specgov.simulator.traces import Request
 CHAT = PROFILES["eagle3-llama3.1-8b"]["sharegpt"]
 
 
+def _regime_request(
+    rng: np.random.Generator,
+    n: int,
+    switch: tuple[float, float],
+    q: dict[int, tuple[float, ...]],
+    p_hard: float,
+) -> list[int]:
+    """One request's per-token trace from hidden easy/hard regimes (sticky Markov, per
+    token, leaving easy with switch[0] and hard with switch[1]); the draft of token s at
+    depth j is accepted iff w_s < q[regime_s][j], so a hard token fails every verify that
+    reaches it, and deeper drafts are worse."""
+    state = np.empty(n, dtype=np.int64)
+    s = int(rng.random() < p_hard)
+    for t in range(n):
+        if rng.random() < switch[s]:
+            s = 1 - s
+        state[t] = s
+    w = rng.random(n)
+    acc = []
+    for p in range(n):
+        j = 0
+        while j < 7 and p + j < n - 1 and w[p + j] < q[int(state[p + j])][j]:
+            j += 1
+        acc.append(j + 1)
+    return acc
+
+
 def _regime_trace(
     lengths: list[int], seed: int, switch: tuple[float, float] = (0.05, 0.15)
 ) -> list[list[int]]:
-    """Per-token traces from hidden easy/hard regimes (sticky Markov, per token); the
-    draft of token s at depth j is accepted iff w_s < q[regime_s][j], so a hard token
-    fails every verify that reaches it, and deeper drafts are worse."""
+    """Per-token traces of requests that share one easy/hard regime structure."""
     q = {0: (0.92, 0.88, 0.86, 0.85, 0.85, 0.85, 0.85), 1: (0.35, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3)}
     rng = np.random.default_rng(seed)
-    out = []
-    for n in lengths:
-        state = np.empty(n, dtype=np.int64)
-        s = int(rng.random() < 0.3)
-        for t in range(n):
-            if rng.random() < switch[s]:
-                s = 1 - s
-            state[t] = s
-        w = rng.random(n)
-        acc = []
-        for p in range(n):
-            j = 0
-            while j < 7 and p + j < n - 1 and w[p + j] < q[int(state[p + j])][j]:
-                j += 1
-            acc.append(j + 1)
-        out.append(acc)
-    return out
+    return [_regime_request(rng, n, switch, q, 0.3) for n in lengths]
 
 
 def test_replay_walks_the_positions_a_verify_visits() -> None:
@@ -215,20 +224,8 @@ def _mixed_trace(seed: int, requests: int = 240) -> list[list[int]]:
             n = int(rng.integers(60, 400))
             to_hard = float(np.clip(rng.lognormal(np.log(0.1), 0.8), 0.01, 0.8))
             to_easy = float(np.clip(rng.lognormal(np.log(0.15), 0.6), 0.02, 0.8))
-        state = np.empty(n, dtype=np.int64)
-        s = int(rng.random() < to_hard / (to_hard + to_easy))
-        for t in range(n):
-            if rng.random() < (to_hard if s == 0 else to_easy):
-                s = 1 - s
-            state[t] = s
-        w = rng.random(n)
-        acc = []
-        for p in range(n):
-            j = 0
-            while j < 7 and p + j < n - 1 and w[p + j] < q[int(state[p + j])][j]:
-                j += 1
-            acc.append(j + 1)
-        out.append(acc)
+        p_hard = to_hard / (to_hard + to_easy)
+        out.append(_regime_request(rng, n, (to_hard, to_easy), q, p_hard))
     return out
 
 
