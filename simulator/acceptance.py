@@ -61,13 +61,11 @@ visits over-sample hard stretches (a hard stretch takes more verifies per token)
 is the visited-position effect. It is a Markov model over per-token acceptance: the
 acceptance at t depends on the past only through z_{t-1}.
 
-Requests differ (issue 22): each request draws its own level b_r ~ N(0, 1) and every
-latent above becomes √h·b_r + √(1-h)·z_t (h = ``request_correlation``), still N(0, 1)
-at every position, so the rates hold on average while some requests accept much more
-than others throughout (the TPOT tail). Built-in h: ``BUILTIN_REQUEST_CORRELATION``,
-assumed (no public per-request series); ``fit-acceptance`` fits it. ``ngram`` domains
-are sampled as exact-match runs (``specgov.simulator.acceptance_runs``), which keep the
-measured rates but put the accepted positions in runs that a verify rides or misses.
+Requests differ (issue 22): request r draws b_r ~ N(0, 1) and each latent above becomes
+√h·b_r + √(1-h)·z_t (h = ``request_correlation``; built-in ``BUILTIN_REQUEST_CORRELATION``
+assumed, ``fit-acceptance`` fits it): still N(0, 1), so the rates hold on average, while
+some requests accept more all through (the TPOT tail). ``ngram`` domains are sampled as
+exact-match runs (``acceptance_runs``): the same rates, the accepted positions in runs.
 
 ρ for the built-in all-position profiles is ``BUILTIN_TOKEN_CORRELATION`` = 0.38,
 *fitted* (with h = 0.1) to REFERENCE §3's chat replay (1.66 / 2.25 / 2.48): the model
@@ -619,27 +617,8 @@ class AcceptanceModel:
         self._spread: dict[str, float] = {}
         self._runs: dict[str, RunProcess] = {}
         for d, entry in domains.items():
-            name = str(d).lower()
-            if builtin:
-                entry = builtin_domain(str(key), str(d))
-            if isinstance(entry, DomainAcceptance):
-                self._rates[name] = _check_rates(key, str(d), entry.rates)
-                rho = entry.token_correlation
-                h = entry.request_correlation
-                for what, v in (("token_correlation", rho), ("request_correlation", h)):
-                    if v is not None and (not is_real(v) or not 0 <= v < 1):
-                        raise AcceptanceError(
-                            f"profile '{key}' domain '{d}': {what} must be a number "
-                            f"in [0, 1){' or None' if what[0] == 't' else ''}, got {v!r}"
-                        )
-                self._rho[name] = None if rho is None or not token_model else float(rho)
-                self._spread[name] = float(h) if token_model else 0.0
-                if entry.runs and token_model:
-                    self._runs[name] = run_process(self._rates[name], float(h))
-            else:
-                self._rates[name] = _check_rates(key, str(d), entry)
-                self._rho[name] = None
-                self._spread[name] = 0.0
+            got = builtin_domain(str(key), str(d)) if builtin else entry
+            self._load_domain(str(key), str(d), got, token_model)
         if default_domain is None:
             self._default = DEFAULT_DOMAIN if len(self._rates) > 1 else next(iter(self._rates))
         elif isinstance(default_domain, str) and default_domain.strip().lower() in self._rates:
@@ -675,6 +654,27 @@ class AcceptanceModel:
         self.seed = seed
         self.sibling_discount = float(sibling_discount)
         self._tables: dict[str, list[list[float]]] = {}
+
+    def _load_domain(self, key: str, d: str, entry: ProfileEntry, token_model: bool) -> None:
+        """Validate one domain's entry and keep its rates, ρ, h and run model."""
+        name = d.lower()
+        if not isinstance(entry, DomainAcceptance):
+            self._rates[name] = _check_rates(key, d, entry)
+            self._rho[name] = None
+            self._spread[name] = 0.0
+            return
+        self._rates[name] = _check_rates(key, d, entry.rates)
+        rho, h = entry.token_correlation, entry.request_correlation
+        for what, v in (("token_correlation", rho), ("request_correlation", h)):
+            if v is not None and (not is_real(v) or not 0 <= v < 1):
+                raise AcceptanceError(
+                    f"profile '{key}' domain '{d}': {what} must be a number "
+                    f"in [0, 1){' or None' if what[0] == 't' else ''}, got {v!r}"
+                )
+        self._rho[name] = None if rho is None or not token_model else float(rho)
+        self._spread[name] = float(h) if token_model else 0.0
+        if entry.runs and token_model:
+            self._runs[name] = run_process(self._rates[name], float(h))
 
     @property
     def domains(self) -> tuple[str, ...]:

@@ -241,6 +241,49 @@ def _row(mode: str, comp: str, b: int, t: int, kv: int, ms: list[float]) -> Row:
 # ------------------------------------------------------------------ timing
 
 
+def step_calls(
+    cfg: dict[str, Any],
+    models: tuple[Any, Any, Any],
+    gen: Any,
+    shape: tuple[int, int],
+    caches: tuple[Any, Any],
+) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """A plain decode step and a speculative step at 0 drafts for *shape* (batch, KV
+    length), random token ids from *gen* (module doc)."""
+    import torch
+
+    target, draft, fc = models
+    cache, dcache = caches
+    b, kv = shape
+    ids = torch.randint(0, cfg["vocab_size"], (b, 1), generator=gen).to(target.device)
+    n_layers = cfg["num_hidden_layers"]
+    # EAGLE-3 reads a low, a middle and a high layer's hidden states.
+    taps = (min(2, n_layers), n_layers // 2, max(n_layers - 2, 1))
+    pos = torch.arange(kv, kv + 1, device=target.device)
+
+    def plain() -> Any:
+        with torch.inference_mode():
+            out = target(input_ids=ids, past_key_values=cache, cache_position=pos)
+            nxt = out.logits[:, -1].argmax(-1)
+        cache.crop(-1)
+        return nxt
+
+    def step0() -> Any:
+        with torch.inference_mode():
+            out = target(
+                input_ids=ids, past_key_values=cache, cache_position=pos, output_hidden_states=True
+            )
+            probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
+            nxt = probs.argmax(-1)
+            feats = torch.cat([out.hidden_states[i] for i in taps], dim=-1)
+            draft(inputs_embeds=fc(feats), past_key_values=dcache, cache_position=pos)
+        cache.crop(-1)
+        dcache.crop(-1)
+        return nxt
+
+    return plain, step0
+
+
 def measure(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[list[Row], list[str]]:
     import torch
 
@@ -289,40 +332,6 @@ def measure(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[list[
 
         return run
 
-    n_layers = cfg["num_hidden_layers"]
-    # EAGLE-3 reads a low, a middle and a high layer's hidden states.
-    taps = (min(2, n_layers), n_layers // 2, max(n_layers - 2, 1))
-
-    def step_calls(b: int, kv: int, cache: Any, dcache: Any) -> tuple[Any, Any]:
-        """A plain decode step and a speculative step at 0 drafts (module doc)."""
-        ids = torch.randint(0, vocab, (b, 1), generator=gen).to(device)
-        pos = torch.arange(kv, kv + 1, device=device)
-
-        def plain() -> Any:
-            with torch.inference_mode():
-                out = target(input_ids=ids, past_key_values=cache, cache_position=pos)
-                nxt = out.logits[:, -1].argmax(-1)
-            cache.crop(-1)
-            return nxt
-
-        def step0() -> Any:
-            with torch.inference_mode():
-                out = target(
-                    input_ids=ids,
-                    past_key_values=cache,
-                    cache_position=pos,
-                    output_hidden_states=True,
-                )
-                probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
-                nxt = probs.argmax(-1)
-                feats = torch.cat([out.hidden_states[i] for i in taps], dim=-1)
-                draft(inputs_embeds=fc(feats), past_key_values=dcache, cache_position=pos)
-            cache.crop(-1)
-            dcache.crop(-1)
-            return nxt
-
-        return plain, step0
-
     over_budget = False
     for kv in kv_lengths:
         for b in batches:
@@ -341,13 +350,11 @@ def measure(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[list[
                 rows.append(_row("eager", "draft_extend", b, t, kv, ms))
             ms = _time(draft_call(b, 1, kv, dcache), now, args.warmup, args.repeats)
             rows.append(_row("eager", "draft_step", b, 1, kv, ms))
-            plain, step0 = step_calls(b, kv, cache, dcache)
-            rows.append(
-                _row("eager", "plain_step", b, 1, kv, _time(plain, now, args.warmup, args.repeats))
-            )
-            rows.append(
-                _row("eager", "step0_step", b, 1, kv, _time(step0, now, args.warmup, args.repeats))
-            )
+            calls = step_calls(cfg, (target, draft, fc), gen, (b, kv), (cache, dcache))
+            for comp, fn in zip(("plain_step", "step0_step"), calls, strict=True):
+                rows.append(
+                    _row("eager", comp, b, 1, kv, _time(fn, now, args.warmup, args.repeats))
+                )
             del cache, dcache
             log(f"eager kv={kv} batch={b}: done ({time.perf_counter() - start:.0f} s)")
         if over_budget:
@@ -480,6 +487,25 @@ def step_zero_fit(rows: Sequence[Row], d_w: float, d_c: float, d_kv: float) -> d
     }
 
 
+def _add_zero_step(
+    drafter: dict[str, Any], zero: dict[str, float], source: str
+) -> dict[str, float]:
+    """The fitted step-0 scales, with their provenance, into the drafter entry (none
+    when no step 0 was timed); returns *zero*."""
+    if not zero:
+        return zero
+    drafter["zero_step_extend_scale"] = _sig(zero["extend_scale"])
+    drafter["zero_step_verify_scale"] = _sig(zero["verify_scale"])
+    how = f"{source}, median over {int(zero['points'])} shapes (an HF emulation)"
+    drafter["provenance"]["zero_step_extend_scale"] = (
+        f"fitted: timed step-0 draft-extend pass / the model's, {how}"
+    )
+    drafter["provenance"]["zero_step_verify_scale"] = (
+        f"fitted: step 0 less a plain step less draft-extend / the model's bookkeeping, {how}"
+    )
+    return zero
+
+
 def _base_gpu(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     sheets = yaml.safe_load(DATASHEETS.read_text(encoding="utf-8"))["gpus"]
     name = args.base_gpu
@@ -550,7 +576,6 @@ def catalog_entry(
             roof = math.sqrt(d_w**2 + (r.batch_size * d_c) ** 2) + r.kv_tokens * d_kv
             overheads.append(max(0.0, r.median_ms * 1e-3 - roof))
     step_overhead_ms = 1e3 * statistics.median(overheads) if overheads else 0.0
-    zero = step_zero_fit(rows, d_w, d_c, d_kv)
     drafter = {
         "aliases": [],
         "algorithm": "EAGLE3",
@@ -576,16 +601,7 @@ def catalog_entry(
             "per_request_us": "assumed: the built-in eagle3 entry's",
         },
     }
-    if zero:
-        drafter["zero_step_extend_scale"] = _sig(zero["extend_scale"])
-        drafter["zero_step_verify_scale"] = _sig(zero["verify_scale"])
-        how = f"{source}, median over {int(zero['points'])} shapes (an HF emulation)"
-        drafter["provenance"]["zero_step_extend_scale"] = (
-            f"fitted: timed step-0 draft-extend pass / the model's, {how}"
-        )
-        drafter["provenance"]["zero_step_verify_scale"] = (
-            f"fitted: step 0 less a plain step less draft-extend / the model's bookkeeping, {how}"
-        )
+    zero = _add_zero_step(drafter, step_zero_fit(rows, d_w, d_c, d_kv), source)
     del drafter["aliases"]
     if args.config == "llama-3.1-8b":
         drafter["targets"] = ["llama-3.1-8b"]
@@ -594,7 +610,7 @@ def catalog_entry(
         "drafters": {f"eagle3-{name}": drafter},
         "_fit": {
             "kv_bandwidth_efficiency": None if math.isinf(kv_eff) else _sig(kv_eff),
-            **{k: v for k, v in fit.items()},
+            **fit,
             **{f"step0_{k}": v for k, v in zero.items()},
         },
     }
