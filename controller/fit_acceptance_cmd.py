@@ -4,8 +4,10 @@ The trace is the ``acceptance`` JSONL format (``specgov.simulator.traces``): one
 per line with ``acc_len``, the tokens a verify starting at each output position would
 emit. The fit (``specgov.simulator.acceptance_fit``) measures the all-position rates per
 domain and fits the per-token correlation so that the model's accept length matches the
-trace's replay at k = 1..7. The result is a catalog file with one ``acceptance_profiles``
-entry, which ``specgov replay --catalog FILE --acceptance-profile NAME`` loads.
+trace's replay at k = 1..7, the per-request heterogeneity to the spread over requests,
+and keeps exact-match runs instead when they fit better. The result is a catalog file
+with one ``acceptance_profiles`` entry, which ``specgov replay --catalog FILE
+--acceptance-profile NAME`` loads.
 """
 
 from __future__ import annotations
@@ -69,7 +71,9 @@ def fit_acceptance_cmd(trace: Path, output: Path | None, name: str | None, seed:
         f"# Acceptance profile '{profile}' fitted by `specgov fit-acceptance` from "
         f"{trace.name}.\n"
         "# rates: measured (all-position conditional rates of the trace);\n"
-        "# token_correlation: fitted (model replay vs trace replay, k = 1..7);\n"
+        "# token_correlation: fitted (model replay vs trace replay, k = 1..7; null for runs);\n"
+        "# request_correlation: fitted (spread over requests of their mean acc_len);\n"
+        "# runs: true when exact-match runs (n-gram-like) reproduce the trace better;\n"
         "# fit: the trace's and the fitted model's accept lengths (per_verify: the\n"
         "# rates sampled per verify, the pre-issue-11 model). Load it with\n"
         f"#   specgov replay ... --catalog {out.name} --acceptance-profile {profile}\n"
@@ -81,15 +85,18 @@ def fit_acceptance_cmd(trace: Path, output: Path | None, name: str | None, seed:
     except OSError as exc:
         raise click.ClickException(f"{out}: cannot write the profile: {exc.strerror}") from None
     for f in fits:
+        shape = "runs" if f.runs else f"token_correlation {f.token_correlation:.2f}"
+        other = "latent" if f.runs else "runs"
         click.echo(
-            f"domain {f.domain}: {f.requests} requests, {f.tokens} tokens, "
-            f"token_correlation {f.token_correlation:.2f}, "
-            f"max error {100 * f.max_rel_error:.1f} %"
+            f"domain {f.domain}: {f.requests} requests, {f.tokens} tokens, {shape}, "
+            f"request_correlation {f.request_correlation:.3f}, "
+            f"max error {100 * f.max_rel_error:.1f} % ({other}: "
+            f"{100 * f.other_max_rel_error:.1f} %)"
         )
-        click.echo("  k      trace  model  per-verify")
+        click.echo(f"  k      trace  model  {other:>6}  per-verify")
         for k in sorted(f.trace_accept_length):
             click.echo(
                 f"  {k:<5d} {f.trace_accept_length[k]:6.3f} {f.model_accept_length[k]:6.3f} "
-                f"{f.per_verify_accept_length[k]:6.3f}"
+                f"{f.other_accept_length[k]:7.3f} {f.per_verify_accept_length[k]:6.3f}"
             )
     click.echo(f"wrote {out} (profile '{profile}')")

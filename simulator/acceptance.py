@@ -12,7 +12,7 @@ accepted), measured for Llama-3.1-8B-Instruct on H100:
   we take α_1 = α_2 (= 0.7689, close to every measured α_1, α_2). The derived
   α_5 = 0.83, α_6 = 0.58 zig-zag: that is the noise of six separate benchmark runs,
   kept so the published lengths are reproduced exactly.
-* ``ngram``: SGLang's n-gram drafter, as measured (no mtbench).
+* ``ngram``: SGLang's n-gram drafter, as measured (no mtbench), sampled as runs.
 * ``standalone-llama3.2-1b``: no published per-position data; EAGLE-3's rates
   scaled by 0.9 (a general 1B model drafting for an 8B one accepts less than a
   head trained on the target's hidden states). An estimate.
@@ -61,16 +61,23 @@ visits over-sample hard stretches (a hard stretch takes more verifies per token)
 is the visited-position effect. It is a Markov model over per-token acceptance: the
 acceptance at t depends on the past only through z_{t-1}.
 
-ρ for the built-in all-position profiles is ``BUILTIN_TOKEN_CORRELATION`` = 0.45,
-*fitted* to REFERENCE §3's chat replay (1.66 / 2.25 / 2.48): the model gives 1.64 /
-2.23 / 2.52 (max error 1.6 %; ``tests/test_acceptance.py`` checks it). Other domains,
-n-gram and standalone use the same ρ: an *assumption* (no public per-token traces
-for them); issue 11's reported gaps for the four EAGLE-3 domains (6-12 % at k=3,
-8-21 % at k=5, 10-28 % at k=7 below the per-verify sampler) are checked as sources
-not used in the fit. ``mtbench`` (derived from vLLM's measured accept lengths, which
-are what verifies saw) and rates measured from live telemetry are per-verify rates and
-keep the per-verify sampler. ``specgov fit-acceptance`` fits ρ (and the rates) to a
-user's own per-token trace (``specgov.simulator.acceptance_fit``).
+Requests differ (issue 22): request r draws b_r ~ N(0, 1) and each latent above becomes
+√h·b_r + √(1-h)·z_t (h = ``request_correlation``; built-in ``BUILTIN_REQUEST_CORRELATION``
+assumed, ``fit-acceptance`` fits it): still N(0, 1), so the rates hold on average, while
+some requests accept more all through (the TPOT tail). ``ngram`` domains are sampled as
+exact-match runs (``acceptance_runs``): the same rates, the accepted positions in runs.
+
+ρ for the built-in all-position profiles is ``BUILTIN_TOKEN_CORRELATION`` = 0.38,
+*fitted* (with h = 0.1) to REFERENCE §3's chat replay (1.66 / 2.25 / 2.48): the model
+gives 1.64 / 2.23 / 2.50 (max error 1.3 %; ``tests/test_acceptance.py`` checks it;
+0.45 with h = 0 before issue 22). Other EAGLE-3 domains and standalone use the same ρ:
+an *assumption* (no public per-token traces for them); issue 11's reported gaps for
+the four EAGLE-3 domains (6-12 % at k=3, 8-21 % at k=5, 10-28 % at k=7 below the
+per-verify sampler) are checked as sources not used in the fit. ``mtbench``
+(derived from vLLM's measured accept lengths, which are what verifies saw) and rates
+measured from live telemetry are per-verify rates and keep the per-verify sampler.
+``specgov fit-acceptance`` fits ρ, h (and the rates) to a user's own per-token trace
+(``specgov.simulator.acceptance_fit``).
 
 Common random numbers: each request's sampler owns a ``random.Random`` seeded from
 (seed, request_index) only, so different policies replaying the same trace see the
@@ -89,7 +96,13 @@ import numpy as np
 from scipy.signal import lfilter
 from scipy.special import ndtr
 
+from specgov.policies.validation import is_real
+from specgov.simulator.acceptance_cold import ColdDrafter
+from specgov.simulator.acceptance_runs import RunProcess, run_acc_len, run_process
+
 __all__ = [
+    "BUILTIN_REQUEST_CORRELATION",
+    "BUILTIN_RUN_REQUEST_CORRELATION",
     "BUILTIN_TOKEN_CORRELATION",
     "DEFAULT_BURSTINESS",
     "DEFAULT_DOMAIN",
@@ -111,7 +124,10 @@ DEFAULT_BURSTINESS = 0.6
 DEFAULT_SIBLING_DISCOUNT = 0.35
 DEFAULT_DOMAIN = "sharegpt"
 # Fitted to REFERENCE §3's chat trace replay (see module doc); assumed for other domains.
-BUILTIN_TOKEN_CORRELATION = 0.45
+BUILTIN_TOKEN_CORRELATION = 0.38
+# Per-request heterogeneity of the built-in profiles: assumed (module doc).
+BUILTIN_REQUEST_CORRELATION = 0.1
+BUILTIN_RUN_REQUEST_CORRELATION = 0.3
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
@@ -181,24 +197,31 @@ class DomainAcceptance:
     ``rates`` are per-position conditional rates α_1..; ``token_correlation`` is None
     when they are per-verify rates (what verifies saw: the per-verify sampler with the
     model's burstiness) and ρ in [0, 1) when they are all-position averages (the
-    per-token sampler, see module doc).
+    per-token sampler, see module doc); ``request_correlation`` is h, the share of the
+    latent's variance that is the request's own; ``runs``: exact-match runs
+    (``specgov.simulator.acceptance_runs``) instead of the latent.
     """
 
     rates: tuple[float, ...]
     token_correlation: float | None = None
+    request_correlation: float = 0.0
+    runs: bool = False
 
 
-# Built-in domains whose rates are per-verify, not all-position averages.
+# Built-in domains whose rates are per-verify; built-in profiles sampled as runs.
 _PER_VERIFY_DOMAINS = frozenset({"mtbench"})
+_RUN_PROFILES = frozenset({"ngram"})
 
 ProfileEntry = Sequence[float] | DomainAcceptance
 
 
 def builtin_domain(profile: str, domain: str) -> DomainAcceptance:
-    """How the built-in *profile*'s *domain* is sampled (rates and token correlation)."""
-    rates = PROFILES[profile][domain]
+    """How the built-in *profile*'s *domain* is sampled (rates, correlations, runs)."""
+    rates = tuple(PROFILES[profile][domain])
+    if profile in _RUN_PROFILES:
+        return DomainAcceptance(rates, None, BUILTIN_RUN_REQUEST_CORRELATION, runs=True)
     rho = None if domain in _PER_VERIFY_DOMAINS else BUILTIN_TOKEN_CORRELATION
-    return DomainAcceptance(tuple(rates), rho)
+    return DomainAcceptance(rates, rho, BUILTIN_REQUEST_CORRELATION)
 
 
 def _rate_at(rates: Sequence[float], position: int) -> float:
@@ -275,6 +298,8 @@ class AcceptanceSampler:
         "_pos",
         "_rho",
         "_rng",
+        "_scale",
+        "_shift",
         "_tables",
         "_z",
     )
@@ -286,14 +311,18 @@ class AcceptanceSampler:
         burstiness: float,
         acc_len: list[int] | None,
         cold_key: str = "",
+        request_correlation: float = 0.0,
     ) -> None:
-        self._cold = _Cold(cold_key)
+        self._cold = ColdDrafter(cold_key)
         self._tables = tables
         self._rng = rng
         self._rho = burstiness
         self._innov = math.sqrt(1.0 - burstiness * burstiness)
         # Stationary start, so the first verify already has the right marginal.
         self._z = rng.gauss(0.0, 1.0) if burstiness > 0.0 else 0.0
+        h = request_correlation  # the request's level, drawn only when used (h = 0: as before)
+        self._shift = math.sqrt(h) * rng.gauss(0.0, 1.0) if h > 0.0 else 0.0
+        self._scale = math.sqrt(1.0 - h)
         self._acc = acc_len
         self._n_acc = len(acc_len) if acc_len is not None else 0
         self._pos = 0
@@ -307,9 +336,20 @@ class AcceptanceSampler:
         return self._pos
 
     def go_stale(self, penalty: float, verifies: int) -> None:
-        """The drafter's state went stale (step-0 draft-extend skipped): see ``_Cold``."""
+        """The drafter's state went stale (step-0 draft-extend skipped): see ``ColdDrafter``."""
         _check_stale(penalty, verifies)
         self._cold.start(float(penalty), verifies)
+
+    def _uniform(self) -> tuple[float, float]:
+        """The next verify's uniform and AR state (the request's level applied)."""
+        rho = self._rho
+        if rho > 0.0:
+            z = rho * self._z + self._innov * self._rng.gauss(0.0, 1.0)
+            return 0.5 * (1.0 + math.erf((self._shift + self._scale * z) * _INV_SQRT2)), z
+        if self._shift != 0.0:
+            x = self._shift + self._scale * self._rng.gauss(0.0, 1.0)
+            return 0.5 * (1.0 + math.erf(x * _INV_SQRT2)), self._z
+        return self._rng.random(), self._z
 
     def draw(self, steps: int) -> int:
         """HOT. Accepted drafts (bonus excluded), 0..steps, for this request's next verify."""
@@ -334,13 +374,7 @@ class AcceptanceSampler:
             self._next_u = -1.0
             self._z = self._next_z
         else:
-            rho = self._rho
-            if rho > 0.0:
-                z = rho * self._z + self._innov * self._rng.gauss(0.0, 1.0)
-                self._z = z
-                u = 0.5 * (1.0 + math.erf(z * _INV_SQRT2))
-            else:
-                u = self._rng.random()
+            u, self._z = self._uniform()
         surv = self._tables[steps]
         n = 0
         while n < steps and u < surv[n]:
@@ -374,13 +408,7 @@ class AcceptanceSampler:
             return 0
         u = self._next_u
         if u < 0.0:
-            rho = self._rho
-            if rho > 0.0:
-                z = rho * self._z + self._innov * self._rng.gauss(0.0, 1.0)
-                self._next_z = z
-                u = 0.5 * (1.0 + math.erf(z * _INV_SQRT2))
-            else:
-                u = self._rng.random()
+            u, self._next_z = self._uniform()
             self._next_u = u
         if self._cold.left > 0 and self._cold.rejects_first(consume=False):
             return 0
@@ -389,58 +417,6 @@ class AcceptanceSampler:
         while n < steps and u < surv[n]:
             n += 1
         return n
-
-
-class _Cold:
-    """Stale-drafter penalty of one request (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND).
-
-    With the flag, SGLang 0.5.23 replaces the step-0 draft-extend pass by zeroed stubs
-    (``EAGLEWorkerV2._stub_skipped_draft_extend``): an upshift then drafts from zeroed
-    hidden states and top-k ids, so the first drafted verify after it accepts nothing,
-    and the drafter's KV lacks every token generated at step 0. So after a request went
-    through such verifies, its next drafted verify rejects its first draft, and the
-    ``verifies`` after that reject it with probability ``penalty * (verifies - i) /
-    verifies`` for the i-th (0-based): accepted drafts fall by ``penalty`` at first,
-    recovering linearly. Its own random stream, so a request that never goes stale draws
-    exactly what it drew before.
-    """
-
-    __slots__ = ("_key", "_rng", "forced", "left", "penalty", "pending", "total")
-
-    def __init__(self, key: str) -> None:
-        self._key = key
-        self._rng: random.Random | None = None
-        self.forced = False
-        self.left = 0
-        self.total = 0
-        self.penalty = 0.0
-        self.pending = -1.0  # the next cold verify's uniform, drawn early by peek
-
-    def start(self, penalty: float, verifies: int) -> None:
-        self.forced = True
-        self.left = verifies + 1  # the forced verify, then the recovery
-        self.total = verifies
-        self.penalty = penalty
-
-    def rejects_first(self, consume: bool) -> bool:
-        """Whether the next drafted verify loses its first draft (``left`` > 0 only)."""
-        if self.forced:
-            if consume:
-                self.forced = False
-                self.left -= 1
-            return True
-        u = self.pending
-        if u < 0.0:
-            if self._rng is None:
-                self._rng = random.Random(self._key)
-            u = self._rng.random()
-        p = self.penalty * self.left / self.total
-        if consume:
-            self.pending = -1.0
-            self.left -= 1
-        else:
-            self.pending = u
-        return u < p
 
 
 def _check_stale(penalty: float, verifies: int) -> None:
@@ -472,11 +448,16 @@ class TokenAcceptanceSampler:
         "_acc",
         "_base",
         "_c",
+        "_caps",
         "_cold",
         "_n_acc",
         "_np",
         "_pos",
         "_rho",
+        "_run_start",
+        "_runs",
+        "_scale",
+        "_shift",
         "_tables",
         "_u",
         "_z_last",
@@ -489,7 +470,11 @@ class TokenAcceptanceSampler:
         token_correlation: float,
         acc_len: list[int] | None,
         cold_key: str = "",
+        request_correlation: float = 0.0,
+        runs: tuple[RunProcess, list[int]] | None = None,
     ) -> None:
+        """*runs*: the run model and the deepest draft each steps can reach (tree
+        depth cut): positions then hold acc_len values, not uniforms."""
         self._tables = tables
         self._np = np.random.default_rng(rng.getrandbits(64))
         self._rho = token_correlation
@@ -500,7 +485,14 @@ class TokenAcceptanceSampler:
         self._base = -1  # position of self._u[0]; -1: no latent generated yet
         self._u: list[float] = []
         self._z_last = 0.0
-        self._cold = _Cold(cold_key)
+        self._cold = ColdDrafter(cold_key)
+        h = runs[0].request_correlation if runs is not None else request_correlation
+        offset = float(self._np.standard_normal()) if h > 0.0 or runs is not None else 0.0
+        self._shift = math.sqrt(h) * offset
+        self._scale = math.sqrt(1.0 - h)
+        self._runs = runs[0] if runs is not None else None
+        self._caps = runs[1] if runs is not None else []
+        self._run_start = self._runs.request_start(offset) if self._runs is not None else 0.0
 
     @property
     def position(self) -> int:
@@ -508,13 +500,21 @@ class TokenAcceptanceSampler:
         return self._pos
 
     def go_stale(self, penalty: float, verifies: int) -> None:
-        """The drafter's state went stale (step-0 draft-extend skipped): see ``_Cold``."""
+        """The drafter's state went stale (step-0 draft-extend skipped): see ``ColdDrafter``."""
         _check_stale(penalty, verifies)
         self._cold.start(float(penalty), verifies)
 
     def _extend(self) -> None:
         """The latents of the next ``_TOKEN_CHUNK`` positions (the first chunk starts
         where ``acc_len`` replay ends, stationary; later ones continue the AR(1))."""
+        if self._runs is not None:
+            # Whole cycles: a run never continues across chunks.
+            self._base = self._n_acc if self._base < 0 else self._base + len(self._u)
+            # acc_len values (ints) stand where the latent's uniforms would.
+            self._u = [
+                float(v) for v in run_acc_len(self._runs, self._run_start, self._np, _TOKEN_CHUNK)
+            ]
+            return
         eps = self._np.standard_normal(_TOKEN_CHUNK)
         x = self._c * eps
         a = [1.0, -self._rho]
@@ -526,7 +526,7 @@ class TokenAcceptanceSampler:
             z = lfilter([1.0], a, x, zi=[self._rho * self._z_last])[0]
             self._base += len(self._u)
         self._z_last = float(z[-1])
-        self._u = ndtr(z).tolist()
+        self._u = ndtr(self._shift + self._scale * z if self._shift else z).tolist()
 
     def _u_at(self, pos: int) -> float:
         # Steps-0 verifies move on without reading: several chunks may be due.
@@ -535,6 +535,10 @@ class TokenAcceptanceSampler:
         return self._u[pos - self._base]
 
     def _count(self, steps: int, u: float) -> int:
+        if self._runs is not None:  # u is the position's acc_len
+            n = int(u) - 1
+            cap = self._caps[steps]
+            return n if n < cap else cap
         surv = self._tables[steps]
         n = 0
         while n < steps and u < surv[n]:
@@ -592,7 +596,8 @@ class AcceptanceModel:
         """*profiles* maps profile -> domain -> rates (per-verify rates) or a
         :class:`DomainAcceptance`; None: the built-in ``PROFILES``, whose all-position
         domains use the per-token sampler. ``token_model=False`` samples every domain per
-        verify (the pre-issue-11 model, for comparisons). *default_domain* is the domain
+        verify, with no per-request level and no runs (the pre-issue-11 model, for
+        comparisons). *default_domain* is the domain
         a request without one uses (None: ``DEFAULT_DOMAIN``, or the profile's only
         domain)."""
         builtin = profiles is None
@@ -609,24 +614,11 @@ class AcceptanceModel:
             raise AcceptanceError(f"profile '{key}': expected a mapping of domain -> rates")
         self._rates: dict[str, tuple[float, ...]] = {}
         self._rho: dict[str, float | None] = {}
+        self._spread: dict[str, float] = {}
+        self._runs: dict[str, RunProcess] = {}
         for d, entry in domains.items():
-            name = str(d).lower()
-            if builtin:
-                entry = builtin_domain(str(key), str(d))
-            if isinstance(entry, DomainAcceptance):
-                self._rates[name] = _check_rates(key, str(d), entry.rates)
-                rho = entry.token_correlation
-                if rho is not None and (
-                    isinstance(rho, bool) or not isinstance(rho, int | float) or not 0 <= rho < 1
-                ):
-                    raise AcceptanceError(
-                        f"profile '{key}' domain '{d}': token_correlation must be a number "
-                        f"in [0, 1) or None, got {rho!r}"
-                    )
-                self._rho[name] = None if rho is None or not token_model else float(rho)
-            else:
-                self._rates[name] = _check_rates(key, str(d), entry)
-                self._rho[name] = None
+            got = builtin_domain(str(key), str(d)) if builtin else entry
+            self._load_domain(str(key), str(d), got, token_model)
         if default_domain is None:
             self._default = DEFAULT_DOMAIN if len(self._rates) > 1 else next(iter(self._rates))
         elif isinstance(default_domain, str) and default_domain.strip().lower() in self._rates:
@@ -663,6 +655,27 @@ class AcceptanceModel:
         self.sibling_discount = float(sibling_discount)
         self._tables: dict[str, list[list[float]]] = {}
 
+    def _load_domain(self, key: str, d: str, entry: ProfileEntry, token_model: bool) -> None:
+        """Validate one domain's entry and keep its rates, ρ, h and run model."""
+        name = d.lower()
+        if not isinstance(entry, DomainAcceptance):
+            self._rates[name] = _check_rates(key, d, entry)
+            self._rho[name] = None
+            self._spread[name] = 0.0
+            return
+        self._rates[name] = _check_rates(key, d, entry.rates)
+        rho, h = entry.token_correlation, entry.request_correlation
+        for what, v in (("token_correlation", rho), ("request_correlation", h)):
+            if v is not None and (not is_real(v) or not 0 <= v < 1):
+                raise AcceptanceError(
+                    f"profile '{key}' domain '{d}': {what} must be a number "
+                    f"in [0, 1){' or None' if what[0] == 't' else ''}, got {v!r}"
+                )
+        self._rho[name] = None if rho is None or not token_model else float(rho)
+        self._spread[name] = float(h) if token_model else 0.0
+        if entry.runs and token_model:
+            self._runs[name] = run_process(self._rates[name], float(h))
+
     @property
     def domains(self) -> tuple[str, ...]:
         return tuple(sorted(self._rates))
@@ -690,8 +703,16 @@ class AcceptanceModel:
         return self._rates[self.resolve_domain(domain)]
 
     def token_correlation(self, domain: str | None) -> float | None:
-        """ρ of *domain*'s per-token sampler; None: sampled per verify (see module doc)."""
+        """ρ of *domain*'s per-token sampler; None: sampled per verify or in runs."""
         return self._rho[self.resolve_domain(domain)]
+
+    def request_correlation(self, domain: str | None) -> float:
+        """h of *domain*: the share of acceptance variance that is per request."""
+        return self._spread[self.resolve_domain(domain)]
+
+    def runs(self, domain: str | None) -> bool:
+        """Whether *domain* is sampled as exact-match runs (``acceptance_runs``)."""
+        return self.resolve_domain(domain) in self._runs
 
     def depth_rates(self, domain: str | None, steps: int) -> tuple[float, ...]:
         """Per-depth pass rates for this shape at *steps* (tree widening applied)."""
@@ -731,9 +752,14 @@ class AcceptanceModel:
         rng = random.Random(f"specgov-acceptance:{self.seed}:{request_index}")
         cold_key = f"specgov-acceptance-cold:{self.seed}:{request_index}"
         rho = self._rho[key]
+        h = self._spread[key]
+        runs = self._runs.get(key)
+        if runs is not None:  # runs reach the tree's depth cut; widening is not modelled
+            depth = [min(s, (self.num_draft_tokens or s + 1) - 1) for s in range(MAX_STEPS + 1)]
+            return TokenAcceptanceSampler(tables, rng, 0.0, replay, cold_key, h, (runs, depth))
         if rho is not None:
-            return TokenAcceptanceSampler(tables, rng, rho, replay, cold_key)
-        return AcceptanceSampler(tables, rng, self.burstiness, replay, cold_key)
+            return TokenAcceptanceSampler(tables, rng, rho, replay, cold_key, h)
+        return AcceptanceSampler(tables, rng, self.burstiness, replay, cold_key, h)
 
     # ------------------------------------------------------------------ internals
 

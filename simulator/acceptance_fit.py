@@ -17,7 +17,17 @@ The model (``specgov.simulator.acceptance``, ``TokenAcceptanceSampler``) has two
   replay accept lengths at k = 1..7: ρ minimises the largest relative error over k
   (a grid over [0, 0.98], then a finer one around the best point). The model traces
   use one seeded set of innovations for every ρ (common random numbers), so the
-  objective is smooth in ρ and the fit is deterministic.
+  objective is smooth in ρ and the fit is deterministic;
+* the *request correlation* h (issue 22): the share of the latent's variance that is
+  the request's own, fitted so that the model traces have the trace's spread over
+  requests of each request's mean acc_len (each request counted once, as a TPOT
+  percentile counts them). ρ and h trade off (both lower the accept length a verify
+  sees), so the fit alternates: ρ at h = 0, h for it, ρ again, h again, ρ finer;
+* the *run model* (``specgov.simulator.acceptance_runs``, exact-match runs as an n-gram
+  drafter makes them), whose only free parameter beside the rates is h: fitted the
+  same way, and kept instead of the latent model when it reproduces the trace's
+  accept lengths better (``runs: true`` in the profile; the other model's accept
+  lengths stay in the ``fit`` report).
 
 ``synthetic_acc_len`` generates per-token traces from the model with known rates and ρ
 (seeded), which is how the tests check that the fit recovers a known structure.
@@ -35,6 +45,7 @@ from scipy.signal import lfilter
 from scipy.special import ndtr
 
 from specgov.simulator.acceptance import DomainAcceptance, expected_accept_length_from_rates
+from specgov.simulator.acceptance_runs import run_acc_len, run_process
 
 __all__ = [
     "FIT_STEPS",
@@ -45,6 +56,7 @@ __all__ = [
     "model_accept_length",
     "profile_document",
     "replay_accept_length",
+    "replay_accept_lengths",
     "synthetic_acc_len",
     "trace_rates",
 ]
@@ -56,6 +68,9 @@ MIN_POSITIONS_PER_RATE = 30
 # accept length well under 1 %).
 MIN_MODEL_TOKENS = 200_000
 _COARSE = tuple(round(0.05 * i, 2) for i in range(20)) + (0.98,)
+# Heterogeneity grids (h): the run model's traces cost more to generate.
+_H_GRID = tuple(round(0.025 * i, 3) for i in range(37))
+_H_GRID_RUNS = tuple(round(0.05 * i, 2) for i in range(19))
 
 
 class AcceptanceFitError(ValueError):
@@ -136,12 +151,8 @@ def _survival(rates: Sequence[float], cap: int) -> np.ndarray:
     return np.asarray(out, dtype=np.float64)
 
 
-def _acc_from_latent(
-    z: np.ndarray, surv: np.ndarray, lengths: Sequence[int], cap: int
-) -> list[list[int]]:
-    u = ndtr(z)
-    # acc_len = 1 + #{i: u < surv_i}; surv is decreasing, so searchsorted on -surv.
-    a = 1 + np.searchsorted(-surv, -u, side="left")
+def _clip_to_room(a: np.ndarray, lengths: Sequence[int], cap: int) -> list[list[int]]:
+    """Split the flat acc_len *a* per request, capped at *cap* and at the tokens left."""
     a = np.minimum(a, cap)
     out: list[list[int]] = []
     start = 0
@@ -153,20 +164,58 @@ def _acc_from_latent(
     return out
 
 
-def _latent(eps: np.ndarray, lengths: Sequence[int], rho: float) -> np.ndarray:
-    """Stationary AR(1) paths with correlation *rho*, one per request, from innovations."""
+def _acc_from_latent(
+    z: np.ndarray, surv: np.ndarray, lengths: Sequence[int], cap: int
+) -> list[list[int]]:
+    u = ndtr(z)
+    # acc_len = 1 + #{i: u < surv_i}; surv is decreasing, so searchsorted on -surv.
+    a = 1 + np.searchsorted(-surv, -u, side="left")
+    return _clip_to_room(a, lengths, cap)
+
+
+def _latent(
+    eps: np.ndarray,
+    lengths: Sequence[int],
+    rho: float,
+    offsets: np.ndarray | None = None,
+    request_correlation: float = 0.0,
+) -> np.ndarray:
+    """Stationary AR(1) paths with correlation *rho*, one per request, from innovations;
+    with h = *request_correlation* > 0, z = √h·b_r + √(1-h)·x_t (b_r = *offsets*)."""
     z = np.empty_like(eps)
     c = math.sqrt(1.0 - rho * rho)
+    h = request_correlation
     start = 0
-    for n in lengths:
+    for i, n in enumerate(lengths):
         seg = eps[start : start + n]
         # z_0 = eps_0 (stationary start); z_t = rho z_{t-1} + c eps_t.
         init = np.empty_like(seg)
         init[0] = seg[0]
         init[1:] = c * seg[1:]
-        z[start : start + n] = lfilter([1.0], [1.0, -rho], init)
+        path = lfilter([1.0], [1.0, -rho], init)
+        if h > 0.0 and offsets is not None:
+            path = math.sqrt(h) * offsets[i] + math.sqrt(1.0 - h) * path
+        z[start : start + n] = path
         start += n
     return z
+
+
+def _run_traces(
+    rates: Sequence[float],
+    request_correlation: float,
+    lengths: Sequence[int],
+    offsets: np.ndarray,
+    seed: int,
+    cap: int,
+) -> list[list[int]]:
+    """Run-model traces (``acceptance_runs``), one generator per request (common random
+    numbers across heterogeneities)."""
+    proc = run_process(rates, request_correlation)
+    flat: list[int] = []
+    for i, n in enumerate(lengths):
+        rng = np.random.default_rng([seed, i])
+        flat.extend(run_acc_len(proc, proc.request_start(float(offsets[i])), rng, n)[:n])
+    return _clip_to_room(np.asarray(flat, dtype=np.int64), lengths, cap)
 
 
 def synthetic_acc_len(
@@ -176,22 +225,31 @@ def synthetic_acc_len(
     *,
     seed: int,
     cap: int = 8,
+    request_correlation: float = 0.0,
+    runs: bool = False,
 ) -> list[list[int]]:
-    """Per-token acc_len traces drawn from the model (rates, ρ), one per length.
+    """Per-token acc_len traces drawn from the model (rates, ρ, h, runs), one per length.
 
     ``cap`` is the largest acc_len recorded (1 + the deepest draft measured), as in a
     trace measured with ``cap - 1`` drafts. Seeded: the same arguments give the same
-    traces.
+    traces. *runs*: the exact-match run model (*token_correlation* unused).
     """
     if not rates or any(not 0.0 <= r <= 1.0 for r in rates):
         raise AcceptanceFitError(f"rates must be a non-empty list in [0, 1], got {rates!r}")
-    if not 0.0 <= token_correlation < 1.0:
-        raise AcceptanceFitError(f"token_correlation must be in [0, 1), got {token_correlation}")
+    for what, v in (
+        ("token_correlation", token_correlation),
+        ("request_correlation", request_correlation),
+    ):
+        if not 0.0 <= v < 1.0:
+            raise AcceptanceFitError(f"{what} must be in [0, 1), got {v}")
     if cap < 1 or any(n < 1 for n in lengths):
         raise AcceptanceFitError("cap and every length must be >= 1")
     rng = np.random.default_rng(seed)
     eps = rng.standard_normal(int(sum(lengths)))
-    z = _latent(eps, lengths, token_correlation)
+    offsets = rng.standard_normal(len(lengths))
+    if runs:
+        return _run_traces(rates, request_correlation, lengths, offsets, seed, cap)
+    z = _latent(eps, lengths, token_correlation, offsets, request_correlation)
     return _acc_from_latent(z, _survival(rates, cap), lengths, cap)
 
 
@@ -203,6 +261,8 @@ def model_accept_length(
     lengths: Sequence[int] = (2000,),
     seed: int = 0,
     min_tokens: int = MIN_MODEL_TOKENS,
+    request_correlation: float = 0.0,
+    runs: bool = False,
 ) -> dict[int, float]:
     """Accept length a verify sees under the model at each of *steps* (Monte Carlo).
 
@@ -212,8 +272,50 @@ def model_accept_length(
     reps = max(1, math.ceil(min_tokens / max(1, int(sum(lengths)))))
     all_lengths = list(lengths) * reps
     cap = max(steps) + 1
-    seqs = synthetic_acc_len(rates, token_correlation, all_lengths, seed=seed, cap=cap)
-    return {k: replay_accept_length(seqs, k) for k in steps}
+    seqs = synthetic_acc_len(
+        rates,
+        token_correlation,
+        all_lengths,
+        seed=seed,
+        cap=cap,
+        request_correlation=request_correlation,
+        runs=runs,
+    )
+    return replay_accept_lengths(seqs, steps)
+
+
+def replay_accept_lengths(
+    sequences: Sequence[Sequence[int]], steps: Sequence[int] = FIT_STEPS
+) -> dict[int, float]:
+    """``replay_accept_length`` at each of *steps*, all requests walked together (NumPy)."""
+    lengths = np.asarray([len(s) for s in sequences if len(s)], dtype=np.int64)
+    if lengths.size == 0:
+        raise AcceptanceFitError("no per-token acceptance values to replay (empty trace)")
+    flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in sequences if len(s)])
+    starts = np.cumsum(lengths) - lengths
+    out: dict[int, float] = {}
+    for k in steps:
+        pos = np.zeros_like(lengths)
+        live = np.arange(lengths.size)
+        tokens = 0
+        verifies = 0
+        while live.size:
+            p = pos[live]
+            left = lengths[live] - p
+            e = np.minimum(np.minimum(flat[starts[live] + p] - 1, k) + 1, left)
+            tokens += int(e.sum())
+            verifies += int(live.size)
+            pos[live] = p + e
+            live = live[e < left]
+        out[k] = tokens / verifies
+    return out
+
+
+def _request_spread(sequences: Sequence[Sequence[int]], cap: int) -> float:
+    """Variance over requests (each counts once, as in a TPOT percentile) of each
+    request's mean acc_len, capped at *cap*."""
+    means = np.asarray([np.minimum(np.asarray(s), cap).mean() for s in sequences if len(s)])
+    return float(means.var())
 
 
 @dataclass(frozen=True)
@@ -222,26 +324,92 @@ class DomainFit:
 
     domain: str
     rates: tuple[float, ...]  # measured: all-position rates of the trace
-    token_correlation: float  # fitted
+    token_correlation: float  # fitted (unused by the run model)
     requests: int
     tokens: int
     trace_accept_length: dict[int, float]  # measured: replay of the trace
     model_accept_length: dict[int, float]  # the fitted model, replayed the same way
     per_verify_accept_length: dict[int, float] = field(default_factory=dict)
+    request_correlation: float = 0.0  # fitted: per-request spread of mean acc_len
+    runs: bool = False  # the run model fitted the trace better than the latent one
+    # The other model's accept lengths (runs when runs is False, and the reverse).
+    other_accept_length: dict[int, float] = field(default_factory=dict)
 
     @property
     def max_rel_error(self) -> float:
-        return max(
-            abs(self.model_accept_length[k] / self.trace_accept_length[k] - 1.0)
-            for k in self.trace_accept_length
-        )
+        return _max_error(self.model_accept_length, self.trace_accept_length)
+
+    @property
+    def other_max_rel_error(self) -> float:
+        if not self.other_accept_length:
+            return math.nan
+        return _max_error(self.other_accept_length, self.trace_accept_length)
 
     def entry(self) -> DomainAcceptance:
-        return DomainAcceptance(self.rates, self.token_correlation)
+        rho = None if self.runs else self.token_correlation
+        return DomainAcceptance(self.rates, rho, self.request_correlation, self.runs)
 
 
 def _max_error(model: Mapping[int, float], trace: Mapping[int, float]) -> float:
     return max(abs(model[k] / trace[k] - 1.0) for k in trace)
+
+
+class _Evaluator:
+    """Model traces with the trace's request lengths for any (ρ, h), common random
+    numbers throughout, cached."""
+
+    def __init__(
+        self, rates: tuple[float, ...], lengths: list[int], steps: Sequence[int], seed: int
+    ) -> None:
+        reps = max(1, math.ceil(MIN_MODEL_TOKENS / sum(lengths)))
+        self.lengths = lengths * reps
+        self.cap = max(max(steps) + 1, 2)
+        self.steps = steps
+        self.rates = rates
+        self.seed = seed
+        self._surv = _survival(rates, self.cap)
+        rng = np.random.default_rng(seed)
+        self._eps = rng.standard_normal(int(sum(self.lengths)))
+        self._offsets = rng.standard_normal(len(self.lengths))
+        self._traces: dict[tuple[bool, float, float], list[list[int]]] = {}
+        self._lengths: dict[tuple[bool, float, float], dict[int, float]] = {}
+
+    def traces(self, runs: bool, rho: float, h: float) -> list[list[int]]:
+        key = (runs, rho, h)
+        if key not in self._traces:
+            if runs:
+                seqs = _run_traces(self.rates, h, self.lengths, self._offsets, self.seed, self.cap)
+            else:
+                z = _latent(self._eps, self.lengths, rho, self._offsets, h)
+                seqs = _acc_from_latent(z, self._surv, self.lengths, self.cap)
+            self._traces = {key: seqs}  # one set at a time: they are large
+        return self._traces[key]
+
+    def accept_lengths(self, runs: bool, rho: float, h: float) -> dict[int, float]:
+        key = (runs, rho, h)
+        if key not in self._lengths:
+            self._lengths[key] = replay_accept_lengths(self.traces(runs, rho, h), self.steps)
+        return self._lengths[key]
+
+    def spread(self, runs: bool, rho: float, h: float) -> float:
+        return _request_spread(self.traces(runs, rho, h), self.cap)
+
+
+def _fit_spread(ev: _Evaluator, runs: bool, rho: float, want: float) -> float:
+    """h whose model traces have the trace's per-request spread (grid, then finer)."""
+    grid = _H_GRID_RUNS if runs else _H_GRID
+    best = min(grid, key=lambda h: abs(ev.spread(runs, rho, h) - want))
+    step = grid[1] - grid[0]
+    fine = [round(best + step * d / 4, 4) for d in range(-3, 4)]
+    return min(
+        (h for h in fine if 0.0 <= h <= grid[-1]), key=lambda h: abs(ev.spread(runs, rho, h) - want)
+    )
+
+
+def _fit_rho(
+    ev: _Evaluator, h: float, trace_al: Mapping[int, float], grid: Sequence[float]
+) -> float:
+    return min(grid, key=lambda r: _max_error(ev.accept_lengths(False, r, h), trace_al))
 
 
 def fit_domain(
@@ -250,44 +418,46 @@ def fit_domain(
     *,
     steps: Sequence[int] = FIT_STEPS,
     seed: int = 0,
+    requests_differ: bool = True,
 ) -> DomainFit:
-    """Fit rates and ρ of one domain to its per-token sequences (see module doc)."""
+    """Fit one domain's rates, ρ, h and model (latent or runs) to its per-token sequences.
+
+    ``requests_differ=False``: h = 0 and the latent model, ρ alone (the fit before
+    issue 22, for comparisons)."""
     _check_sequences(sequences)
     seqs = [list(map(int, s)) for s in sequences if len(s)]
     rates = trace_rates(seqs)
-    trace_al = {k: replay_accept_length(seqs, k) for k in steps}
+    trace_al = replay_accept_lengths(seqs, steps)
     lengths = [len(s) for s in seqs]
-    reps = max(1, math.ceil(MIN_MODEL_TOKENS / sum(lengths)))
-    all_lengths = lengths * reps
-    cap = max(max(steps) + 1, 2)
-    surv = _survival(rates, cap)
-    eps = np.random.default_rng(seed).standard_normal(int(sum(all_lengths)))
-
-    def evaluate(rho: float) -> dict[int, float]:
-        z = _latent(eps, all_lengths, rho)
-        model = _acc_from_latent(z, surv, all_lengths, cap)
-        return {k: replay_accept_length(model, k) for k in steps}
-
-    cache: dict[float, dict[int, float]] = {}
-
-    def err(rho: float) -> float:
-        if rho not in cache:
-            cache[rho] = evaluate(rho)
-        return _max_error(cache[rho], trace_al)
-
-    best = min(_COARSE, key=err)
-    fine = [round(best + 0.01 * d, 2) for d in range(-4, 5)]
-    best = min((r for r in fine if 0.0 <= r <= 0.98), key=err)
+    ev = _Evaluator(rates, lengths, steps, seed)
+    want = _request_spread(seqs, ev.cap)
+    # The latent model: ρ and h trade off (both lower the accept length a verify sees);
+    # h is pinned by the per-request spread, ρ by the accept lengths: alternate.
+    rho = _fit_rho(ev, 0.0, trace_al, _COARSE)
+    h = _fit_spread(ev, False, rho, want) if requests_differ else 0.0
+    if requests_differ:
+        rho = _fit_rho(ev, h, trace_al, _COARSE)
+        h = _fit_spread(ev, False, rho, want)
+    near = [round(rho + 0.01 * d, 2) for d in range(-4, 5)]
+    rho = _fit_rho(ev, h, trace_al, [r for r in near if 0.0 <= r <= 0.98])
+    latent = ev.accept_lengths(False, rho, h)
+    # The run model: h only (its other parameters are the rates).
+    h_runs = _fit_spread(ev, True, 0.0, want) if requests_differ else 0.0
+    run_al = ev.accept_lengths(True, 0.0, h_runs)
+    use_runs = requests_differ and _max_error(run_al, trace_al) < _max_error(latent, trace_al)
     per_verify = {k: expected_accept_length_from_rates(rates, k) for k in steps}
     return DomainFit(
         domain=domain,
         rates=rates,
-        token_correlation=best,
+        token_correlation=rho,
         requests=len(seqs),
         tokens=int(sum(lengths)),
         trace_accept_length=trace_al,
-        model_accept_length=cache[best],
+        model_accept_length=run_al if use_runs else latent,
         per_verify_accept_length=per_verify,
+        request_correlation=h_runs if use_runs else h,
+        runs=use_runs,
+        other_accept_length=latent if use_runs else run_al,
     )
 
 
@@ -313,18 +483,25 @@ def profile_document(
     """
     domains: dict[str, Any] = {}
     for f in fits:
+        fit: dict[str, Any] = {
+            "requests": f.requests,
+            "tokens": f.tokens,
+            "steps": sorted(f.trace_accept_length),
+            "trace_accept_length": _rounded(f.trace_accept_length),
+            "model_accept_length": _rounded(f.model_accept_length),
+            "per_verify_accept_length": _rounded(f.per_verify_accept_length),
+            "max_rel_error": round(f.max_rel_error, 4),
+        }
+        if f.other_accept_length:
+            other = "latent" if f.runs else "runs"
+            fit[f"{other}_accept_length"] = _rounded(f.other_accept_length)
+            fit[f"{other}_max_rel_error"] = round(f.other_max_rel_error, 4)
         domains[f.domain] = {
             "rates": [round(r, 4) for r in f.rates],
-            "token_correlation": f.token_correlation,
-            "fit": {
-                "requests": f.requests,
-                "tokens": f.tokens,
-                "steps": sorted(f.trace_accept_length),
-                "trace_accept_length": _rounded(f.trace_accept_length),
-                "model_accept_length": _rounded(f.model_accept_length),
-                "per_verify_accept_length": _rounded(f.per_verify_accept_length),
-                "max_rel_error": round(f.max_rel_error, 4),
-            },
+            "token_correlation": None if f.runs else f.token_correlation,
+            "request_correlation": round(f.request_correlation, 4),
+            "runs": f.runs,
+            "fit": fit,
         }
     return {
         "acceptance_profiles": {

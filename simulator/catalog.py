@@ -22,6 +22,8 @@ add or override entries with YAML files of the same schema::
 
 An acceptance profile of a catalog file is used by name (``replay --acceptance-profile``
 or a drafter's ``acceptance_profile``) and wins over a built-in profile of that name.
+``request_correlation`` (h, default 0) is the per-request share of acceptance
+variance; ``runs: true`` samples exact-match runs (``acceptance_runs``) instead.
 ``token_correlation`` null (or absent) samples the rates per verify; ``fit`` is the
 fit's report, kept as written and not read by the simulator.
 
@@ -137,6 +139,11 @@ class DrafterSpec:
     # GPU time a change of the step count (SGLang's runtime-state switch) stalls the next
     # decode forward; 0 (the default, assumed): a switch is free.
     tier_switch_ms: float = 0.0
+    # Step 0 (issue 22 §2): the share of each term a speculative step at 0 drafts pays
+    # (1: as SGLang 0.5.23 runs it; 0: free), and of the KV pool the drafter takes.
+    zero_step_extend_scale: float = 1.0
+    zero_step_verify_scale: float = 1.0
+    kv_pool_reduction_scale: float = 1.0
     bytes_per_param: float = 2.0
     params_b_by_target: tuple[tuple[str, float], ...] = ()
     targets: tuple[str, ...] = ()
@@ -309,6 +316,9 @@ _DRAFTER_FIELDS: dict[str, _Field] = {
     "verify_token_overhead_us": (_nonneg, False),
     "per_request_us": (_nonneg, False),
     "tier_switch_ms": (_nonneg, False),
+    "zero_step_extend_scale": (_nonneg, False),
+    "zero_step_verify_scale": (_nonneg, False),
+    "kv_pool_reduction_scale": (_nonneg, False),
     "aliases": (_names, False),
 }
 
@@ -396,9 +406,24 @@ def _mapping(ctx: _Ctx, path: str, value: object) -> dict[str, Any]:
     return value
 
 
+def _fraction_below_one(ctx: _Ctx, path: str, value: object) -> float:
+    out = _nonneg(ctx, path, value)
+    if out >= 1.0:
+        raise ctx.fail(path, "a number in [0, 1)", value)
+    return out
+
+
+def _runs_flag(ctx: _Ctx, path: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ctx.fail(path, "true or false", value)
+    return value
+
+
 _DOMAIN_FIELDS: dict[str, _Field] = {
     "rates": (_rates, True),
     "token_correlation": (_correlation, False),
+    "request_correlation": (_fraction_below_one, False),
+    "runs": (_runs_flag, False),
     "fit": (_mapping, False),
 }
 _PROFILE_FIELDS: dict[str, _Field] = {
@@ -418,7 +443,13 @@ def _acceptance_profile(ctx: _Ctx, path: str, name: str, entry: object) -> Accep
     for key, value in raw.items():
         domain = _name(ctx, f"{path}.domains (domain name)", key)
         d = _fields(ctx, f"{path}.domains.{key}", value, _DOMAIN_FIELDS)
-        domains.append((domain, DomainAcceptance(d["rates"], d.get("token_correlation"))))
+        entry = DomainAcceptance(
+            d["rates"],
+            d.get("token_correlation"),
+            d.get("request_correlation", 0.0),
+            d.get("runs", False),
+        )
+        domains.append((domain, entry))
     default = f.pop("default_domain", None)
     if default is not None and default not in dict(domains):
         raise CatalogError(

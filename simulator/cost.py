@@ -79,6 +79,7 @@ __all__ = [
     "CostCoefficients",
     "CostModel",
     "CostModelError",
+    "ZeroStepScaledCost",
 ]
 
 # The coefficients and their errors are the policies' roofline types: one definition,
@@ -177,6 +178,16 @@ class CostModel(Roofline):
                 draft_per_request_s=drafter.per_request_us * 1e-6,
             )
         coef = CostCoefficients(**kwargs).with_overrides(overrides)
+        if drafter is not None and (
+            drafter.zero_step_extend_scale != 1.0 or drafter.zero_step_verify_scale != 1.0
+        ):
+            return ZeroStepScaledCost(
+                coef,
+                topk=topk,
+                num_draft_tokens=num_draft_tokens,
+                extend_scale=drafter.zero_step_extend_scale,
+                verify_scale=drafter.zero_step_verify_scale,
+            )
         return cls(
             coef, speculative=drafter is not None, topk=topk, num_draft_tokens=num_draft_tokens
         )
@@ -198,6 +209,27 @@ class CostModel(Roofline):
             topk=self.topk,
             num_draft_tokens=self.num_draft_tokens,
         )
+
+    def zero_step_terms_s(self, batch_size: float, kv_tokens: float) -> dict[str, float]:
+        """What a speculative step at 0 drafts pays beyond a plain step, by term
+        (seconds for the whole batch): the draft-extend pass and the verify bookkeeping
+        (per-verify overhead plus the per-verified-token work on the batch's tokens);
+        ``other`` is the rest (the n-gram drafter's per-request host work)."""
+        if not self.speculative:
+            return {"draft_extend": 0.0, "verify_bookkeeping": 0.0, "other": 0.0}
+        c = self._coef
+        extend = self.draft_extend_pass_s(batch_size, 0, kv_tokens)
+        verify = self._zero_verify_scale() * (
+            c.spec_verify_overhead_s + batch_size * c.spec_verify_per_token_s
+        )
+        return {
+            "draft_extend": extend,
+            "verify_bookkeeping": verify,
+            "other": batch_size * c.draft_per_request_s,
+        }
+
+    def _zero_verify_scale(self) -> float:
+        return 1.0
 
     def draft_extend_pass_s(self, batch_size: float, steps: int, kv_tokens: float) -> float:
         """The draft-extend pass inside ``decode_step_s(batch_size, steps, kv_tokens)``:
@@ -238,3 +270,62 @@ class CostModel(Roofline):
                 + self._dext_o
             )
         return t
+
+
+class ZeroStepScaledCost(CostModel):
+    """A speculative cost model whose step-0 terms are scaled (the drafter's
+    ``zero_step_extend_scale`` and ``zero_step_verify_scale``, issue 22 §2): at 0 drafts
+    the draft-extend pass costs ``extend_scale`` x and the verify bookkeeping
+    ``verify_scale`` x what :class:`CostModel` charges; steps > 0 are unchanged. A
+    subclass, so the default (both 1) keeps the plain hot path."""
+
+    __slots__ = ("_ext_scale", "_ver_scale")
+
+    def __init__(
+        self,
+        coefficients: RooflineCoefficients,
+        *,
+        topk: int = 1,
+        num_draft_tokens: int | None = None,
+        extend_scale: float,
+        verify_scale: float,
+    ) -> None:
+        super().__init__(
+            coefficients, speculative=True, topk=topk, num_draft_tokens=num_draft_tokens
+        )
+        self._ext_scale = float(extend_scale)
+        self._ver_scale = float(verify_scale)
+
+    def _zero_verify_scale(self) -> float:
+        return self._ver_scale
+
+    def for_shape(self, topk: int, num_draft_tokens: int | None) -> CostModel:
+        return ZeroStepScaledCost(
+            self._coef,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
+            extend_scale=self._ext_scale,
+            verify_scale=self._ver_scale,
+        )
+
+    def with_overrides(self, overrides: Mapping[str, float]) -> CostModel:
+        return ZeroStepScaledCost(
+            self._coef.with_overrides(overrides),
+            topk=self.topk,
+            num_draft_tokens=self.num_draft_tokens,
+            extend_scale=self._ext_scale,
+            verify_scale=self._ver_scale,
+        )
+
+    def draft_extend_pass_s(self, batch_size: float, steps: int, kv_tokens: float) -> float:
+        full = super().draft_extend_pass_s(batch_size, steps, kv_tokens)
+        return full * self._ext_scale if steps == 0 else full
+
+    def decode_step_s(self, batch_size: float, steps: int, kv_tokens: float) -> float:
+        t = super().decode_step_s(batch_size, steps, kv_tokens)
+        if steps != 0:
+            return t
+        c = self._coef
+        extend = super().draft_extend_pass_s(batch_size, 0, kv_tokens)
+        verify = c.spec_verify_overhead_s + batch_size * c.spec_verify_per_token_s
+        return t + (self._ext_scale - 1.0) * extend + (self._ver_scale - 1.0) * verify

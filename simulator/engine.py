@@ -99,7 +99,7 @@ class SkipZeroStepCost(Protocol):
 
 @runtime_checkable
 class StaleableSampler(Protocol):
-    """A sampler whose drafter state can go stale (see ``acceptance._Cold``)."""
+    """A sampler whose drafter state can go stale (see ``acceptance_cold.ColdDrafter``)."""
 
     def draw(self, steps: int) -> int: ...
 

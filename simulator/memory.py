@@ -417,8 +417,11 @@ def budget_memory(
     slack = total - usable
     activations = _activation_mib(chunk, tp) / MIB_PER_GIB
     weights = model.weight_bytes / tp / GIB
-    draft_weights = drafter.weight_bytes_for(model.name) / tp / GIB if drafter else 0.0
-    static_reserve = drafter.static_reserve_gib if drafter else 0.0
+    # kv_pool_reduction_scale: the share of the drafter's memory (weights, static
+    # reserve, its KV per token) charged to the pool; 1 as SGLang sizes it.
+    pool_scale = drafter.kv_pool_reduction_scale if drafter else 0.0
+    draft_weights = pool_scale * drafter.weight_bytes_for(model.name) / tp / GIB if drafter else 0.0
+    static_reserve = pool_scale * drafter.static_reserve_gib if drafter else 0.0
     has_draft_model = drafter is not None and drafter.has_model
 
     tiers: list[tuple[int, float]] = []
@@ -446,7 +449,7 @@ def budget_memory(
 
     kv_pool = usable - weights - draft_weights - static_reserve - graphs_in_static
     target_kv = model.kv_bytes_per_token / tp
-    draft_kv = drafter.kv_bytes_per_token / tp if drafter else 0.0
+    draft_kv = pool_scale * drafter.kv_bytes_per_token / tp if drafter else 0.0
     capacity = int(kv_pool * GIB // (target_kv + draft_kv)) if kv_pool > 0 else 0
     return MemoryPlan(
         gpu=gpu.name,

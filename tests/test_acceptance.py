@@ -8,6 +8,8 @@ import statistics
 import pytest
 
 from specgov.simulator.acceptance import (
+    BUILTIN_REQUEST_CORRELATION,
+    BUILTIN_RUN_REQUEST_CORRELATION,
     BUILTIN_TOKEN_CORRELATION,
     DEFAULT_BURSTINESS,
     MAX_STEPS,
@@ -159,8 +161,10 @@ def test_sample_mean_matches_expected_length(burstiness: float) -> None:
     assert mean_len == pytest.approx(VLLM_20780[4], abs=0.04)
 
 
-def _lag1_autocorrelation(burstiness: float) -> float:
-    model = AcceptanceModel(EAGLE, burstiness=burstiness, seed=7, token_model=False)
+def _lag1_autocorrelation(burstiness: float, request_correlation: float = 0.0) -> float:
+    rates = PROFILES[EAGLE]["sharegpt"]
+    profiles = {"p": {"sharegpt": DomainAcceptance(rates, None, request_correlation)}}
+    model = AcceptanceModel("p", burstiness=burstiness, seed=7, profiles=profiles)
     series = []
     for r in range(600):
         sampler = model.sampler(r, "sharegpt")
@@ -176,6 +180,8 @@ def test_burstiness_correlates_consecutive_verifies() -> None:
     assert _lag1_autocorrelation(DEFAULT_BURSTINESS) > 0.3
     assert abs(_lag1_autocorrelation(0.0)) < 0.05
     assert _lag1_autocorrelation(0.9) > _lag1_autocorrelation(DEFAULT_BURSTINESS)
+    # A request's own level (issue 22) correlates its verifies even without bursts.
+    assert _lag1_autocorrelation(0.0, 0.3) > 0.15
 
 
 def test_same_seed_same_draws_independent_of_interleaving() -> None:
@@ -296,13 +302,22 @@ REPORTED_GAP = {3: (0.06, 0.12), 5: (0.08, 0.21), 7: (0.10, 0.28)}
 
 
 def _sampled_accept_length(
-    model: AcceptanceModel, domain: str, steps: int, requests: int = 400, verifies: int = 60
+    model: AcceptanceModel, domain: str, steps: int, requests: int = 400, length: int = 150
 ) -> float:
+    """Tokens per verify over requests of *length* output tokens each, as a trace replay
+    counts them (pooled; the last verify emits at most the tokens left): a fixed length,
+    not a fixed verify count, so a hard request weighs by the verifies it takes."""
     tokens = 0
+    verifies = 0
     for r in range(requests):
         sampler = model.sampler(r, domain)
-        tokens += sum(sampler.draw(steps) + 1 for _ in range(verifies))
-    return tokens / (requests * verifies)
+        left = length
+        while left > 0:
+            e = min(sampler.draw(steps) + 1, left)
+            left -= e
+            tokens += e
+            verifies += 1
+    return tokens / verifies
 
 
 @pytest.mark.parametrize("steps", sorted(CHAT_TRACE_REPLAY))
@@ -334,11 +349,32 @@ def test_token_sampler_agrees_with_replaying_model_traces() -> None:
     # vectorised trace generator (specgov.simulator.acceptance_fit).
     from specgov.simulator.acceptance_fit import model_accept_length
 
-    model = AcceptanceModel("ngram", seed=2)
-    rates = PROFILES["ngram"]["sharegpt"]
-    replayed = model_accept_length(rates, BUILTIN_TOKEN_CORRELATION, (1, 4, 7))
+    model = AcceptanceModel("standalone-llama3.2-1b", seed=2)
+    rates = PROFILES["standalone-llama3.2-1b"]["sharegpt"]
+    h = BUILTIN_REQUEST_CORRELATION
+    replayed = model_accept_length(
+        rates, BUILTIN_TOKEN_CORRELATION, (1, 4, 7), lengths=(150,), request_correlation=h
+    )
     for steps, want in replayed.items():
-        assert _sampled_accept_length(model, "sharegpt", steps) == pytest.approx(want, rel=0.02)
+        got = _sampled_accept_length(model, "sharegpt", steps, requests=1000)
+        assert got == pytest.approx(want, rel=0.02)
+
+
+def test_run_sampler_agrees_with_replaying_run_traces() -> None:
+    # The n-gram profile's runs (issue 22): the engine's sampler and the fit's generator.
+    from specgov.simulator.acceptance_fit import model_accept_length
+
+    model = AcceptanceModel("ngram", seed=2)
+    assert model.runs("code") and model.token_correlation("code") is None
+    rates = PROFILES["ngram"]["instructcoder"]
+    h = BUILTIN_RUN_REQUEST_CORRELATION
+    replayed = model_accept_length(
+        rates, 0.0, (1, 4, 7), lengths=(150,), request_correlation=h, runs=True, min_tokens=600_000
+    )
+    for steps, want in replayed.items():
+        # Monte-Carlo noise: requests differ a lot (h), about 1 % here.
+        got = _sampled_accept_length(model, "instructcoder", steps, requests=4000)
+        assert got == pytest.approx(want, rel=0.04)
 
 
 def test_token_sampler_acceptance_is_fixed_per_position() -> None:

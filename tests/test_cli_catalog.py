@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from specgov.controller.cli import main
@@ -45,3 +46,29 @@ def test_catalog_list_json_and_an_extra_file(tmp_path: Path) -> None:
     refused = CliRunner().invoke(main, ["catalog", "list", "--catalog", str(bad)])
     assert refused.exit_code == 2 and "bad.yaml" in refused.output
     assert "Traceback" not in refused.output
+
+
+def test_catalog_show_gives_each_step0_term_with_its_provenance(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["catalog", "show", "eagle3"])
+    assert result.exit_code == 0, result.output
+    for figure in ("zero_step_extend_scale", "zero_step_verify_scale", "kv_pool_reduction_scale"):
+        assert figure in result.output
+    assert "draft-extend ms" in result.output and "KV pool:" in result.output
+    doc = json.loads(
+        CliRunner().invoke(main, ["catalog", "show", "eagle3", "--output", "json"]).output
+    )
+    fields = doc["fields"]
+    assert fields["zero_step_verify_scale"]["kind"] == "assumed"
+    assert fields["verify_token_overhead_us"]["kind"] == "fitted"
+    for row in doc["step_zero"]["by_batch"]:
+        extra = row["step0_ms"] - row["plain_step_ms"]
+        terms = row["draft_extend_ms"] + row["verify_bookkeeping_ms"] + row["other_ms"]
+        assert terms == pytest.approx(extra, rel=1e-6)
+    pool = doc["step_zero"]["kv_pool_tokens"]
+    assert pool["speculative"] < pool["plain"]
+    assert 0.5 < doc["step_zero"]["saturation"]["step0_throughput_over_plain"] < 1.0
+    gpu = CliRunner().invoke(main, ["catalog", "show", "h100", "--output", "json"])
+    assert json.loads(gpu.output)["section"] == "gpu"
+    missing = CliRunner().invoke(main, ["catalog", "show", "nope"])
+    assert missing.exit_code == 2 and "no catalog entry 'nope'" in missing.output
+    assert "Traceback" not in missing.output

@@ -21,8 +21,12 @@ from specgov.simulator.acceptance import PROFILES
 from specgov.simulator.acceptance_fit import (
     FIT_STEPS,
     AcceptanceFitError,
+    DomainFit,
     fit_domain,
+    model_accept_length,
+    profile_document,
     replay_accept_length,
+    replay_accept_lengths,
     synthetic_acc_len,
     trace_rates,
 )
@@ -33,31 +37,40 @@ from specgov.simulator.traces import Request
 CHAT = PROFILES["eagle3-llama3.1-8b"]["sharegpt"]
 
 
+def _regime_request(
+    rng: np.random.Generator,
+    n: int,
+    switch: tuple[float, float],
+    q: dict[int, tuple[float, ...]],
+    p_hard: float,
+) -> list[int]:
+    """One request's per-token trace from hidden easy/hard regimes (sticky Markov, per
+    token, leaving easy with switch[0] and hard with switch[1]); the draft of token s at
+    depth j is accepted iff w_s < q[regime_s][j], so a hard token fails every verify that
+    reaches it, and deeper drafts are worse."""
+    state = np.empty(n, dtype=np.int64)
+    s = int(rng.random() < p_hard)
+    for t in range(n):
+        if rng.random() < switch[s]:
+            s = 1 - s
+        state[t] = s
+    w = rng.random(n)
+    acc = []
+    for p in range(n):
+        j = 0
+        while j < 7 and p + j < n - 1 and w[p + j] < q[int(state[p + j])][j]:
+            j += 1
+        acc.append(j + 1)
+    return acc
+
+
 def _regime_trace(
     lengths: list[int], seed: int, switch: tuple[float, float] = (0.05, 0.15)
 ) -> list[list[int]]:
-    """Per-token traces from hidden easy/hard regimes (sticky Markov, per token); the
-    draft of token s at depth j is accepted iff w_s < q[regime_s][j], so a hard token
-    fails every verify that reaches it, and deeper drafts are worse."""
+    """Per-token traces of requests that share one easy/hard regime structure."""
     q = {0: (0.92, 0.88, 0.86, 0.85, 0.85, 0.85, 0.85), 1: (0.35, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3)}
     rng = np.random.default_rng(seed)
-    out = []
-    for n in lengths:
-        state = np.empty(n, dtype=np.int64)
-        s = int(rng.random() < 0.3)
-        for t in range(n):
-            if rng.random() < switch[s]:
-                s = 1 - s
-            state[t] = s
-        w = rng.random(n)
-        acc = []
-        for p in range(n):
-            j = 0
-            while j < 7 and p + j < n - 1 and w[p + j] < q[int(state[p + j])][j]:
-                j += 1
-            acc.append(j + 1)
-        out.append(acc)
-    return out
+    return [_regime_request(rng, n, switch, q, 0.3) for n in lengths]
 
 
 def test_replay_walks_the_positions_a_verify_visits() -> None:
@@ -138,6 +151,10 @@ def test_cli_fits_a_profile_that_replay_loads(tmp_path: Path) -> None:
     entry = doc["acceptance_profiles"]["mine"]
     assert entry["default_domain"] == "chat"
     assert entry["domains"]["chat"]["fit"]["max_rel_error"] < 0.03
+    # Issue 22: the per-request level and the model kind are written and reported.
+    assert 0.0 <= entry["domains"]["chat"]["request_correlation"] < 1.0
+    assert isinstance(entry["domains"]["chat"]["runs"], bool)
+    assert "request_correlation" in result.output
     spec = Catalog.load([out]).acceptance_profile("mine")
     assert spec is not None and spec.default_domain == "chat"
     # Replay a trace without acc_len: the sampled model (the fitted profile) decides.
@@ -188,3 +205,77 @@ def test_catalog_acceptance_profiles_are_validated(tmp_path: Path, body: str, ma
     f.write_text("acceptance_profiles:\n  " + body + "\n")
     with pytest.raises(CatalogError, match=match):
         Catalog.load([f])
+
+
+# ------------------------------------------- requests that differ (issue 22 §1)
+
+
+def _mixed_trace(seed: int, requests: int = 240) -> list[list[int]]:
+    """A code-like per-token trace whose requests differ (generated, seeded): each
+    request has its own easy/hard regime switching rates, and a few very long, highly
+    repetitive outputs carry much of the tokens. Not the fitted model's structure."""
+    q = {0: (0.93, 0.9, 0.88, 0.87, 0.87, 0.87, 0.87), 1: (0.3, 0.25, 0.25, 0.25, 0.25, 0.25, 0.25)}
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(requests):
+        if rng.random() < 0.04:
+            n, to_hard, to_easy = int(rng.integers(2500, 4000)), 0.01, 0.4
+        else:
+            n = int(rng.integers(60, 400))
+            to_hard = float(np.clip(rng.lognormal(np.log(0.1), 0.8), 0.01, 0.8))
+            to_easy = float(np.clip(rng.lognormal(np.log(0.15), 0.6), 0.02, 0.8))
+        p_hard = to_hard / (to_hard + to_easy)
+        out.append(_regime_request(rng, n, (to_hard, to_easy), q, p_hard))
+    return out
+
+
+def _tpot_p99_ms(seqs: list[list[int]], tmp_path: Path, profile: str | None, replay: bool) -> float:
+    """TPOT p99 of serving *seqs* (static 5 drafts, H100, 4 req/s): the trace itself
+    (replay) or the requests' lengths only, acceptance sampled from *profile*."""
+    files = tuple(tmp_path.glob("*.yaml")) if profile else ()
+    server = ServerSpec(catalog_files=files, acceptance_profile=profile)
+    requests = [
+        Request(0.25 * i, 512, len(s), "code", tuple(s) if replay else None)
+        for i, s in enumerate(seqs)
+    ]
+    res = prepare_run(server, parse_policy("static:5"), seed=3).run(requests)
+    tpot = np.asarray(res.tpot_s)
+    return float(np.percentile(tpot[~np.isnan(tpot)], 99)) * 1e3
+
+
+def _write_profile(tmp_path: Path, name: str, fit: DomainFit) -> None:
+    doc = profile_document(name, [fit], source="test", default_domain=fit.domain)
+    (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(doc), encoding="utf-8")
+
+
+def test_split_half_check_of_a_trace_whose_requests_differ(tmp_path: Path) -> None:
+    """Issue 22 §1's honest check: fit on a random half, replay the other half's lengths
+    with the fitted profile, compare with that half's own trace replay."""
+    seqs = _mixed_trace(seed=21)
+    order = np.random.default_rng(5).permutation(len(seqs))
+    half_a = [seqs[i] for i in order[: len(seqs) // 2]]
+    half_b = [seqs[i] for i in order[len(seqs) // 2 :]]
+    fit = fit_domain("code", half_a)
+    assert fit.request_correlation > 0.05  # the requests differ, and the fit sees it
+    al_a = replay_accept_lengths(half_a)
+    al_b = replay_accept_lengths(half_b)
+    model_b = model_accept_length(
+        fit.rates,
+        fit.token_correlation,
+        lengths=[len(s) for s in half_b],
+        request_correlation=fit.request_correlation,
+        runs=fit.runs,
+        seed=1,
+    )
+    for k in FIT_STEPS:
+        halves = abs(al_a[k] / al_b[k] - 1.0)
+        assert abs(model_b[k] / al_b[k] - 1.0) <= halves + 0.03, (k, model_b[k], al_b[k], halves)
+    _write_profile(tmp_path, "half-a", fit)
+    trace_p99 = _tpot_p99_ms(half_b, tmp_path, None, replay=True)
+    model_p99 = _tpot_p99_ms(half_b, tmp_path, "half-a", replay=False)
+    assert model_p99 == pytest.approx(trace_p99, rel=0.10)
+    # The fit before issue 22 (no per-request level, ρ alone) makes the tail too short.
+    before = fit_domain("code", half_a, requests_differ=False)
+    assert before.request_correlation == 0.0 and not before.runs
+    _write_profile(tmp_path, "half-a", before)
+    assert _tpot_p99_ms(half_b, tmp_path, "half-a", replay=False) < 0.9 * trace_p99

@@ -46,13 +46,25 @@ def test_tiny_cpu_run_writes_a_grid_and_a_catalog_entry_replay_loads(tmp_path: P
         if r["component"] == "target"
     }
     assert targets == {(b, t, kv) for b in (1, 4) for t in (1, 2) for kv in (16, 32)}
-    assert {r["component"] for r in rows} == {"target", "draft_step", "draft_extend"}
+    assert {r["component"] for r in rows} == {
+        "target",
+        "draft_step",
+        "draft_extend",
+        "plain_step",
+        "step0_step",
+    }
+    # Issue 22 §2: step 0 timed against a plain step, its terms fitted as catalog scales.
+    assert "step 0 vs a plain step over 4 shapes" in proc.stdout
     assert all(float(r["median_ms"]) > 0 for r in rows)
     entry = out / "catalog_entry.yaml"
     catalog = Catalog.load([entry])
     gpu = catalog.gpu("tiny-cpu")
     assert 0 < gpu.bandwidth_efficiency <= 1 and 0 < gpu.compute_efficiency <= 1
     assert {f for f, _, _ in gpu.provenance} >= {"bandwidth_efficiency", "compute_efficiency"}
+    drafter = catalog.drafter("eagle3-tiny-cpu")
+    prov = {f: kind for f, kind, _ in drafter.provenance}
+    assert prov["zero_step_extend_scale"] == prov["zero_step_verify_scale"] == "fitted"
+    assert drafter.zero_step_extend_scale > 0
     server = ServerSpec(gpu="tiny-cpu", drafter="eagle3-tiny-cpu", catalog_files=(entry,))
     result = prepare_run(server, parse_policy("static:2"), seed=0).run(
         [Request(0.0, 64, 16, "chat") for _ in range(2)]

@@ -206,3 +206,102 @@ def test_launch_code_recommends_the_skip_when_sglangs_high_slots_stay_at_zero() 
     assert recommend_skip_zero_step(busy.steps_hist, default_slots()) is not None
     quiet = _run(ServerSpec(), "sglang-ema", [Request(30.0 * i, 512, 300) for i in range(4)])
     assert recommend_skip_zero_step(quiet.steps_hist, default_slots()) is None
+
+
+# ------------------------------------------------- step-0 terms as catalog figures (issue 22)
+
+
+def _drafter(**scales: float) -> object:
+    import dataclasses
+
+    return dataclasses.replace(Catalog.load().drafter("eagle3"), **scales)
+
+
+def _cost(drafter: object) -> CostModel:
+    c = Catalog.load()
+    return CostModel.from_catalog(c.gpu("h100"), c.model("llama-3.1-8b"), drafter)  # type: ignore[arg-type]
+
+
+def test_step0_terms_add_up_to_the_step0_price(cost: CostModel, plain: CostModel) -> None:
+    for batch in (1, 64, 256):
+        kv = 1024 * batch
+        terms = cost.zero_step_terms_s(batch, kv)
+        extra = cost.decode_step_s(batch, 0, kv) - plain.decode_step_s(batch, 0, kv)
+        assert sum(terms.values()) == pytest.approx(extra, rel=1e-9)
+        assert terms["draft_extend"] == pytest.approx(cost.draft_extend_pass_s(batch, 0, kv))
+    assert plain.zero_step_terms_s(8, 8192) == {
+        "draft_extend": 0.0,
+        "verify_bookkeeping": 0.0,
+        "other": 0.0,
+    }
+
+
+@pytest.mark.parametrize("scale", [0.0, 2.0])
+def test_step0_scales_move_only_their_term_and_only_at_step0(
+    cost: CostModel, plain: CostModel, scale: float
+) -> None:
+    kv = 64 * 1024
+    base = cost.zero_step_terms_s(64, kv)
+    for field, term in (
+        ("zero_step_extend_scale", "draft_extend"),
+        ("zero_step_verify_scale", "verify_bookkeeping"),
+    ):
+        scaled = _cost(_drafter(**{field: scale}))
+        got = scaled.decode_step_s(64, 0, kv) - cost.decode_step_s(64, 0, kv)
+        assert got == pytest.approx((scale - 1.0) * base[term], rel=1e-9), field
+        assert scaled.zero_step_terms_s(64, kv)[term] == pytest.approx(scale * base[term])
+        for steps in (1, 3):
+            assert scaled.decode_step_s(64, steps, kv) == cost.decode_step_s(64, steps, kv)
+        # The shape and overrides keep the scales.
+        assert scaled.for_shape(1, None).decode_step_s(64, 0, kv) == scaled.decode_step_s(64, 0, kv)
+    free = _cost(_drafter(zero_step_extend_scale=0.0, zero_step_verify_scale=0.0))
+    assert free.decode_step_s(64, 0, kv) == pytest.approx(plain.decode_step_s(64, 0, kv))
+    assert type(cost) is CostModel  # the default keeps the plain hot path
+
+
+def test_kv_pool_reduction_scale_sizes_the_pool() -> None:
+    from specgov.simulator.memory import plan_memory
+
+    c = Catalog.load()
+
+    def pool(scale: float | None) -> int:
+        d = None if scale is None else _drafter(kv_pool_reduction_scale=scale)
+        return plan_memory(
+            c.gpu("h100"),
+            c.model("llama-3.1-8b"),
+            d,  # type: ignore[arg-type]
+            candidate_steps=() if d is None else (0, 3),
+            cuda_graph_max_bs=256,
+        ).kv_token_capacity
+
+    plain_pool, none, today, double = pool(None), pool(0.0), pool(1.0), pool(2.0)
+    # At 0 only the extra CUDA graphs of the speculative tiers remain.
+    assert double < today < none < plain_pool
+    assert none > 0.99 * plain_pool
+
+
+def test_step0_scale_is_live_end_to_end_in_replay(tmp_path: object) -> None:
+    from pathlib import Path
+
+    override = Path(str(tmp_path)) / "free-verify.yaml"
+    base = Catalog.load().drafter("eagle3")
+    override.write_text(
+        "drafters:\n  eagle3:\n"
+        f"    algorithm: EAGLE3\n    params_b: 0.42\n    kv_bytes_per_token: 4096\n"
+        f"    static_reserve_gib: 2.0\n    acceptance_profile: {base.acceptance_profile}\n"
+        f"    step_overhead_ms: {base.step_overhead_ms}\n"
+        f"    extend_overhead_ms: {base.extend_overhead_ms}\n"
+        f"    verify_overhead_ms: {base.verify_overhead_ms}\n"
+        f"    verify_token_overhead_us: {base.verify_token_overhead_us}\n"
+        "    zero_step_verify_scale: 0.0\n",
+        encoding="utf-8",
+    )
+    requests = [Request(0.02 * i, 256, 64, "chat") for i in range(32)]
+
+    def tpot_ms(server: ServerSpec) -> float:
+        res = prepare_run(server, parse_policy("static:0"), seed=1).run(requests)
+        return 1e3 * statistics.fmean(t for t in res.tpot_s if t == t)
+
+    today = tpot_ms(ServerSpec())
+    free = tpot_ms(ServerSpec(catalog_files=(override,)))
+    assert free < 0.97 * today

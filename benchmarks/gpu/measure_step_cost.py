@@ -8,7 +8,15 @@ nothing is downloaded) in bf16 on the device, and times:
   ``torch.compile`` on a subset;
 * a one-layer EAGLE-style draft head (fc over 3 x hidden -> hidden, one decoder layer,
   a 32k-vocabulary head): one draft step over B tokens, and the draft-extend pass over
-  B x (k+1) tokens.
+  B x (k+1) tokens;
+* step 0 against a plain step (issue 22 §2), same model, same shapes: a plain decode
+  step (target forward over B tokens, greedy pick) and a speculative step at 0 drafts
+  (the same forward keeping the hidden states the drafter reads, the verify path's fp32
+  softmax over the full vocabulary and its pick, then the draft-extend pass over the B
+  tokens from three captured hidden states). Their difference less the timed
+  draft-extend pass is the verify bookkeeping; both terms are fitted as the catalog's
+  ``zero_step_extend_scale`` and ``zero_step_verify_scale`` (measured / modelled).
+  An emulation with HF transformers, not SGLang's kernels: the entry says so.
 
 Writes ``step_cost.csv`` (one row per timed shape: median, p10, p90) and
 ``catalog_entry.yaml``: a GPU entry whose achieved-bandwidth and achieved-compute
@@ -86,7 +94,7 @@ DATASHEETS = Path(__file__).resolve().parents[2] / "simulator" / "data" / "gpus.
 @dataclass(frozen=True)
 class Row:
     mode: str  # eager | compile
-    component: str  # target | draft_step | draft_extend
+    component: str  # target | draft_step | draft_extend | plain_step | step0_step
     batch_size: int
     tokens_per_request: int
     kv_len: int
@@ -233,6 +241,49 @@ def _row(mode: str, comp: str, b: int, t: int, kv: int, ms: list[float]) -> Row:
 # ------------------------------------------------------------------ timing
 
 
+def step_calls(
+    cfg: dict[str, Any],
+    models: tuple[Any, Any, Any],
+    gen: Any,
+    shape: tuple[int, int],
+    caches: tuple[Any, Any],
+) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """A plain decode step and a speculative step at 0 drafts for *shape* (batch, KV
+    length), random token ids from *gen* (module doc)."""
+    import torch
+
+    target, draft, fc = models
+    cache, dcache = caches
+    b, kv = shape
+    ids = torch.randint(0, cfg["vocab_size"], (b, 1), generator=gen).to(target.device)
+    n_layers = cfg["num_hidden_layers"]
+    # EAGLE-3 reads a low, a middle and a high layer's hidden states.
+    taps = (min(2, n_layers), n_layers // 2, max(n_layers - 2, 1))
+    pos = torch.arange(kv, kv + 1, device=target.device)
+
+    def plain() -> Any:
+        with torch.inference_mode():
+            out = target(input_ids=ids, past_key_values=cache, cache_position=pos)
+            nxt = out.logits[:, -1].argmax(-1)
+        cache.crop(-1)
+        return nxt
+
+    def step0() -> Any:
+        with torch.inference_mode():
+            out = target(
+                input_ids=ids, past_key_values=cache, cache_position=pos, output_hidden_states=True
+            )
+            probs = torch.softmax(out.logits[:, -1].float(), dim=-1)
+            nxt = probs.argmax(-1)
+            feats = torch.cat([out.hidden_states[i] for i in taps], dim=-1)
+            draft(inputs_embeds=fc(feats), past_key_values=dcache, cache_position=pos)
+        cache.crop(-1)
+        dcache.crop(-1)
+        return nxt
+
+    return plain, step0
+
+
 def measure(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[list[Row], list[str]]:
     import torch
 
@@ -299,6 +350,11 @@ def measure(args: argparse.Namespace, log: Callable[[str], None]) -> tuple[list[
                 rows.append(_row("eager", "draft_extend", b, t, kv, ms))
             ms = _time(draft_call(b, 1, kv, dcache), now, args.warmup, args.repeats)
             rows.append(_row("eager", "draft_step", b, 1, kv, ms))
+            calls = step_calls(cfg, (target, draft, fc), gen, (b, kv), (cache, dcache))
+            for comp, fn in zip(("plain_step", "step0_step"), calls, strict=True):
+                rows.append(
+                    _row("eager", comp, b, 1, kv, _time(fn, now, args.warmup, args.repeats))
+                )
             del cache, dcache
             log(f"eager kv={kv} batch={b}: done ({time.perf_counter() - start:.0f} s)")
         if over_budget:
@@ -396,6 +452,60 @@ def fit_forward(rows: Sequence[Row]) -> dict[str, float]:
     }
 
 
+# The built-in eagle3 entry's per-verify figures (simulator/data/drafters.yaml), which the
+# model's step-0 terms are made of: draft-extend launch, verify overhead, per token.
+EXTEND_OVERHEAD_S = 0.35e-3
+VERIFY_OVERHEAD_S = 0.50e-3
+VERIFY_PER_TOKEN_S = 14e-6
+
+
+def step_zero_fit(rows: Sequence[Row], d_w: float, d_c: float, d_kv: float) -> dict[str, float]:
+    """Measured step-0 terms against the model's (simulator/cost.py, zero_step_terms_s):
+    the draft-extend pass (timed at B tokens) and the verify bookkeeping (step 0 less a
+    plain step less that pass); their medians over shapes are the catalog's scales."""
+    by = {(r.component, r.batch_size, r.kv_len, r.tokens_per_request): r for r in rows}
+    extend, verify, ratio = [], [], []
+    for (comp, b, kv, _t), r in by.items():
+        plain = by.get(("plain_step", b, kv, 1))
+        ext = by.get(("draft_extend", b, kv, 1))
+        if comp != "step0_step" or plain is None or ext is None:
+            continue
+        ext_model = math.sqrt(d_w**2 + (b * d_c) ** 2) + b * kv * d_kv + EXTEND_OVERHEAD_S
+        ver_model = VERIFY_OVERHEAD_S + b * VERIFY_PER_TOKEN_S
+        bookkeeping = max(0.0, (r.median_ms - plain.median_ms - ext.median_ms) * 1e-3)
+        extend.append(ext.median_ms * 1e-3 / ext_model)
+        verify.append(bookkeeping / ver_model)
+        ratio.append(r.median_ms / plain.median_ms)
+    if not ratio:
+        return {}
+    return {
+        "extend_scale": statistics.median(extend),
+        "verify_scale": statistics.median(verify),
+        "over_plain_median": statistics.median(ratio),
+        "over_plain_max": max(ratio),
+        "points": float(len(ratio)),
+    }
+
+
+def _add_zero_step(
+    drafter: dict[str, Any], zero: dict[str, float], source: str
+) -> dict[str, float]:
+    """The fitted step-0 scales, with their provenance, into the drafter entry (none
+    when no step 0 was timed); returns *zero*."""
+    if not zero:
+        return zero
+    drafter["zero_step_extend_scale"] = _sig(zero["extend_scale"])
+    drafter["zero_step_verify_scale"] = _sig(zero["verify_scale"])
+    how = f"{source}, median over {int(zero['points'])} shapes (an HF emulation)"
+    drafter["provenance"]["zero_step_extend_scale"] = (
+        f"fitted: timed step-0 draft-extend pass / the model's, {how}"
+    )
+    drafter["provenance"]["zero_step_verify_scale"] = (
+        f"fitted: step 0 less a plain step less draft-extend / the model's bookkeeping, {how}"
+    )
+    return zero
+
+
 def _base_gpu(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     sheets = yaml.safe_load(DATASHEETS.read_text(encoding="utf-8"))["gpus"]
     name = args.base_gpu
@@ -491,6 +601,7 @@ def catalog_entry(
             "per_request_us": "assumed: the built-in eagle3 entry's",
         },
     }
+    zero = _add_zero_step(drafter, step_zero_fit(rows, d_w, d_c, d_kv), source)
     del drafter["aliases"]
     if args.config == "llama-3.1-8b":
         drafter["targets"] = ["llama-3.1-8b"]
@@ -499,7 +610,8 @@ def catalog_entry(
         "drafters": {f"eagle3-{name}": drafter},
         "_fit": {
             "kv_bandwidth_efficiency": None if math.isinf(kv_eff) else _sig(kv_eff),
-            **{k: v for k, v in fit.items()},
+            **fit,
+            **{f"step0_{k}": v for k, v in zero.items()},
         },
     }
 
@@ -540,6 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows, notes = measure(args, log)
     fit = fit_forward(rows)
     entry = catalog_entry(args, rows, fit)
+    zero = {k[6:]: v for k, v in entry["_fit"].items() if k.startswith("step0_")}
     write_outputs(args.out, rows, entry, notes)
     gpu = next(iter(entry["gpus"].values()))
     print(
@@ -550,6 +663,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{100 * fit['median_rel_error']:.1f} %); bandwidth_efficiency "
         f"{gpu['bandwidth_efficiency']}, compute_efficiency {gpu['compute_efficiency']}"
     )
+    if zero:
+        print(
+            f"step 0 vs a plain step over {int(zero['points'])} shapes: median "
+            f"{zero['over_plain_median']:.3f}x (max {zero['over_plain_max']:.3f}x); fitted "
+            f"zero_step_extend_scale {zero['extend_scale']:.3g}, zero_step_verify_scale "
+            f"{zero['verify_scale']:.3g} (catalog: 1.0 assumed)"
+        )
     print(f"wrote {args.out / 'step_cost.csv'} and {args.out / 'catalog_entry.yaml'}")
     return 0
 
