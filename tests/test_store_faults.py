@@ -612,3 +612,72 @@ def test_a_foreign_file_swapped_in_while_running_is_an_outage_not_a_crash(
     assert status["store_journal"]["entries"] >= 2
     assert daemon.health()["store"] is False
     _close(daemon)
+
+
+# ------------------------------------------------ paths another user could steer (§2)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
+def test_a_state_directory_others_can_write_is_refused_at_start(tmp_path: Path, mode: int) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    db = shared / "state.db"
+    with pytest.raises(StoreRefused, match=r"writable by (every user|its group)") as info:
+        StateStore(db, open_now=False).start()
+    assert str(shared) in str(info.value) and "fix: `chmod" in str(info.value)
+    assert not db.exists()  # nothing created in it
+
+
+def test_a_group_writable_state_directory_of_the_configured_group_is_accepted(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o770)
+    gid = shared.stat().st_gid
+    store = StateStore(shared / "state.db", open_now=False, file_group=gid)
+    assert store.start().error is None
+    store.close()
+
+
+def test_a_state_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, -1)
+    with pytest.raises(StoreRefused, match="belongs to uid 65534"):
+        StateStore(theirs / "state.db", open_now=False).start()
+
+
+def test_a_dangling_symlink_at_the_db_path_is_not_followed(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    target = tmp_path / "elsewhere.db"
+    (state / "state.db").symlink_to(target)
+    with pytest.raises(StoreRefused, match=r"symbolic link .* it is not followed"):
+        StateStore(state / "state.db", open_now=False).start()
+    assert not target.exists()
+    # A link to an existing database is the operator's layout and is used.
+    (state / "state.db").unlink()
+    StateStore(target).close()
+    (state / "state.db").symlink_to(target)
+    store = StateStore(state / "state.db", open_now=False)
+    assert store.start().error is None
+    store.close()
+
+
+def test_specgov_run_refuses_a_world_writable_state_directory_with_exit_2(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
+    argv = [sys.executable, "-m", "specgov.controller.cli", "run"]
+    argv += ["--state-db", str(shared / "state.db"), "--server", "http://127.0.0.1:9"]
+    argv += ["--control-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"]
+    # A deadline, not an expectation: the refusal comes before anything is served.
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "writable by every user" in done.stderr and "Traceback" not in done.stderr
+    assert not (shared / "control.token").exists() and not (shared / "state.db").exists()

@@ -387,13 +387,16 @@ class DaemonProc:
         self.spool_dir = spool
 
     def cli(self, *args: str, timeout_s: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-        """Run `specgov ARGS --control-addr ...` against this daemon."""
+        """Run `specgov ARGS --control-addr ...` against this daemon, as its user: the
+        CLI finds the daemon's control token beside its state database, as an operator's
+        does with the default paths (here pointed at by the config's environment)."""
+        env = {**child_env(), "SPECGOV_STATE__DB_PATH": str(self.db_path)}
         return subprocess.run(
             [*specgov_argv(), *args, "--control-addr", self.control_addr],
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            env=child_env(),
+            env=env,
             check=False,
         )
 
