@@ -47,7 +47,14 @@ from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.spool import read_published_table, read_tier_stats, write_step_table
 from specgov.controller.config import SpecgovConfig
-from specgov.controller.health import FailureClock, HealthInputs, liveness, readiness
+from specgov.controller.health import (
+    CLOCK_SKEW,
+    NO_PLUGIN_STATISTICS,
+    FailureClock,
+    HealthInputs,
+    liveness,
+    readiness,
+)
 from specgov.controller.own_metrics import DaemonMetrics
 from specgov.controller.state_store import (
     StateStore,
@@ -182,6 +189,11 @@ class Daemon:
         self._observation: Observation | None = None
         self._stats_cursor: dict[str, int] | None = None
         self._stats_pending: list[TierStatsSnapshot] = []
+        # Blind and clock-skew checks (controller/health.py), on the monotonic clock:
+        # since when the server has been busy without plugin statistics arriving, and
+        # how far ahead of ours the newest statistics' server clock was.
+        self._busy_without_stats_mono_s: float | None = None
+        self._server_clock_ahead_s: float | None = None
         self._server_info: dict[str, Any] | None = None
         self._server_info_at: float | None = None
         self._adaptive_config_path: str | None = None
@@ -549,6 +561,9 @@ class Daemon:
         self.status_info.last_scrape_s = now
         self._last_scrape_mono_s = self._monotonic()
         self._observation = obs
+        busy = bool(obs.running_requests) or bool(obs.generation_tokens)
+        if busy and self._busy_without_stats_mono_s is None:
+            self._busy_without_stats_mono_s = self._last_scrape_mono_s
         return obs
 
     def _notice_clock_step(self, now: float) -> None:
@@ -747,6 +762,12 @@ class Daemon:
             self._throttle.resolve("spool-read")
         self._stats_cursor = dict(batch.cursor)
         self._stats_pending.extend(r.snapshot for r in batch.records)
+        if batch.records:
+            self._busy_without_stats_mono_s = None
+            newest_s = max(r.snapshot.window_end_s for r in batch.records)
+            # Stamped by the server's clock and read within seconds of being written:
+            # how far that clock is ahead of ours, less the delivery delay.
+            self._server_clock_ahead_s = newest_s - self._clock()
 
     # ------------------------------------------------------------- deciding
 
@@ -909,6 +930,7 @@ class Daemon:
             "observation": self._observation_document(),
             "recommendation": s.recommendation,
             "health": self.health()["reasons"],
+            "server_clock_ahead_s": self._server_clock_ahead_s,
             "notes": list(s.notes),
         }
 
@@ -1103,6 +1125,7 @@ class Daemon:
     def _health_inputs(self) -> HealthInputs:
         s = self.status_info
         spool = s.spool_error or s.spool_read_error
+        plugin = self.config.loop.mode == "plugin" and self.config.spool.dir is not None
         return HealthInputs(  # every time on the monotonic clock: a wall step flips nothing
             now_s=self._monotonic(),
             started_at_s=self._started_mono_s,
@@ -1116,12 +1139,35 @@ class Daemon:
             decide_interval_s=self.config.loop.decide_interval_s,
             spool_error_since_s=self._failing.since_s("spool-write", "spool-read"),
             store_error_since_s=self._failing.since_s("store"),
+            busy_without_stats_since_s=self._busy_without_stats_mono_s if plugin else None,
+            spool_dir=None if self.config.spool.dir is None else str(self.config.spool.dir),
+            server_clock_ahead_s=self._server_clock_ahead_s if plugin else None,
+            table_ttl_s=float(self.config.guardrails["table_ttl_s"]),
         )
 
     def health(self) -> dict[str, Any]:
         """Readiness: ok only with fresh telemetry, a writable spool (plugin mode), a
         usable store and no permanent error; ``reasons`` says what fails."""
         return readiness(self._health_inputs())
+
+    def export_health(self) -> dict[str, Any]:
+        """Readiness as metrics (``specgov_health_failing{code}``, the server's clock
+        offset) and, for the checks nobody polls for, a throttled log line while they
+        fail: blind, clock skew. Run after every decision."""
+        verdict = self.health()
+        codes = set(verdict["codes"])
+        self.metrics.set_health(codes, self._server_clock_ahead_s)
+        # (code, throttle kind, how its reason starts: controller/health.py)
+        for code, kind, prefix in (
+            (NO_PLUGIN_STATISTICS, "blind", "blind:"),
+            (CLOCK_SKEW, "clock-skew", "clock skew:"),
+        ):
+            if code in codes:
+                text = next(r for r in verdict["reasons"] if r.startswith(prefix))
+                self._throttle.error(kind, f"not ready: {text}")
+            else:
+                self._throttle.resolve(kind)
+        return verdict
 
     def liveness(self) -> dict[str, Any]:
         """Liveness: the decision loop ticked recently (see controller/health.py)."""
@@ -1156,6 +1202,7 @@ class Daemon:
         async def step() -> None:
             self._mark_tick()
             self.decide_once()
+            self.export_health()
 
         await self._every(self.config.loop.decide_interval_s, step)
 
