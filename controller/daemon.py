@@ -205,6 +205,9 @@ class Daemon:
         # every decision; it carries on alone only while the store is unavailable.
         self._overrides: dict[str, Override] = {}
         self._override_seq = 0
+        # The operator's policy setting (`policy set`, or as restored from the store):
+        # held like the overrides, so a file recreated empty gets it back.
+        self._policy_setting: str | None = None
         self._applied: tuple[str, float] | None = None  # (recommendation key, when applied)
         # (time, GuardedState.checkpoint_key) of the last policy-state save by a decision.
         self._checkpoint: tuple[float, tuple[object, ...]] | None = None
@@ -246,6 +249,7 @@ class Daemon:
             try:
                 saved = self.store.get_setting("policy_spec")
                 if isinstance(saved, str):
+                    self._policy_setting = saved
                     return saved
             except StoreUnavailable as exc:
                 self._store_failed(exc)
@@ -442,6 +446,9 @@ class Daemon:
         for oid, override in self._overrides.items():
             if override.is_active(now):
                 yield functools.partial(_put_override, {"id": oid, **override.to_dict()})
+        spec = self._policy_setting
+        if spec is not None:
+            yield lambda s: s.set_setting("policy_spec", spec)
 
     def _gap_row(self, result: WriteBack) -> dict[str, Any] | None:
         """The audit row recording an outage of the store (None: nothing to record)."""
@@ -1112,6 +1119,7 @@ class Daemon:
                 log.warning("policy switch: saved state not used: %s", exc)
             except ValueError as exc:
                 log.warning("policy switch: saved state not used: %s", exc)
+            self._policy_setting = spec
             self._store_snapshot(
                 "setting:policy_spec", lambda s: s.set_setting("policy_spec", spec)
             )

@@ -189,6 +189,36 @@ def test_replaced_db_is_saved_aside_and_the_new_file_gets_the_daemons_state(
         assert any(r.reason == "store_gap" for r in new.decisions(limit=100))
 
 
+def test_a_foreign_db_swapped_in_then_deleted_gets_the_policy_setting_back(
+    tmp_path: Path,
+) -> None:
+    """Issue 23 §3: the recreated file got the overrides back but not the policy setting,
+    so the restart came up on the configured `goodput`, not the operator's choice."""
+    config = _config(tmp_path)
+    db = config.state.db_path
+    daemon = _daemon(config, StateStore(db, open_now=False))
+    daemon.set_policy("goodput:slo_tpot_ms=40")
+    kept = _pin(daemon, "keep")
+    daemon.decide_once()
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as raw:
+        raw.execute("CREATE TABLE something_else (x)")
+    os.replace(foreign, db)
+    daemon.decide_once()  # an outage: the foreign file is refused, writes wait
+    assert daemon.status()["store_error"] is not None
+    for path in db.parent.glob("state.db*"):
+        path.unlink()
+    daemon.decide_once()  # a new file at the path, written back
+    assert daemon.status()["store_error"] is None
+    _close(daemon)
+    with StateStore(db) as store:
+        assert store.get_setting("policy_spec") == "goodput:slo_tpot_ms=40"
+        assert kept in {r.id for r in store.list_overrides(0.0)}
+    again = _daemon(config, StateStore(db, open_now=False))
+    assert again.policy_spec == "goodput:slo_tpot_ms=40"
+    _close(again)
+
+
 def test_store_replaced_is_raised_once_and_the_store_works_after(tmp_path: Path) -> None:
     db = tmp_path / "state.db"
     store = StateStore(db)
