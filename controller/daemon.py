@@ -105,6 +105,8 @@ MEMORY_DECISIONS = 1000  # the audit tail kept when there is no store at all
 # Wall time and monotonic time between two scrapes differing by more than this is a
 # clock step (NTP slews far less; its steps are larger).
 CLOCK_STEP_TOLERANCE_S = 1.0
+# Reasons of the audit rows that record an operator's action, not a decision.
+OPERATOR_AUDIT_REASONS = ("override_set", "override_superseded", "override_cleared", "policy_set")
 _NONFINITE = re.compile(r"\b(?:nan|[+-]?inf)\b", re.IGNORECASE)
 
 
@@ -883,6 +885,25 @@ class Daemon:
         self.status_info.last_decision = row
         self._persist(row)
 
+    def _audit_operator(self, reason: str, message: str, summary: Mapping[str, Any]) -> None:
+        """An operator's action as an audit row of its own (``specgov decisions`` lists
+        it): every override set, superseded or cleared, whatever decisions follow."""
+        self._persist(
+            {
+                "time_s": self._clock(),
+                "policy": self.policy_name,
+                "reason": reason,
+                "message": message,
+                "limited_by": [],
+                "expected_gain": None,
+                "inputs_summary": dict(summary),
+                "table_before": None,
+                "table_after": None,
+                "published": False,
+                "restart_recommendation": None,
+            }
+        )
+
     def _persist(self, record: dict[str, Any]) -> None:
         self._decisions_cache.clear()
         if self.store is None:
@@ -1067,21 +1088,40 @@ class Daemon:
         override_id = f"ov-{int(now * 1000)}-{self._override_seq}"
         data = {"id": override_id, **override.to_dict()}
         kept = with_override(tuple(self._overrides.values()), override)
+        superseded = {k: v for k, v in self._overrides.items() if v not in kept}
         self._overrides = {k: v for k, v in self._overrides.items() if v in kept}
         self._overrides[override_id] = override
         self._store_write(PendingWrite("override", now, data))
         log.info("override set: %s", override.describe())
+        self._audit_operator(
+            "override_set",
+            f"override {override_id} set: {override.describe()}",
+            {"override": data, "supersedes": sorted(superseded)},
+        )
+        for oid, old in superseded.items():
+            self._audit_operator(
+                "override_superseded",
+                f"override {oid} ({old.describe()}) superseded by {override_id}",
+                {"override_id": oid, "superseded_by": override_id},
+            )
         return data
 
     def clear_override(self, override_id: str | None, slot: int | None) -> int:
         now = self._clock()
-        before = {k for k, o in self._overrides.items() if o.is_active(now)}
+        before = {k: o for k, o in self._overrides.items() if o.is_active(now)}
         if override_id is not None:
             self._overrides.pop(override_id, None)
         else:
             kept = without_overrides(tuple(self._overrides.values()), slot=slot)
             self._overrides = {k: v for k, v in self._overrides.items() if v in kept}
-        cleared = len(before - set(self._overrides))
+        gone = sorted(set(before) - set(self._overrides))
+        cleared = len(gone)
+        for oid in gone:
+            self._audit_operator(
+                "override_cleared",
+                f"override {oid} ({before[oid].describe()}) cleared by the operator",
+                {"override_id": oid},
+            )
         if self.store is None:
             return cleared
         selector: dict[str, Any]
@@ -1098,6 +1138,12 @@ class Daemon:
             except StoreUnavailable as exc:
                 self._store_failed(exc)
             else:
+                if cleared:
+                    self._audit_operator(
+                        "override_cleared",
+                        f"override {override_id} cleared by the operator (found in the store)",
+                        {"override_id": override_id},
+                    )
                 return cleared
         self._store_write(PendingWrite("clear", now, selector))
         return cleared
@@ -1123,8 +1169,12 @@ class Daemon:
             self._store_snapshot(
                 "setting:policy_spec", lambda s: s.set_setting("policy_spec", spec)
             )
+        before = self.policy_name
         self.core_state = self.core.configure(self.core_state, spec, inner_state)
         log.info("policy switched to %s", policy.name)
+        self._audit_operator(
+            "policy_set", f"policy set to {policy.name} (was {before})", {"spec": spec}
+        )
         return {"policy": policy.name}
 
     def policies(self) -> dict[str, Any]:
