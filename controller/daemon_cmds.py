@@ -80,6 +80,7 @@ async def serve_daemon(
     from aiohttp import web
     from prometheus_client import CollectorRegistry
 
+    from specgov.adapters.http_listener import serve
     from specgov.controller.control_api import make_app
     from specgov.controller.daemon import Daemon
     from specgov.controller.own_metrics import metrics_app
@@ -111,14 +112,10 @@ async def serve_daemon(
         ("control", control, config.control.listen),
         ("metrics", metrics_app(registry), config.metrics.listen),
     ):
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, addr.host, addr.port)
-        await site.start()
+        # Capped, with a header timeout and accept backoff (adapters/http_listener.py).
+        runner, site = await serve(app, addr.host, addr.port, name=name)
         runners.append(runner)
-        sockets = getattr(site._server, "sockets", None) or []
-        port = sockets[0].getsockname()[1] if sockets else addr.port
-        bound[name] = f"{addr.host}:{port}"
+        bound[name] = f"{addr.host}:{site.port}"
     logging.getLogger("specgov.daemon").info(
         "specgov %s mode, policy %s, server %s, control %s, metrics %s",
         config.loop.mode,

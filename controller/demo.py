@@ -145,9 +145,9 @@ async def _run_demo(
             "metrics.listen": metrics_addr,
         },
     )
-    from aiohttp import web
     from prometheus_client import CollectorRegistry
 
+    from specgov.adapters.http_listener import serve
     from specgov.controller.control_api import make_app
     from specgov.controller.control_token import daemon_token
     from specgov.controller.daemon import Daemon
@@ -167,13 +167,11 @@ async def _run_demo(
         open_reads_on_loopback=True,
     )
     runners = []
-    for app, addr in (
-        (control, config.control),
-        (metrics_app(registry), config.metrics),
+    for name, app, addr in (
+        ("control", control, config.control),
+        ("metrics", metrics_app(registry), config.metrics),
     ):
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, addr.listen.host, addr.listen.port).start()
+        runner, _ = await serve(app, addr.listen.host, addr.listen.port, name=name)
         runners.append(runner)
     run_task = asyncio.create_task(daemon.run(install_signals=False))
     console = Console()
