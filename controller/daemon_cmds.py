@@ -451,6 +451,7 @@ def status_cmd(control_addr: str | None, output: str, verbose: bool) -> None:
             ["overrides", _overrides_line(s.get("overrides") or [], now)],
             ["restart recommendation", _recommendation_line(rec) if rec else "none"],
             ["errors", _errors(s)],
+            ["health", "; ".join(str(r) for r in s.get("health") or []) or "ready"],
         ]
         notes = s.get("notes") or []
         if notes:
