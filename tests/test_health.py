@@ -220,14 +220,7 @@ def test_a_wall_clock_step_flips_neither_readiness_nor_liveness(
     tmp_path: Path, step_s: float
 ) -> None:
     wall, mono = Clock(1_000_000.0), Clock(50.0)
-    daemon = Daemon(
-        _config(tmp_path, **{"loop.telemetry_max_age_s": 30.0}),
-        store=None,
-        registry=CollectorRegistry(),
-        client=_StepClient(),  # type: ignore[arg-type]
-        clock=wall,
-        monotonic=mono,
-    )
+    daemon = _clocked_daemon(tmp_path, wall, mono, _StepClient())
     asyncio.run(daemon.scrape_once())
     daemon._mark_tick()
     assert daemon.health()["telemetry"] is True
@@ -373,15 +366,22 @@ def _stats(window_end_s: float) -> Any:
     return TierStatsSnapshot(window_end_s - 1.0, window_end_s, (tier,))
 
 
-def _busy_daemon(tmp_path: Path, wall: Clock, mono: Clock, **extra: Any) -> Daemon:
+def _clocked_daemon(
+    tmp_path: Path, wall: Clock, mono: Clock, client: _NanClient, **extra: Any
+) -> Daemon:
+    """A daemon on the given clocks and stand-in server, telemetry bound 30 s."""
     return Daemon(
         _config(tmp_path, **{"loop.telemetry_max_age_s": 30.0, **extra}),
         store=None,
         registry=CollectorRegistry(),
-        client=_BusyClient(),  # type: ignore[arg-type]
+        client=client,  # type: ignore[arg-type]
         clock=wall,
         monotonic=mono,
     )
+
+
+def _busy_daemon(tmp_path: Path, wall: Clock, mono: Clock, **extra: Any) -> Daemon:
+    return _clocked_daemon(tmp_path, wall, mono, _BusyClient(), **extra)
 
 
 def test_blind_is_not_healthy_503_with_the_reason_a_metric_and_one_log_line(
@@ -424,14 +424,7 @@ def test_blind_is_not_healthy_503_with_the_reason_a_metric_and_one_log_line(
 
 def test_an_idle_server_without_statistics_is_not_blind(tmp_path: Path) -> None:
     wall, mono = Clock(1_000_000.0), Clock(50.0)
-    daemon = Daemon(
-        _config(tmp_path, **{"loop.telemetry_max_age_s": 30.0}),
-        store=None,
-        registry=CollectorRegistry(),
-        client=_StepClient(),  # type: ignore[arg-type]
-        clock=wall,
-        monotonic=mono,
-    )
+    daemon = _clocked_daemon(tmp_path, wall, mono, _StepClient())
     for _ in range(10):
         asyncio.run(daemon.scrape_once())
         daemon.decide_once()
