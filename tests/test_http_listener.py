@@ -231,3 +231,28 @@ def test_a_flooded_control_listener_leaves_health_and_the_decision_cadence_alone
             await runner.cleanup()
 
     _run(go)
+
+
+def test_the_sim_servers_front_is_bounded_too() -> None:
+    """The sim-server's HTTP front (its own thread and loop) serves through the same
+    listener: 150 idle connections past its cap of 128 leave a request answered."""
+    import urllib.request
+
+    from specgov.simulator.sim_http_front import SIM_MAX_CONNECTIONS, HttpFront
+
+    front = HttpFront(_ping_app, HOST, 0)
+    front.start()
+    flood: list[socket.socket] = []
+    try:
+        for _ in range(SIM_MAX_CONNECTIONS + 22):
+            flood.append(socket.create_connection((HOST, front.port), timeout=10.0))
+        for _ in range(3):
+            with urllib.request.urlopen(f"http://{HOST}:{front.port}/ping", timeout=1.0) as r:
+                assert r.status == 200 and r.read() == b"pong"
+        # The oldest idle ones made room: closed by the server (aiohttp alone kept them).
+        flood[0].settimeout(10.0)
+        assert flood[0].recv(1) == b""
+    finally:
+        for sock in flood:
+            sock.close()
+        front.stop()
