@@ -11,6 +11,7 @@ kept for aiohttp's 75 s keep-alive timeout.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import socket
@@ -251,7 +252,8 @@ def test_the_sim_servers_front_is_bounded_too() -> None:
                 assert r.status == 200 and r.read() == b"pong"
         # The oldest idle ones made room: closed by the server (aiohttp alone kept them).
         flood[0].settimeout(10.0)
-        assert flood[0].recv(1) == b""
+        with contextlib.suppress(ConnectionResetError):  # a reset is closed all the same
+            assert flood[0].recv(1) == b""
     finally:
         for sock in flood:
             sock.close()
