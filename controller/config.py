@@ -62,6 +62,7 @@ import yaml
 
 from specgov.adapters.errors import escape_upstream
 from specgov.adapters.spool import SpoolError, default_spool_dir, resolve_gid
+from specgov.controller.control_token import TOKEN_FILENAME
 from specgov.policies.guardrails import GuardrailConfig, GuardrailError
 from specgov.policies.spec import PolicySpec, PolicySpecError, parse_policy_spec
 from specgov.policies.types import Budget, PolicyTypeError
@@ -289,6 +290,10 @@ class ControlConfig:
 
     listen: ListenAddress = ListenAddress("127.0.0.1", 9465)
     token_env: str | None = "SPECGOV_CONTROL_TOKEN"
+    # Where the daemon keeps the token its mutating routes need when token_env's variable
+    # is unset (controller/control_token.py): "auto" is control.token beside the state
+    # database; None is the opt-out (loopback only: any local user may then steer).
+    token_file: Path | Literal["auto"] | None = "auto"
 
     @property
     def token_required(self) -> bool:
@@ -357,6 +362,15 @@ class SpecgovConfig:
 
     def guardrail_config(self) -> GuardrailConfig:
         return GuardrailConfig.from_dict(self.guardrails, where="guardrails")
+
+    @property
+    def control_token_path(self) -> Path | None:
+        """The control token file (``control.token_file``, ``auto`` resolved); None: no
+        token file (the operator opted out)."""
+        path = self.control.token_file
+        if path == "auto":
+            return self.state.db_path.parent / TOKEN_FILENAME
+        return path
 
 
 # Budget (policies/types.py) declares no field defaults; "no limit" is None for each.
@@ -455,6 +469,12 @@ def _optional_path(value: object, where: str) -> Path | None:
     if not isinstance(value, str | Path):
         raise ConfigError(f"{where}: expected a non-empty path or null, got {_show(value)}")
     return _path(value, where)
+
+
+def _token_file(value: object, where: str) -> Path | Literal["auto"] | None:
+    if isinstance(value, str) and value.strip() == "auto":
+        return "auto"
+    return _optional_path(value, where)
 
 
 def _optional_group(value: object, where: str) -> str | int | None:
@@ -609,7 +629,7 @@ _SCHEMA: Final[dict[str, dict[str, _Validator]]] = {
         "policy_state_interval_s": _duration_or_zero,
     },
     "metrics": {"listen": _listen},
-    "control": {"listen": _listen, "token_env": _env_name},
+    "control": {"listen": _listen, "token_env": _env_name, "token_file": _token_file},
     "recommend": {"enabled": _bool, "interval_s": _duration, "apply_command": _argv},
     "deployment": {"gpu": _catalog_name, "model": _catalog_name, "drafter": _catalog_name},
     "log": {"format": _choice(LOG_FORMATS), "level": _log_level},

@@ -38,7 +38,9 @@ traceback in the daemon's log and never in the answer.
 Security: the API listens on loopback by default. When ``listen_host`` is not loopback
 (127.0.0.0/8, ::1, localhost) a token is required and :func:`make_app` refuses to build
 the app without one. With a token every route except the three health routes needs
-``Authorization: Bearer <token>``; both sides are hashed and compared with
+``Authorization: Bearer <token>``; on loopback with ``open_reads_on_loopback`` (what the
+daemon sets) only the mutating routes do (controller/control_token.py says where the
+daemon's token comes from). Both sides are hashed and compared with
 :func:`hmac.compare_digest`, so the comparison time depends on neither the token's
 content nor its length. Authentication happens before the body is read.
 
@@ -488,10 +490,11 @@ def _error_middleware(limit: int) -> Any:
     return errors
 
 
-def _auth_middleware(expected_digest: bytes) -> Any:
+def _auth_middleware(expected_digest: bytes, *, open_reads: bool) -> Any:
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        open_route = request.method in ("GET", "HEAD") and request.path in HEALTH_PATHS
+        reading = request.method in ("GET", "HEAD")
+        open_route = reading and (open_reads or request.path in HEALTH_PATHS)
         if not open_route and not _token_matches(
             request.headers.get("Authorization", ""), expected_digest
         ):
@@ -660,8 +663,14 @@ def make_app(
     token: str | None,
     listen_host: str,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    open_reads_on_loopback: bool = False,
 ) -> web.Application:
     """The control API over ``service``; see the module docstring.
+
+    ``open_reads_on_loopback``: with a token and a loopback ``listen_host``, the
+    read-only routes (GET, HEAD) answer without it and only the mutating ones (POST,
+    PUT, DELETE) need it (the daemon's rule: every local user may look, only the
+    token's holder may steer). Beyond loopback every route but health needs it.
 
     Raises :class:`ControlApiConfigError` when ``listen_host`` is beyond loopback and no
     token is given, when the token is not sendable in a header, or when
@@ -682,7 +691,8 @@ def make_app(
     digest = _check_token(token, listen_host)
     middlewares = [_error_middleware(max_body_bytes)]
     if digest is not None:
-        middlewares.append(_auth_middleware(digest))
+        open_reads = open_reads_on_loopback and is_loopback_host(listen_host)
+        middlewares.append(_auth_middleware(digest, open_reads=open_reads))
     app = web.Application(client_max_size=max_body_bytes, middlewares=middlewares)
     app[_SERVICE_KEY] = service
     app[_HEALTH_OPEN_KEY] = is_loopback_host(listen_host)

@@ -260,8 +260,10 @@ class ControlClient:
         where = f"{method} {url} -> HTTP {response.status_code}"
         if response.status_code in (401, 403):
             raise ControlAuthError(
-                f"{where}: {message} (pass the token the daemon was started with, from the "
-                "environment variable named by control.token_env)",
+                f"{where}: {message} (the daemon's control token: $SPECGOV_CONTROL_TOKEN "
+                "when it was started with one, else its token file, control.token beside "
+                "its state database, which only the daemon's user can read; point "
+                "SPECGOV_CONTROL__TOKEN_FILE or SPECGOV_STATE__DB_PATH at it)",
                 url=url,
                 status_code=response.status_code,
             )

@@ -47,7 +47,14 @@ from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.spool import read_published_table, read_tier_stats, write_step_table
 from specgov.controller.config import SpecgovConfig
-from specgov.controller.health import FailureClock, HealthInputs, liveness, readiness
+from specgov.controller.health import (
+    CLOCK_SKEW,
+    NO_PLUGIN_STATISTICS,
+    FailureClock,
+    HealthInputs,
+    liveness,
+    readiness,
+)
 from specgov.controller.own_metrics import DaemonMetrics
 from specgov.controller.state_store import (
     StateStore,
@@ -98,6 +105,8 @@ MEMORY_DECISIONS = 1000  # the audit tail kept when there is no store at all
 # Wall time and monotonic time between two scrapes differing by more than this is a
 # clock step (NTP slews far less; its steps are larger).
 CLOCK_STEP_TOLERANCE_S = 1.0
+# Reasons of the audit rows that record an operator's action, not a decision.
+OPERATOR_AUDIT_REASONS = ("override_set", "override_superseded", "override_cleared", "policy_set")
 _NONFINITE = re.compile(r"\b(?:nan|[+-]?inf)\b", re.IGNORECASE)
 
 
@@ -182,6 +191,11 @@ class Daemon:
         self._observation: Observation | None = None
         self._stats_cursor: dict[str, int] | None = None
         self._stats_pending: list[TierStatsSnapshot] = []
+        # Blind and clock-skew checks (controller/health.py), on the monotonic clock:
+        # since when the server has been busy without plugin statistics arriving, and
+        # how far ahead of ours the newest statistics' server clock was.
+        self._busy_without_stats_mono_s: float | None = None
+        self._server_clock_ahead_s: float | None = None
         self._server_info: dict[str, Any] | None = None
         self._server_info_at: float | None = None
         self._adaptive_config_path: str | None = None
@@ -194,6 +208,9 @@ class Daemon:
         # every decision; it carries on alone only while the store is unavailable.
         self._overrides: dict[str, Override] = {}
         self._override_seq = 0
+        # The operator's policy setting (`policy set`, or as restored from the store):
+        # held like the overrides, so a file recreated empty gets it back.
+        self._policy_setting: str | None = None
         self._applied: tuple[str, float] | None = None  # (recommendation key, when applied)
         # (time, GuardedState.checkpoint_key) of the last policy-state save by a decision.
         self._checkpoint: tuple[float, tuple[object, ...]] | None = None
@@ -235,6 +252,7 @@ class Daemon:
             try:
                 saved = self.store.get_setting("policy_spec")
                 if isinstance(saved, str):
+                    self._policy_setting = saved
                     return saved
             except StoreUnavailable as exc:
                 self._store_failed(exc)
@@ -431,6 +449,9 @@ class Daemon:
         for oid, override in self._overrides.items():
             if override.is_active(now):
                 yield functools.partial(_put_override, {"id": oid, **override.to_dict()})
+        spec = self._policy_setting
+        if spec is not None:
+            yield lambda s: s.set_setting("policy_spec", spec)
 
     def _gap_row(self, result: WriteBack) -> dict[str, Any] | None:
         """The audit row recording an outage of the store (None: nothing to record)."""
@@ -550,6 +571,9 @@ class Daemon:
         self.status_info.last_scrape_s = now
         self._last_scrape_mono_s = self._monotonic()
         self._observation = obs
+        busy = bool(obs.running_requests) or bool(obs.generation_tokens)
+        if busy and self._busy_without_stats_mono_s is None:
+            self._busy_without_stats_mono_s = self._last_scrape_mono_s
         return obs
 
     def _notice_clock_step(self, now: float) -> None:
@@ -780,6 +804,12 @@ class Daemon:
             self._throttle.resolve("spool-read")
         self._stats_cursor = dict(batch.cursor)
         self._stats_pending.extend(r.snapshot for r in batch.records)
+        if batch.records:
+            self._busy_without_stats_mono_s = None
+            newest_s = max(r.snapshot.window_end_s for r in batch.records)
+            # Stamped by the server's clock and read within seconds of being written:
+            # how far that clock is ahead of ours, less the delivery delay.
+            self._server_clock_ahead_s = newest_s - self._clock()
 
     # ------------------------------------------------------------- deciding
 
@@ -888,6 +918,25 @@ class Daemon:
         self.status_info.last_decision = row
         self._persist(row)
 
+    def _audit_operator(self, reason: str, message: str, summary: Mapping[str, Any]) -> None:
+        """An operator's action as an audit row of its own (``specgov decisions`` lists
+        it): every override set, superseded or cleared, whatever decisions follow."""
+        self._persist(
+            {
+                "time_s": self._clock(),
+                "policy": self.policy_name,
+                "reason": reason,
+                "message": message,
+                "limited_by": [],
+                "expected_gain": None,
+                "inputs_summary": dict(summary),
+                "table_before": None,
+                "table_after": None,
+                "published": False,
+                "restart_recommendation": None,
+            }
+        )
+
     def _persist(self, record: dict[str, Any]) -> None:
         self._decisions_cache.clear()
         if self.store is None:
@@ -942,6 +991,7 @@ class Daemon:
             "observation": self._observation_document(),
             "recommendation": s.recommendation,
             "health": self.health()["reasons"],
+            "server_clock_ahead_s": self._server_clock_ahead_s,
             "notes": list(s.notes),
         }
 
@@ -1071,21 +1121,40 @@ class Daemon:
         override_id = f"ov-{int(now * 1000)}-{self._override_seq}"
         data = {"id": override_id, **override.to_dict()}
         kept = with_override(tuple(self._overrides.values()), override)
+        superseded = {k: v for k, v in self._overrides.items() if v not in kept}
         self._overrides = {k: v for k, v in self._overrides.items() if v in kept}
         self._overrides[override_id] = override
         self._store_write(PendingWrite("override", now, data))
         log.info("override set: %s", override.describe())
+        self._audit_operator(
+            "override_set",
+            f"override {override_id} set: {override.describe()}",
+            {"override": data, "supersedes": sorted(superseded)},
+        )
+        for oid, old in superseded.items():
+            self._audit_operator(
+                "override_superseded",
+                f"override {oid} ({old.describe()}) superseded by {override_id}",
+                {"override_id": oid, "superseded_by": override_id},
+            )
         return data
 
     def clear_override(self, override_id: str | None, slot: int | None) -> int:
         now = self._clock()
-        before = {k for k, o in self._overrides.items() if o.is_active(now)}
+        before = {k: o for k, o in self._overrides.items() if o.is_active(now)}
         if override_id is not None:
             self._overrides.pop(override_id, None)
         else:
             kept = without_overrides(tuple(self._overrides.values()), slot=slot)
             self._overrides = {k: v for k, v in self._overrides.items() if v in kept}
-        cleared = len(before - set(self._overrides))
+        gone = sorted(set(before) - set(self._overrides))
+        cleared = len(gone)
+        for oid in gone:
+            self._audit_operator(
+                "override_cleared",
+                f"override {oid} ({before[oid].describe()}) cleared by the operator",
+                {"override_id": oid},
+            )
         if self.store is None:
             return cleared
         selector: dict[str, Any]
@@ -1102,6 +1171,12 @@ class Daemon:
             except StoreUnavailable as exc:
                 self._store_failed(exc)
             else:
+                if cleared:
+                    self._audit_operator(
+                        "override_cleared",
+                        f"override {override_id} cleared by the operator (found in the store)",
+                        {"override_id": override_id},
+                    )
                 return cleared
         self._store_write(PendingWrite("clear", now, selector))
         return cleared
@@ -1123,11 +1198,16 @@ class Daemon:
                 log.warning("policy switch: saved state not used: %s", exc)
             except ValueError as exc:
                 log.warning("policy switch: saved state not used: %s", exc)
+            self._policy_setting = spec
             self._store_snapshot(
                 "setting:policy_spec", lambda s: s.set_setting("policy_spec", spec)
             )
+        before = self.policy_name
         self.core_state = self.core.configure(self.core_state, spec, inner_state)
         log.info("policy switched to %s", policy.name)
+        self._audit_operator(
+            "policy_set", f"policy set to {policy.name} (was {before})", {"spec": spec}
+        )
         return {"policy": policy.name}
 
     def policies(self) -> dict[str, Any]:
@@ -1136,6 +1216,7 @@ class Daemon:
     def _health_inputs(self) -> HealthInputs:
         s = self.status_info
         spool = s.spool_error or s.spool_read_error
+        plugin = self.config.loop.mode == "plugin" and self.config.spool.dir is not None
         return HealthInputs(  # every time on the monotonic clock: a wall step flips nothing
             now_s=self._monotonic(),
             started_at_s=self._started_mono_s,
@@ -1149,12 +1230,35 @@ class Daemon:
             decide_interval_s=self.config.loop.decide_interval_s,
             spool_error_since_s=self._failing.since_s("spool-write", "spool-read"),
             store_error_since_s=self._failing.since_s("store"),
+            busy_without_stats_since_s=self._busy_without_stats_mono_s if plugin else None,
+            spool_dir=None if self.config.spool.dir is None else str(self.config.spool.dir),
+            server_clock_ahead_s=self._server_clock_ahead_s if plugin else None,
+            table_ttl_s=float(self.config.guardrails["table_ttl_s"]),
         )
 
     def health(self) -> dict[str, Any]:
         """Readiness: ok only with fresh telemetry, a writable spool (plugin mode), a
         usable store and no permanent error; ``reasons`` says what fails."""
         return readiness(self._health_inputs())
+
+    def export_health(self) -> dict[str, Any]:
+        """Readiness as metrics (``specgov_health_failing{code}``, the server's clock
+        offset) and, for the checks nobody polls for, a throttled log line while they
+        fail: blind, clock skew. Run after every decision."""
+        verdict = self.health()
+        codes = set(verdict["codes"])
+        self.metrics.set_health(codes, self._server_clock_ahead_s)
+        # (code, throttle kind, how its reason starts: controller/health.py)
+        for code, kind, prefix in (
+            (NO_PLUGIN_STATISTICS, "blind", "blind:"),
+            (CLOCK_SKEW, "clock-skew", "clock skew:"),
+        ):
+            if code in codes:
+                text = next(r for r in verdict["reasons"] if r.startswith(prefix))
+                self._throttle.error(kind, f"not ready: {text}")
+            else:
+                self._throttle.resolve(kind)
+        return verdict
 
     def liveness(self) -> dict[str, Any]:
         """Liveness: the decision loop ticked recently (see controller/health.py)."""
@@ -1189,6 +1293,7 @@ class Daemon:
         async def step() -> None:
             self._mark_tick()
             self.decide_once()
+            self.export_health()
 
         await self._every(self.config.loop.decide_interval_s, step)
 

@@ -80,6 +80,7 @@ async def serve_daemon(
     from aiohttp import web
     from prometheus_client import CollectorRegistry
 
+    from specgov.adapters.http_listener import serve
     from specgov.controller.control_api import make_app
     from specgov.controller.daemon import Daemon
     from specgov.controller.own_metrics import metrics_app
@@ -101,24 +102,20 @@ async def serve_daemon(
         prior=_prior_for(config),
         config_loader=reload_config if config_file is not None else None,
     )
-    token = None
-    if config.control.token_env:
-        token = os.environ.get(config.control.token_env) or None
-    control = make_app(daemon, token=token, listen_host=config.control.listen.host)
+    token = _daemon_token(config)
+    control = make_app(
+        daemon, token=token, listen_host=config.control.listen.host, open_reads_on_loopback=True
+    )
     runners: list[web.AppRunner] = []
     bound: dict[str, Any] = {}
     for name, app, addr in (
         ("control", control, config.control.listen),
         ("metrics", metrics_app(registry), config.metrics.listen),
     ):
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, addr.host, addr.port)
-        await site.start()
+        # Capped, with a header timeout and accept backoff (adapters/http_listener.py).
+        runner, site = await serve(app, addr.host, addr.port, name=name)
         runners.append(runner)
-        sockets = getattr(site._server, "sockets", None) or []
-        port = sockets[0].getsockname()[1] if sockets else addr.port
-        bound[name] = f"{addr.host}:{port}"
+        bound[name] = f"{addr.host}:{site.port}"
     logging.getLogger("specgov.daemon").info(
         "specgov %s mode, policy %s, server %s, control %s, metrics %s",
         config.loop.mode,
@@ -135,6 +132,30 @@ async def serve_daemon(
         for runner in runners:
             await runner.cleanup()
         store.close()
+
+
+def _daemon_token(config: Any) -> str | None:
+    """The token the mutating control routes need (controller/control_token.py), logged
+    by where it came from; None only when the operator opted out."""
+    from specgov.controller.control_token import daemon_token
+
+    token = daemon_token(config.control.token_env, config.control_token_path, os.environ)
+    log = logging.getLogger("specgov.daemon")
+    if token is None:
+        log.warning(
+            "control.token_file is null and %s is unset: ANY local user may steer this "
+            "daemon through its control API (the single-user opt-out)",
+            config.control.token_env or "control.token_env",
+        )
+    elif config.control.token_env and os.environ.get(config.control.token_env):
+        log.info("control API: mutating routes need the token in $%s", config.control.token_env)
+    else:
+        log.info(
+            "control API: mutating routes need the token in %s (the CLI of this user reads "
+            "it by itself)",
+            config.control_token_path,
+        )
+    return token
 
 
 def freeze_startup_heap(bound: dict[str, Any] | None = None) -> None:
@@ -235,21 +256,46 @@ def _control_addr(control_addr: str | None) -> str:
 def _client(control_addr: str | None, timeout_s: float = 5.0) -> Any:
     from specgov.controller.control_client import ControlAddressError, ControlClient
 
-    token = os.environ.get("SPECGOV_CONTROL_TOKEN")
     try:
-        return ControlClient(_control_addr(control_addr), token=token or None, timeout_s=timeout_s)
+        return ControlClient(
+            _control_addr(control_addr), token=_client_token(), timeout_s=timeout_s
+        )
     except ControlAddressError as exc:
         _fail(str(exc), EXIT_USAGE)
 
 
-def _config_control_addr() -> str:
-    try:
-        from specgov.controller.config import load_config
+def _client_config() -> Any:
+    """The effective configuration (defaults < SPECGOV_<GROUP>__<KEY>), as the daemon of
+    this user would see it without a file; None when the environment does not load."""
+    from specgov.controller.config import load_config
 
-        cfg = load_config(None)
-        return f"{cfg.control.listen.host}:{cfg.control.listen.port}"
+    try:
+        return load_config(None)
     except ValueError:
+        return None
+
+
+def _client_token() -> str | None:
+    """The control token to send: $SPECGOV_CONTROL_TOKEN (control.token_env), else the
+    daemon's token file when this user can read it (controller/control_token.py)."""
+    from specgov.controller.control_token import TokenFileError, client_token
+
+    cfg = _client_config()
+    if cfg is None:
+        return os.environ.get("SPECGOV_CONTROL_TOKEN") or None
+    try:
+        return client_token(cfg.control.token_env, cfg.control_token_path, os.environ)
+    except TokenFileError as exc:
+        # Reading needs no token on loopback; a mutating request then answers 401.
+        click.echo(f"Warning: not sending a control token: {exc}", err=True)
+        return None
+
+
+def _config_control_addr() -> str:
+    cfg = _client_config()
+    if cfg is None:
         return DEFAULT_CONTROL_ADDR
+    return f"{cfg.control.listen.host}:{cfg.control.listen.port}"
 
 
 def _call(fn: Callable[[], Any]) -> Any:
@@ -405,6 +451,7 @@ def status_cmd(control_addr: str | None, output: str, verbose: bool) -> None:
             ["overrides", _overrides_line(s.get("overrides") or [], now)],
             ["restart recommendation", _recommendation_line(rec) if rec else "none"],
             ["errors", _errors(s)],
+            ["health", "; ".join(str(r) for r in s.get("health") or []) or "ready"],
         ]
         notes = s.get("notes") or []
         if notes:

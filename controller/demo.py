@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import tempfile
 import time
@@ -144,25 +145,33 @@ async def _run_demo(
             "metrics.listen": metrics_addr,
         },
     )
-    from aiohttp import web
     from prometheus_client import CollectorRegistry
 
+    from specgov.adapters.http_listener import serve
     from specgov.controller.control_api import make_app
+    from specgov.controller.control_token import daemon_token
     from specgov.controller.daemon import Daemon
     from specgov.controller.own_metrics import metrics_app
 
     store = StateStore(config.state.db_path)
     registry = CollectorRegistry()
     daemon = Daemon(config, store=store, registry=registry, prior=_prior_for(config))
-    runners = []
+    # The token file where `specgov override set` in another terminal looks for it (the
+    # default config's, not the work folder's): steering the demo needs it like a daemon.
+    token = daemon_token(config.control.token_env, load_config(None).control_token_path, os.environ)
     service = _DemoStatus(daemon, speed)
-    for app, addr in (
-        (make_app(service, token=None, listen_host=config.control.listen.host), config.control),
-        (metrics_app(registry), config.metrics),
+    control = make_app(
+        service,
+        token=token,
+        listen_host=config.control.listen.host,
+        open_reads_on_loopback=True,
+    )
+    runners = []
+    for name, app, addr in (
+        ("control", control, config.control),
+        ("metrics", metrics_app(registry), config.metrics),
     ):
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        await web.TCPSite(runner, addr.listen.host, addr.listen.port).start()
+        runner, _ = await serve(app, addr.listen.host, addr.listen.port, name=name)
         runners.append(runner)
     run_task = asyncio.create_task(daemon.run(install_signals=False))
     console = Console()

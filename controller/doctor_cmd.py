@@ -30,8 +30,10 @@ What each check reads (SGLang 0.5.23):
   writable by others, group-writable only for the configured spool group), and this
   user can write it and read the plugin's statistics.
 * ``clock``: the server's HTTP ``Date`` header against this machine's clock (1 s
-  resolution): step tables carry an absolute expiry that the plugin judges by its own
-  clock.
+  resolution), judged against the table TTL (``guardrails.table_ttl_s``): step tables
+  carry an absolute expiry that the plugin judges by its own clock, so a server clock
+  ahead by the TTL sees every table expired on arrival. It fails past
+  ``min(10 s, TTL x (1 - keepalive_fraction))``.
 
 In ``--mode observe`` (the daemon decides and records, publishes nothing) the plugin,
 adaptive and spool checks warn instead of failing: observe mode needs none of them.
@@ -106,6 +108,9 @@ class DoctorOptions:
     spool_group: int | None = None
     timeout_s: float = 5.0
     health_timeout_s: float = 30.0
+    # guardrails.table_ttl_s and keepalive_fraction: how much clock skew the tables bear.
+    table_ttl_s: float = 30.0
+    keepalive_fraction: float = 0.5
 
 
 class _Answer:
@@ -552,11 +557,25 @@ class Doctor:
             return
         # The header is truncated to whole seconds: its middle is the best estimate.
         skew = arrived - (theirs + 0.5)
+        ttl_s = self.o.table_ttl_s
         detail = f"this machine is {skew:+.1f} s from the server (Date header, ±1 s)"
+        ahead_s = -skew  # the server's clock ahead of this one: tables age that much early
+        if ahead_s >= ttl_s:
+            detail += (
+                f"; with the table TTL of {ttl_s:g} s (guardrails.table_ttl_s) every table "
+                "would have expired when the plugin reads it"
+            )
+        elif ahead_s > CLOCK_WARN_S:
+            detail += (
+                f"; a table (TTL {ttl_s:g} s) would be followed for only {ttl_s - ahead_s:.0f} s"
+            )
         fix = "synchronise both clocks (NTP); step tables expire by absolute time"
-        if abs(skew) <= CLOCK_WARN_S:
+        # Past the TTL's margin (the part after the daemon re-issues a table) the plugin
+        # falls back between two re-issues; beyond CLOCK_FAIL_S expiry is misjudged anyway.
+        fail_s = min(CLOCK_FAIL_S, ttl_s * (1.0 - self.o.keepalive_fraction))
+        if abs(skew) <= min(CLOCK_WARN_S, fail_s):
             self.add("clock", "ok", detail)
-        elif abs(skew) <= CLOCK_FAIL_S:
+        elif abs(skew) <= fail_s:
             self.add("clock", "warn", detail, fix)
         else:
             self.add("clock", "fail", detail, fix)
@@ -671,6 +690,8 @@ def doctor_cmd(
         spool_group=group,
         timeout_s=timeout_s,
         health_timeout_s=max(30.0, timeout_s),
+        table_ttl_s=float(config.guardrails["table_ttl_s"]),
+        keepalive_fraction=float(config.guardrails["keepalive_fraction"]),
     )
     checks = run_doctor(options)
     ready = not any(c.status == "fail" for c in checks)

@@ -2,7 +2,9 @@
 
 Readiness (``GET /v1/health`` and ``/v1/health/ready``) is true only when the daemon
 can do its job: telemetry fresh enough to act on, the spool writable (plugin mode),
-the state store usable, and no permanent error. Each failing check is a reason in
+plugin statistics arriving while the server is busy (plugin mode: blind is not
+healthy), the server's clock not so far ahead that tables expire on arrival, the state
+store usable, and no permanent error. Each failing check is a reason in
 the answer, and a short fixed code in ``"codes"`` (:data:`READINESS_CODES`: what an
 unauthenticated probe beyond loopback is told, see controller/control_api.py); the
 answer is 503 then. Liveness (``/v1/health/live``) only says the process is not stuck:
@@ -46,6 +48,8 @@ NO_TELEMETRY_YET: Final = "no_telemetry_yet"
 TELEMETRY_STALE: Final = "telemetry_stale"
 SPOOL_FAILING: Final = "spool_failing"
 STORE_UNAVAILABLE: Final = "store_unavailable"
+NO_PLUGIN_STATISTICS: Final = "no_plugin_statistics"
+CLOCK_SKEW: Final = "clock_skew"
 LOOP_STUCK: Final = "decision_loop_stuck"
 READINESS_CODES: Final = (
     NOT_ACTING,
@@ -53,6 +57,8 @@ READINESS_CODES: Final = (
     TELEMETRY_STALE,
     SPOOL_FAILING,
     STORE_UNAVAILABLE,
+    NO_PLUGIN_STATISTICS,
+    CLOCK_SKEW,
 )
 LIVENESS_CODES: Final = (LOOP_STUCK,)
 
@@ -101,6 +107,16 @@ class HealthInputs:
     decide_interval_s: float = 5.0
     spool_error_since_s: float | None = None
     store_error_since_s: float | None = None
+    # Blind (plugin mode): since when the server has been busy (running requests or
+    # generated tokens) with no plugin statistics arriving; None: not blind, or not
+    # expected (observe mode, no spool). An idle engine writes none, so idle is not blind.
+    busy_without_stats_since_s: float | None = None
+    spool_dir: str | None = None
+    # Clock skew: how far the server's clock is ahead of the daemon's, as the newest
+    # plugin statistics (stamped by the server's clock) show; at or beyond the table
+    # TTL every table has expired when the plugin reads it.
+    server_clock_ahead_s: float | None = None
+    table_ttl_s: float = 30.0
 
 
 def _age(now_s: float, since_s: float | None) -> float | None:
@@ -112,9 +128,10 @@ def _lasting(age_s: float | None) -> str:
 
 
 def readiness(h: HealthInputs) -> dict[str, object]:
-    """``{"ok", "acting", "telemetry", "spool", "store", "reasons": [...], "codes": [...]}``
-    and the ages: ``telemetry_age_s``, ``spool_error_age_s``, ``store_error_age_s``
-    (None while that check passes or its start is unknown)."""
+    """``{"ok", "acting", "telemetry", "spool", "store", "plugin_statistics", "clock",
+    "reasons": [...], "codes": [...]}`` and the ages: ``telemetry_age_s``,
+    ``spool_error_age_s``, ``store_error_age_s`` (None while that check passes or its
+    start is unknown) and ``server_clock_ahead_s``."""
     reasons: list[str] = []
     codes: list[str] = []
     acting = h.permanent_error is None
@@ -139,6 +156,27 @@ def readiness(h: HealthInputs) -> dict[str, object]:
     if not store:
         reasons.append(f"store: {h.store_error}{_lasting(store_age_s)}")
         codes.append(STORE_UNAVAILABLE)
+    blind_s = _age(h.now_s, h.busy_without_stats_since_s)
+    plugin_statistics = blind_s is None or blind_s <= h.telemetry_max_age_s
+    if not plugin_statistics:
+        reasons.append(
+            f"blind: the server has been busy for {blind_s:.0f} s (bound "
+            f"{h.telemetry_max_age_s:g} s) and no plugin statistics arrived in the spool "
+            f"{h.spool_dir}; is the plugin loaded, with SPECGOV_SPOOL_DIR of the server "
+            "naming this directory? no table is published until they arrive"
+        )
+        codes.append(NO_PLUGIN_STATISTICS)
+    ahead_s = h.server_clock_ahead_s
+    clock = ahead_s is None or ahead_s < h.table_ttl_s
+    if not clock:
+        reasons.append(
+            f"clock skew: the server's clock is {ahead_s:.0f} s ahead of the daemon's "
+            f"(from the plugin's statistics), at least the table TTL "
+            f"(guardrails.table_ttl_s {h.table_ttl_s:g} s), so every table has expired "
+            "when the plugin reads it and SGLang's own controller answers; sync both "
+            "clocks (NTP)"
+        )
+        codes.append(CLOCK_SKEW)
     return {
         "ok": not reasons,
         "acting": acting,
@@ -148,6 +186,9 @@ def readiness(h: HealthInputs) -> dict[str, object]:
         "spool_error_age_s": spool_age_s,
         "store": store,
         "store_error_age_s": store_age_s,
+        "plugin_statistics": plugin_statistics,
+        "clock": clock,
+        "server_clock_ahead_s": ahead_s,
         "reasons": reasons,
         "codes": codes,
     }

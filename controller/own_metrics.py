@@ -9,7 +9,9 @@ Two kinds of series:
   ``specgov_spool_failures_total{operation}``,
   ``specgov_telemetry_nonfinite_values_dropped_total``,
   ``specgov_store_journal_dropped_total{kind}``, the ``specgov_store_journal_entries``
-  gauge and ``specgov_log_lines_suppressed_total{kind}`` (issue 9 §4).
+  gauge and ``specgov_log_lines_suppressed_total{kind}`` (issue 9 §4); the readiness
+  gauges ``specgov_health_failing{code}`` and ``specgov_server_clock_ahead_seconds``
+  (issue 23 §3), set after every decision.
 * **Derived state**, read at scrape time by a custom collector from one callable that
   returns a :class:`DaemonSnapshot`: ``specgov_table_steps{slot}``,
   ``specgov_table_age_seconds``, ``specgov_accept_length_estimate{slot}``,
@@ -60,6 +62,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from specgov.controller.health import READINESS_CODES
 from specgov.policies.types import StepTable
 
 logger = logging.getLogger(__name__)
@@ -326,6 +329,26 @@ class DaemonMetrics:
             registry=registry,
         )
 
+        self._health_failing = Gauge(
+            f"{NAMESPACE}_health_failing",
+            "1 while a readiness check fails, by its reason code (the codes of "
+            "/v1/health: no_plugin_statistics = blind, clock_skew = tables expire on "
+            "arrival, telemetry_stale, ...), else 0; updated after every decision.",
+            ["code"],
+            registry=registry,
+        )
+        for code in READINESS_CODES:
+            self._health_failing.labels(code=code).set(0)
+        self._clock_ahead = Gauge(
+            f"{NAMESPACE}_server_clock_ahead_seconds",
+            "How far the server's clock is ahead of the daemon's, from the newest plugin "
+            "statistics (stamped by the server's clock, less their delivery delay); at "
+            "or beyond guardrails.table_ttl_s every table expires on arrival. No sample "
+            "until statistics arrive.",
+            ["source"],
+            registry=registry,
+        )
+
         # Recorded state: the derived series' source when no snapshot callable is given.
         self._table: StepTable | None = None
         self._accept: dict[int, float] = {}
@@ -425,6 +448,18 @@ class DaemonMetrics:
     def set_override_active(self, count: int) -> None:
         """Number of operator overrides in force."""
         self._overrides = max(0, int(count))
+
+    def set_health(self, failing: Iterable[str], server_clock_ahead_s: float | None) -> None:
+        """The readiness codes failing now (every other known code goes to 0) and the
+        server's clock offset (None: unknown, no sample)."""
+        codes = set(failing)
+        for code in (*READINESS_CODES, *sorted(codes - set(READINESS_CODES))):
+            self._health_failing.labels(code=code).set(1 if code in codes else 0)
+        ahead = _finite_or_none(server_clock_ahead_s)
+        if ahead is None:
+            self._clock_ahead.clear()
+        else:
+            self._clock_ahead.labels(source="plugin_statistics").set(ahead)
 
     def set_info(self, *, policy: str, mode: str) -> None:
         """Policy and mode for ``specgov_info`` (policy is also set by on_decision)."""

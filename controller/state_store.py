@@ -145,7 +145,8 @@ class StoreReplaced(StoreUnavailable):
 
 
 class StoreRefused(StoreError):
-    """The file cannot be trusted at start (corrupt): the daemon must not start on it."""
+    """The file cannot be trusted at start (corrupt, or a path another user could steer):
+    the daemon must not start on it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -570,6 +571,11 @@ class StateStore:
             return self._conn
         try:
             self._make_parent()
+            problem = self._path_problem()
+            if problem is not None:
+                if not self._opened_once:
+                    raise StoreRefused(f"state database {self._path}: refusing it: {problem}")
+                raise PermissionError(problem)  # once running: an outage, writes kept
             created = self._create_file()
         except OSError as exc:
             self._unavailable(StoreUnavailable, op, exc)
@@ -627,6 +633,39 @@ class StateStore:
         parent = self._path.parent
         if not parent.exists():
             parent.mkdir(parents=True, mode=0o700 if self._gid is None else 0o750)
+
+    def _path_problem(self) -> str | None:
+        """Why the path must not be opened, or None: a dangling symlink there (SQLite
+        would create the file wherever it points), or a directory that another user
+        could write (they could plant the file, its -wal or a symlink under its name)."""
+        path, parent = self._path, self._path.parent
+        if path.is_symlink() and not path.exists():
+            return (
+                f"it is a symbolic link to {os.readlink(path)!r}, which does not exist; "
+                "it is not followed (the file would be created wherever it points); fix: "
+                "remove the link, or point state.db_path at the real file"
+            )
+        st = os.stat(parent)
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in (os.geteuid(), 0):
+            return (
+                f"its directory {parent} belongs to uid {st.st_uid}, not to this user "
+                f"(uid {os.geteuid()}) or root, so that user could swap the file; fix: "
+                "keep the state in a directory of the daemon's user"
+            )
+        if mode & stat.S_IWOTH:
+            return (
+                f"its directory {parent} is writable by every user (mode {mode:04o}), who "
+                f"could plant the file or a link under its name; fix: `chmod o-w {parent}` "
+                "or keep the state in a directory of its own (default ~/.local/state/specgov)"
+            )
+        if mode & stat.S_IWGRP and st.st_gid != self._gid:
+            return (
+                f"its directory {parent} is writable by its group (gid {st.st_gid}, mode "
+                f"{mode:04o}), which could plant the file or a link under its name; fix: "
+                f"`chmod g-w {parent}`"
+            )
+        return None
 
     def _create_file(self) -> bool:
         """Create the file with the state mode before SQLite does (SQLite gives the -wal

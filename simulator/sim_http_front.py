@@ -20,12 +20,15 @@ from typing import Final
 
 from aiohttp import web
 
+from specgov.adapters.http_listener import serve
 from specgov.simulator.sim_controls import OutageMode, SimServerError
 
 logger = logging.getLogger(__name__)
 
 # How long stop() and a synchronous outage() wait for the HTTP thread.
 HTTP_JOIN_TIMEOUT_S: Final = 10.0
+# Its clients are a daemon or two, the tests' probes and an operator's curl.
+SIM_MAX_CONNECTIONS: Final = 128
 
 
 class HttpFront:
@@ -80,16 +83,17 @@ class HttpFront:
             raise failure[0]
 
     async def _open(self) -> None:
-        runner = web.AppRunner(self._make_app(), access_log=None, shutdown_timeout=1.0)
-        await runner.setup()
-        try:
-            site = web.TCPSite(runner, self.host, self.port)
-            await site.start()
-        except BaseException:
-            await runner.cleanup()
-            raise
+        # Capped, with a header timeout and accept backoff (adapters/http_listener.py).
+        runner, site = await serve(
+            self._make_app(),
+            self.host,
+            self.port,
+            name="sim-server",
+            max_connections=SIM_MAX_CONNECTIONS,
+            shutdown_timeout=1.0,
+        )
         if self.port == 0:
-            self.port = int(runner.addresses[0][1])
+            self.port = site.port
         self._runner = runner
 
     async def _close_runner(self) -> None:

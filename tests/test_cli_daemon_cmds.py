@@ -88,6 +88,7 @@ class FakeDaemon:
     def __init__(self) -> None:
         self.policy_spec = "goodput:slo_tpot_ms=40"
         self.sim_speed: float | None = 20.0
+        self.health: list[str] = []
 
     # Times are relative to each answer, as a live daemon's are.
     @property
@@ -167,6 +168,7 @@ class FakeDaemon:
                 "tier_windows": 6,
             },
             "recommendation": None,
+            "health": self.health,
             "notes": [],
         }
         if self.sim_speed is not None:
@@ -239,6 +241,14 @@ def cli(addr: str, *args: str) -> Result:
 def _no_raw_values(output: str) -> None:
     assert "None" not in output, output
     assert EPOCH_FLOAT.search(output) is None, output
+
+
+def test_status_says_what_health_fails(fake: tuple[FakeDaemon, str]) -> None:
+    service, addr = fake
+    assert "ready" in cli(addr, "status").output
+    service.health = ["blind: the server has been busy for 40 s (bound 30 s)"]
+    out = cli(addr, "status").output
+    assert "blind: the server has been busy for 40 s" in out
 
 
 def test_status_shows_simulated_tokens_per_second_and_human_times(

@@ -312,6 +312,7 @@ def test_rules_cover_the_failures_an_operator_must_hear_about() -> None:
     assert {
         "SpecgovDaemonDown",
         "SpecgovTelemetryStale",
+        "SpecgovBlindOrClockSkew",
         "SpecgovTableExpired",
         "SpecgovStoreUnavailable",
         "SpecgovSpoolWriteFailures",

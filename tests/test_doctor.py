@@ -355,6 +355,36 @@ def test_clock_skew(good: tuple[SimServer, Path], proxy: Callable[[Rewrite], Pro
     assert checks["clock"]["status"] == "warn"
 
 
+def test_the_clock_is_judged_against_the_table_ttl(
+    good: tuple[SimServer, Path], proxy: Callable[[Rewrite], Proxy]
+) -> None:
+    """A server clock ahead by the table TTL sees every table expired on arrival (issue
+    23 §3): doctor says so, with the TTL of the daemon's configuration."""
+
+    def ahead(seconds: float) -> Rewrite:
+        def rewrite(
+            path: str, status: int, headers: dict[str, str], body: bytes
+        ) -> tuple[int, dict[str, str], bytes]:
+            stamp = email.utils.formatdate(time.time() + seconds, usegmt=True)
+            return status, {**headers, "Date": stamp}, body
+
+        return rewrite
+
+    _, spool = good
+    env = {"SPECGOV_GUARDRAILS__TABLE_TTL_S": "6", "SPECGOV_LOOP__DECIDE_INTERVAL_S": "1"}
+    url = proxy(ahead(9)).url
+    code, checks, _ = doctor("--server", url, "--spool-dir", str(spool), env=env)
+    assert code == 1 and checks["clock"]["status"] == "fail"
+    assert (
+        "table TTL of 6 s (guardrails.table_ttl_s) every table would have expired"
+        in (checks["clock"]["detail"])
+    )
+    # The same skew against the default 30 s TTL: tables are followed, for less long.
+    _, checks, _ = doctor("--server", url, "--spool-dir", str(spool))
+    assert "every table would have expired" not in checks["clock"]["detail"]
+    assert "would be followed for only 2" in checks["clock"]["detail"]
+
+
 def test_starting_server(good: tuple[SimServer, Path], proxy: Callable[[Rewrite], Proxy]) -> None:
     def starting(
         path: str, status: int, headers: dict[str, str], body: bytes

@@ -220,14 +220,7 @@ def test_a_wall_clock_step_flips_neither_readiness_nor_liveness(
     tmp_path: Path, step_s: float
 ) -> None:
     wall, mono = Clock(1_000_000.0), Clock(50.0)
-    daemon = Daemon(
-        _config(tmp_path, **{"loop.telemetry_max_age_s": 30.0}),
-        store=None,
-        registry=CollectorRegistry(),
-        client=_StepClient(),  # type: ignore[arg-type]
-        clock=wall,
-        monotonic=mono,
-    )
+    daemon = _clocked_daemon(tmp_path, wall, mono, _StepClient())
     asyncio.run(daemon.scrape_once())
     daemon._mark_tick()
     assert daemon.health()["telemetry"] is True
@@ -341,3 +334,135 @@ def test_nan_and_inf_values_are_counted_where_the_observation_arrives(tmp_path: 
     # Two non-finite values per scrape; the negative counter is dropped but finite.
     value = daemon.registry.get_sample_value("specgov_telemetry_nonfinite_values_dropped_total")
     assert value == 4.0
+
+
+# ------------------------------------------- blind and clock skew (issue 23 §3)
+
+
+class _BusyClient(_NanClient):
+    """A server with requests running (it would write plugin statistics if loaded)."""
+
+    BODY = (
+        "# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{model_name="m"} 8\n'
+        "# TYPE sglang:num_queue_reqs gauge\n"
+        'sglang:num_queue_reqs{model_name="m"} 0\n'
+    )
+
+
+def _stats(window_end_s: float) -> Any:
+    from specgov.policies.types import TierStat, TierStatsSnapshot
+
+    tier = TierStat(
+        slot=1,
+        steps=1,
+        verify_calls=4,
+        requests=4,
+        accepted_hist=(1, 3),
+        step_time_sum_s=0.04,
+        step_time_count=4,
+        batch_size_sum=4,
+    )
+    return TierStatsSnapshot(window_end_s - 1.0, window_end_s, (tier,))
+
+
+def _clocked_daemon(
+    tmp_path: Path, wall: Clock, mono: Clock, client: _NanClient, **extra: Any
+) -> Daemon:
+    """A daemon on the given clocks and stand-in server, telemetry bound 30 s."""
+    return Daemon(
+        _config(tmp_path, **{"loop.telemetry_max_age_s": 30.0, **extra}),
+        store=None,
+        registry=CollectorRegistry(),
+        client=client,  # type: ignore[arg-type]
+        clock=wall,
+        monotonic=mono,
+    )
+
+
+def _busy_daemon(tmp_path: Path, wall: Clock, mono: Clock, **extra: Any) -> Daemon:
+    return _clocked_daemon(tmp_path, wall, mono, _BusyClient(), **extra)
+
+
+def test_blind_is_not_healthy_503_with_the_reason_a_metric_and_one_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The plugin is not loaded (nothing writes statistics) while the server is busy:
+    every decision holds on unknown telemetry and no table is published. Before issue 23
+    health answered 200 throughout and nothing was logged."""
+    from specgov.adapters.spool import write_tier_stats
+
+    wall, mono = Clock(1_000_000.0), Clock(50.0)
+    daemon = _busy_daemon(tmp_path, wall, mono)
+    caplog.set_level(logging.INFO, logger="specgov.daemon")
+    for _ in range(8):  # 40 s of scrapes and decisions, every 5 s
+        asyncio.run(daemon.scrape_once())
+        record = daemon.decide_once()
+        daemon.export_health()
+        assert record.reason == "held_unknown_telemetry" and not record.published
+        wall.now_s += 5.0
+        mono.now_s += 5.0
+    status, body = _get(daemon, "/v1/health")
+    assert status == 503 and body["plugin_statistics"] is False
+    assert body["codes"] == ["no_plugin_statistics"]
+    assert "blind: the server has been busy for 40 s (bound 30 s)" in body["reasons"][0]
+    assert str(tmp_path / "spool") in body["reasons"][0]
+    assert daemon.status()["health"] == body["reasons"]
+    value = daemon.registry.get_sample_value
+    assert value("specgov_health_failing", {"code": "no_plugin_statistics"}) == 1.0
+    assert value("specgov_health_failing", {"code": "telemetry_stale"}) == 0.0
+    lines = [r for r in caplog.records if "not ready: blind" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.ERROR  # throttled: one per burst
+    # The plugin's statistics arrive: healthy again, the gauge back to 0.
+    write_tier_stats(tmp_path / "spool", _stats(wall.now_s), writer_id="w", fsync=False)
+    asyncio.run(daemon.scrape_once())
+    daemon.decide_once()
+    daemon.export_health()
+    assert daemon.health()["ok"] is True
+    assert value("specgov_health_failing", {"code": "no_plugin_statistics"}) == 0.0
+
+
+def test_an_idle_server_without_statistics_is_not_blind(tmp_path: Path) -> None:
+    wall, mono = Clock(1_000_000.0), Clock(50.0)
+    daemon = _clocked_daemon(tmp_path, wall, mono, _StepClient())
+    for _ in range(10):
+        asyncio.run(daemon.scrape_once())
+        daemon.decide_once()
+        mono.now_s += 5.0
+    assert daemon.health()["ok"] is True  # an idle engine writes no statistics
+
+
+def test_observe_mode_without_a_plugin_is_not_blind(tmp_path: Path) -> None:
+    wall, mono = Clock(1_000_000.0), Clock(50.0)
+    daemon = _busy_daemon(tmp_path, wall, mono, **{"loop.mode": "observe"})
+    for _ in range(10):
+        asyncio.run(daemon.scrape_once())
+        daemon.decide_once()
+        mono.now_s += 5.0
+    assert daemon.health()["ok"] is True
+
+
+@pytest.mark.parametrize(("ahead_s", "ok"), [(45.0, False), (30.0, False), (10.0, True)])
+def test_a_server_clock_ahead_by_the_table_ttl_is_clock_skew(
+    tmp_path: Path, ahead_s: float, ok: bool
+) -> None:
+    """The server's clock runs ``ahead_s`` ahead of the daemon's: with the default
+    30 s table TTL every table has expired when the plugin reads it (from 30 s on)."""
+    from specgov.adapters.spool import write_tier_stats
+
+    wall, mono = Clock(1_000_000.0), Clock(50.0)
+    daemon = _busy_daemon(tmp_path, wall, mono)
+    asyncio.run(daemon.scrape_once())
+    write_tier_stats(tmp_path / "spool", _stats(wall.now_s + ahead_s), writer_id="w", fsync=False)
+    daemon.decide_once()
+    verdict = daemon.export_health()
+    assert verdict["ok"] is ok and verdict["server_clock_ahead_s"] == pytest.approx(ahead_s)
+    value = daemon.registry.get_sample_value
+    gauge = value("specgov_server_clock_ahead_seconds", {"source": "plugin_statistics"})
+    assert gauge == pytest.approx(ahead_s)
+    assert value("specgov_health_failing", {"code": "clock_skew"}) == (0.0 if ok else 1.0)
+    assert daemon.status()["server_clock_ahead_s"] == pytest.approx(ahead_s)
+    if not ok:
+        assert verdict["codes"] == ["clock_skew"]
+        assert f"{ahead_s:.0f} s ahead of the daemon's" in verdict["reasons"][0]
+        assert "table TTL (guardrails.table_ttl_s 30 s)" in verdict["reasons"][0]

@@ -147,7 +147,9 @@ def test_deleted_db_is_noticed_reported_and_recreated_with_every_row(
     # The restart finds everything: all decisions, the gap row, both overrides.
     with StateStore(db) as store:
         rows = store.decisions(limit=1000)
-        assert len([r for r in rows if r.reason != "store_gap"]) == made == 9
+        decided = [r for r in rows if r.reason not in ("store_gap", "override_set")]
+        assert len(decided) == made == 9
+        assert [r.reason for r in rows].count("override_set") == 1  # the pin, audited
         gap = [r for r in rows if r.reason == "store_gap"]
         assert len(gap) == 1 and "was deleted" in json.dumps(gap[0].inputs_summary)
         assert store.integrity_check() == ["ok"]
@@ -181,12 +183,43 @@ def test_replaced_db_is_saved_aside_and_the_new_file_gets_the_daemons_state(
     aside = list(db.parent.glob("state.db.replaced-*"))
     assert len(aside) == 1
     with StateStore(aside[0]) as old:
-        assert len(old.decisions(limit=100)) == 3  # nothing of the old file lost
+        # Nothing of the old file lost: 3 decisions and the pin's audit row.
+        assert len(old.decisions(limit=100)) == 3 + 1
     with StateStore(db) as new:
         policies = {r.policy for r in new.decisions(limit=100)}
         assert "elsewhere" in policies  # the operator's file, kept
         assert kept in {r.id for r in new.list_overrides(0.0, include_expired=True)}
         assert any(r.reason == "store_gap" for r in new.decisions(limit=100))
+
+
+def test_a_foreign_db_swapped_in_then_deleted_gets_the_policy_setting_back(
+    tmp_path: Path,
+) -> None:
+    """Issue 23 §3: the recreated file got the overrides back but not the policy setting,
+    so the restart came up on the configured `goodput`, not the operator's choice."""
+    config = _config(tmp_path)
+    db = config.state.db_path
+    daemon = _daemon(config, StateStore(db, open_now=False))
+    daemon.set_policy("goodput:slo_tpot_ms=40")
+    kept = _pin(daemon, "keep")
+    daemon.decide_once()
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as raw:
+        raw.execute("CREATE TABLE something_else (x)")
+    os.replace(foreign, db)
+    daemon.decide_once()  # an outage: the foreign file is refused, writes wait
+    assert daemon.status()["store_error"] is not None
+    for path in db.parent.glob("state.db*"):
+        path.unlink()
+    daemon.decide_once()  # a new file at the path, written back
+    assert daemon.status()["store_error"] is None
+    _close(daemon)
+    with StateStore(db) as store:
+        assert store.get_setting("policy_spec") == "goodput:slo_tpot_ms=40"
+        assert kept in {r.id for r in store.list_overrides(0.0)}
+    again = _daemon(config, StateStore(db, open_now=False))
+    assert again.policy_spec == "goodput:slo_tpot_ms=40"
+    _close(again)
 
 
 def test_store_replaced_is_raised_once_and_the_store_works_after(tmp_path: Path) -> None:
@@ -225,11 +258,12 @@ def test_disk_full_rows_are_journaled_and_written_back_with_a_gap_row(
     health = daemon.health()
     assert health["ok"] is False and health["store"] is False
     assert any("full" in r for r in health["reasons"])
-    assert status["store_journal"]["entries"] >= made_while_full + 1
+    # The decisions made while full, the override and its own audit row (issue 23).
+    assert status["store_journal"]["entries"] >= made_while_full + 2
     assert _metric(daemon, "specgov_store_failures_total", kind="unavailable") >= 1.0
-    assert _metric(daemon, "specgov_store_journal_entries") >= made_while_full + 1
+    assert _metric(daemon, "specgov_store_journal_entries") >= made_while_full + 2
     assert len([m for m in _store_lines(caplog) if "full" in m]) == 1  # one per burst
-    assert len(daemon.decisions(None, 1000)) == 3 + made_while_full  # journal + stored
+    assert len(daemon.decisions(None, 1000)) == 3 + made_while_full + 1  # journal + stored
 
     capped.free()
     daemon.decide_once()
@@ -239,9 +273,9 @@ def test_disk_full_rows_are_journaled_and_written_back_with_a_gap_row(
     _close(daemon)
     with StateStore(config.state.db_path) as s:
         rows = s.decisions(limit=1000)
-        assert len([r for r in rows if r.reason != "store_gap"]) == 3 + made_while_full + 1
+        assert len([r for r in rows if r.reason != "store_gap"]) == 3 + made_while_full + 2
         (gap,) = [r for r in rows if r.reason == "store_gap"]
-        assert gap.inputs_summary["written_back"] == made_while_full + 1
+        assert gap.inputs_summary["written_back"] == made_while_full + 2
         assert gap.inputs_summary["dropped"] == {}
         assert "full" in gap.message
         assert during in {r.id for r in s.list_overrides(0.0)}
@@ -612,3 +646,126 @@ def test_a_foreign_file_swapped_in_while_running_is_an_outage_not_a_crash(
     assert status["store_journal"]["entries"] >= 2
     assert daemon.health()["store"] is False
     _close(daemon)
+
+
+# ------------------------------------------------ paths another user could steer (§2)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770])
+def test_a_state_directory_others_can_write_is_refused_at_start(tmp_path: Path, mode: int) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    db = shared / "state.db"
+    with pytest.raises(StoreRefused, match=r"writable by (every user|its group)") as info:
+        StateStore(db, open_now=False).start()
+    assert str(shared) in str(info.value) and "fix: `chmod" in str(info.value)
+    assert not db.exists()  # nothing created in it
+
+
+def test_a_group_writable_state_directory_of_the_configured_group_is_accepted(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o770)
+    gid = shared.stat().st_gid
+    store = StateStore(shared / "state.db", open_now=False, file_group=gid)
+    assert store.start().error is None
+    store.close()
+
+
+def test_a_state_directory_of_another_user_is_refused(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 65534, -1)
+    with pytest.raises(StoreRefused, match="belongs to uid 65534"):
+        StateStore(theirs / "state.db", open_now=False).start()
+
+
+def test_a_dangling_symlink_at_the_db_path_is_not_followed(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    target = tmp_path / "elsewhere.db"
+    (state / "state.db").symlink_to(target)
+    with pytest.raises(StoreRefused, match=r"symbolic link .* it is not followed"):
+        StateStore(state / "state.db", open_now=False).start()
+    assert not target.exists()
+    # A link to an existing database is the operator's layout and is used.
+    (state / "state.db").unlink()
+    StateStore(target).close()
+    (state / "state.db").symlink_to(target)
+    store = StateStore(state / "state.db", open_now=False)
+    assert store.start().error is None
+    store.close()
+
+
+def test_specgov_run_refuses_a_world_writable_state_directory_with_exit_2(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "tmp"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
+    argv = [sys.executable, "-m", "specgov.controller.cli", "run"]
+    argv += ["--state-db", str(shared / "state.db"), "--server", "http://127.0.0.1:9"]
+    argv += ["--control-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"]
+    # A deadline, not an expectation: the refusal comes before anything is served.
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "writable by every user" in done.stderr and "Traceback" not in done.stderr
+    assert not (shared / "control.token").exists() and not (shared / "state.db").exists()
+
+
+# ------------------------------------------- every override is an audit row (§3)
+
+
+def test_every_override_set_superseded_or_cleared_is_an_audit_row(tmp_path: Path) -> None:
+    """20 pins set at once through the control API (each supersedes the one before), then
+    a clear: 20 set rows, 19 superseded rows and 1 cleared row, in the store and in
+    `GET /v1/decisions`. Before issue 23 only the override in force was anywhere in the
+    audit log (through the decisions it steered)."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from specgov.controller.control_api import make_app
+
+    config = _config(tmp_path)
+    daemon = _daemon(config, StateStore(config.state.db_path, open_now=False))
+
+    async def go() -> list[dict[str, Any]]:
+        app = make_app(daemon, token=None, listen_host="127.0.0.1")
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            body = {"pin_policy": PIN, "ttl": "1h"}
+            replies = await asyncio.gather(
+                *(client.post("/v1/overrides", json={**body, "reason": f"r{i}"}) for i in range(20))
+            )
+            assert [r.status for r in replies] == [201] * 20
+            cleared = await client.delete("/v1/overrides", params={"all": "true"})
+            assert (await cleared.json())["cleared"] == 1
+            switched = await client.put("/v1/policy", json={"spec": "static:1"})
+            assert switched.status == 200
+            rows = await (await client.get("/v1/decisions", params={"limit": "100"})).json()
+            return list(rows["decisions"])
+
+    rows = asyncio.run(go())
+    by_reason: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_reason.setdefault(row["reason"], []).append(row)
+    assert sorted(by_reason) == [
+        "override_cleared",
+        "override_set",
+        "override_superseded",
+        "policy_set",
+    ]
+    assert [r["inputs_summary"]["spec"] for r in by_reason["policy_set"]] == ["static:1"]
+    made = {r["inputs_summary"]["override"]["id"] for r in by_reason["override_set"]}
+    superseded = {r["inputs_summary"]["override_id"] for r in by_reason["override_superseded"]}
+    (last,) = made - superseded
+    assert len(made) == 20 and len(superseded) == 19 and superseded < made
+    assert [r["inputs_summary"]["override_id"] for r in by_reason["override_cleared"]] == [last]
+    assert all(not r["published"] and r["table_after"] is None for r in rows)
+    assert "cleared by the operator" in by_reason["override_cleared"][0]["message"]
+    _close(daemon)
+    with StateStore(config.state.db_path) as store:
+        stored = [r.reason for r in store.decisions(limit=100)]
+    assert sorted(stored) == sorted(r["reason"] for r in rows)  # persisted, not only shown

@@ -35,6 +35,8 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
+from specgov.controller.daemon import OPERATOR_AUDIT_REASONS
+
 T = TypeVar("T")
 
 HOST = "127.0.0.1"
@@ -387,13 +389,16 @@ class DaemonProc:
         self.spool_dir = spool
 
     def cli(self, *args: str, timeout_s: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-        """Run `specgov ARGS --control-addr ...` against this daemon."""
+        """Run `specgov ARGS --control-addr ...` against this daemon, as its user: the
+        CLI finds the daemon's control token beside its state database, as an operator's
+        does with the default paths (here pointed at by the config's environment)."""
+        env = {**child_env(), "SPECGOV_STATE__DB_PATH": str(self.db_path)}
         return subprocess.run(
             [*specgov_argv(), *args, "--control-addr", self.control_addr],
             capture_output=True,
             text=True,
             timeout=timeout_s,
-            env=child_env(),
+            env=env,
             check=False,
         )
 
@@ -406,7 +411,12 @@ class DaemonProc:
         return json.loads(done.stdout)
 
     def decisions(self, limit: int = 1000) -> list[dict[str, Any]]:
-        """The audit log through `specgov decisions --output json`, oldest first."""
+        """The decisions in the audit log through `specgov decisions --output json`,
+        oldest first (the rows of operator actions left out: see ``operator_rows``)."""
+        return [r for r in self.audit_rows(limit) if r["reason"] not in OPERATOR_AUDIT_REASONS]
+
+    def audit_rows(self, limit: int = 1000) -> list[dict[str, Any]]:
+        """Every audit row through `specgov decisions --output json`, oldest first."""
         rows = self.cli_json("decisions", "--limit", str(limit))
         assert isinstance(rows, list), rows
         return list(reversed(rows))
@@ -426,7 +436,7 @@ class DaemonProc:
         query = f"decisions?limit={limit}" + ("" if since_s is None else f"&since={since_s}")
         rows = self.api(query)["decisions"]
         assert isinstance(rows, list)
-        return list(reversed(rows))
+        return [r for r in reversed(rows) if r["reason"] not in OPERATOR_AUDIT_REASONS]
 
     def decisions_after(self, t_s: float) -> list[dict[str, Any]]:
         """Audit rows with ``time_s`` strictly after ``t_s``, oldest first."""

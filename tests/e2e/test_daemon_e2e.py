@@ -303,6 +303,9 @@ def test_override_applies_next_decision_expires_on_time_and_clears(e2e: E2E) -> 
     # override still applies to its slot).
     assert first["reason"] in OVERRIDE_REASONS, first
     assert first["published"] and slot_steps(first["table_after"])[1] == 0, first
+    # The operator's action is an audit row of its own (issue 23 §3).
+    audit = [r for r in daemon.audit_rows() if r["reason"] == "override_set"]
+    assert [r["inputs_summary"]["override"]["id"] for r in audit] == [override["id"]]
 
     # Expiry: in force for every decision before expires_at_s (daemon clock), gone at the
     # first decision after it.
@@ -461,10 +464,12 @@ def test_kill_9_then_restart_keeps_audit_learned_state_and_override(e2e: E2E) ->
         lambda: _plugin_follows_daemon(republished["table_after"]["version"])(sim.state()),
         what="the plugin following the restarted daemon",
     )
+    # Every audit row of before the kill is still there (the override's own row too).
+    audited = restarted.audit_rows()
+    assert [r["id"] for r in audited[: len(seen)]] == [r["id"] for r in reversed(seen)]
+    assert len(audited) > before_kill
     rows = restarted.decisions()
-    assert [r["id"] for r in rows[: len(seen)]] == [r["id"] for r in reversed(seen)]
     assert sum(r["reason"] == "initial" for r in rows) == 1
-    assert len(rows) > before_kill
     _check_rows(rows)
 
 
