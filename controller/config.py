@@ -869,6 +869,32 @@ def load_config(
     return config
 
 
+def reload_config(running: SpecgovConfig, *, env: Mapping[str, str] = os.environ) -> SpecgovConfig:
+    """The configuration a reload (SIGHUP) switches to: ``running``'s file read again, the
+    environment, and the command-line values ``running`` was started with, which win over
+    the file as they did at start (``sources`` says which keys they are). Raises
+    :class:`ConfigError` when the result does not validate."""
+    flags = effective_config_dict(running)
+    overrides = {
+        dotted: flags[dotted.partition(".")[0]][dotted.partition(".")[2]]
+        for dotted, origin in running.sources.items()
+        if origin == CLI_LABEL
+    }
+    return load_config(running.source_path, env=env, overrides=overrides)
+
+
+def config_changes(old: SpecgovConfig, new: SpecgovConfig) -> list[str]:
+    """One line per setting that differs, ``key: old -> new (source)``, in file order."""
+    before, after = effective_config_dict(old), effective_config_dict(new)
+    return [
+        f"{group}.{key}: {_show(value)} -> {_show(after[group][key])} "
+        f"({new.sources.get(f'{group}.{key}', DEFAULTS_LABEL)})"
+        for group, keys in before.items()
+        for key, value in keys.items()
+        if after[group][key] != value
+    ]
+
+
 def _read_config_text(path: Path, label: str) -> str:
     """The file's text; at most CONFIG_MAX_BYTES are read, whatever the file's size."""
     try:

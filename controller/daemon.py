@@ -46,7 +46,7 @@ from specgov.adapters.log_throttle import MAX_LOGGED_CHARS, LogThrottle
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.spool import read_published_table, read_tier_stats, write_step_table
-from specgov.controller.config import SpecgovConfig
+from specgov.controller.config import SpecgovConfig, config_changes
 from specgov.controller.health import FailureClock, HealthInputs, liveness, readiness
 from specgov.controller.own_metrics import DaemonMetrics
 from specgov.controller.state_store import (
@@ -1180,12 +1180,16 @@ class Daemon:
             self.status_info.notes.append(f"reload rejected: {exc}")
             return
         old_spec = self.config.policy.spec
+        changes = config_changes(self.config, new)
         self.config = new
         self.core = core
         self.metrics.set_info(policy=self.core_state.policy_spec, mode=new.loop.mode)
         if new.policy.spec != old_spec:
             self.set_policy(new.policy.spec)
-        log.info("configuration reloaded")
+        for change in changes:
+            log.info("configuration reloaded: %s", change)
+        if not changes:
+            log.info("configuration reloaded: no setting changed")
 
     async def run(
         self,

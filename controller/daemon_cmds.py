@@ -90,9 +90,10 @@ async def serve_daemon(
     config_file = config.source_path
 
     def reload_config() -> Any:
-        from specgov.controller.config import load_config
+        from specgov.controller.config import reload_config
 
-        return load_config(config_file)
+        # The flags `specgov run` was started with win over the file again (issue 23).
+        return reload_config(config)
 
     daemon = Daemon(
         config,
@@ -164,6 +165,29 @@ def _prior_for(config: Any) -> Any:
         _fail(f"deployment: {exc}", EXIT_USAGE)
 
 
+# `specgov run`'s flags and the config keys they set (flags win over the file and the
+# environment, config.py).
+RUN_FLAG_KEYS: dict[str, str] = {
+    "server": "server.url",
+    "spool_dir": "spool.dir",
+    "state_db": "state.db_path",
+    "control_addr": "control.listen",
+    "metrics_addr": "metrics.listen",
+    "mode": "loop.mode",
+    "policy": "policy.spec",
+}
+
+
+def run_overrides(params: dict[str, Any]) -> dict[str, Any]:
+    """The config overrides of `specgov run`'s parsed flags (``ctx.params``): the flags
+    given, each as its config key."""
+    return {
+        key: str(params[name]) if isinstance(params[name], Path) else params[name]
+        for name, key in RUN_FLAG_KEYS.items()
+        if params.get(name) is not None
+    }
+
+
 @click.command("run")
 @click.option(
     "--config",
@@ -202,19 +226,7 @@ def run_cmd(
     policy: str | None,
 ) -> None:
     """Run the daemon next to one SGLang server (flags override the config file)."""
-    overrides: dict[str, Any] = {}
-    for key, value in (
-        ("server.url", server),
-        ("spool.dir", str(spool_dir) if spool_dir else None),
-        ("state.db_path", str(state_db) if state_db else None),
-        ("control.listen", control_addr),
-        ("metrics.listen", metrics_addr),
-        ("loop.mode", mode),
-        ("policy.spec", policy),
-    ):
-        if value is not None:
-            overrides[key] = value
-    config = _load(config_file, overrides)
+    config = _load(config_file, run_overrides(click.get_current_context().params))
     _configure_logging(config.log.format, config.log.level)
     try:
         code = asyncio.run(serve_daemon(config, ready=freeze_startup_heap))
