@@ -46,6 +46,7 @@ from specgov.adapters.log_throttle import MAX_LOGGED_CHARS, LogThrottle
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.spool import read_published_table, read_tier_stats, write_step_table
+from specgov.controller.cli_format import sim_speed
 from specgov.controller.config import SpecgovConfig, config_changes
 from specgov.controller.health import FailureClock, HealthInputs, liveness, readiness
 from specgov.controller.own_metrics import DaemonMetrics
@@ -73,6 +74,7 @@ from specgov.policies.guardrails import (
     GuardrailConfig,
     Override,
     active_overrides,
+    slot_winners,
     with_override,
     without_overrides,
 )
@@ -830,15 +832,17 @@ class Daemon:
         return True
 
     def _export_goodput(self, record: AuditRecord) -> None:
-        """Observed goodput (the engine's generation throughput), the goodput a change was
-        predicted to reach (observed x (1 + expected gain), kept until the next predicted
-        change) and the accept length under the running batch's slot, for the dashboard
-        and the "below prediction" alert."""
+        """Observed goodput (the engine's generation throughput), the goodput the policy's
+        model predicts for the table in force at this decision's load (absent when it
+        has none: never a stale number) and the accept length under the running batch's
+        slot, for the dashboard and the "below prediction" alert."""
         summary = record.inputs_summary
-        observed = summary.get("gen_throughput_tok_s")
-        self.metrics.set_observed(observed)
-        if record.changed and record.expected_gain is not None and observed is not None:
-            self.metrics.set_predicted(observed * (1.0 + record.expected_gain))
+        self.metrics.set_observed(summary.get("gen_throughput_tok_s"))
+        predicted = record.predicted_goodput_tok_s
+        # The model is in the server's seconds, the observed rate in the daemon's (wall)
+        # seconds: the same on a real SGLang; the simulated server runs `speed` times faster.
+        speed = sim_speed({"sim_speed": (self._server_info or {}).get(SIM_SPEED_KEY)})
+        self.metrics.set_predicted(None if predicted is None else predicted * (speed or 1.0))
         accept, running = summary.get("accept_length"), summary.get("running")
         table = record.table_in_force
         if accept is not None and running is not None and table is not None:
@@ -906,6 +910,7 @@ class Daemon:
             "slots": self._slot_layout(),
             "last_decision": s.last_decision,
             "overrides": self.list_overrides(),
+            "override_slots": self._override_slots(now),
             "observation": self._observation_document(),
             "recommendation": s.recommendation,
             "health": self.health()["reasons"],
@@ -964,6 +969,19 @@ class Daemon:
         for oid, o in sorted(self._overrides.items(), key=lambda kv: kv[1].created_at_s):
             if o.is_active(now):
                 out.append(self._override_doc(oid, o))
+        return out
+
+    def _override_slots(self, now_s: float) -> dict[str, list[int]] | None:
+        """Override id -> the engine slots it sets now (a slot's own override wins over
+        an every-slot one, the guardrails' rule); None while the slots are unknown."""
+        layout = self._slot_layout()
+        if layout is None:
+            return None
+        ids = {id(o): oid for oid, o in self._overrides.items()}
+        active = active_overrides(tuple(self._overrides.values()), now_s)
+        out: dict[str, list[int]] = {}
+        for bound, o in slot_winners(active, [b for b, _ in layout]).items():
+            out.setdefault(ids[id(o)], []).append(bound)
         return out
 
     def _override_doc(self, oid: str, override: Override) -> dict[str, Any]:

@@ -414,7 +414,7 @@ def status_cmd(control_addr: str | None, output: str, verbose: bool) -> None:
             ],
             ["TPOT p50", number(obs.get("tpot_p50_ms"), 1, "ms")],
             ["ITL p99", number(obs.get("itl_p99_ms"), 1, "ms")],
-            ["overrides", _overrides_line(s.get("overrides") or [], now)],
+            ["overrides", _overrides_line(s.get("overrides") or [], now, s.get("override_slots"))],
             ["restart recommendation", _recommendation_line(rec) if rec else "none"],
             ["errors", _errors(s)],
         ]
@@ -426,24 +426,41 @@ def status_cmd(control_addr: str | None, output: str, verbose: bool) -> None:
     _emit(data, output, render)
 
 
-def _overrides_line(items: list[dict[str, Any]], now_s: float) -> str:
+def _overrides_line(
+    items: list[dict[str, Any]], now_s: float, slots_of: dict[str, list[int]] | None = None
+) -> str:
     if not items:
         return "none"
-    return "; ".join(_override_text(o, now_s) for o in items)
+    return "; ".join(_override_text(o, now_s, slots_of) for o in items)
 
 
-def _override_text(o: dict[str, Any], now_s: float) -> str:
+def _override_text(
+    o: dict[str, Any], now_s: float, slots_of: dict[str, list[int]] | None = None
+) -> str:
+    """What the override does to the table now: a slot's own override wins over an
+    every-slot one (``slots_of``: the daemon's override id -> slots it sets)."""
     from specgov.controller.cli_format import instant
 
     if o.get("pin_policy"):
         what = f"policy pinned to {o['pin_policy']}"
-    elif o.get("disable_speculation"):
-        what = "speculation off" + (f" in slot {o['slot']}" if o.get("slot") else " everywhere")
-    elif o.get("slot") is not None:
-        what = f"slot {o['slot']} -> {o.get('steps')} steps"
     else:
-        what = f"every slot -> {o.get('steps')} steps"
+        off = o.get("disable_speculation")
+        action = "speculation off" if off else f"{o.get('steps')} steps"
+        if o.get("slot") is not None:
+            what = f"{action} in slot {o['slot']}" if off else f"slot {o['slot']} -> {action}"
+        else:
+            what = f"{action} everywhere" if off else f"every slot -> {action}"
+            sets = None if slots_of is None else slots_of.get(str(o.get("id")), [])
+            others = set(_all_slots(slots_of)) - set(sets or [])
+            if sets is not None and others:
+                where = f"slots {', '.join(map(str, sets))}" if sets else "no slot"
+                owned = ", ".join(map(str, sorted(others)))
+                what = f"{action} in {where} (slot(s) {owned}: their own override wins)"
     return f"{what} until {instant(o.get('expires_at_s'), now_s)} ({o.get('reason')!r})"
+
+
+def _all_slots(slots_of: dict[str, list[int]] | None) -> list[int]:
+    return sorted({b for bounds in (slots_of or {}).values() for b in bounds})
 
 
 def _recommendation_line(rec: dict[str, Any]) -> str:

@@ -434,3 +434,65 @@ def test_override_on_a_slot_the_engine_lacks_or_steps_outside_its_candidates(
                 assert "Traceback" not in result.output
     finally:
         sim.stop()
+
+
+def test_disable_with_a_slot_override_status_says_what_the_table_does(tmp_path: Path) -> None:
+    """Issue 23: `--disable` with a slot override showed "speculation off everywhere"
+    while the table kept that slot speculating. The rule (docs/operations.md): a slot's
+    own override wins over an every-slot one; status says which slots each one sets."""
+    from specgov.controller.config import load_config
+    from specgov.controller.daemon import Daemon
+    from specgov.simulator.replay import ServerSpec
+    from specgov.simulator.sim_server import SimServer
+    from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+
+    trace = generate_trace(parse_synthetic_spec("synthetic:duration=120,rate=5,seed=4"))
+    sim = SimServer(trace, ServerSpec(), speed=10, spool_dir=tmp_path / "spool", loop_trace=True)
+    sim.start()
+    try:
+        sim.wait_ready(30)
+        config = load_config(
+            None,
+            env={},
+            overrides={
+                "server.url": sim.url,
+                "spool.dir": str(tmp_path / "spool"),
+                "state.db_path": str(tmp_path / "state.db"),
+                "loop.mode": "plugin",
+            },
+        )
+        daemon = Daemon(config, store=None)
+
+        async def overridden_table() -> None:
+            # Scrape until the engine's slots are known, then decide under both overrides.
+            for _ in range(60):
+                await daemon.scrape_once()
+                if daemon.status()["slots"]:
+                    break
+                await asyncio.sleep(0.3)
+            slots = {b: ks for b, ks in daemon.status()["slots"]}
+            first = min(slots)
+            assert 1 in slots[first], slots
+            daemon.set_override(None, None, True, None, 600.0, "incident")
+            daemon.set_override(first, 1, False, None, 600.0, "keep slot speculating")
+            for _ in range(60):
+                daemon.decide_once()
+                table = daemon.status()["table"]
+                if table is not None and dict(table["slots"]).get(first) == 1:
+                    return
+                await asyncio.sleep(0.3)
+                await daemon.scrape_once()
+            raise AssertionError(f"no overridden table: {daemon.status()['last_decision']}")
+
+        with serve(daemon, before=overridden_table) as addr:
+            data = json.loads(cli(addr, "status", "--output", "json").output)
+            table = dict(data["table"]["slots"])
+            first, rest = min(table), sorted(b for b in table if b != min(table))
+            assert table[first] == 1 and all(table[b] == 0 for b in rest), table
+            text = cli(addr, "status").output.replace("\n", " ")
+            text = re.sub(r"\s*│\s*", " ", text)
+            assert "speculation off everywhere" not in text, text
+            assert f"speculation off in slots {', '.join(map(str, rest))}" in text, text
+            assert f"slot {first} -> 1 steps" in text, text
+    finally:
+        sim.stop()

@@ -60,6 +60,7 @@ from specgov.policies.goodput.state import (
 from specgov.policies.types import (
     Budget,
     Decision,
+    GoodputPrediction,
     Observation,
     ReasonCode,
     SlotLayout,
@@ -201,11 +202,12 @@ class GoodputPolicy:
         current = observation.table
         if current is not None and current.is_expired(observation.time_s):
             current = None  # not in force any more: whatever we decide is a change
-        plans, gains, state = self._plan(
+        plans, gains, state, predictions = self._plan(
             observation, state, budget, current, observation.slot_candidates
         )
         state, restart = self._restart(observation, state, plans)
-        return self._decision(observation, state, current, plans, gains, restart)
+        decision, state = self._decision(observation, state, current, plans, gains, restart)
+        return replace(decision, predictions=predictions), state
 
     def plan(
         self, observation: Observation, state: GoodputState, budget: Budget
@@ -480,7 +482,12 @@ class GoodputPolicy:
         budget: Budget,
         current: StepTable | None,
         slot_candidates: SlotLayout,
-    ) -> tuple[tuple[SlotPlan, ...], list[tuple[float, float, float]], GoodputState]:
+    ) -> tuple[
+        tuple[SlotPlan, ...],
+        list[tuple[float, float, float]],
+        GoodputState,
+        tuple[GoodputPrediction, ...],
+    ]:
         cfg = self._config
         now = observation.time_s
         slo_ms = cfg.slo_tpot_ms if cfg.slo_tpot_ms is not None else budget.slo_tpot_ms
@@ -571,9 +578,12 @@ class GoodputPolicy:
 
         plans: list[SlotPlan] = []
         gains: list[tuple[float, float, float]] = []  # (weight, new score, current score)
+        predicted: dict[tuple[int, int], GoodputPrediction] = {}
         for w in work:
             steps = probes.get(w.bound, w.best)
             e = w.evals.get(steps) or self._evaluate(w.est.mean, cost, w.batch, ctx, steps, slo)
+            for k, ev in (*w.evals.items(), (steps, e)):
+                predicted[(w.bound, k)] = GoodputPrediction(w.bound, k, ev.goodput, w.share)
             plans.append(
                 SlotPlan(
                     slot=w.bound,
@@ -597,7 +607,10 @@ class GoodputPolicy:
                 # A probe predicts nothing: the table's gain counts its slot as unchanged.
                 new_score = cur_eval.score if w.bound in probes else e.score
                 gains.append((weights.get(w.bound, 0.0), new_score, cur_eval.score))
-        return tuple(plans), gains, state
+                predicted[(w.bound, w.cur)] = GoodputPrediction(
+                    w.bound, w.cur, cur_eval.goodput, w.share
+                )
+        return tuple(plans), gains, state, tuple(predicted.values())
 
     # --------------------------------------------------------------- restart
 
