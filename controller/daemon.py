@@ -78,7 +78,7 @@ from specgov.policies.guardrails import (
     with_override,
     without_overrides,
 )
-from specgov.policies.spec import KNOWN_KINDS
+from specgov.policies.spec import KNOWN_KINDS, parse_policy_spec
 from specgov.policies.types import (
     Observation,
     RestartRecommendation,
@@ -1091,8 +1091,19 @@ class Daemon:
         self._store_write(PendingWrite("clear", now, selector))
         return cleared
 
+    def _check_policy_steps(self, spec: str) -> None:
+        """`static:K` asks for K steps in every slot, as `override set --steps K` does:
+        refused the same way when K is not a candidate of every engine slot (the same
+        check and message), once the slots are known."""
+        parsed = parse_policy_spec(spec)
+        if parsed.kind == "static" and self._slot_layout() is not None:
+            steps = parsed.params["steps"]
+            assert isinstance(steps, int)  # the spec's schema: an int >= 0
+            self._check_override_target(None, steps)
+
     def set_policy(self, spec: str) -> dict[str, Any]:
         policy = self.core.policy(spec)  # raises ValueError naming the bad part
+        self._check_policy_steps(spec)
         # The outgoing policy's learning since its last checkpoint, for a switch back.
         self._save_policy_state(self._clock())
         # Keep the guard bookkeeping (table, dwell history); start the inner policy fresh
@@ -1192,6 +1203,8 @@ class Daemon:
             new = self._config_loader()
             core = self._make_core(new)  # guardrails, Budget and mode take effect
             core.policy(new.policy.spec)  # validate before switching
+            if new.policy.spec != self.config.policy.spec:
+                self._check_policy_steps(new.policy.spec)
             core.policy(self.core_state.policy_spec)
         except (ValueError, OSError) as exc:
             log.error("config reload rejected, keeping the running config: %s", exc)

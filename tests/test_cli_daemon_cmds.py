@@ -430,7 +430,16 @@ def test_override_on_a_slot_the_engine_lacks_or_steps_outside_its_candidates(
                 "--ttl", "1m", "--reason", "x",
             )  # fmt: skip
             assert fine.exit_code == 0, fine.output
-            for result in (lacking, outside):
+            # Issue 23: `policy set static:K` asks for K steps everywhere, as
+            # `override set --steps K` does: refused the same way, not clamped silently.
+            static = cli(addr, "policy", "set", "static:99")
+            assert static.exit_code == 2, static.output
+            assert "steps 99 is not a candidate of slot(s)" in static.output
+            assert daemon.status()["policy"] != "static:99"
+            everywhere = sorted(set.intersection(*(set(ks) for ks in layout.values())))
+            ok = cli(addr, "policy", "set", f"static:{everywhere[-1]}")
+            assert ok.exit_code == 0, ok.output
+            for result in (lacking, outside, static):
                 assert "Traceback" not in result.output
     finally:
         sim.stop()
