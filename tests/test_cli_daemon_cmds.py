@@ -379,9 +379,9 @@ def test_policy_help_lists_every_kind() -> None:
 # ------------------------------------------------- a real daemon refuses bad targets
 
 
-def test_override_on_a_slot_the_engine_lacks_or_steps_outside_its_candidates(
-    tmp_path: Path,
-) -> None:
+@contextmanager
+def real_daemon(tmp_path: Path) -> Iterator[Any]:
+    """A real Daemon (plugin mode, no store) against an in-process simulated server."""
     from specgov.controller.config import load_config
     from specgov.controller.daemon import Daemon
     from specgov.simulator.replay import ServerSpec
@@ -403,7 +403,15 @@ def test_override_on_a_slot_the_engine_lacks_or_steps_outside_its_candidates(
                 "loop.mode": "plugin",
             },
         )
-        daemon = Daemon(config, store=None)
+        yield Daemon(config, store=None)
+    finally:
+        sim.stop()
+
+
+def test_override_on_a_slot_the_engine_lacks_or_steps_outside_its_candidates(
+    tmp_path: Path,
+) -> None:
+    with real_daemon(tmp_path) as daemon:
 
         async def first_scrape() -> None:
             await daemon.scrape_once()
@@ -441,36 +449,13 @@ def test_override_on_a_slot_the_engine_lacks_or_steps_outside_its_candidates(
             assert ok.exit_code == 0, ok.output
             for result in (lacking, outside, static):
                 assert "Traceback" not in result.output
-    finally:
-        sim.stop()
 
 
 def test_disable_with_a_slot_override_status_says_what_the_table_does(tmp_path: Path) -> None:
     """Issue 23: `--disable` with a slot override showed "speculation off everywhere"
     while the table kept that slot speculating. The rule (docs/operations.md): a slot's
     own override wins over an every-slot one; status says which slots each one sets."""
-    from specgov.controller.config import load_config
-    from specgov.controller.daemon import Daemon
-    from specgov.simulator.replay import ServerSpec
-    from specgov.simulator.sim_server import SimServer
-    from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
-
-    trace = generate_trace(parse_synthetic_spec("synthetic:duration=120,rate=5,seed=4"))
-    sim = SimServer(trace, ServerSpec(), speed=10, spool_dir=tmp_path / "spool", loop_trace=True)
-    sim.start()
-    try:
-        sim.wait_ready(30)
-        config = load_config(
-            None,
-            env={},
-            overrides={
-                "server.url": sim.url,
-                "spool.dir": str(tmp_path / "spool"),
-                "state.db_path": str(tmp_path / "state.db"),
-                "loop.mode": "plugin",
-            },
-        )
-        daemon = Daemon(config, store=None)
+    with real_daemon(tmp_path) as daemon:
 
         async def overridden_table() -> None:
             # Scrape until the engine's slots are known, then decide under both overrides.
@@ -503,5 +488,3 @@ def test_disable_with_a_slot_override_status_says_what_the_table_does(tmp_path: 
             assert "speculation off everywhere" not in text, text
             assert f"speculation off in slots {', '.join(map(str, rest))}" in text, text
             assert f"slot {first} -> 1 steps" in text, text
-    finally:
-        sim.stop()
