@@ -52,7 +52,7 @@ import os
 import re
 import reprlib
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final, Literal, cast
@@ -85,17 +85,43 @@ CONFIG_MAX_BYTES: Final = 1024 * 1024
 ENV_VALUE_MAX_CHARS: Final = 16 * 1024
 YAML_MAX_DEPTH: Final = 16
 MESSAGE_MAX_CHARS: Final = 2000
+MAX_PROBLEMS: Final = 50  # errors listed by one failed load (the rest are counted)
 
 
 class ConfigError(ValueError):
     """Bad configuration; the message names the source, key path, value and expected form.
 
-    The message is one printable line of at most about :data:`MESSAGE_MAX_CHARS`
-    characters (control characters escaped, the rest cut with a marker).
+    ``problems``: one printable line per error found (at most about
+    :data:`MESSAGE_MAX_CHARS` characters each, control characters escaped, the rest cut
+    with a marker; at most :data:`MAX_PROBLEMS` of them, then how many more). The message
+    is the one line, or ``N errors:`` and one indented line per error.
     """
 
-    def __init__(self, message: str) -> None:
-        super().__init__(escape_upstream(message, MESSAGE_MAX_CHARS))
+    def __init__(self, message: str | Sequence[str]) -> None:
+        found = [message] if isinstance(message, str) else list(message)
+        lines = [escape_upstream(m, MESSAGE_MAX_CHARS) for m in found[:MAX_PROBLEMS]]
+        if len(found) > MAX_PROBLEMS:
+            lines.append(f"... and {len(found) - MAX_PROBLEMS} more errors")
+        self.problems: tuple[str, ...] = tuple(lines)
+        if len(found) == 1:
+            text = lines[0]
+        else:
+            text = f"{len(found)} errors:\n" + "\n".join(f"  {line}" for line in lines)
+        super().__init__(text)
+
+
+class _Problems:
+    """Errors found while loading, so that one run reports every one of them."""
+
+    def __init__(self) -> None:
+        self.found: list[str] = []
+
+    def add(self, exc: ConfigError) -> None:
+        self.found.extend(exc.problems)
+
+    def raise_any(self) -> None:
+        if self.found:
+            raise ConfigError(self.found)
 
 
 _SHOW: Final = reprlib.Repr()
@@ -114,11 +140,11 @@ def _show(value: object) -> str:
 
 # ----------------------------------------------------------------------- value forms
 
-DURATION_FORM: Final = "a duration like '5s', '250ms', '5m', '1h' or a number of seconds"
+DURATION_FORM: Final = "a duration like '5s', '250ms', '5m', '1h', '1d' or a number of seconds"
 _DURATION_RE: Final = re.compile(
-    r"(?P<num>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*(?P<unit>ms|s|m|h)?"
+    r"(?P<num>(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)\s*(?P<unit>ms|s|m|h|d)?"
 )
-_UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 _ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CATALOG_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.+-]+")
 _HOSTNAME_RE: Final = re.compile(
@@ -129,7 +155,7 @@ LISTEN_FORM: Final = "'HOST:PORT' like '127.0.0.1:9465' or '[::1]:9465' (port 0-
 
 
 def parse_duration(value: object, *, where: str = "duration", allow_zero: bool = False) -> float:
-    """Seconds from ``"30s"``, ``"250ms"``, ``"5m"``, ``"1h"``, ``"30"`` or a number.
+    """Seconds from ``"30s"``, ``"250ms"``, ``"5m"``, ``"1h"``, ``"1d"``, ``"30"`` or a number.
 
     Must be finite and > 0 (>= 0 with ``allow_zero``). Raises :class:`ConfigError`
     ``"{where}: expected ..., got {_show(value)}"``; the CLI uses it for ``--ttl`` and friends.
@@ -736,8 +762,10 @@ def _show_name(anchor: object) -> str:
     return escape_upstream(anchor, 40)
 
 
-def _yaml_layer(text: str, label: str, *, lines: bool = True) -> _Layer:
-    """Parse a config document keeping each key's line; rejects duplicate keys."""
+def _yaml_layer(text: str, label: str, problems: _Problems) -> _Layer:
+    """Parse a config document keeping each key's line. Unknown and duplicate groups and
+    keys are added to ``problems`` and skipped, so the rest is still checked; a YAML
+    syntax error ends the parse (ConfigError)."""
     loader = _new_loader(text, label)
     try:
         root = loader.get_single_node()
@@ -754,35 +782,46 @@ def _yaml_layer(text: str, label: str, *, lines: bool = True) -> _Layer:
             line = group_node.start_mark.line + 1
             group = _key_of(loader, group_node, label, "")
             if group not in _SCHEMA:
-                raise ConfigError(f"{label}:{line}: {_unknown_group(group)}")
+                problems.add(ConfigError(f"{label}:{line}: {_unknown_group(group)}"))
+                continue
             if group in group_lines:
                 first = group_lines[group]
-                raise ConfigError(
-                    f"{label}:{line}: duplicate group {_show(group)} (first at line {first})"
+                problems.add(
+                    ConfigError(
+                        f"{label}:{line}: duplicate group {_show(group)} (first at line {first})"
+                    )
                 )
+                continue
             group_lines[group] = line
             layer[group] = {}
             if isinstance(body, yaml.ScalarNode) and body.tag.endswith(":null"):
                 continue  # "group:" with every key commented out
             if not isinstance(body, yaml.MappingNode):
-                raise ConfigError(
-                    f"{label}:{line}: {group}: expected a mapping of keys "
-                    f"({', '.join(_SCHEMA[group])})"
+                problems.add(
+                    ConfigError(
+                        f"{label}:{line}: {group}: expected a mapping of keys "
+                        f"({', '.join(_SCHEMA[group])})"
+                    )
                 )
+                continue
             key_lines: dict[str, int] = {}
             for key_node, value_node in body.value:
                 kline = key_node.start_mark.line + 1
                 key = _key_of(loader, key_node, label, f"{group}.")
                 if key not in _SCHEMA[group]:
-                    raise ConfigError(f"{label}:{kline}: {_unknown_key(group, key)}")
+                    problems.add(ConfigError(f"{label}:{kline}: {_unknown_key(group, key)}"))
+                    continue
                 if key in key_lines:
-                    raise ConfigError(
-                        f"{label}:{kline}: duplicate key {group}.{key} "
-                        f"(first at line {key_lines[key]})"
+                    problems.add(
+                        ConfigError(
+                            f"{label}:{kline}: duplicate key {group}.{key} "
+                            f"(first at line {key_lines[key]})"
+                        )
                     )
+                    continue
                 key_lines[key] = kline
                 value = loader.construct_object(value_node, deep=True)
-                layer[group][key] = _Raw(value, f"{label}:{kline}" if lines else label)
+                layer[group][key] = _Raw(value, f"{label}:{kline}")
         return layer
     except yaml.YAMLError as exc:
         raise _yaml_error(label, exc) from None
@@ -800,28 +839,35 @@ def _key_of(loader: _BoundedLoader, node: yaml.Node, label: str, prefix: str) ->
     return key
 
 
-def _env_layer(env: Mapping[str, str]) -> _Layer:
+def _env_layer(env: Mapping[str, str], problems: _Problems) -> _Layer:
     layer: _Layer = {}
     for name in sorted(env):
         rest = name[len(ENV_PREFIX) :]
         if not name.startswith(ENV_PREFIX) or ENV_SEPARATOR not in rest:
             continue  # not a config override (module docstring)
-        group_part, _, key_part = rest.partition(ENV_SEPARATOR)
-        group, key = group_part.lower(), key_part.lower()
-        form = "SPECGOV_<GROUP>__<KEY>"
-        if group not in _SCHEMA:
-            raise ConfigError(f"env {name}: {form}: {_unknown_group(group)}")
-        if key not in _SCHEMA[group]:
-            raise ConfigError(f"env {name}: {form}: {_unknown_key(group, key)}")
-        text = env[name]
-        if len(text) > ENV_VALUE_MAX_CHARS:
-            raise ConfigError(
-                f"env {name}: the value has {len(text)} characters; a config override "
-                f"holds at most {ENV_VALUE_MAX_CHARS}"
-            )
-        value = _env_value(text, f"env {name}")
+        try:
+            group, key, value = _env_entry(name, rest, env[name])
+        except ConfigError as exc:
+            problems.add(exc)
+            continue
         layer.setdefault(group, {})[key] = _Raw(value, f"env {name}")
     return layer
+
+
+def _env_entry(name: str, rest: str, text: str) -> tuple[str, str, object]:
+    group_part, _, key_part = rest.partition(ENV_SEPARATOR)
+    group, key = group_part.lower(), key_part.lower()
+    form = "SPECGOV_<GROUP>__<KEY>"
+    if group not in _SCHEMA:
+        raise ConfigError(f"env {name}: {form}: {_unknown_group(group)}")
+    if key not in _SCHEMA[group]:
+        raise ConfigError(f"env {name}: {form}: {_unknown_key(group, key)}")
+    if len(text) > ENV_VALUE_MAX_CHARS:
+        raise ConfigError(
+            f"env {name}: the value has {len(text)} characters; a config override "
+            f"holds at most {ENV_VALUE_MAX_CHARS}"
+        )
+    return group, key, _env_value(text, f"env {name}")
 
 
 def _env_value(text: str, label: str) -> object:
@@ -875,18 +921,48 @@ def load_config(
     ``path`` None loads only the defaults. Raises :class:`ConfigError`.
     """
     merged = _defaults_layer()
+    problems = _Problems()  # every error of the file, the environment and the values
     layers: list[_Layer] = []
     if path is not None:
         label = str(path)
-        layers.append(_yaml_layer(_read_config_text(Path(path), label), label))
-    layers.append(_env_layer(env))
+        text = _read_config_text(Path(path), label)
+        layers.append(_yaml_layer(text, label, problems))
+    layers.append(_env_layer(env, problems))
     layers.append(_override_layer(overrides))
     for layer in layers:
         for group, keys in layer.items():
             merged.setdefault(group, {}).update(keys)
-    config = _build(merged, path)
+    config = _build(merged, path, problems)
+    problems.raise_any()
+    assert config is not None  # built whenever no problem was found
     _check_relations(config)
     return config
+
+
+def reload_config(running: SpecgovConfig, *, env: Mapping[str, str] = os.environ) -> SpecgovConfig:
+    """The configuration a reload (SIGHUP) switches to: ``running``'s file read again, the
+    environment, and the command-line values ``running`` was started with, which win over
+    the file as they did at start (``sources`` says which keys they are). Raises
+    :class:`ConfigError` when the result does not validate."""
+    flags = effective_config_dict(running)
+    overrides = {
+        dotted: flags[dotted.partition(".")[0]][dotted.partition(".")[2]]
+        for dotted, origin in running.sources.items()
+        if origin == CLI_LABEL
+    }
+    return load_config(running.source_path, env=env, overrides=overrides)
+
+
+def config_changes(old: SpecgovConfig, new: SpecgovConfig) -> list[str]:
+    """One line per setting that differs, ``key: old -> new (source)``, in file order."""
+    before, after = effective_config_dict(old), effective_config_dict(new)
+    return [
+        f"{group}.{key}: {_show(value)} -> {_show(after[group][key])} "
+        f"({new.sources.get(f'{group}.{key}', DEFAULTS_LABEL)})"
+        for group, keys in before.items()
+        for key, value in keys.items()
+        if after[group][key] != value
+    ]
 
 
 def _read_config_text(path: Path, label: str) -> str:
@@ -907,28 +983,45 @@ def _read_config_text(path: Path, label: str) -> str:
         raise ConfigError(f"{label}: not UTF-8 text ({exc.reason})") from None
 
 
-def _build(merged: _Layer, path: Path | None) -> SpecgovConfig:
+def _build(merged: _Layer, path: Path | None, problems: _Problems) -> SpecgovConfig | None:
+    """The typed config; every bad value is added to ``problems`` (None when any was)."""
     groups: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    before = len(problems.found)
     for group, schema in _SCHEMA.items():
         raw = merged.get(group, {})
         values: dict[str, Any] = {}
+        bad = False
         for key, check in schema.items():
             if key not in raw:
                 continue  # only guardrails may omit keys; defaults cover the rest
             item = raw[key]
-            values[key] = check(item.value, f"{item.origin}: {group}.{key}")
-            sources[f"{group}.{key}"] = item.origin
-        if group == "guardrails":
-            groups[group] = _build_guardrails(values, raw)
-        elif group == "budget":
             try:
-                groups[group] = Budget(**values)
-            except (PolicyTypeError, TypeError) as exc:  # pragma: no cover - checked above
-                raise ConfigError(f"budget: {exc}") from None
-        else:
-            groups[group] = _SIMPLE_GROUPS[group](**values)
+                values[key] = check(item.value, f"{item.origin}: {group}.{key}")
+            except ConfigError as exc:
+                problems.add(exc)
+                bad = True
+            sources[f"{group}.{key}"] = item.origin
+        if bad:
+            continue
+        try:
+            groups[group] = _build_group(group, values, raw)
+        except ConfigError as exc:
+            problems.add(exc)
+    if len(problems.found) > before:
+        return None
     return SpecgovConfig(**groups, source_path=path, sources=types.MappingProxyType(sources))
+
+
+def _build_group(group: str, values: dict[str, Any], raw: Mapping[str, _Raw]) -> Any:
+    if group == "guardrails":
+        return _build_guardrails(values, raw)
+    if group == "budget":
+        try:
+            return Budget(**values)
+        except (PolicyTypeError, TypeError) as exc:  # pragma: no cover - checked above
+            raise ConfigError(f"budget: {exc}") from None
+    return _SIMPLE_GROUPS[group](**values)
 
 
 def _build_guardrails(values: Mapping[str, Any], raw: Mapping[str, _Raw]) -> Mapping[str, Any]:

@@ -1,8 +1,9 @@
 """`specgov config validate|show`: check and inspect the daemon's configuration.
 
-Exit codes of both commands: 0 success; 2 the configuration is invalid (one line on
-stderr naming the file and line or environment variable, the key path, the value and
-the expected form) or the command line is wrong (click's usage errors).
+Exit codes of both commands: 0 success; 2 the configuration is invalid (every error
+found, one line each on stderr naming the file and line or environment variable, the key
+path, the value and the expected form) or the command line is wrong (click's usage
+errors).
 """
 
 from __future__ import annotations

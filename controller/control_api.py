@@ -90,12 +90,10 @@ MAX_STEPS: Final = 1024
 MAX_SLOT: Final = 1 << 20
 MAX_TEXT_CHARS: Final = 500
 MAX_SPEC_CHARS: Final = 200
-TTL_FORM: Final = 'a duration such as "30s", "5m", "1h", "250ms" or a number of seconds'
+TTL_FORM: Final = 'a duration such as "30s", "5m", "1h", "1d", "250ms" or a number of seconds'
 
 _OVERRIDE_KEYS: Final = ("slot", "steps", "disable", "pin_policy", "ttl", "reason")
 _POLICY_KEYS: Final = ("spec",)
-_DURATION_RE: Final = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*(ms|s|m|h)?\s*$")
-_UNIT_S: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 _ID_RE: Final = re.compile(r"^[\x21-\x7e]{1,100}$")
 _TOKEN_RE: Final = re.compile(r"^[\x21-\x7e]+$")  # visible ASCII: sendable in a header
 # One pass: a string (its closing quote optional, so an unterminated one is consumed
@@ -214,22 +212,24 @@ def _token_matches(header: str, expected_digest: bytes) -> bool:
 
 
 def parse_ttl(value: object, *, field: str = "ttl", max_s: float = MAX_TTL_S) -> float:
-    """A TTL from JSON: a duration string or a number of seconds, in (0, max_s]."""
-    seconds: float
-    if isinstance(value, bool):
+    """A TTL from JSON: a duration string or a number of seconds, in (0, max_s]; read
+    like every other duration (config.parse_duration), so a refusal says why."""
+    from specgov.controller.config import ConfigError, parse_duration
+
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise RequestError(f"{field}: expected {TTL_FORM}, got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        match = _DURATION_RE.match(value)
-        if match is None:
-            raise RequestError(f"{field}: expected {TTL_FORM}, got {value!r}")
-        seconds = float(match.group(1)) * _UNIT_S[match.group(2) or "s"]
-    else:
-        raise RequestError(f"{field}: expected {TTL_FORM}, got {value!r}")
-    if not math.isfinite(seconds) or seconds <= 0 or seconds > max_s:
+    try:
+        seconds = parse_duration(value, where=field, allow_zero=True)
+    except ConfigError:
+        raise RequestError(f"{field}: expected {TTL_FORM}, got {value!r}") from None
+    if seconds <= 0:
         raise RequestError(
             f"{field}: expected a duration > 0 and at most {max_s:g} s (7 days), got {value!r}"
+        )
+    if seconds > max_s:
+        raise RequestError(
+            f"{field}: {value!r} is {seconds:.10g} s, over the limit of {max_s:g} s "
+            f"({max_s / 86400:g} days)"
         )
     return seconds
 

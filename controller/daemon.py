@@ -46,7 +46,8 @@ from specgov.adapters.log_throttle import MAX_LOGGED_CHARS, LogThrottle
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.spool import read_published_table, read_tier_stats, write_step_table
-from specgov.controller.config import SpecgovConfig
+from specgov.controller.cli_format import sim_speed
+from specgov.controller.config import SpecgovConfig, config_changes
 from specgov.controller.health import (
     CLOCK_SKEW,
     NO_PLUGIN_STATISTICS,
@@ -80,10 +81,11 @@ from specgov.policies.guardrails import (
     GuardrailConfig,
     Override,
     active_overrides,
+    slot_winners,
     with_override,
     without_overrides,
 )
-from specgov.policies.spec import KNOWN_KINDS
+from specgov.policies.spec import KNOWN_KINDS, parse_policy_spec
 from specgov.policies.types import (
     Observation,
     RestartRecommendation,
@@ -893,15 +895,17 @@ class Daemon:
         return True
 
     def _export_goodput(self, record: AuditRecord) -> None:
-        """Observed goodput (the engine's generation throughput), the goodput a change was
-        predicted to reach (observed x (1 + expected gain), kept until the next predicted
-        change) and the accept length under the running batch's slot, for the dashboard
-        and the "below prediction" alert."""
+        """Observed goodput (the engine's generation throughput), the goodput the policy's
+        model predicts for the table in force at this decision's load (absent when it
+        has none: never a stale number) and the accept length under the running batch's
+        slot, for the dashboard and the "below prediction" alert."""
         summary = record.inputs_summary
-        observed = summary.get("gen_throughput_tok_s")
-        self.metrics.set_observed(observed)
-        if record.changed and record.expected_gain is not None and observed is not None:
-            self.metrics.set_predicted(observed * (1.0 + record.expected_gain))
+        self.metrics.set_observed(summary.get("gen_throughput_tok_s"))
+        predicted = record.predicted_goodput_tok_s
+        # The model is in the server's seconds, the observed rate in the daemon's (wall)
+        # seconds: the same on a real SGLang; the simulated server runs `speed` times faster.
+        speed = sim_speed({"sim_speed": (self._server_info or {}).get(SIM_SPEED_KEY)})
+        self.metrics.set_predicted(None if predicted is None else predicted * (speed or 1.0))
         accept, running = summary.get("accept_length"), summary.get("running")
         table = record.table_in_force
         if accept is not None and running is not None and table is not None:
@@ -988,6 +992,7 @@ class Daemon:
             "slots": self._slot_layout(),
             "last_decision": s.last_decision,
             "overrides": self.list_overrides(),
+            "override_slots": self._override_slots(now),
             "observation": self._observation_document(),
             "recommendation": s.recommendation,
             "health": self.health()["reasons"],
@@ -1047,6 +1052,19 @@ class Daemon:
         for oid, o in sorted(self._overrides.items(), key=lambda kv: kv[1].created_at_s):
             if o.is_active(now):
                 out.append(self._override_doc(oid, o))
+        return out
+
+    def _override_slots(self, now_s: float) -> dict[str, list[int]] | None:
+        """Override id -> the engine slots it sets now (a slot's own override wins over
+        an every-slot one, the guardrails' rule); None while the slots are unknown."""
+        layout = self._slot_layout()
+        if layout is None:
+            return None
+        ids = {id(o): oid for oid, o in self._overrides.items()}
+        active = active_overrides(tuple(self._overrides.values()), now_s)
+        out: dict[str, list[int]] = {}
+        for bound, o in slot_winners(active, [b for b, _ in layout]).items():
+            out.setdefault(ids[id(o)], []).append(bound)
         return out
 
     def _override_doc(self, oid: str, override: Override) -> dict[str, Any]:
@@ -1181,8 +1199,19 @@ class Daemon:
         self._store_write(PendingWrite("clear", now, selector))
         return cleared
 
+    def _check_policy_steps(self, spec: str) -> None:
+        """`static:K` asks for K steps in every slot, as `override set --steps K` does:
+        refused the same way when K is not a candidate of every engine slot (the same
+        check and message), once the slots are known."""
+        parsed = parse_policy_spec(spec)
+        if parsed.kind == "static" and self._slot_layout() is not None:
+            steps = parsed.params["steps"]
+            assert isinstance(steps, int)  # the spec's schema: an int >= 0
+            self._check_override_target(None, steps)
+
     def set_policy(self, spec: str) -> dict[str, Any]:
         policy = self.core.policy(spec)  # raises ValueError naming the bad part
+        self._check_policy_steps(spec)
         # The outgoing policy's learning since its last checkpoint, for a switch back.
         self._save_policy_state(self._clock())
         # Keep the guard bookkeeping (table, dwell history); start the inner policy fresh
@@ -1312,18 +1341,24 @@ class Daemon:
             new = self._config_loader()
             core = self._make_core(new)  # guardrails, Budget and mode take effect
             core.policy(new.policy.spec)  # validate before switching
+            if new.policy.spec != self.config.policy.spec:
+                self._check_policy_steps(new.policy.spec)
             core.policy(self.core_state.policy_spec)
         except (ValueError, OSError) as exc:
             log.error("config reload rejected, keeping the running config: %s", exc)
             self.status_info.notes.append(f"reload rejected: {exc}")
             return
         old_spec = self.config.policy.spec
+        changes = config_changes(self.config, new)
         self.config = new
         self.core = core
         self.metrics.set_info(policy=self.core_state.policy_spec, mode=new.loop.mode)
         if new.policy.spec != old_spec:
             self.set_policy(new.policy.spec)
-        log.info("configuration reloaded")
+        for change in changes:
+            log.info("configuration reloaded: %s", change)
+        if not changes:
+            log.info("configuration reloaded: no setting changed")
 
     async def run(
         self,

@@ -91,9 +91,10 @@ async def serve_daemon(
     config_file = config.source_path
 
     def reload_config() -> Any:
-        from specgov.controller.config import load_config
+        from specgov.controller.config import reload_config
 
-        return load_config(config_file)
+        # The flags `specgov run` was started with win over the file again (issue 23).
+        return reload_config(config)
 
     daemon = Daemon(
         config,
@@ -185,6 +186,29 @@ def _prior_for(config: Any) -> Any:
         _fail(f"deployment: {exc}", EXIT_USAGE)
 
 
+# `specgov run`'s flags and the config keys they set (flags win over the file and the
+# environment, config.py).
+RUN_FLAG_KEYS: dict[str, str] = {
+    "server": "server.url",
+    "spool_dir": "spool.dir",
+    "state_db": "state.db_path",
+    "control_addr": "control.listen",
+    "metrics_addr": "metrics.listen",
+    "mode": "loop.mode",
+    "policy": "policy.spec",
+}
+
+
+def run_overrides(params: dict[str, Any]) -> dict[str, Any]:
+    """The config overrides of `specgov run`'s parsed flags (``ctx.params``): the flags
+    given, each as its config key."""
+    return {
+        key: str(params[name]) if isinstance(params[name], Path) else params[name]
+        for name, key in RUN_FLAG_KEYS.items()
+        if params.get(name) is not None
+    }
+
+
 @click.command("run")
 @click.option(
     "--config",
@@ -223,19 +247,7 @@ def run_cmd(
     policy: str | None,
 ) -> None:
     """Run the daemon next to one SGLang server (flags override the config file)."""
-    overrides: dict[str, Any] = {}
-    for key, value in (
-        ("server.url", server),
-        ("spool.dir", str(spool_dir) if spool_dir else None),
-        ("state.db_path", str(state_db) if state_db else None),
-        ("control.listen", control_addr),
-        ("metrics.listen", metrics_addr),
-        ("loop.mode", mode),
-        ("policy.spec", policy),
-    ):
-        if value is not None:
-            overrides[key] = value
-    config = _load(config_file, overrides)
+    config = _load(config_file, run_overrides(click.get_current_context().params))
     _configure_logging(config.log.format, config.log.level)
     try:
         code = asyncio.run(serve_daemon(config, ready=freeze_startup_heap))
@@ -448,7 +460,7 @@ def status_cmd(control_addr: str | None, output: str, verbose: bool) -> None:
             ],
             ["TPOT p50", number(obs.get("tpot_p50_ms"), 1, "ms")],
             ["ITL p99", number(obs.get("itl_p99_ms"), 1, "ms")],
-            ["overrides", _overrides_line(s.get("overrides") or [], now)],
+            ["overrides", _overrides_line(s.get("overrides") or [], now, s.get("override_slots"))],
             ["restart recommendation", _recommendation_line(rec) if rec else "none"],
             ["errors", _errors(s)],
             ["health", "; ".join(str(r) for r in s.get("health") or []) or "ready"],
@@ -461,24 +473,41 @@ def status_cmd(control_addr: str | None, output: str, verbose: bool) -> None:
     _emit(data, output, render)
 
 
-def _overrides_line(items: list[dict[str, Any]], now_s: float) -> str:
+def _overrides_line(
+    items: list[dict[str, Any]], now_s: float, slots_of: dict[str, list[int]] | None = None
+) -> str:
     if not items:
         return "none"
-    return "; ".join(_override_text(o, now_s) for o in items)
+    return "; ".join(_override_text(o, now_s, slots_of) for o in items)
 
 
-def _override_text(o: dict[str, Any], now_s: float) -> str:
+def _override_text(
+    o: dict[str, Any], now_s: float, slots_of: dict[str, list[int]] | None = None
+) -> str:
+    """What the override does to the table now: a slot's own override wins over an
+    every-slot one (``slots_of``: the daemon's override id -> slots it sets)."""
     from specgov.controller.cli_format import instant
 
     if o.get("pin_policy"):
         what = f"policy pinned to {o['pin_policy']}"
-    elif o.get("disable_speculation"):
-        what = "speculation off" + (f" in slot {o['slot']}" if o.get("slot") else " everywhere")
-    elif o.get("slot") is not None:
-        what = f"slot {o['slot']} -> {o.get('steps')} steps"
     else:
-        what = f"every slot -> {o.get('steps')} steps"
+        off = o.get("disable_speculation")
+        action = "speculation off" if off else f"{o.get('steps')} steps"
+        if o.get("slot") is not None:
+            what = f"{action} in slot {o['slot']}" if off else f"slot {o['slot']} -> {action}"
+        else:
+            what = f"{action} everywhere" if off else f"every slot -> {action}"
+            sets = None if slots_of is None else slots_of.get(str(o.get("id")), [])
+            others = set(_all_slots(slots_of)) - set(sets or [])
+            if sets is not None and others:
+                where = f"slots {', '.join(map(str, sets))}" if sets else "no slot"
+                owned = ", ".join(map(str, sorted(others)))
+                what = f"{action} in {where} (slot(s) {owned}: their own override wins)"
     return f"{what} until {instant(o.get('expires_at_s'), now_s)} ({o.get('reason')!r})"
+
+
+def _all_slots(slots_of: dict[str, list[int]] | None) -> list[int]:
+    return sorted({b for bounds in (slots_of or {}).values() for b in bounds})
 
 
 def _recommendation_line(rec: dict[str, Any]) -> str:

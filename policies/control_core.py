@@ -51,6 +51,7 @@ from specgov.policies.types import (
     StepTable,
     TierStat,
     TierStatsSnapshot,
+    predicted_goodput_tok_s,
 )
 
 Mode = Literal["plugin", "observe"]
@@ -172,6 +173,9 @@ class AuditRecord:
     decide_ms: float | None = None
     # The table in force once the decision settled (what the engine follows now).
     table_in_force: StepTable | None = None
+    # The goodput the policy's model predicts for table_in_force at the current load
+    # (None: no model, no load, or no prediction for a busy slot's steps).
+    predicted_goodput_tok_s: float | None = None
 
     @property
     def changed(self) -> bool:
@@ -390,6 +394,10 @@ class ControlCore:
             restart_recommendation=decision.restart_recommendation,
             decide_ms=step.decide_ms,
             table_in_force=table,
+            # Frozen telemetry: the model's numbers are as old as it; predict nothing.
+            predicted_goodput_tok_s=None
+            if frozen
+            else predicted_goodput_tok_s(decision.predictions, table),
         )
         return record, state
 

@@ -699,8 +699,54 @@ class RestartRecommendation:
 
 
 @dataclass(frozen=True, slots=True)
+class GoodputPrediction:
+    """What a policy's model predicts for one slot run at ``steps``: the goodput while a
+    batch of this slot runs (tokens/s) and the slot's share of recent batches (weights)."""
+
+    slot: int
+    steps: int
+    goodput_tok_s: float
+    share: float
+
+    def __post_init__(self) -> None:
+        _check_int("GoodputPrediction.slot", self.slot, minimum=0)
+        _check_int("GoodputPrediction.steps", self.steps, minimum=0)
+        _check_real("GoodputPrediction.goodput_tok_s", self.goodput_tok_s, minimum=0.0)
+        _check_real("GoodputPrediction.share", self.share, minimum=0.0)
+
+
+def predicted_goodput_tok_s(
+    predictions: Sequence[GoodputPrediction], table: StepTable | None
+) -> float | None:
+    """Goodput predicted for ``table`` (the table in force) at the recent load: the
+    share-weighted goodput of each slot at the steps ``table`` gives it. None when there is
+    no table, no load, or a busy slot runs steps the model made no prediction for."""
+    if table is None or not predictions:
+        return None
+    by_key = {(p.slot, p.steps): p for p in predictions}
+    shares = {p.slot: p.share for p in predictions}
+    total = sum(shares.values())
+    if total <= 0:
+        return None
+    goodput = 0.0
+    for slot, share in shares.items():
+        if share <= 0:
+            continue
+        found = by_key.get((slot, table.steps_for(slot)))
+        if found is None:
+            return None
+        goodput += share / total * found.goodput_tok_s
+    return goodput
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
-    """A policy's answer: a new table and/or a restart recommendation, explained."""
+    """A policy's answer: a new table and/or a restart recommendation, explained.
+
+    ``predictions``: the policy model's goodput per slot and steps (empty: it has no
+    model), from which the goodput of whatever table ends up in force is predicted
+    (:func:`predicted_goodput_tok_s`), at every decision.
+    """
 
     table: StepTable | None
     reason: ReasonCode
@@ -711,8 +757,13 @@ class Decision:
     # Slot lower bounds of ``table`` whose step is an experiment (a probe), not a
     # prediction: ``expected_gain`` leaves them out and the tolerance band lets them pass.
     experiment_slots: tuple[int, ...] = ()
+    predictions: tuple[GoodputPrediction, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.predictions, tuple) or not all(
+            isinstance(p, GoodputPrediction) for p in self.predictions
+        ):
+            raise _fail("Decision.predictions", "a tuple of GoodputPrediction", self.predictions)
         if self.table is not None and not isinstance(self.table, StepTable):
             raise _fail("Decision.table", "expected None or a StepTable", self.table)
         if self.experiment_slots:

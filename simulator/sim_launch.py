@@ -37,7 +37,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
-from specgov.adapters.spool import BackgroundStatsWriter, atomic_write_bytes, default_writer_id
+from specgov.adapters.spool import (
+    BackgroundStatsWriter,
+    SpoolError,
+    SpoolSettings,
+    atomic_write_bytes,
+    default_writer_id,
+)
 from specgov.adapters.tp_sync import LocalChannel
 from specgov.policies.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
@@ -111,9 +117,18 @@ class Launch:
         environ: Mapping[str, str] | None = None,
     ) -> None:
         # The simulated SGLang process reads its environment like SGLang does.
-        server = apply_launch_env(server, os.environ if environ is None else environ)
+        env = os.environ if environ is None else environ
+        server = apply_launch_env(server, env)
         self.server = server
         self.spool_dir = spool_dir
+        # The plugin's spool rules (SPECGOV_SPOOL_GROUP, SPECGOV_DAEMON_UID,
+        # SPECGOV_MAX_TABLE_TTL_S) for the plugin and the statistics writer alike, so a
+        # daemon running as another user reads what this server writes (the two-user
+        # rehearsal in docs/spool-security.md).
+        try:
+            self.spool_settings = SpoolSettings.from_env(env)
+        except SpoolError as exc:
+            raise SimServerError(str(exc)) from None
         self.seed = seed
         self.speed = speed
         self.stats_interval_s = stats_interval_s
@@ -173,18 +188,23 @@ class Launch:
 
     def write_adaptive_config(self) -> None:
         """Write the ``--speculative-adaptive-config`` file (into the spool, else a
-        temporary folder that :meth:`cleanup` removes)."""
+        temporary folder that :meth:`cleanup` removes). A spool of another user's (the
+        daemon's, ``SPECGOV_DAEMON_UID``) is not this server's to write: the temporary
+        folder then, readable by others as an /etc file would be (doctor reads it)."""
         if not self.adaptive or self._adaptive_raw is None:
             return  # SGLang's default config: no file, speculative_adaptive_config null
-        if self.spool_dir is not None:
+        shared = self.spool_dir is not None and self.spool_settings.daemon_uid is not None
+        if self.spool_dir is not None and not shared:
             folder = self.spool_dir
             folder.mkdir(parents=True, exist_ok=True)
         else:
             self._tmpdir = tempfile.TemporaryDirectory(prefix="specgov-sim-")
             folder = Path(self._tmpdir.name)
+            if shared:
+                folder.chmod(0o755)
         path = folder.resolve() / ADAPTIVE_CONFIG_FILENAME
         data = json.dumps(self._adaptive_raw, indent=2, sort_keys=True).encode() + b"\n"
-        atomic_write_bytes(path, data)
+        atomic_write_bytes(path, data, mode=0o644 if shared else None)
         self.config_path = path
 
     def cleanup(self) -> None:
@@ -207,11 +227,14 @@ class Launch:
             assert self.spool_dir is not None and self.config_path is not None
             # A restarted server is a new process to the daemon: a new statistics writer.
             writer_id = f"{default_writer_id()[:48]}-g{index}"
-            writer = BackgroundStatsWriter(self.spool_dir, writer_id=writer_id)
+            writer = BackgroundStatsWriter(
+                self.spool_dir, writer_id=writer_id, settings=self.spool_settings
+            )
             plugin = SpecgovAdaptiveParams(
                 self.server.spec_steps,
                 str(self.config_path),
                 spool_dir=self.spool_dir,
+                spool_settings=self.spool_settings,
                 original=None,
                 channel_factory=LocalChannel,
                 clock=plugin_clock,

@@ -389,9 +389,9 @@ def test_policy_help_lists_every_kind() -> None:
 # ------------------------------------------------- a real daemon refuses bad targets
 
 
-def test_override_on_a_slot_the_engine_lacks_or_steps_outside_its_candidates(
-    tmp_path: Path,
-) -> None:
+@contextmanager
+def real_daemon(tmp_path: Path) -> Iterator[Any]:
+    """A real Daemon (plugin mode, no store) against an in-process simulated server."""
     from specgov.controller.config import load_config
     from specgov.controller.daemon import Daemon
     from specgov.simulator.replay import ServerSpec
@@ -413,7 +413,15 @@ def test_override_on_a_slot_the_engine_lacks_or_steps_outside_its_candidates(
                 "loop.mode": "plugin",
             },
         )
-        daemon = Daemon(config, store=None)
+        yield Daemon(config, store=None)
+    finally:
+        sim.stop()
+
+
+def test_override_on_a_slot_the_engine_lacks_or_steps_outside_its_candidates(
+    tmp_path: Path,
+) -> None:
+    with real_daemon(tmp_path) as daemon:
 
         async def first_scrape() -> None:
             await daemon.scrape_once()
@@ -440,7 +448,53 @@ def test_override_on_a_slot_the_engine_lacks_or_steps_outside_its_candidates(
                 "--ttl", "1m", "--reason", "x",
             )  # fmt: skip
             assert fine.exit_code == 0, fine.output
-            for result in (lacking, outside):
+            # Issue 23: `policy set static:K` asks for K steps everywhere, as
+            # `override set --steps K` does: refused the same way, not clamped silently.
+            static = cli(addr, "policy", "set", "static:99")
+            assert static.exit_code == 2, static.output
+            assert "steps 99 is not a candidate of slot(s)" in static.output
+            assert daemon.status()["policy"] != "static:99"
+            everywhere = sorted(set.intersection(*(set(ks) for ks in layout.values())))
+            ok = cli(addr, "policy", "set", f"static:{everywhere[-1]}")
+            assert ok.exit_code == 0, ok.output
+            for result in (lacking, outside, static):
                 assert "Traceback" not in result.output
-    finally:
-        sim.stop()
+
+
+def test_disable_with_a_slot_override_status_says_what_the_table_does(tmp_path: Path) -> None:
+    """Issue 23: `--disable` with a slot override showed "speculation off everywhere"
+    while the table kept that slot speculating. The rule (docs/operations.md): a slot's
+    own override wins over an every-slot one; status says which slots each one sets."""
+    with real_daemon(tmp_path) as daemon:
+
+        async def overridden_table() -> None:
+            # Scrape until the engine's slots are known, then decide under both overrides.
+            for _ in range(60):
+                await daemon.scrape_once()
+                if daemon.status()["slots"]:
+                    break
+                await asyncio.sleep(0.3)
+            slots = {b: ks for b, ks in daemon.status()["slots"]}
+            first = min(slots)
+            assert 1 in slots[first], slots
+            daemon.set_override(None, None, True, None, 600.0, "incident")
+            daemon.set_override(first, 1, False, None, 600.0, "keep slot speculating")
+            for _ in range(60):
+                daemon.decide_once()
+                table = daemon.status()["table"]
+                if table is not None and dict(table["slots"]).get(first) == 1:
+                    return
+                await asyncio.sleep(0.3)
+                await daemon.scrape_once()
+            raise AssertionError(f"no overridden table: {daemon.status()['last_decision']}")
+
+        with serve(daemon, before=overridden_table) as addr:
+            data = json.loads(cli(addr, "status", "--output", "json").output)
+            table = dict(data["table"]["slots"])
+            first, rest = min(table), sorted(b for b in table if b != min(table))
+            assert table[first] == 1 and all(table[b] == 0 for b in rest), table
+            text = cli(addr, "status").output.replace("\n", " ")
+            text = re.sub(r"\s*│\s*", " ", text)
+            assert "speculation off everywhere" not in text, text
+            assert f"speculation off in slots {', '.join(map(str, rest))}" in text, text
+            assert f"slot {first} -> 1 steps" in text, text

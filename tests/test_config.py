@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from specgov.adapters.spool import default_spool_dir
 from specgov.controller.config import (
     DEFAULTS_LABEL,
+    MAX_PROBLEMS,
     NO_BUDGET_LIMITS,
     ConfigError,
     ListenAddress,
@@ -268,14 +269,14 @@ def _error(tmp_path: Path, text: str, **kwargs: Any) -> str:
         (
             "loop:\n  decide_interval_s: soon\n",
             "cfg.yaml:2: loop.decide_interval_s: expected a duration like '5s', '250ms', "
-            "'5m', '1h' or a number of seconds > 0, got 'soon'",
+            "'5m', '1h', '1d' or a number of seconds > 0, got 'soon'",
         ),
         ("server:\n  timeout_s: -1\n", "cfg.yaml:2: server.timeout_s: expected a duration"),
         ("server:\n  timeout_s: 0\n", "server.timeout_s: expected a duration"),
         (
             "state:\n  policy_state_interval_s: -1\n",
             "cfg.yaml:2: state.policy_state_interval_s: expected a duration like '5s', "
-            "'250ms', '5m', '1h' or a number of seconds >= 0, got -1",
+            "'250ms', '5m', '1h', '1d' or a number of seconds >= 0, got -1",
         ),
         ("loop:\n  mode: fast\n", "loop.mode: expected one of observe, plugin, got 'fast'"),
         ("budget:\n  vram_gib: lots\n", "budget.vram_gib: expected a number of GiB > 0 or null"),
@@ -441,6 +442,7 @@ def test_secret_looking_values_are_not_echoed(tmp_path: Path) -> None:
         ("30s", 30.0),
         ("5m", 300.0),
         ("1h", 3600.0),
+        ("2d", 172800.0),
         ("250ms", 0.25),
         ("1.5h", 5400.0),
         (" 2 s ", 2.0),
@@ -455,7 +457,7 @@ def test_parse_duration(value: object, seconds: float) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", ["soon", "", "-1s", "5 min", "1d", "nan", "inf", 0, -2, True, None, float("inf")]
+    "value", ["soon", "", "-1s", "5 min", "2 days", "nan", "inf", 0, -2, True, None, float("inf")]
 )
 def test_parse_duration_rejects(value: object) -> None:
     with pytest.raises(ConfigError, match=r"^--ttl: expected a duration like '5s'.* > 0, got "):
@@ -621,6 +623,42 @@ def test_cli_validate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert missing.exit_code == 2 and "cannot read" in missing.stderr
     env_bad = runner.invoke(config_group, ["validate"], env={"SPECGOV_LOOP__NOPE": "1"})
     assert env_bad.exit_code == 2 and "unknown key loop.nope" in env_bad.stderr
+
+
+def test_cli_validate_reports_every_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 23: validate stopped at the first error. Now every bad key of the file and
+    the environment is reported, one line each with its line or variable (exit 2)."""
+    _clean_env(monkeypatch)
+    bad = write(
+        tmp_path,
+        "loop:\n  mode: plug\n  decide_interval_s: soon\n  bogus: 1\n"
+        "server:\n  url: ftp://x\nnope:\n  a: 1\nguardrails:\n  min_gain: -1\n",
+        "bad.yaml",
+    )
+    result = CliRunner().invoke(
+        config_group, ["validate", str(bad)], env={"SPECGOV_LOOP__NOPE": "1"}
+    )
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert lines[0] == "Error: 7 errors:", lines
+    expected = [
+        f"{bad}:2: loop.mode: expected one of observe, plugin",
+        f"{bad}:3: loop.decide_interval_s: expected a duration",
+        f"{bad}:4: unknown key loop.bogus",
+        f"{bad}:6: server.url: expected an http(s) base URL",
+        f"{bad}:7: unknown group 'nope'",
+        f"{bad}:10: guardrails.min_gain: expected a finite number >= 0",
+        "env SPECGOV_LOOP__NOPE: SPECGOV_<GROUP>__<KEY>: unknown key loop.nope",
+    ]
+    for text in expected:
+        assert sum(text in line for line in lines[1:]) == 1, (text, lines)
+    assert len(lines) == 1 + len(expected)
+    # A bounded report: a file of many bad keys lists MAX_PROBLEMS and counts the rest.
+    many = write(tmp_path, "loop:\n" + "".join(f"  k{i}: 1\n" for i in range(80)), "many.yaml")
+    with pytest.raises(ConfigError) as err:
+        load_config(many, env={})
+    assert len(err.value.problems) == MAX_PROBLEMS + 1
+    assert err.value.problems[-1] == f"... and {80 - MAX_PROBLEMS} more errors"
 
 
 def test_cli_validate_warns_about_an_unset_required_token(

@@ -617,3 +617,36 @@ def test_a_switch_saves_the_outgoing_policys_learning(
 
     asyncio.run(go())
     store.close()
+
+
+def test_predicted_goodput_is_exported_at_every_decision_for_the_table_in_force(
+    sim: SimServer, tmp_path: Path
+) -> None:
+    """Issue 23: the gauge was set only at a change that carried a gain, then stayed
+    frozen while the load moved. Now every decision predicts for the table in force: the
+    gauge is the audit record's prediction each time, and it moves between changes."""
+    daemon = Daemon(_config(sim, tmp_path), store=None)
+    name = "specgov_goodput_predicted_tokens_per_second"
+    seen: list[tuple[bool, float | None, float | None]] = []
+
+    async def go() -> None:
+        try:
+            await _until_published(daemon)
+            for _ in range(12):
+                await daemon.scrape_once()
+                record = daemon.decide_once()
+                exported = daemon.registry.get_sample_value(name)
+                seen.append((record.changed, record.predicted_goodput_tok_s, exported))
+                await asyncio.sleep(0.3)
+        finally:
+            await daemon.close()
+
+    asyncio.run(go())
+    # In the daemon's (wall) seconds, as the observed gauge: x the sim-server's speed.
+    speed = daemon.status()["sim_speed"]
+    assert speed == 20
+    for _, predicted, exported in seen:
+        assert exported == (None if predicted is None else pytest.approx(predicted * speed)), seen
+    held = [predicted for changed, predicted, _ in seen if not changed and predicted is not None]
+    assert len(held) >= 3, seen
+    assert len(set(held)) >= 2, f"the prediction froze between changes: {seen}"

@@ -141,6 +141,7 @@ def test_the_dashboards_goodput_and_mode_series_are_exported_by_a_deciding_daemo
             table_after=table,
             published=True,
             table_in_force=table,
+            predicted_goodput_tok_s=1100.0,
         )
     )
     text = exported()

@@ -368,3 +368,114 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
         [promtool, "check", "rules", str(broken)], capture_output=True, text=True, timeout=60
     )
     assert bad.returncode != 0
+
+
+# ------------------------------------------------ goodput below prediction (issue 23)
+
+GOODPUT_SERIES = REPO / "tests/fixtures/goodput-series.json"
+BELOW_PREDICTION = "SpecgovGoodputBelowPrediction"
+INSTANCE = "specgov-0"
+
+
+def _below_prediction_rule() -> tuple[dict[str, Any], float, int]:
+    """The rule, its factor and its ``for`` in minutes. The Python evaluation below knows
+    this one form of expression: a changed rule must be changed there too."""
+    rules = [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+    rule = next(r for r in rules if r.get("alert") == BELOW_PREDICTION)
+    form = (
+        r"max by \(instance\) \(specgov_goodput_observed_tokens_per_second\)\s+"
+        r"< ([0-9.]+) \* max by \(instance\) \(specgov_goodput_predicted_tokens_per_second\)"
+    )
+    match = re.fullmatch(form, rule["expr"].strip())
+    assert match is not None, f"update the evaluation below for: {rule['expr']}"
+    minutes = re.fullmatch(r"([0-9]+)m", rule["for"])
+    assert minutes is not None, rule["for"]
+    return rule, float(match[1]), int(minutes[1])
+
+
+def _firing(
+    observed: list[float | None], predicted: list[float | None], factor: float, for_min: int
+) -> list[bool]:
+    """Whether the alert fires at each one-minute evaluation (Prometheus' rule: pending
+    from the first evaluation the condition holds, firing once it has held for ``for``;
+    an absent gauge is a stale series, so the condition does not hold)."""
+    out, since = [], None
+    for i, (o, p) in enumerate(zip(observed, predicted, strict=True)):
+        holds = o is not None and p is not None and o < factor * p
+        since = (i if since is None else since) if holds else None
+        out.append(since is not None and i - since >= for_min)
+    return out
+
+
+def _values(series: list[float | None]) -> str:
+    """promtool's input notation: a value a minute, ``stale`` where the gauge was absent
+    (``_``: no sample yet)."""
+    seen = False
+    words = []
+    for v in series:
+        seen = seen or v is not None
+        words.append(repr(v) if v is not None else ("stale" if seen else "_"))
+    return " ".join(words)
+
+
+def _recorded(scale: float) -> tuple[list[float | None], list[float | None]]:
+    rows = json.loads(GOODPUT_SERIES.read_text())["rows"]
+    observed = [None if r["observed"] is None else r["observed"] * scale for r in rows]
+    return observed, [r["predicted"] for r in rows]
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.4])
+def test_goodput_below_prediction_against_a_recorded_series(scale: float, tmp_path: Path) -> None:
+    """The alert's expression over the recorded series (one decision per minute of rule
+    time), as recorded and with the observed goodput cut to 40 %: evaluated here, and by
+    promtool's rule tests where promtool is installed (they must agree)."""
+    rule, factor, for_min = _below_prediction_rule()
+    observed, predicted = _recorded(scale)
+    firing = _firing(observed, predicted, factor, for_min)
+    # The recorded series tracks its prediction (the ratio swings with the load but never
+    # stays under the factor for the whole window); cut to 40 % it fires after `for`.
+    if scale == 1.0:
+        assert not any(firing)
+    else:
+        first = next(i for i, p in enumerate(predicted) if p is not None)
+        assert firing.index(True) == first + for_min, firing
+    if shutil.which("promtool") is None and not os.environ.get("SPECGOV_REQUIRE_DEPLOY_TOOLS"):
+        return  # the Python evaluation above stands alone
+    promtool = _require_tool("promtool")
+    labels = {**rule["labels"], "instance": INSTANCE}
+    selector = f'instance="{INSTANCE}"'
+    checks = [
+        {
+            "eval_time": f"{minute}m",
+            "alertname": BELOW_PREDICTION,
+            "exp_alerts": (
+                [{"exp_labels": labels, "exp_annotations": rule["annotations"]}]
+                if firing[minute]
+                else []
+            ),
+        }
+        for minute in range(0, len(firing), 3)
+    ]
+    test = {
+        "rule_files": [str(RULES)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {
+                        "series": f"specgov_goodput_{kind}_tokens_per_second{{{selector}}}",
+                        "values": _values(values),
+                    }
+                    for kind, values in (("observed", observed), ("predicted", predicted))
+                ],
+                "alert_rule_test": checks,
+            }
+        ],
+    }
+    path = tmp_path / "goodput-test.yaml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    done = subprocess.run(
+        [promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr

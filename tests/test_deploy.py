@@ -130,7 +130,9 @@ def test_daemon_image_is_slim_non_root_with_a_healthcheck() -> None:
     entry = [v for k, v in steps if k == "ENTRYPOINT"]
     assert entry == ['["specgov"]']
     cmd = json.loads([v for k, v in steps if k == "CMD"][-1])
-    assert cmd[:1] == ["run"] and cmd[cmd.index("--mode") + 1] == "observe"
+    # No --mode: a flag would outrank SPECGOV_LOOP__MODE and loop.mode, the documented
+    # ways to go live (tests/e2e/test_going_live_e2e.py runs them).
+    assert cmd[:1] == ["run"] and "--mode" not in cmd
 
 
 def test_daemon_image_environment_is_a_valid_configuration() -> None:
@@ -174,7 +176,7 @@ def test_healthcheck_command_reads_the_health_endpoint() -> None:
 # --------------------------------------------------------------------------- systemd
 
 
-def _unit_keys(text: str) -> dict[str, list[str]]:
+def unit_keys(text: str) -> dict[str, list[str]]:
     keys: dict[str, list[str]] = {}
     for line in text.splitlines():
         if "=" in line and not line.startswith(("#", "[")):
@@ -184,7 +186,7 @@ def _unit_keys(text: str) -> dict[str, list[str]]:
 
 
 def test_unit_is_hardened() -> None:
-    keys = _unit_keys(UNIT.read_text())
+    keys = unit_keys(UNIT.read_text())
     expect = {
         "User": "specgov",
         "ProtectSystem": "strict",
@@ -208,6 +210,7 @@ def test_unit_is_hardened() -> None:
     assert keys["RestrictSUIDSGID"] == ["yes"]
     assert "SPECGOV_SPOOL__DIR=/run/specgov/spool" in keys["Environment"]
     assert keys["ExecStart"][0].split()[1:3] == ["run", "--config"]
+    assert "--mode" not in keys["ExecStart"][0].split(), "loop.mode sets the mode"
 
 
 def test_systemd_analyze_verify(tmp_path: Path) -> None:

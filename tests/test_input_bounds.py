@@ -290,3 +290,34 @@ def test_control_characters_from_the_file_are_escaped(tmp_path: Path) -> None:
     path.write_text(CSV_HEADER + "0,1\x1b[2J\x00,1\n", encoding="utf-8")
     err = _trace_error(path)
     assert "\\x1b" in str(err) and "\x1b" not in str(err) and "\x00" not in str(err)
+
+
+# ------------------------------------------------------------- synthetic specs (issue 23)
+
+
+@pytest.mark.parametrize(
+    ("spec", "key", "says"),
+    [
+        # Allocated 6.94 EiB (a traceback) before the bound.
+        ("synthetic:duration=1e12,rate=1e6", "'duration'", "at most 2.592e+06 s (30 days)"),
+        # Grew to 2.8 GB before it died.
+        ("synthetic:duration=3600,rate=1e5", "'rate'", "got 360,000,000"),
+        # The shape counts: 1.8 M requests at the rate, twice as many under the ramp; a
+        # conversation's turns are requests too.
+        ("synthetic:duration=3600,rate=500,ramp=0:1+3600:3", "'rate'", "got 3,600,000"),
+        ("synthetic:duration=3000,rate=1000,turns=4", "'rate'", "got 3,000,000"),
+    ],
+)
+def test_a_synthetic_spec_beyond_its_bounds_is_a_clear_error(
+    spec: str, key: str, says: str
+) -> None:
+    from click.testing import CliRunner
+
+    from specgov.controller.cli import main
+
+    start = time.perf_counter()
+    result = CliRunner().invoke(main, ["replay", spec])
+    assert time.perf_counter() - start < 30.0, "refused before anything is generated"
+    assert result.exit_code == 2, result.output
+    assert f"key {key}" in result.output and says in result.output, result.output
+    assert "Traceback" not in result.output

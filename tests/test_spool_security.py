@@ -758,3 +758,52 @@ def test_the_plugin_of_a_two_user_deployment_leaves_creating_the_spool_to_the_da
     with pytest.raises(FileNotFoundError, match="the daemon creates it"):
         write_tier_stats(spool, snapshot(), writer_id="w", settings=settings)
     assert not spool.exists()
+
+
+def test_the_sim_server_rehearses_the_two_user_deployment(
+    other_users: None, shared_spool_parent: Path
+) -> None:
+    """Issue 23: the sim-server's statistics writer ignored SPECGOV_DAEMON_UID and
+    SPECGOV_SPOOL_GROUP (only its plugin read them), so it refused the daemon's spool and
+    the rehearsal of docs/spool-security.md could not run. Now `specgov sim-server`, as
+    the server's user with the plugin's variables, writes statistics the daemon's user
+    reads: 0640 in the shared group."""
+    import socket
+    import time
+
+    spool = shared_spool_parent / "spool"
+    gid = str(SHARED_GID)
+    _run_as(DAEMON_UID, _DAEMON_PUBLISH, str(spool), gid, str(NOW))  # the daemon's spool
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = [*_as_user(SERVER_UID, [SHARED_GID]), "-m", "specgov.controller.cli", "sim-server"]
+    argv += ["--port", str(port), "--spool-dir", str(spool), "--speed", "10", "--loop"]
+    argv += ["--trace", "synthetic:duration=60,rate=5,seed=1"]
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "SPECGOV_DAEMON_UID": str(DAEMON_UID),
+        "SPECGOV_SPOOL_GROUP": gid,
+    }
+    server = subprocess.Popen(
+        argv, env=env, cwd="/", stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 90.0  # a deadline for a broken build, not a wait
+        files: list[Path] = []
+        while not files:
+            assert server.poll() is None, server.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "no statistics from the sim-server"
+            files = sorted((spool / "stats").glob("tier_stats.*.json"))
+            time.sleep(0.2)  # the poll period of the statistics directory
+        made = files[0].stat()
+        assert (made.st_uid, made.st_gid, stat.S_IMODE(made.st_mode)) == (
+            SERVER_UID,
+            SHARED_GID,
+            0o640,
+        )
+        got = json.loads(_run_as(DAEMON_UID, _DAEMON_READ, str(spool), gid).stdout)
+        assert got["writers"] and got["unreadable"] == 0, got
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)

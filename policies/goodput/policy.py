@@ -66,6 +66,7 @@ from specgov.policies.goodput.state import (
 from specgov.policies.types import (
     Budget,
     Decision,
+    GoodputPrediction,
     Observation,
     ReasonCode,
     SlotLayout,
@@ -208,11 +209,12 @@ class GoodputPolicy:
         current = observation.table
         if current is not None and current.is_expired(observation.time_s):
             current = None  # not in force any more: whatever we decide is a change
-        plans, gains, state = self._plan(
+        plans, gains, state, predictions = self._plan(
             observation, state, budget, current, observation.slot_candidates
         )
         state, restart = self._restart(observation, state, plans)
-        return self._decision(observation, state, current, plans, gains, restart)
+        decision, state = self._decision(observation, state, current, plans, gains, restart)
+        return replace(decision, predictions=predictions), state
 
     def plan(
         self, observation: Observation, state: GoodputState, budget: Budget
@@ -514,7 +516,12 @@ class GoodputPolicy:
         budget: Budget,
         current: StepTable | None,
         slot_candidates: SlotLayout,
-    ) -> tuple[tuple[SlotPlan, ...], list[tuple[float, float, float]], GoodputState]:
+    ) -> tuple[
+        tuple[SlotPlan, ...],
+        list[tuple[float, float, float]],
+        GoodputState,
+        tuple[GoodputPrediction, ...],
+    ]:
         cfg = self._config
         now = observation.time_s
         slo_ms = cfg.slo_tpot_ms if cfg.slo_tpot_ms is not None else budget.slo_tpot_ms
@@ -607,6 +614,7 @@ class GoodputPolicy:
         gains: list[tuple[float, float, float]] = []  # (weight, new score, current score)
         busiest = max(work, key=lambda w: (w.share, -w.bound), default=None)
         prefer = None if busiest is None or busiest.share <= 0 else busiest.best
+        predicted: dict[tuple[int, int], GoodputPrediction] = {}
         for w in work:
             steps = probes.get(w.bound, w.best)
             # A probe is a fixed experiment; elsewhere the engine follows the slot's rule.
@@ -617,6 +625,8 @@ class GoodputPolicy:
                 else self._slot_rule(w, cost, ctx, slo_ms, slo, prefer, in_force)
             )
             e = w.evals.get(steps) or self._evaluate(w.est.mean, cost, w.batch, ctx, steps, slo)
+            for k, ev in (*w.evals.items(), (steps, e)):
+                predicted[(w.bound, k)] = GoodputPrediction(w.bound, k, ev.goodput, w.share)
             plans.append(
                 SlotPlan(
                     slot=w.bound,
@@ -641,7 +651,10 @@ class GoodputPolicy:
                 # A probe predicts nothing: the table's gain counts its slot as unchanged.
                 new_score = cur_eval.score if w.bound in probes else e.score
                 gains.append((weights.get(w.bound, 0.0), new_score, cur_eval.score))
-        return tuple(plans), gains, state
+                predicted[(w.bound, w.cur)] = GoodputPrediction(
+                    w.bound, w.cur, cur_eval.goodput, w.share
+                )
+        return tuple(plans), gains, state, tuple(predicted.values())
 
     # --------------------------------------------------------------- restart
 

@@ -84,6 +84,7 @@ from specgov.policies.guardrails.overrides import (
     Override,
     active_overrides,
     pinned_policy,
+    slot_winners,
     with_override,
     without_overrides,
 )
@@ -156,6 +157,7 @@ __all__ = [
     "pinned_policy",
     "rate_limit",
     "rollback",
+    "slot_winners",
     "telemetry_problem",
     "tolerance_band",
     "window_sample",

@@ -141,6 +141,19 @@ def active_overrides(overrides: Sequence[Override], now_s: float) -> tuple[Overr
     return tuple(o for o in overrides if o.is_active(now_s))
 
 
+def slot_winners(overrides: Sequence[Override], bounds: Sequence[int]) -> dict[int, Override]:
+    """The step override that sets each engine slot (``bounds``): a slot's own override
+    wins over an every-slot one (``--disable`` included), and among overrides of the same
+    reach the newest wins. Pins and inactive overrides are the caller's to leave out."""
+    steps = [o for o in overrides if o.kind == "steps"]
+    winners: dict[int, Override] = {}
+    for b in bounds:
+        mine = [o for o in steps if o.slot == b] or [o for o in steps if o.slot is None]
+        if mine:
+            winners[b] = max(mine, key=lambda o: o.created_at_s)
+    return winners
+
+
 def pinned_policy(overrides: Sequence[Override], now_s: float) -> str | None:
     """The policy spec an active operator pin asks for (newest wins), else None."""
     pins = [o for o in active_overrides(overrides, now_s) if o.pin_policy is not None]

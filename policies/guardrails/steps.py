@@ -20,6 +20,7 @@ from specgov.policies.guardrails.config import (
 from specgov.policies.guardrails.overrides import (
     Override,
     pinned_policy,
+    slot_winners,
 )
 from specgov.policies.guardrails.state import (
     ChangeTrial,
@@ -218,13 +219,7 @@ def apply_overrides(
             p = p.note("overrides not applied: the engine's slot candidates are unknown")
         return p, state
     bounds = [b for b, _ in cands]
-    winners: dict[int, Override] = {}
-    for b in bounds:
-        mine = [o for o in step_overrides if o.slot == b] or [
-            o for o in step_overrides if o.slot is None
-        ]
-        if mine:
-            winners[b] = max(mine, key=lambda o: o.created_at_s)
+    winners = slot_winners(step_overrides, bounds)
     for o in step_overrides:
         if o.slot is not None and o.slot not in bounds:
             p = p.note(f"override ignored: slot {o.slot} is not an engine slot {bounds}")

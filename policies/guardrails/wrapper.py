@@ -329,6 +329,7 @@ def _commit(
         expected_gain=gain,
         limited_by=limited,
         restart_recommendation=ctx.inner_decision.restart_recommendation,
+        predictions=ctx.inner_decision.predictions,
     )
     return decision, state
 

@@ -204,7 +204,13 @@ def deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, A
 class Proc:
     """A child process logging stdout and stderr to one file."""
 
-    def __init__(self, name: str, argv: Sequence[str], log_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
@@ -214,7 +220,7 @@ class Proc:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=child_env(),
+            env={**child_env(), **(env or {})},
             start_new_session=True,  # a Ctrl-C at the terminal reaches pytest only
         )
 
@@ -508,8 +514,14 @@ class E2E:
         self._n = 0
 
     def _proc(self, name: str, argv: Sequence[str]) -> Proc:
+        return self.start_process(name, argv)
+
+    def start_process(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None
+    ) -> Proc:
+        """Any command, logged and stopped like the others (``env``: added variables)."""
         self._n += 1
-        proc = Proc(name, argv, self.root / f"{self._n:02d}-{name}.log")
+        proc = Proc(name, argv, self.root / f"{self._n:02d}-{name}.log", env)
         self.procs.append(proc)
         return proc
 
