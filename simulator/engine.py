@@ -719,6 +719,8 @@ class _Run:
         if not pending and not live.hold_open:
             return False
         until = self.next_tick
+        if until <= self.now:  # no tick hook: next_tick does not move
+            until = self.now + self.tick_interval_s
         if pending and self.arrivals[self.next_arrival] < until:
             until = self.arrivals[self.next_arrival]
         self.now = max(self.now, min(live.idle(self.now, until), until))

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
 DEFAULT_PORT: Final = 30000  # SGLang's default --port
 DEFAULT_TRACE: Final = "synthetic:demo"
+NO_TRACE: Final = "none"  # --trace none: the engine serves only clients' requests
 
 
 def serve(
@@ -93,7 +94,8 @@ def load_trace_arg(text: str, *, seed: int = 0) -> Trace:
     "--trace",
     default=DEFAULT_TRACE,
     show_default=True,
-    help="A trace file or synthetic[:key=value,...].",
+    help="A trace file, synthetic[:key=value,...], or none: only the requests clients "
+    "send (/generate, /v1/completions, /v1/chat/completions).",
 )
 @click.option(
     "--speed",
@@ -154,7 +156,7 @@ def sim_server_cmd(
     from specgov.simulator.sim_server import SimServer
 
     try:
-        loaded = load_trace_arg(trace, seed=seed)
+        loaded = [] if trace == NO_TRACE else load_trace_arg(trace, seed=seed)
         sim = SimServer(
             loaded,
             ServerSpec(

@@ -42,3 +42,20 @@ def azure_trace_dir() -> Path:
     if not (folder / "AzureLLMInferenceTrace_conv.csv").is_file():
         _missing(f"Azure traces not found under {folder}", "SPECGOV_REQUIRE_SHARED_DATA")
     return folder
+
+
+@pytest.fixture(scope="session")
+def smg_binary() -> Path:
+    """The `smg` gateway binary (the optional extra specgov[fleet], PyPI smg==1.13.0):
+    next to this interpreter (a virtualenv's bin/) or on PATH."""
+    import shutil
+    import sys
+
+    local = Path(sys.executable).parent / "smg"
+    found = str(local) if local.is_file() else shutil.which("smg")
+    if found is None:
+        _missing(
+            "the smg gateway is not installed (pip install -e '.[fleet]')",
+            "SPECGOV_REQUIRE_SMG",
+        )
+    return Path(str(found))
