@@ -25,7 +25,7 @@ import click
 
 if TYPE_CHECKING:
     from specgov.simulator.sim_server import SimServer
-    from specgov.simulator.traces import Trace
+    from specgov.simulator.traces import Request, Trace
 
 DEFAULT_PORT: Final = 30000  # SGLang's default --port
 DEFAULT_TRACE: Final = "synthetic:demo"
@@ -156,7 +156,9 @@ def sim_server_cmd(
     from specgov.simulator.sim_server import SimServer
 
     try:
-        loaded = [] if trace == NO_TRACE else load_trace_arg(trace, seed=seed)
+        loaded: Trace | list[Request] = (
+            [] if trace == NO_TRACE else load_trace_arg(trace, seed=seed)
+        )
         sim = SimServer(
             loaded,
             ServerSpec(

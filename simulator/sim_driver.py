@@ -250,12 +250,12 @@ class Generation:
             live = self.live
             while not self.stop_event.is_set():
                 reqs = feed.take(t)
-                if not reqs and (live is None or not live.hold_open):
+                if not reqs:
                     break
                 # With clients the engine starts at once (they may arrive before the
                 # trace's next request) and waits for arrivals itself.
                 start = t if live is not None else None
-                first = reqs[0].arrival_s if reqs else t
+                first = reqs[0].arrival_s
                 if start is not None:
                     first = start = min(first, t)
                 elif first > t:
@@ -275,6 +275,18 @@ class Generation:
                 clock.last_sim_s = t
             self.metrics.mark_idle(t)
             self.status = "finished"
+            if live is not None and not self.stop_event.is_set():
+                # The trace is served; the engine keeps serving clients until stopped.
+                live.keep_waiting = True
+                self.engine.clock.now_s = t
+                self.engine.run(
+                    [],
+                    metrics=self.metrics,
+                    on_tick=tick,
+                    tick_interval_s=clock.tick_s,
+                    live=live,
+                    start_s=t,
+                )
         except Stopped:
             self.status = "stopped"
         except Exception as exc:

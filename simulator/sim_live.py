@@ -74,20 +74,21 @@ class LiveRequest:
 
 
 class LiveFeed:
-    """The live source of one engine run (module docstring). ``hold_open``: the engine
-    keeps waiting for requests after its trace is served."""
+    """The live source of one (re)start's engine runs (module docstring). While
+    ``keep_waiting`` is False a run ends once its trace is served and nothing is in flight
+    (the server then starts the next loop of the trace, or a run that serves clients
+    only, with ``keep_waiting`` True, until it stops)."""
 
     def __init__(
         self,
         clock: RealTime,
         *,
-        hold_open: bool = True,
         max_open: int = DEFAULT_MAX_OPEN,
         label: str = "g0",
     ) -> None:
         self.label = label  # in request ids: which (re)start served it
+        self.keep_waiting = False
         self._clock = clock
-        self._hold_open = hold_open
         self._max_open = max_open
         self._cond = threading.Condition()
         self._keys = itertools.count()
@@ -156,7 +157,7 @@ class LiveFeed:
 
     @property
     def hold_open(self) -> bool:
-        return self._hold_open and self._closed is None
+        return self.keep_waiting and self._closed is None
 
     def take(self, now_s: float) -> list[tuple[int, Request]]:
         with self._cond:

@@ -394,10 +394,7 @@ class SimServer:
         index = self._generations
         self._generations += 1
         gen = self._launch.new_generation(index, self._clock)
-        # A looping trace ends each run once it is served (the next loop starts a new
-        # run); otherwise the run waits for clients for as long as the server is up.
-        hold = not (self._feed.loop and self._feed.requests)
-        gen.live = LiveFeed(self._clock, hold_open=hold, label=f"g{index}")
+        gen.live = LiveFeed(self._clock, label=f"g{index}")
         return gen
 
     def _launch_info(self, gen: Generation) -> ep.LaunchInfo:
