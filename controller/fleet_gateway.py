@@ -12,6 +12,13 @@ the real binary, ``tests/test_fleet_gateway.py``):
   still draining); the gateway reads its ``/server_info`` and ``/model_info`` and
   health-checks it before routing to it.
 
+Not the discovery file: smg 1.13 reads a ``--discovery-provider file`` manifest
+(``{"version": 1, "workers": [{"url": ...}]}``) and drains a worker dropped from it the
+same way, but only at its next reread (seconds later), and with file discovery it routes
+in its multi-model mode, where a ``/generate`` body without a ``model`` field is refused
+(400 ``missing_model``): SGLang-native clients break. The ``/workers`` API acts at once
+and keeps ``/generate`` as SGLang's.
+
 Every wait is bounded (``timeout_s``) and polls at ``poll_s``. Errors are typed:
 :class:`GatewayError` with ``temporary`` True for what may pass (connection refused,
 timeouts, 5xx, a worker still draining), False for what will not (a 4xx the gateway
