@@ -257,10 +257,12 @@ def execute_move(
     clock: Callable[[], float] = time.time,
     sleep: Callable[[float], None] = time.sleep,
     poll_s: float = 0.5,
+    current: Mode | None = None,
 ) -> MoveOutcome:
-    """Carry out ``move`` (module docstring); every step is an audit row."""
+    """Carry out ``move`` (module docstring); every step is an audit row. ``current``:
+    the mode the replica runs now (default: the fleet file's)."""
     entry = fleet.replica(move.replica)
-    old: Mode = entry.mode
+    old: Mode = entry.mode if current is None else current
 
     def row(step: str, reason: str, message: str) -> None:
         audit.write(AuditRow(clock(), entry.name, step, reason, message))

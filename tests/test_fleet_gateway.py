@@ -5,12 +5,8 @@ two sim-servers: a drained replica gets no new request, the requests it serves f
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -64,56 +60,10 @@ def test_a_wait_is_bounded_and_says_what_it_waited_for() -> None:
 # ------------------------------------------------------------------ the real smg
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture()
-def fleet(smg_binary: Path) -> Iterator[tuple[SmgGateway, list[SimServer]]]:
-    servers = [SimServer([], speed=2.0, seed=i) for i in range(2)]
-    for s in servers:
-        s.start()
-        s.wait_ready()
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            str(smg_binary),
-            "launch",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--worker-urls",
-            *[s.url for s in servers],
-            "--policy",
-            "round_robin",
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            str(_free_port()),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    gw = SmgGateway(f"http://127.0.0.1:{port}", poll_s=0.1)
-    try:
-        for s in servers:
-            gw.wait_healthy(s.url, DEADLINE_S)
-        yield gw, servers
-    finally:
-        gw.close()
-        proc.kill()
-        proc.wait(30)
-        for s in servers:
-            s.stop()
-
-
 def test_a_drain_loses_no_request_and_the_replica_comes_back(
-    fleet: tuple[SmgGateway, list[SimServer]],
+    smg_fleet: tuple[SmgGateway, list[SimServer]],
 ) -> None:
-    gw, (a, b) = fleet
+    gw, (a, b) = smg_fleet
     results: list[tuple[int, int]] = []
     lock = threading.Lock()
 
