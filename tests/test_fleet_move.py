@@ -173,3 +173,12 @@ def test_a_gateway_that_cannot_drain_holds_the_mix() -> None:
     )
     assert (outcome.reason, outcome.serving) == ("drain_failed", True) and ran == []
     assert "gateway down" in audit.rows[-1].message
+
+
+def test_the_shipped_example_fleet_file_loads() -> None:
+    root = Path(__file__).resolve().parent.parent
+    fleet = load_fleet_file(root / "deploy/kubernetes/fleet/specgov-fleet.yaml")
+    assert [r.mode for r in fleet.replicas] == ["spec", "spec", "spec", "plain"]
+    assert render_command(fleet.restart_command, name="sglang-0", mode="plain", url="u")[-1] == (
+        "plain"
+    )
