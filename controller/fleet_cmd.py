@@ -191,44 +191,39 @@ def fleet_group() -> None:
     """Govern the mix of speculative and plain replicas behind an smg gateway."""
 
 
-def _setup(
-    fleet_path: Path, state_path: Path | None
-) -> tuple[FleetFile, dict[str, Mode], float | None]:
+def _prepare(
+    opts: dict[str, Any],
+) -> tuple[FleetFile, dict[str, Mode], float | None, MixModel]:
+    """The fleet file, the saved modes and last move, and the decision's model, from the
+    options every fleet command takes."""
     from specgov.controller.fleet_move import FleetFileError, load_fleet_file
 
     try:
-        fleet = load_fleet_file(fleet_path)
+        fleet = load_fleet_file(opts["fleet_path"])
     except FleetFileError as exc:
         raise click.ClickException(str(exc)) from None
-    modes, last = _load_state(state_path, fleet)
-    return fleet, modes, last
+    modes, last = _load_state(opts["state_path"], fleet)
+    mix = _model(
+        opts["pays_up_to"],
+        opts["replica_capacity"],
+        opts["trace"],
+        (opts["gpu"], opts["model"], opts["drafter"]),
+        opts["tpot_ms"],
+        opts["dwell_s"],
+        opts["hysteresis"],
+    )
+    return fleet, modes, last, mix
 
 
 @fleet_group.command("status")
 @_options
 @click.option("--output", type=click.Choice(["table", "json"]), default="table")
-def status_cmd(
-    fleet_path: Path,
-    state_path: Path | None,
-    pays_up_to: int | None,
-    replica_capacity: float | None,
-    trace: str | None,
-    gpu: str,
-    model: str,
-    drafter: str,
-    tpot_ms: float,
-    dwell_s: float,
-    hysteresis: float,
-    output: str,
-) -> None:
+def status_cmd(output: str, **opts: Any) -> None:
     """The replicas, their mode and load, and the next planned move."""
     from specgov.controller.fleet_gateway import SmgGateway
     from specgov.policies.fleet_mix import decide_mix
 
-    fleet, modes, last = _setup(fleet_path, state_path)
-    mix = _model(
-        pays_up_to, replica_capacity, trace, (gpu, model, drafter), tpot_ms, dwell_s, hysteresis
-    )
+    fleet, modes, last, mix = _prepare(opts)
     gw = SmgGateway(fleet.gateway)
     try:
         views, load, why = observe(fleet, gw, modes)
@@ -261,31 +256,14 @@ def status_cmd(
     default=None,
     help="Stop after this long (default: until interrupted).",
 )
-def run_cmd(
-    fleet_path: Path,
-    state_path: Path | None,
-    pays_up_to: int | None,
-    replica_capacity: float | None,
-    trace: str | None,
-    gpu: str,
-    model: str,
-    drafter: str,
-    tpot_ms: float,
-    dwell_s: float,
-    hysteresis: float,
-    audit_path: Path,
-    interval_s: float,
-    duration_s: float | None,
-) -> None:
+def run_cmd(audit_path: Path, interval_s: float, duration_s: float | None, **opts: Any) -> None:
     """Observe, decide and move replicas, one at a time (audit rows in --audit)."""
     from specgov.controller.fleet_gateway import SmgGateway
     from specgov.controller.fleet_move import AuditLog, AuditRow, execute_move
     from specgov.policies.fleet_mix import decide_mix
 
-    fleet, modes, last = _setup(fleet_path, state_path)
-    mix = _model(
-        pays_up_to, replica_capacity, trace, (gpu, model, drafter), tpot_ms, dwell_s, hysteresis
-    )
+    fleet, modes, last, mix = _prepare(opts)
+    state_path: Path | None = opts["state_path"]
     audit = AuditLog(audit_path)
     gw = SmgGateway(fleet.gateway)
     end = None if duration_s is None else time.monotonic() + duration_s

@@ -351,6 +351,16 @@ def usage_body(out: Outcome) -> dict[str, Any]:
     }
 
 
+def _openai_head(spec: GenSpec, out: Outcome, kind: str) -> dict[str, Any]:
+    return {
+        "id": out.request_id,
+        "object": kind,
+        "created": out.created_s,
+        "model": spec.model,
+        "system_fingerprint": FILLER_NOTE,
+    }
+
+
 def openai_body(spec: GenSpec, out: Outcome) -> dict[str, Any]:
     """The whole ``/v1/completions`` or ``/v1/chat/completions`` answer."""
     text = filler_text(0, out.completion_tokens)
@@ -374,11 +384,7 @@ def openai_body(spec: GenSpec, out: Outcome) -> dict[str, Any]:
         }
         kind = "text_completion"
     return {
-        "id": out.request_id,
-        "object": kind,
-        "created": out.created_s,
-        "model": spec.model,
-        "system_fingerprint": FILLER_NOTE,
+        **_openai_head(spec, out, kind),
         "choices": [choice],
         "usage": usage_body(out),
     }
@@ -408,11 +414,7 @@ def openai_chunk(
     choice["finish_reason"] = "length" if finished else None
     choice["matched_stop"] = None
     return {
-        "id": out.request_id,
-        "object": kind,
-        "created": out.created_s,
-        "model": spec.model,
-        "system_fingerprint": FILLER_NOTE,
+        **_openai_head(spec, out, kind),
         "choices": [choice],
         "usage": None,
     }
@@ -422,11 +424,7 @@ def openai_usage_chunk(spec: GenSpec, out: Outcome) -> dict[str, Any]:
     """The last chunk of a stream with ``stream_options.include_usage``: no choices."""
     kind = "chat.completion.chunk" if spec.endpoint == "chat" else "text_completion"
     return {
-        "id": out.request_id,
-        "object": kind,
-        "created": out.created_s,
-        "model": spec.model,
-        "system_fingerprint": FILLER_NOTE,
+        **_openai_head(spec, out, kind),
         "choices": [],
         "usage": usage_body(out),
     }

@@ -19,6 +19,7 @@ import httpx
 import openai
 import pytest
 
+from specgov.controller.fleet_gateway import SmgGateway
 from specgov.simulator import sim_generate as sg
 from specgov.simulator.engine_live import LIVE_INDEX_BASE
 from specgov.simulator.engine_requests import RequestState
@@ -393,68 +394,26 @@ def _up(url: str) -> bool:
         return False
 
 
-def _healthy_workers(gateway: str) -> int:
-    try:
-        r = httpx.get(f"{gateway}/workers", timeout=5)
-    except httpx.HTTPError:
-        return -1
-    if r.status_code != 200:
-        return -1
-    return sum(1 for w in r.json().get("workers", []) if w.get("is_healthy"))
-
-
-def test_through_the_smg_gateway(smg_binary: Path) -> None:
-    servers = [SimServer([], speed=4.0, seed=i) for i in range(2)]
-    for s in servers:
-        s.start()
-        s.wait_ready()
-    port = _free_port()
-    gateway = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [
-            str(smg_binary),
-            "launch",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--worker-urls",
-            *[s.url for s in servers],
-            "--policy",
-            "round_robin",
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            str(_free_port()),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        _wait(lambda: _healthy_workers(gateway) == 2, "smg to register both sim-servers")
-        client = openai.OpenAI(base_url=f"{gateway}/v1", api_key="unused", max_retries=0)
-        for _ in range(4):
-            chat = client.chat.completions.create(
-                model=MODEL, messages=[{"role": "user", "content": "via smg"}], max_tokens=6
-            )
-            assert chat.choices[0].message.content == sg.filler_text(0, 6)
-        stream = client.completions.create(model=MODEL, prompt="abcd", max_tokens=10, stream=True)
-        assert "".join(c.choices[0].text for c in stream if c.choices) == sg.filler_text(0, 10)
-        r = httpx.post(
-            f"{gateway}/generate",
-            json={"input_ids": [5] * 12, "sampling_params": {"max_new_tokens": 7}},
-            timeout=DEADLINE_S,
+def test_through_the_smg_gateway(smg_fleet: tuple[SmgGateway, list[SimServer]]) -> None:
+    gw, servers = smg_fleet
+    client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key="unused", max_retries=0)
+    for _ in range(4):
+        chat = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "via smg"}], max_tokens=6
         )
-        assert r.status_code == 200
-        assert r.json()["meta_info"]["completion_tokens"] == 7
-        # Round robin: both replicas served some of the six requests.
-        finished = [s.state()["requests_finished"] for s in servers]
-        assert sum(finished) == 6 and min(finished) >= 1
-    finally:
-        proc.kill()
-        proc.wait(30)
-        for s in servers:
-            s.stop()
+        assert chat.choices[0].message.content == sg.filler_text(0, 6)
+    stream = client.completions.create(model=MODEL, prompt="abcd", max_tokens=10, stream=True)
+    assert "".join(c.choices[0].text for c in stream if c.choices) == sg.filler_text(0, 10)
+    r = httpx.post(
+        f"{gw.url}/generate",
+        json={"input_ids": [5] * 12, "sampling_params": {"max_new_tokens": 7}},
+        timeout=DEADLINE_S,
+    )
+    assert r.status_code == 200
+    assert r.json()["meta_info"]["completion_tokens"] == 7
+    # Round robin: both replicas served some of the six requests.
+    finished = [s.state()["requests_finished"] for s in servers]
+    assert sum(finished) == 6 and min(finished) >= 1
 
 
 def test_stop_ends_open_requests_with_an_error() -> None:
