@@ -256,14 +256,35 @@ def status_cmd(output: str, **opts: Any) -> None:
     default=None,
     help="Stop after this long (default: until interrupted).",
 )
-def run_cmd(audit_path: Path, interval_s: float, duration_s: float | None, **opts: Any) -> None:
+@click.option(
+    "--metrics-addr",
+    default=None,
+    help="Serve the specgov_fleet_* metrics on HOST:PORT (e.g. 127.0.0.1:9466).",
+)
+def run_cmd(
+    audit_path: Path,
+    interval_s: float,
+    duration_s: float | None,
+    metrics_addr: str | None,
+    **opts: Any,
+) -> None:
     """Observe, decide and move replicas, one at a time (audit rows in --audit)."""
     from specgov.controller.fleet_gateway import SmgGateway
+    from specgov.controller.fleet_metrics import FleetMetrics
     from specgov.controller.fleet_move import AuditLog, AuditRow, execute_move
     from specgov.policies.fleet_mix import decide_mix
 
     fleet, modes, last, mix = _prepare(opts)
     state_path: Path | None = opts["state_path"]
+    metrics = FleetMetrics()
+    if metrics_addr is not None:
+        host, _, port = metrics_addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise click.UsageError(f"--metrics-addr: expected HOST:PORT, got {metrics_addr!r}")
+        try:
+            metrics.serve(host, int(port))
+        except OSError as exc:
+            raise click.ClickException(f"--metrics-addr {metrics_addr}: {exc}") from None
     audit = AuditLog(audit_path)
     gw = SmgGateway(fleet.gateway)
     end = None if duration_s is None else time.monotonic() + duration_s
@@ -272,6 +293,7 @@ def run_cmd(audit_path: Path, interval_s: float, duration_s: float | None, **opt
             views, load, why = observe(fleet, gw, modes)
             now = time.time()
             if not views:
+                metrics.held("held_gateway_unreachable")
                 audit.write(
                     AuditRow(
                         now, "-", "decide", "held_gateway_unreachable", f"holding the mix: {why}"
@@ -279,6 +301,7 @@ def run_cmd(audit_path: Path, interval_s: float, duration_s: float | None, **opt
                 )
             else:
                 d = decide_mix(views, load, mix, now_s=now, last_move_s=last)
+                metrics.observe(views, load, d)
                 note = f" ({why})" if why else ""
                 audit.write(
                     AuditRow(
@@ -289,6 +312,7 @@ def run_cmd(audit_path: Path, interval_s: float, duration_s: float | None, **opt
                     current = modes[d.move.replica]
                     outcome = execute_move(d.move, fleet, gw, audit, current=current)
                     modes[outcome.replica] = outcome.mode
+                    metrics.moved(outcome.reason)
                     last = time.time()
                     _save_state(state_path, modes, last)
             time.sleep(interval_s)

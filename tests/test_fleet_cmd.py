@@ -5,15 +5,23 @@ new mode, rolled back to the old one, with the audit rows telling the story."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 
+import httpx
 import yaml
 from click.testing import CliRunner
 
 from specgov.controller.cli import main
 from specgov.controller.fleet_gateway import SmgGateway
 from specgov.simulator.sim_server import SimServer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def _fleet_file(tmp_path: Path, gw: SmgGateway, servers: list[SimServer], command: str) -> Path:
@@ -56,11 +64,18 @@ def test_a_failed_restart_is_rolled_back_through_the_gateway(
     audit = tmp_path / "audit.jsonl"
     state = tmp_path / "state.json"
     # Crossover 0: speculation never pays, so the target is all plain.
+    port = _free_port()
     args = ["fleet", "run", "--fleet", str(fleet), "--state", str(state), "--audit", str(audit),
             "--pays-up-to", "0", "--replica-capacity", "100", "--dwell-s", "3600",
-            "--interval-s", "0.2", "--duration-s", "1"]  # fmt: skip
+            "--interval-s", "0.2", "--duration-s", "1",
+            "--metrics-addr", f"127.0.0.1:{port}"]  # fmt: skip
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
+    # The metrics server outlives the command in this process: the last values.
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    assert 'specgov_fleet_moves_total{outcome="rolled_back"} 1.0' in text
+    assert 'specgov_fleet_decisions_total{reason="move_to_plain"} 1.0' in text
+    assert "specgov_fleet_target_spec_replicas 0.0" in text
     rows = [json.loads(line) for line in audit.read_text().splitlines()]
     reasons = [r["reason"] for r in rows]
     assert reasons[0] == "move_to_plain"
