@@ -69,6 +69,7 @@ def _register_subcommands() -> None:
     from specgov.controller.demo import demo_cmd
     from specgov.controller.doctor_cmd import doctor_cmd
     from specgov.controller.fit_acceptance_cmd import fit_acceptance_cmd
+    from specgov.controller.fleet_cmd import fleet_group
     from specgov.controller.plan_cmd import plan_group
     from specgov.controller.sglang_args_cmd import sglang_args
     from specgov.simulator.sim_cli import sim_server_cmd  # imports only click at load
@@ -83,6 +84,7 @@ def _register_subcommands() -> None:
     main.add_command(plan_group)
     main.add_command(doctor_cmd)
     main.add_command(fit_acceptance_cmd)
+    main.add_command(fleet_group)
 
 
 _register_subcommands()

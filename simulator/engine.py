@@ -47,6 +47,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from specgov.simulator.engine_live import LIVE_INDEX_BASE
 from specgov.simulator.engine_requests import (
     ITL_BINS,
     ITL_LOG_STEP,
@@ -62,6 +63,7 @@ from specgov.simulator.prefix_cache import PrefixCache
 
 if TYPE_CHECKING:
     from specgov.policies.protocol import AdaptiveSpecPolicy
+    from specgov.simulator.engine_live import LiveSource
     from specgov.simulator.sim_metrics import SimMetrics
     from specgov.simulator.traces import Request
 
@@ -407,6 +409,8 @@ class Engine:
         on_tick: Callable[[float], None] | None = None,
         tick_interval_s: float = 1.0,
         concurrency: int | None = None,
+        live: LiveSource | None = None,
+        start_s: float | None = None,
     ) -> EngineResult:
         """Replay *requests* (sorted by arrival) to completion and return the measurements.
 
@@ -418,6 +422,10 @@ class Engine:
         ``concurrency=N`` replays as N closed-loop users instead of open-loop
         arrivals: the first N requests arrive at time 0 and each completion (or
         abort) sends the next request at once; trace arrival times are ignored.
+
+        ``live`` also serves the requests it hands over as they arrive
+        (:mod:`~specgov.simulator.engine_live`); ``start_s`` starts the run at that
+        simulated time instead of the first arrival (at most the first arrival).
         """
         if concurrency is not None and concurrency < 1:
             raise EngineConfigError(f"concurrency must be >= 1, got {concurrency}")
@@ -430,6 +438,8 @@ class Engine:
             on_tick=on_tick,
             tick_interval_s=tick_interval_s,
             concurrency=concurrency,
+            live=live,
+            start_s=start_s,
         )
         ledger = st.ledger
         n_total = st.n_total
@@ -496,6 +506,8 @@ class _Run:
         "kv_peak",
         "kv_used",
         "ledger",
+        "live",
+        "live_states",
         "metrics",
         "min_ratio",
         "n_total",
@@ -541,6 +553,8 @@ class _Run:
         on_tick: Callable[[float], None] | None,
         tick_interval_s: float,
         concurrency: int | None,
+        live: LiveSource | None = None,
+        start_s: float | None = None,
     ) -> None:
         cfg = engine.config
         self.engine = engine
@@ -595,7 +609,13 @@ class _Run:
         self.running: list[RequestState] = []
         self.chunked: RequestState | None = None  # the one request whose prefill is split
         self.now = arrivals[0] if n_total else 0.0
+        if start_s is not None:
+            if n_total and start_s > self.now:
+                raise EngineConfigError(f"start_s {start_s} is after the first arrival {self.now}")
+            self.now = start_s
         self.first_arrival_s = self.now
+        self.live = live
+        self.live_states: dict[int, RequestState] = {}  # live index -> state, in flight
         self.next_tick = self.now + tick_interval_s
 
         init_ratio = INIT_NEW_TOKEN_RATIO
@@ -674,6 +694,44 @@ class _Run:
                 self.events.append((arrivals[i], "arrive", i, 0))
             i += 1
         self.next_arrival = i
+        if self.live is not None:
+            self._admit_live()
+
+    def _admit_live(self) -> None:
+        """Drop the live requests whose client left, then queue those that arrived."""
+        live = self.live
+        assert live is not None
+        for key in live.cancelled():
+            r = self.live_states.get(LIVE_INDEX_BASE + key)
+            if r is not None:
+                self._drop(r)
+        acceptance = self.acceptance
+        for key, req in live.take(self.now):
+            index = LIVE_INDEX_BASE + key
+            sampler = None if acceptance is None else acceptance.sampler(index, req.domain)
+            state = RequestState(index, req, None if sampler is None else sampler.draw)
+            if self.skip_zero:
+                state.go_stale = sampler.go_stale  # type: ignore[union-attr]
+            if self.oracle is not None:
+                state.peek = sampler.peek  # type: ignore[union-attr]
+            self.live_states[index] = state
+            self.waiting.append(state)
+
+    def _drop(self, r: RequestState) -> None:
+        """Free a live request wherever it is (queued, chunked, running); count it aborted."""
+        self.live_states.pop(r.index, None)
+        if r is self.chunked:
+            self.chunked = None
+        if r in self.running:
+            self.running.remove(r)
+        elif r in self.waiting:
+            self.waiting.remove(r)
+        self.kv_used -= r.kv_tokens
+        r.kv_tokens = 0
+        if r.cache_nodes:
+            self.cache.unpin(r.cache_nodes, self.now)  # type: ignore[union-attr]
+            r.cache_nodes = []
+        self._abort(r)
 
     def _next_user_request(self, t: float) -> None:
         """Closed loop: a user got its answer (or an abort) at *t* and sends its next request."""
@@ -692,8 +750,11 @@ class _Run:
     def skip_idle(self) -> bool:
         """Nothing queued or running: jump to the next arrival, still ticking on the way.
 
-        False when no arrival is left (the run is over).
+        False when no arrival is left (the run is over). With a live source it waits
+        (``LiveSource.idle``) up to the next tick or trace arrival instead.
         """
+        if self.live is not None:
+            return self._idle_live()
         if self.next_arrival >= self.n_total:
             return False
         target = self.arrivals[self.next_arrival]
@@ -704,6 +765,21 @@ class _Run:
                 self.next_tick += self.tick_interval_s
         self.now = target
         self._flush_samples(target)
+        return True
+
+    def _idle_live(self) -> bool:
+        live = self.live
+        assert live is not None
+        pending = self.next_arrival < self.n_total
+        if not pending and not live.hold_open:
+            return False
+        until = self.next_tick
+        if until <= self.now:  # no tick hook: next_tick does not move
+            until = self.now + self.tick_interval_s
+        if pending and self.arrivals[self.next_arrival] < until:
+            until = self.arrivals[self.next_arrival]
+        self.now = max(self.now, min(live.idle(self.now, until), until))
+        self._flush_samples(self.now)
         return True
 
     def _flush_samples(self, upto_s: float) -> None:
@@ -721,6 +797,8 @@ class _Run:
 
     def _abort(self, r: RequestState) -> None:
         self.ledger.aborted += 1
+        if self.live is not None and self.live_states.pop(r.index, None) is not None:
+            self.live.rejected(r.index - LIVE_INDEX_BASE, "the request can never fit the KV pool")
         if self.concurrency is not None:
             self._next_user_request(self.now)
         if self.record:
@@ -758,6 +836,8 @@ class _Run:
             )
         if self.record:
             self.events.append((t, "finish", r.index, r.generated))
+        if self.live_states:
+            self.live_states.pop(r.index, None)
         return kv
 
     # ---- prefill (has priority, as in get_next_batch_to_run) ----
@@ -967,6 +1047,8 @@ class _Run:
         self.chunked = chunked
         self.sampler.tokens += tokens
         self.kv_used = kv_used
+        if self.live is not None:
+            self.live.emitted(now, [r for r, _ in batch])
         used = kv_used if cache is None else kv_used + cache.pinned_tokens
         if used > self.kv_peak:
             self.kv_peak = used
@@ -1117,12 +1199,15 @@ class _Run:
                 verified_requests=bsz if policy is not None else 0,
                 step_s=dt,
             )
+        stepped = self.running
         if done:
             for r in done:
                 kv_used -= self._finish(r, now)
             self.kv_used = kv_used
             done_set = set(map(id, done))
             self.running = [r for r in self.running if id(r) not in done_set]
+        if self.live is not None:
+            self.live.emitted(now, stepped)
         self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
         if now >= sampler.next_sample_s:
             self._flush_samples(now)

@@ -25,7 +25,7 @@ import click
 
 if TYPE_CHECKING:
     from specgov.simulator.sim_server import SimServer
-    from specgov.simulator.traces import Trace
+    from specgov.simulator.traces import Request, Trace
 
 DEFAULT_PORT: Final = 30000  # SGLang's default --port
 DEFAULT_TRACE: Final = "synthetic:demo"
@@ -67,6 +67,7 @@ _HICACHE_OPTIONS = [
         "as in SGLang.",
     ),
 ]
+NO_TRACE: Final = "none"  # --trace none: the engine serves only clients' requests
 
 
 def serve(
@@ -131,7 +132,8 @@ def load_trace_arg(text: str, *, seed: int = 0) -> Trace:
     "--trace",
     default=DEFAULT_TRACE,
     show_default=True,
-    help="A trace file or synthetic[:key=value,...].",
+    help="A trace file, synthetic[:key=value,...], or none: only the requests clients "
+    "send (/generate, /v1/completions, /v1/chat/completions).",
 )
 @click.option(
     "--speed",
@@ -196,7 +198,9 @@ def sim_server_cmd(
     from specgov.simulator.sim_server import SimServer
 
     try:
-        loaded = load_trace_arg(trace, seed=seed)
+        loaded: Trace | list[Request] = (
+            [] if trace == NO_TRACE else load_trace_arg(trace, seed=seed)
+        )
         sim = SimServer(
             loaded,
             ServerSpec(

@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool import BackgroundStatsWriter
@@ -46,6 +46,9 @@ from specgov.simulator.engine import EngineResult
 from specgov.simulator.replay import PreparedRun
 from specgov.simulator.sim_served_metrics import ServedMetrics
 from specgov.simulator.traces import Request
+
+if TYPE_CHECKING:
+    from specgov.simulator.sim_live import LiveFeed
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +190,8 @@ class Generation:
         self.error: str | None = None
         self.tick_forwards = -1
         self.results: list[EngineResult] = []
+        # The requests clients send (sim_generate_routes), set by the server before start.
+        self.live: LiveFeed | None = None
 
     def plugin_state(self) -> dict[str, Any] | None:
         plugin = self.plugin
@@ -242,23 +247,46 @@ class Generation:
             t = clock.start_sim_s
             if self.index:  # a restarted server continues at the current simulated time
                 t = max(clock.sim_of(time.time()), clock.last_sim_s)
+            live = self.live
             while not self.stop_event.is_set():
                 reqs = feed.take(t)
                 if not reqs:
                     break
+                # With clients the engine starts at once (they may arrive before the
+                # trace's next request) and waits for arrivals itself.
+                start = t if live is not None else None
                 first = reqs[0].arrival_s
-                if first > t:
+                if start is not None:
+                    first = start = min(first, t)
+                elif first > t:
                     self.metrics.mark_idle(t)
                     clock.pace(first, self.stop_event)
                 self.engine.clock.now_s = first
                 result = self.engine.run(
-                    reqs, metrics=self.metrics, on_tick=tick, tick_interval_s=clock.tick_s
+                    reqs,
+                    metrics=self.metrics,
+                    on_tick=tick,
+                    tick_interval_s=clock.tick_s,
+                    live=live,
+                    start_s=start,
                 )
                 self.results.append(result)
                 t = result.end_s
                 clock.last_sim_s = t
             self.metrics.mark_idle(t)
             self.status = "finished"
+            if live is not None and not self.stop_event.is_set():
+                # The trace is served; the engine keeps serving clients until stopped.
+                live.keep_waiting = True
+                self.engine.clock.now_s = t
+                self.engine.run(
+                    [],
+                    metrics=self.metrics,
+                    on_tick=tick,
+                    tick_interval_s=clock.tick_s,
+                    live=live,
+                    start_s=t,
+                )
         except Stopped:
             self.status = "stopped"
         except Exception as exc:
@@ -269,6 +297,8 @@ class Generation:
             self._flush()
 
     def _flush(self) -> None:
+        if self.live is not None:
+            self.live.close(f"the simulated server stopped ({self.status})")
         plugin = self.plugin
         if plugin is not None and plugin.policy is not None:
             plugin.policy.flush()  # the last window, on the engine's own thread

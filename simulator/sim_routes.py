@@ -3,10 +3,12 @@
 SGLang 0.5.23's endpoints, with the bodies of :mod:`specgov.simulator.sim_endpoints`:
 ``/health`` and ``/health_generate``, ``/ready``, ``/metrics``, ``/server_info`` and
 ``/get_server_info``, ``/model_info`` and ``/get_model_info``, ``/v1/loads``, and
-``/set_internal_state`` (POST or PUT). ``/generate`` is not served: the requests come
-from the trace. A middleware answers 503 on every SGLang route during a ``503`` outage
-(the fault controls of :mod:`specgov.simulator.sim_controls` still answer) and applies
-SGLang's ``--api-key`` rules to every route.
+``/set_internal_state`` (POST or PUT), and generation (``/generate``, ``/v1/completions``,
+``/v1/chat/completions``, ``/v1/models``: :mod:`~specgov.simulator.sim_generate_routes`),
+whose requests join the trace's in the running engine. A middleware answers 503 on
+every SGLang route during a ``503`` outage (the fault controls of
+:mod:`specgov.simulator.sim_controls` still answer) and applies SGLang's ``--api-key``
+rules to every route.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from aiohttp.typedefs import Handler
 
 from specgov.simulator import sim_endpoints as ep
 from specgov.simulator.sim_controls import Controlled, OutageMode, add_admin_routes, is_admin_path
+from specgov.simulator.sim_generate_routes import add_generate_routes
+from specgov.simulator.sim_live import LiveFeed
 from specgov.simulator.sim_served_metrics import ServedMetrics
 
 logger = logging.getLogger(__name__)
@@ -41,6 +45,10 @@ class Served(Protocol):
 
     def serving(self) -> tuple[ServedMetrics, ep.LaunchInfo] | None:
         """The running engine's metrics and launch; None while none is up."""
+        ...
+
+    def live_feed(self) -> LiveFeed | None:
+        """The running engine's feed of client requests; None while none is up."""
         ...
 
 
@@ -82,6 +90,7 @@ def make_app(
     r.add_get("/v1/loads", routes.loads)
     r.add_route("POST", "/set_internal_state", routes.set_internal_state)
     r.add_route("PUT", "/set_internal_state", routes.set_internal_state)
+    add_generate_routes(r, served)
     if controls is not None:
         add_admin_routes(r, controls)
     return app

@@ -68,6 +68,7 @@ from specgov.simulator.sim_controls import (
 from specgov.simulator.sim_driver import ENGINE_JOIN_TIMEOUT_S, Generation, RealTime, TraceFeed
 from specgov.simulator.sim_http_front import HttpFront
 from specgov.simulator.sim_launch import Launch
+from specgov.simulator.sim_live import LiveFeed
 from specgov.simulator.sim_routes import make_app
 from specgov.simulator.sim_served_metrics import ServedMetrics
 from specgov.simulator.traces import Request, Trace
@@ -372,6 +373,13 @@ class SimServer:
         """Simulated time served at wall-clock epoch ``wall_s``."""
         return self._clock.sim_of(wall_s)
 
+    def live_feed(self) -> LiveFeed | None:
+        """The running generation's feed of client requests; None while none is up."""
+        gen = self._gen
+        if gen is None or gen.launch is None or self._stop_event.is_set():
+            return None
+        return gen.live
+
     def serving(self) -> tuple[ServedMetrics, ep.LaunchInfo] | None:
         """The running generation's metrics and launch; None before start, after stop,
         and between a restart's stop and its new launch."""
@@ -385,7 +393,9 @@ class SimServer:
     def _new_generation(self) -> Generation:
         index = self._generations
         self._generations += 1
-        return self._launch.new_generation(index, self._clock)
+        gen = self._launch.new_generation(index, self._clock)
+        gen.live = LiveFeed(self._clock, label=f"g{index}")
+        return gen
 
     def _launch_info(self, gen: Generation) -> ep.LaunchInfo:
         return self._launch.launch_info(

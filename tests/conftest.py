@@ -8,9 +8,16 @@ so that a missing one fails instead.
 from __future__ import annotations
 
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from specgov.controller.fleet_gateway import SmgGateway
+    from specgov.simulator.sim_server import SimServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,3 +49,76 @@ def azure_trace_dir() -> Path:
     if not (folder / "AzureLLMInferenceTrace_conv.csv").is_file():
         _missing(f"Azure traces not found under {folder}", "SPECGOV_REQUIRE_SHARED_DATA")
     return folder
+
+
+@pytest.fixture(scope="session")
+def smg_binary() -> Path:
+    """The `smg` gateway binary (the optional extra specgov[fleet], PyPI smg==1.13.0):
+    next to this interpreter (a virtualenv's bin/) or on PATH."""
+    import shutil
+    import sys
+
+    local = Path(sys.executable).parent / "smg"
+    found = str(local) if local.is_file() else shutil.which("smg")
+    if found is None:
+        _missing(
+            "the smg gateway is not installed (pip install -e '.[fleet]')",
+            "SPECGOV_REQUIRE_SMG",
+        )
+    return Path(str(found))
+
+
+SMG_DEADLINE_S = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture()
+def smg_fleet(smg_binary: Path) -> Iterator[tuple[SmgGateway, list[SimServer]]]:
+    """Two sim-servers (no trace, speed 2) behind a real smg gateway (round robin), and
+    the governor's client of that gateway."""
+    import subprocess
+
+    from specgov.controller.fleet_gateway import SmgGateway
+    from specgov.simulator.sim_server import SimServer
+
+    servers = [SimServer([], speed=2.0, seed=i) for i in range(2)]
+    for s in servers:
+        s.start()
+        s.wait_ready()
+    port = _free_port()
+    proc = subprocess.Popen(
+        [
+            str(smg_binary),
+            "launch",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-urls",
+            *[s.url for s in servers],
+            "--policy",
+            "round_robin",
+            "--prometheus-host",
+            "127.0.0.1",
+            "--prometheus-port",
+            str(_free_port()),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    gw = SmgGateway(f"http://127.0.0.1:{port}", poll_s=0.1)
+    try:
+        for s in servers:
+            gw.wait_healthy(s.url, SMG_DEADLINE_S)
+        yield gw, servers
+    finally:
+        gw.close()
+        proc.kill()
+        proc.wait(30)
+        for s in servers:
+            s.stop()

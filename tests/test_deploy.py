@@ -58,6 +58,7 @@ def test_every_deploy_file_is_covered() -> None:
         DEPLOY / "grafana/specgov-dashboard.json",  # tests/test_dashboards.py
         DEPLOY / "grafana/make_dashboard.py",
         DEPLOY / "prometheus/specgov-alerts.yaml",
+        DEPLOY / "kubernetes/fleet/specgov-fleet.yaml",  # tests/test_fleet_move.py
     }
     files = {p for p in DEPLOY.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
     assert files - covered == set(), "deploy files no test validates"

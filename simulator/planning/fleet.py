@@ -47,6 +47,7 @@ from typing import Any
 from specgov.simulator.acceptance import AcceptanceModel
 from specgov.simulator.cost import CostModel
 from specgov.simulator.memory import MemoryPlan, MemoryPlanError
+from specgov.simulator.metrics import Slo
 from specgov.simulator.planning.fleet_engine import ReplicaStepper, simulate_fleet
 from specgov.simulator.planning.fleet_judge import _replica_row, choose, judge, recommendation_text
 from specgov.simulator.planning.fleet_launch import launch_args
@@ -90,6 +91,10 @@ class _Kind:
 
 
 def _kind(server: ServerSpec, built: BuiltServer, name: str, cfg: FleetPlanConfig) -> _Kind:
+    return _probe_kind(server, built, name, seed=cfg.seed, slo=cfg.slo)
+
+
+def _probe_kind(server: ServerSpec, built: BuiltServer, name: str, *, seed: int, slo: Slo) -> _Kind:
     policy = parse_policy(name)
     launch = launch_args(
         policy if policy.speculative else None,
@@ -97,7 +102,7 @@ def _kind(server: ServerSpec, built: BuiltServer, name: str, cfg: FleetPlanConfi
         server=server,
     )
     try:
-        probe = prepare_run(server, policy, seed=cfg.seed, slo=cfg.slo, built=built)
+        probe = prepare_run(server, policy, seed=seed, slo=slo, built=built)
     except (MemoryPlanError, PolicySpecError, ValueError) as exc:
         return _Kind(policy, None, str(exc), launch, None)
     return _Kind(policy, probe.memory, None, launch, probe)
@@ -144,6 +149,31 @@ def _tables(kind: _Kind, plain: _Kind, trace: Trace) -> PerTokenTables | None:
         spec_max_batch=_runnable_batch(kind.probe, footprint),
         plain_max_batch=_runnable_batch(plain.probe, footprint),
     )
+
+
+def mix_crossover(
+    trace: Trace,
+    server: ServerSpec,
+    policy: str = "sglang-ema",
+    *,
+    tpot_ms: float = 50.0,
+    seed: int = 0,
+) -> tuple[int, int] | None:
+    """What the live fleet governor decides with (policies/fleet_mix.py): the crossover
+    batch per replica (``PerTokenTables.pays_up_to``, from the same tables this plan's
+    spec-aware router scores with) and the requests in flight one plain replica carries
+    with its predicted time per token within ``tpot_ms``. None when the drafter has no
+    per-token model (acceptance from a trace) or a kind does not fit."""
+    built = resolve(server)
+    slo = Slo(tpot_ms=tpot_ms)
+    spec = _probe_kind(server, built, policy, seed=seed, slo=slo)
+    plain = _probe_kind(server, built, PLAIN, seed=seed, slo=slo)
+    table = _tables(spec, plain, trace)
+    if table is None:
+        return None
+    limit_s = tpot_ms / 1000.0
+    capacity = max((b for b, t in enumerate(table.plain, 1) if t <= limit_s), default=1)
+    return table.pays_up_to, capacity
 
 
 def _cost(

@@ -1,0 +1,181 @@
+"""The fleet governor's hands on the gateway: SGLang's model gateway ``smg`` (1.13).
+
+How a replica leaves and rejoins the gateway, as ``smg`` 1.13.0 does it (checked against
+the real binary, ``tests/test_fleet_gateway.py``):
+
+* ``GET /workers`` lists the registered workers (``id``, ``url``, ``is_healthy``,
+  ``status``: ``ready``, ``draining``, ...).
+* ``DELETE /workers/{id}`` answers 202 and drains: the worker gets status ``draining``
+  and no new request, the requests it is serving run to the end, then it leaves the
+  list. This is the drain the governor uses.
+* ``POST /workers {"url": ...}`` registers a worker again (409 while the old entry is
+  still draining); the gateway reads its ``/server_info`` and ``/model_info`` and
+  health-checks it before routing to it.
+
+Not the discovery file: smg 1.13 reads a ``--discovery-provider file`` manifest
+(``{"version": 1, "workers": [{"url": ...}]}``) and drains a worker dropped from it the
+same way, but only at its next reread (seconds later), and with file discovery it routes
+in its multi-model mode, where a ``/generate`` body without a ``model`` field is refused
+(400 ``missing_model``): SGLang-native clients break. The ``/workers`` API acts at once
+and keeps ``/generate`` as SGLang's.
+
+Every wait is bounded (``timeout_s``) and polls at ``poll_s``. Errors are typed:
+:class:`GatewayError` with ``temporary`` True for what may pass (connection refused,
+timeouts, 5xx, a worker still draining), False for what will not (a 4xx the gateway
+means).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx
+
+DEFAULT_TIMEOUT_S: Final = 5.0
+DEFAULT_POLL_S: Final = 0.25
+
+
+class GatewayError(Exception):
+    """A gateway call that failed; ``temporary``: it may succeed if retried later."""
+
+    def __init__(self, message: str, *, temporary: bool) -> None:
+        super().__init__(message)
+        self.temporary = temporary
+
+
+@dataclass(frozen=True)
+class GatewayWorker:
+    id: str
+    url: str
+    healthy: bool
+    status: str
+    load: float
+
+
+def _parse_worker(raw: object, where: str) -> GatewayWorker:
+    if not isinstance(raw, dict):
+        raise GatewayError(f"{where}: expected a worker object", temporary=False)
+    wid, url = raw.get("id"), raw.get("url")
+    if not isinstance(wid, str) or not isinstance(url, str):
+        raise GatewayError(f"{where}: a worker needs string id and url", temporary=False)
+    load = raw.get("load", 0)
+    return GatewayWorker(
+        id=wid,
+        url=url.rstrip("/"),
+        healthy=bool(raw.get("is_healthy", False)),
+        status=str(raw.get("status", "unknown")),
+        load=float(load) if isinstance(load, int | float) else 0.0,
+    )
+
+
+class SmgGateway:
+    """A client of one ``smg`` gateway's worker API (module docstring)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        poll_s: float = DEFAULT_POLL_S,
+        transport: httpx.BaseTransport | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self._poll_s = poll_s
+        self._sleep = sleep
+        # No proxy from the environment: the gateway is on the operator's network.
+        self._client = httpx.Client(timeout=timeout_s, transport=transport, trust_env=False)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        try:
+            return self._client.request(method, f"{self.url}{path}", json=body)
+        except httpx.HTTPError as exc:
+            raise GatewayError(
+                f"gateway {self.url}: {method} {path} failed: {exc}", temporary=True
+            ) from exc
+
+    def workers(self) -> list[GatewayWorker]:
+        r = self._call("GET", "/workers")
+        if r.status_code != 200:
+            raise GatewayError(
+                f"gateway {self.url}: GET /workers answered {r.status_code}",
+                temporary=r.status_code >= 500,
+            )
+        try:
+            raw = r.json()
+        except ValueError as exc:
+            raise GatewayError(f"gateway {self.url}: /workers is not JSON", temporary=True) from exc
+        items = raw.get("workers") if isinstance(raw, dict) else None
+        if not isinstance(items, list):
+            raise GatewayError(
+                f"gateway {self.url}: /workers has no 'workers' list", temporary=False
+            )
+        return [_parse_worker(w, f"/workers[{i}]") for i, w in enumerate(items)]
+
+    def find(self, worker_url: str) -> GatewayWorker | None:
+        want = worker_url.rstrip("/")
+        return next((w for w in self.workers() if w.url == want), None)
+
+    def drain(self, worker_url: str) -> None:
+        """Stop new requests to ``worker_url``; those it serves finish (module docstring)."""
+        worker = self.find(worker_url)
+        if worker is None:
+            raise GatewayError(f"gateway {self.url}: no worker at {worker_url}", temporary=False)
+        r = self._call("DELETE", f"/workers/{worker.id}")
+        if r.status_code not in (200, 202, 204):
+            raise GatewayError(
+                f"gateway {self.url}: DELETE /workers/{worker.id} answered {r.status_code}: "
+                f"{r.text[:200]}",
+                temporary=r.status_code >= 500,
+            )
+
+    def add(self, worker_url: str) -> None:
+        r = self._call("POST", "/workers", {"url": worker_url})
+        if r.status_code == 409:
+            raise GatewayError(
+                f"gateway {self.url}: {worker_url} is still registered (draining)", temporary=True
+            )
+        if r.status_code not in (200, 201, 202):
+            raise GatewayError(
+                f"gateway {self.url}: POST /workers answered {r.status_code}: {r.text[:200]}",
+                temporary=r.status_code >= 500,
+            )
+
+    def _wait(self, done: Callable[[], bool], what: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last: GatewayError | None = None
+        while True:
+            try:
+                if done():
+                    return
+                last = None
+            except GatewayError as exc:
+                if not exc.temporary:
+                    raise
+                last = exc
+            if time.monotonic() >= deadline:
+                why = f" (last error: {last})" if last is not None else ""
+                raise GatewayError(
+                    f"gateway {self.url}: {what} not done after {timeout_s:g} s{why}",
+                    temporary=True,
+                )
+            self._sleep(self._poll_s)
+
+    def wait_drained(self, worker_url: str, timeout_s: float) -> None:
+        """Until the drained worker has left the gateway (its requests are done)."""
+        self._wait(lambda: self.find(worker_url) is None, f"draining {worker_url}", timeout_s)
+
+    def wait_healthy(self, worker_url: str, timeout_s: float) -> None:
+        """Until ``worker_url`` is registered, healthy and ready for requests."""
+
+        def ready() -> bool:
+            w = self.find(worker_url)
+            return w is not None and w.healthy and w.status == "ready"
+
+        self._wait(ready, f"{worker_url} to be healthy in the gateway", timeout_s)

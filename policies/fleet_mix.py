@@ -1,0 +1,189 @@
+"""The fleet governor's decision: how many replicas run speculative, and the next move.
+
+Pure (no IO, no clock: the caller passes the time). Inputs: the replicas as the gateway
+and their servers report them (:class:`ReplicaView`), the load to plan for (requests in
+flight across the fleet: the larger of the observed and the forecast), and the
+:class:`MixModel` built from the same step-cost model and acceptance profile as
+``specgov plan fleet`` (its ``pays_up_to``: the largest batch per replica at which a
+speculative step is faster per output token than a plain one, the crossover).
+
+The rule. With a gateway that balances load, every serving replica sees about the same
+batch ``b = load / serving``; below the crossover speculation wins on every replica,
+above it plain does, so the target is all speculative or all plain, with a hysteresis
+band around the crossover in which the current mix holds (a mixed fleet appears only
+while the governor moves it, one replica at a time). A move drains one replica, so it is
+made only when the others carry the load (``load <= (serving - 1) * replica_capacity``),
+only when every replica serves (no move in flight, none lost), and only after
+``dwell_s`` since the last move. Every decision carries a reason code and a message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final, Literal
+
+Mode = Literal["spec", "plain"]
+MODES: Final = ("spec", "plain")
+
+# Reason codes (the audit row's `reason`).
+HELD_NOT_SERVING: Final = "held_replica_not_serving"
+HELD_AT_TARGET: Final = "held_at_target"
+HELD_IN_BAND: Final = "held_in_hysteresis_band"
+HELD_DWELL: Final = "held_dwell"
+HELD_CAPACITY: Final = "held_capacity"
+HELD_NO_LOAD_DATA: Final = "held_unknown_load"
+MOVE_TO_PLAIN: Final = "move_to_plain"
+MOVE_TO_SPEC: Final = "move_to_spec"
+
+
+class FleetMixError(ValueError):
+    """A fleet description or model the decision cannot use."""
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """One replica now: its mode, whether it serves (registered with the gateway and
+    healthy), and its requests in flight."""
+
+    name: str
+    mode: Mode
+    serving: bool
+    running_requests: float
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise FleetMixError(f"replica {self.name}: mode must be spec or plain, got {self.mode}")
+        if not math.isfinite(self.running_requests) or self.running_requests < 0:
+            raise FleetMixError(
+                f"replica {self.name}: running_requests must be >= 0, got {self.running_requests}"
+            )
+
+
+@dataclass(frozen=True)
+class MixModel:
+    """What the decision knows of the replicas' speed (module docstring).
+
+    ``pays_up_to``: the crossover batch per replica (0: speculation never pays);
+    ``replica_capacity``: requests in flight one replica carries within the SLO;
+    ``hysteresis``: the band is ``pays_up_to * (1 ± hysteresis)``; ``dwell_s``: seconds
+    between moves."""
+
+    pays_up_to: int
+    replica_capacity: float
+    hysteresis: float = 0.15
+    dwell_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.pays_up_to < 0:
+            raise FleetMixError(f"pays_up_to must be >= 0, got {self.pays_up_to}")
+        if not math.isfinite(self.replica_capacity) or self.replica_capacity <= 0:
+            raise FleetMixError(f"replica_capacity must be > 0, got {self.replica_capacity}")
+        if not 0 <= self.hysteresis < 1:
+            raise FleetMixError(f"hysteresis must be in [0, 1), got {self.hysteresis}")
+        if not math.isfinite(self.dwell_s) or self.dwell_s < 0:
+            raise FleetMixError(f"dwell_s must be >= 0, got {self.dwell_s}")
+
+
+@dataclass(frozen=True)
+class Move:
+    """Drain ``replica``, restart it in ``to_mode``, put it back."""
+
+    replica: str
+    to_mode: Mode
+
+
+@dataclass(frozen=True)
+class MixDecision:
+    target_spec: int  # replicas that should run speculative
+    move: Move | None
+    reason: str
+    message: str
+    batch_per_replica: float | None
+
+
+def target_spec_count(
+    current_spec: int, replicas: int, batch: float, model: MixModel
+) -> tuple[int, bool]:
+    """(replicas that should run speculative, whether ``batch`` is inside the band)."""
+    low = model.pays_up_to * (1.0 - model.hysteresis)
+    high = model.pays_up_to * (1.0 + model.hysteresis)
+    if model.pays_up_to == 0 or batch >= high:
+        return 0, False
+    if batch <= low:
+        return replicas, False
+    return current_spec, True
+
+
+def decide_mix(
+    replicas: Sequence[ReplicaView],
+    load_requests: float | None,
+    model: MixModel,
+    *,
+    now_s: float,
+    last_move_s: float | None,
+) -> MixDecision:
+    """The target mix and the next move (None: hold), with the reason."""
+    n = len(replicas)
+    if n == 0:
+        raise FleetMixError("the fleet has no replicas")
+    spec = sum(1 for r in replicas if r.mode == "spec")
+    down = [r.name for r in replicas if not r.serving]
+    if down:
+        return MixDecision(
+            spec,
+            None,
+            HELD_NOT_SERVING,
+            f"holding the mix: {', '.join(down)} not serving (a move in progress or a "
+            f"replica lost)",
+            None,
+        )
+    if load_requests is None or not math.isfinite(load_requests) or load_requests < 0:
+        return MixDecision(spec, None, HELD_NO_LOAD_DATA, "holding the mix: no load data", None)
+    batch = load_requests / n
+    target, in_band = target_spec_count(spec, n, batch, model)
+    where = (
+        f"{batch:.1f} requests per replica against a crossover at {model.pays_up_to} "
+        f"(band ±{model.hysteresis:.0%})"
+    )
+    if in_band:
+        return MixDecision(
+            target, None, HELD_IN_BAND, f"holding {spec}/{n} speculative: {where}", batch
+        )
+    if target == spec:
+        return MixDecision(
+            target, None, HELD_AT_TARGET, f"{spec}/{n} speculative is the target: {where}", batch
+        )
+    if last_move_s is not None and now_s - last_move_s < model.dwell_s:
+        wait = model.dwell_s - (now_s - last_move_s)
+        return MixDecision(
+            target,
+            None,
+            HELD_DWELL,
+            f"target {target}/{n} speculative; next move in {wait:.0f} s: {where}",
+            batch,
+        )
+    if load_requests > (n - 1) * model.replica_capacity:
+        return MixDecision(
+            target,
+            None,
+            HELD_CAPACITY,
+            f"target {target}/{n} speculative, but {n - 1} replicas cannot carry "
+            f"{load_requests:.0f} requests in flight ({model.replica_capacity:.0f} each) while "
+            f"one restarts",
+            batch,
+        )
+    to_mode: Mode = "spec" if target > spec else "plain"
+    from_mode = "plain" if to_mode == "spec" else "spec"
+    # The replica of the other mode that drains fastest: fewest requests in flight.
+    pick = min(
+        (r for r in replicas if r.mode == from_mode), key=lambda r: (r.running_requests, r.name)
+    )
+    return MixDecision(
+        target,
+        Move(pick.name, to_mode),
+        MOVE_TO_SPEC if to_mode == "spec" else MOVE_TO_PLAIN,
+        f"restarting {pick.name} as {to_mode} (target {target}/{n} speculative): {where}",
+        batch,
+    )

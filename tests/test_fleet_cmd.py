@@ -1,0 +1,97 @@
+"""`specgov fleet status` and `specgov fleet run` against a real smg gateway and two
+sim-servers: the status of an idle fleet, and a move whose restart command fails in the
+new mode, rolled back to the old one, with the audit rows telling the story."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import httpx
+import yaml
+from click.testing import CliRunner
+
+from specgov.controller.cli import main
+from specgov.controller.fleet_gateway import SmgGateway
+from specgov.simulator.sim_server import SimServer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _fleet_file(tmp_path: Path, gw: SmgGateway, servers: list[SimServer], command: str) -> Path:
+    path = tmp_path / "fleet.yaml"
+    doc = {
+        "gateway": gw.url,
+        "restart_command": command,
+        "startup_timeout_s": 30,
+        "drain_timeout_s": 30,
+        "replicas": [
+            {"name": f"r{i}", "url": s.url, "mode": "spec"} for i, s in enumerate(servers)
+        ],
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_status_of_an_idle_fleet(
+    tmp_path: Path, smg_fleet: tuple[SmgGateway, list[SimServer]]
+) -> None:
+    gw, servers = smg_fleet
+    fleet = _fleet_file(tmp_path, gw, servers, "true {name}")
+    args = ["fleet", "status", "--fleet", str(fleet), "--pays-up-to", "32",
+            "--replica-capacity", "100", "--output", "json"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert [r["serving"] for r in doc["replicas"]] == [True, True]
+    assert doc["load_requests"] == 0.0
+    assert (doc["target_spec"], doc["next_move"], doc["reason"]) == (2, None, "held_at_target")
+
+
+def test_a_failed_restart_is_rolled_back_through_the_gateway(
+    tmp_path: Path, smg_fleet: tuple[SmgGateway, list[SimServer]]
+) -> None:
+    gw, servers = smg_fleet
+    # The operator's command: plain restarts fail, spec ones succeed (the replica stays up).
+    command = f"{sys.executable} -c \"import sys; sys.exit(0 if '{{mode}}' == 'spec' else 3)\""
+    fleet = _fleet_file(tmp_path, gw, servers, command)
+    audit = tmp_path / "audit.jsonl"
+    state = tmp_path / "state.json"
+    # Crossover 0: speculation never pays, so the target is all plain.
+    port = _free_port()
+    args = ["fleet", "run", "--fleet", str(fleet), "--state", str(state), "--audit", str(audit),
+            "--pays-up-to", "0", "--replica-capacity", "100", "--dwell-s", "3600",
+            "--interval-s", "0.2", "--duration-s", "1",
+            "--metrics-addr", f"127.0.0.1:{port}"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    # The metrics server outlives the command in this process: the last values.
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    assert 'specgov_fleet_moves_total{outcome="rolled_back"} 1.0' in text
+    assert 'specgov_fleet_decisions_total{reason="move_to_plain"} 1.0' in text
+    assert "specgov_fleet_target_spec_replicas 0.0" in text
+    rows = [json.loads(line) for line in audit.read_text().splitlines()]
+    reasons = [r["reason"] for r in rows]
+    assert reasons[0] == "move_to_plain"
+    assert reasons[1:8] == [
+        "move_started",
+        "no_requests_left",
+        "restart_plain",
+        "restart_failed",
+        "restart_spec",
+        "server_healthy",
+        "serving",
+    ]
+    # Later decisions wait out the dwell time after the move.
+    assert set(reasons[8:]) <= {"held_dwell"}
+    assert "exited 3" in rows[4]["message"]
+    moved = rows[0]["replica"]
+    assert json.loads(state.read_text())["modes"][moved] == "spec"  # rolled back
+    # Both replicas serve again through the gateway.
+    assert all(w.healthy for w in gw.workers()) and len(gw.workers()) == 2

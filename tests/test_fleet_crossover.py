@@ -1,0 +1,33 @@
+"""The live fleet governor decides with plan fleet's own crossover: mix_crossover gives
+the `speculation_pays_up_to_batch` that `plan fleet` reports for the same deployment and
+trace, and a plain replica's capacity whose predicted time per token meets the TPOT."""
+
+from __future__ import annotations
+
+from specgov.simulator.metrics import Slo
+from specgov.simulator.planning.fleet import mix_crossover, plan_fleet
+from specgov.simulator.planning.fleet_spec import FleetPlanConfig, enumerate_fleets
+from specgov.simulator.planning.router import parse_routers
+from specgov.simulator.replay import ServerSpec
+from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+
+TRACE = generate_trace(parse_synthetic_spec("synthetic:duration=10,rate=4,seed=3"))
+
+
+def test_the_governor_uses_plan_fleets_crossover() -> None:
+    server = ServerSpec()
+    cfg = FleetPlanConfig(
+        fleets=enumerate_fleets((1,), []),
+        routers=parse_routers("least-loaded"),
+        policies=("static:3",),
+        slo=Slo(tpot_ms=40.0, ttft_ms=2000.0),
+    )
+    doc = plan_fleet(TRACE, server, cfg)
+    planned = doc["replica_kinds"]["static:3"]["speculation_pays_up_to_batch"]
+    found = mix_crossover(TRACE, server, "static:3", tpot_ms=40.0)
+    assert found is not None
+    pays, capacity = found
+    assert pays == planned and pays > 0
+    per_token_ms = doc["replica_kinds"]["static:3"]["predicted_ms_per_token"]["plain"]
+    assert per_token_ms[capacity - 1] <= 40.0
+    assert capacity == len(per_token_ms) or per_token_ms[capacity] > 40.0
