@@ -34,7 +34,6 @@ from specgov.policies.estimators.step_cost import (
     verify_knee_tokens,
 )
 from specgov.policies.estimators.step_cost_fit import (
-    PenaltyScales,
     median,
     median_sorted,
     weighted_median,
@@ -544,8 +543,8 @@ def test_medians_are_numpys_bit_for_bit() -> None:
 
 
 def test_updates_from_a_restored_state_fit_the_same() -> None:
-    # An update hands its columns and penalty scales to the next state; a state read
-    # back from JSON has neither handed over and builds both. Through a full buffer
+    # An update hands its columns on to the next state (the kept rows copied); a state
+    # read back from JSON builds them. Through a full buffer
     # (evictions) both paths must fit the same coefficients and keep the same samples.
     rng = np.random.default_rng(5)
     cfg = StepCostConfig(max_samples=40)
@@ -563,16 +562,6 @@ def test_updates_from_a_restored_state_fit_the_same() -> None:
         assert state.sample_columns.time_s == fresh.time_s
         assert state.sample_columns.weight == fresh.weight
     assert len(state.samples) == 40  # the buffer filled and evicted
-
-
-def test_penalty_scales_are_read_only_and_serve_equal_priors_only() -> None:
-    prior, cfg = default_step_cost_prior(), StepCostConfig()
-    scales = PenaltyScales.compute(prior, cfg)
-    with pytest.raises(ValueError, match="read-only"):
-        scales.scales[0] = 0.0
-    assert scales.serve(StepCostPrior.from_dict(prior.to_dict()), cfg)
-    assert not scales.serve(prior, StepCostConfig(default_kv_tokens_per_request=512.0))
-    assert not scales.serve(step_cost_prior(TRUTH), cfg)
 
 
 @pytest.mark.parametrize(

@@ -42,7 +42,7 @@ State
     points survive) and the fitted coefficients, all plain floats: no solver object is
     stored; the fit is redone only when samples were added. Derived, not serialised: the
     samples' columns with the prior's terms of each (``SampleColumns``, built once per
-    state, mostly copied from the previous state's) and the fit's penalty scales.
+    state, mostly copied from the previous state's).
 
 Model
     The queries (:func:`local_step_s`, :func:`step_cost_bounds`, :func:`cost_evidence`)
@@ -58,6 +58,7 @@ medians); this module holds the state, the model and the update, and is the API.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -67,7 +68,6 @@ import numpy as np
 
 from specgov.policies.estimators._common import check_keys, is_int, is_real
 from specgov.policies.estimators.step_cost_fit import (
-    PenaltyScales,
     fit,
     median_sorted,
     weighted_median,
@@ -125,9 +125,8 @@ class StepCostState:
     fits: int = 0
     version: int = STEP_COST_STATE_VERSION
     # Derived (not compared, not serialised): given by update_step_cost, which has them;
-    # otherwise built here (columns) or by the first fit (penalty).
+    # otherwise built here.
     columns: SampleColumns | None = field(default=None, repr=False, compare=False, kw_only=True)
-    penalty: PenaltyScales | None = field(default=None, repr=False, compare=False, kw_only=True)
 
     def __post_init__(self) -> None:
         if not isinstance(self.prior, StepCostPrior):
@@ -161,8 +160,6 @@ class StepCostState:
         cols = self.columns
         if cols is None or cols.samples is not self.samples or cols.prior != self.prior:
             object.__setattr__(self, "columns", SampleColumns.build(self.prior, self.samples))
-        if self.penalty is not None and self.penalty.prior != self.prior:
-            object.__setattr__(self, "penalty", None)
 
     @property
     def sample_columns(self) -> SampleColumns:
@@ -290,10 +287,12 @@ class StepCostModel:
     The goodput policy asks dozens of step times per decision against one state; each
     sample's log(observed / fitted), its decayed weight and the ranking of each step
     count's samples are the same for all of them, so :func:`step_cost_model` computes
-    them once per state instead of once per query. ``regions`` holds, per batch size
-    asked about, its operating region's cells (``None``: no sample near it): a
-    decision asks each of its ~10 batch sizes for ~5 step counts, and the cells cost
-    ~50 us (measured; ~2 ms per decision without this).
+    them once per state instead of once per query. ``regions`` holds the cells of each
+    operating region asked about, keyed by the region's range in ``batch_sorted`` (the
+    samples a batch size is near are a contiguous range there, so batch sizes with the
+    same near samples share one entry): a decision asks ~10 batch sizes in ~8 regions
+    for ~5 step counts each, and a region's cells cost ~150 us (measured by
+    ``benchmarks/bench_step_cost.py``: ~8 ms per decision without this).
     """
 
     state: StepCostState
@@ -303,7 +302,8 @@ class StepCostModel:
     decayed: np.ndarray  # weights decayed by age (half_life_s)
     # steps -> (its sample indices, the same ordered by log_fit, a stable sort)
     by_steps: dict[int, tuple[np.ndarray, np.ndarray]]
-    regions: dict[float, _Cells | None] = field(default_factory=dict)
+    batch_sorted: list[float]  # the samples' batch sizes, ascending
+    regions: dict[tuple[int, int], _Cells] = field(default_factory=dict)
 
     def near(self, batch_size: float) -> np.ndarray:
         """The samples in ``batch_size``'s operating region (``_near``)."""
@@ -312,13 +312,15 @@ class StepCostModel:
 
     def correction(self, batch_size: float, steps: int) -> float:
         """``local_step_s``'s factor ``exp(c * shrink)`` (1.0: no correction)."""
-        if batch_size in self.regions:
-            cells = self.regions[batch_size]
-        else:
-            near = self.near(batch_size)
-            cells = self.regions[batch_size] = self._cells(near) if near.any() else None
+        region = (
+            bisect.bisect_left(self.batch_sorted, batch_size / _NEAR_FACTOR),
+            bisect.bisect_right(self.batch_sorted, _NEAR_FACTOR * batch_size),
+        )
+        if region[0] >= region[1]:
+            return 1.0  # no sample near
+        cells = self.regions.get(region)
         if cells is None:
-            return 1.0
+            cells = self.regions[region] = self._cells(self.near(batch_size))
         return _cell_correction(cells, steps, self.config.min_rel_scale)
 
     def _cells(self, near: np.ndarray) -> _Cells:
@@ -373,6 +375,7 @@ def step_cost_model(state: StepCostState, config: StepCostConfig | None = None) 
         prior_ratio=step_s / cols.prior_s,
         decayed=np.asarray(decayed, dtype=float),
         by_steps=by_steps,
+        batch_sorted=sorted(cols.batch.tolist()),
     )
 
 
@@ -550,19 +553,14 @@ def update_step_cost(
             last_time_s=end,
             fits=state.fits,
             columns=state.columns,
-            penalty=state.penalty,
         )
     new = tuple(added)
     cols = state.sample_columns.extended(new, evict(state.samples + new, cfg.max_samples))
-    penalty = state.penalty
-    if penalty is None or not penalty.serve(state.prior, cfg):
-        penalty = PenaltyScales.compute(state.prior, cfg)
     return StepCostState(
         prior=state.prior,
         samples=cols.samples,
-        coefficients=fit(cols, end, cfg, penalty, start=state.coefficients),
+        coefficients=fit(cols, end, cfg, start=state.coefficients),
         last_time_s=end,
         fits=state.fits + 1,
         columns=cols,
-        penalty=penalty,
     )

@@ -13,7 +13,6 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 from scipy.optimize import nnls
@@ -22,53 +21,36 @@ from specgov.policies.estimators.step_cost_prior import N_FEATURES, StepCostPrio
 from specgov.policies.estimators.step_cost_samples import SampleColumns, StepCostConfig
 
 __all__ = [
-    "PenaltyScales",
     "fit",
     "median",
     "median_sorted",
+    "penalty_scales",
     "weighted_median",
     "weighted_median_sorted",
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class PenaltyScales:
+def penalty_scales(prior: StepCostPrior, config: StepCostConfig) -> np.ndarray:
     """Typical relative contribution of one unit of each coefficient (data-independent).
 
-    They depend on the prior and ``default_kv_tokens_per_request`` only, and computing
-    them (25 roofline evaluations, ~0.8 ms) would cost every fit more than the rest of
-    its setup, so a state hands its scales to the next (``update_step_cost``); the
-    array is read-only.
+    Computed per fit: 25 roofline evaluations, ~70 us (measured,
+    ``benchmarks/bench_step_cost.py``), less than handing them from state to state
+    would be worth (the bar is 0.2 ms per decision).
     """
-
-    prior: StepCostPrior
-    kv_tokens_per_request: float
-    scales: np.ndarray
-
-    @classmethod
-    def compute(cls, prior: StepCostPrior, config: StepCostConfig) -> PenaltyScales:
-        steps = (0, 1, 3, 5, 7) if prior.speculative else (0,)
-        acc = np.zeros(N_FEATURES)
-        count = 0
-        for b in (1.0, 4.0, 16.0, 64.0, 256.0):
-            for k in steps:
-                kv = b * config.default_kv_tokens_per_request
-                f = np.asarray(prior.features(b, k, kv))
-                acc += f / prior.predict_s(b, k, kv)
-                count += 1
-        scales = acc / count
-        # The extra knee terms share the main roofline's scale; nothing is left unpinned.
-        scales[1] = scales[3] = scales[2]
-        out: np.ndarray = np.maximum(scales, 1e-3)
-        out.flags.writeable = False
-        return cls(prior, config.default_kv_tokens_per_request, out)
-
-    def serve(self, prior: StepCostPrior, config: StepCostConfig) -> bool:
-        """Are these the scales of ``prior`` under ``config`` (equal values)?"""
-        return (
-            self.kv_tokens_per_request == config.default_kv_tokens_per_request
-            and self.prior == prior
-        )
+    steps = (0, 1, 3, 5, 7) if prior.speculative else (0,)
+    acc = np.zeros(N_FEATURES)
+    count = 0
+    for b in (1.0, 4.0, 16.0, 64.0, 256.0):
+        for k in steps:
+            kv = b * config.default_kv_tokens_per_request
+            f = np.asarray(prior.features(b, k, kv))
+            acc += f / prior.predict_s(b, k, kv)
+            count += 1
+    scales = acc / count
+    # The extra knee terms share the main roofline's scale; nothing is left unpinned.
+    scales[1] = scales[3] = scales[2]
+    out: np.ndarray = np.maximum(scales, 1e-3)
+    return out
 
 
 def median_sorted(ordered: Sequence[float] | np.ndarray) -> float:
@@ -138,7 +120,6 @@ def fit(
     cols: SampleColumns,
     now_s: float,
     config: StepCostConfig,
-    penalty: PenaltyScales,
     start: tuple[float, ...] | None = None,
 ) -> tuple[float, ...]:
     """Robust non-negative fit of ``cols``' samples at ``now_s``; ``start`` (the previous
@@ -153,7 +134,7 @@ def fit(
     age = np.maximum(0.0, now_s - np.asarray(cols.time_s))
     w = np.asarray(cols.weight) * 0.5 ** (age / config.half_life_s)
     target = theta0 * _recalibration(y, w, cols.steps.tolist(), config)
-    scales = penalty.scales
+    scales = penalty_scales(cols.prior, config)
     root_l = math.sqrt(config.prior_strength)
     pen_x = np.diag(root_l * scales)
     pen_y = root_l * scales * target
