@@ -172,10 +172,11 @@ class MetricsSnapshot:
 # histograms by base name.
 Families = Collection[str]
 
-# One sample as the assembler sees it: sample name, sorted label pairs, value.
-_Sample = tuple[str, Labels, float]
+# One sample as the assembler sees it: sample name, sorted label pairs, value (``le``
+# stays a label with its text, as exported).
+MetricSample = tuple[str, Labels, float]
 # One metric family: declared name, prometheus_client type, samples.
-_Family = tuple[str, str, list[_Sample]]
+MetricFamily = tuple[str, str, list[MetricSample]]
 
 
 def _parse_le(raw: str, key: SeriesKey, source: str) -> float:
@@ -208,11 +209,12 @@ def _split_le(labels: Labels) -> tuple[Labels, str | None]:
     return tuple(rest), raw
 
 
-def _assemble(
-    families: Iterable[_Family], source: str, other_dp_groups: frozenset[DPRank] = frozenset()
+def assemble_snapshot(
+    families: Iterable[MetricFamily], source: str, other_dp_groups: frozenset[DPRank] = frozenset()
 ) -> MetricsSnapshot:
-    """Typed snapshot from parsed families (shared by the reference and the fast lexer,
-    so both apply the same rules: duplicates, illegal values, histogram assembly)."""
+    """Typed snapshot from parsed families (shared by the reference parser, the fast
+    lexer and the simulated server's direct snapshot, so all apply the same rules:
+    duplicates, illegal values, histogram assembly)."""
     # Plain (name, labels) tuples as keys while assembling: hashed in C, where
     # SeriesKey's generated __hash__ runs Python code per lookup.
     counters: dict[tuple[str, Labels], float] = {}
@@ -319,10 +321,10 @@ def _assemble(
     )
 
 
-def _reference_families(text: str, source: str) -> list[_Family]:
+def _reference_families(text: str, source: str) -> list[MetricFamily]:
     """prometheus_client's parser over the whole text (the reference semantics)."""
     try:
-        out: list[_Family] = []
+        out: list[MetricFamily] = []
         for family in text_string_to_metric_families(text):
             samples = [
                 (s.name, tuple(sorted(s.labels.items())), float(s.value)) for s in family.samples
@@ -348,14 +350,14 @@ def parse_metrics(
     to the full parse, so the answer, or the error, is always the reference one.
     """
     if families is None:
-        return _assemble(_reference_families(text, source), source)
+        return assemble_snapshot(_reference_families(text, source), source)
     wanted = families if isinstance(families, frozenset) else frozenset(families)
     try:
         fams, other_dp = _lex_families(text, wanted)
     except _Unmodelled:
         return restrict(parse_metrics(text, source=source), wanted)
     try:
-        return restrict(_assemble(fams, source, other_dp), wanted)
+        return restrict(assemble_snapshot(fams, source, other_dp), wanted)
     except ResponseFormatError:
         # Re-raise the reference's own error for the same text.
         return restrict(parse_metrics(text, source=source), wanted)
@@ -491,9 +493,11 @@ def _may_keep(family: str, wanted: frozenset[str]) -> bool:
     return any(family + suffix in wanted for suffix in _SAMPLE_SUFFIXES)
 
 
-def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], frozenset[DPRank]]:
+def _lex_families(
+    text: str, wanted: frozenset[str]
+) -> tuple[list[MetricFamily], frozenset[DPRank]]:
     """The kept families of ``text`` and the DP groups of the others' scheduler series."""
-    out: list[_Family] = []
+    out: list[MetricFamily] = []
     other_dp: set[DPRank] = set()
     # The family being read: its name, type, allowed sample names, buffered samples
     # (name, labels, value text) if it may be kept, DP groups seen if not.

@@ -99,7 +99,7 @@ _REFERENCE = prometheus_text._reference_families
 
 def _full(text: str) -> MetricsSnapshot:
     # The full parse with the real reference (the no_fallback fixture patches the module).
-    return prometheus_text._assemble(_REFERENCE(text, "<full>"), "<full>")
+    return prometheus_text.assemble_snapshot(_REFERENCE(text, "<full>"), "<full>")
 
 
 # ---------------------------------------------------- simulated /metrics in replay
