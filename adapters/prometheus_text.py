@@ -39,8 +39,6 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any, Final, TypeVar
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from specgov.adapters.errors import ResponseFormatError
 
 DP_LABEL: Final = "dp_rank"
@@ -321,46 +319,31 @@ def assemble_snapshot(
     )
 
 
-def _reference_families(text: str, source: str) -> list[MetricFamily]:
-    """prometheus_client's parser over the whole text (the reference semantics)."""
-    try:
-        out: list[MetricFamily] = []
-        for family in text_string_to_metric_families(text):
-            samples = [
-                (s.name, tuple(sorted(s.labels.items())), float(s.value)) for s in family.samples
-            ]
-            out.append((family.name, family.type, samples))
-        return out
-    except (ValueError, IndexError, KeyError, TypeError, OverflowError) as exc:
-        raise ResponseFormatError(source, EXPECTED_FORMAT, f"unparseable: {exc}") from None
-
-
 def parse_metrics(
     text: str, *, source: str = "<metrics text>", families: Families | None = None
 ) -> MetricsSnapshot:
     """Parse a ``/metrics`` body. Raises :class:`ResponseFormatError` naming ``source``.
 
-    ``families=None`` parses every family with prometheus_client's parser. Given a set
-    of names (snapshot names: see :data:`Families`), only those families are kept and a
-    line lexer built for the text prometheus_client and SGLang write does the work (an
-    order of magnitude faster); the result equals :func:`restrict` of the full parse to
-    those names. Lines of the other families are only scanned for their family
-    boundaries and DP groups, not validated. Anything the lexer does not model (quoted
-    UTF-8 names, ``__name__`` labels, odd separators, any malformed kept line) is handed
-    to the full parse, so the answer, or the error, is always the reference one.
+    One parser: a line lexer built for the text prometheus_client and SGLang write
+    (an order of magnitude faster than prometheus_client's parser, whose semantics it
+    reproduces; tests/test_prometheus_fast.py holds that parser as the oracle it agrees
+    with). ``families=None`` keeps every family; given a set of names (snapshot names:
+    see :data:`Families`) only those are kept, and the result equals :func:`restrict`
+    of the full parse to them: lines of the other families are only scanned for their
+    family boundaries and DP groups, not validated. A line the lexer does not model
+    (quoted UTF-8 names, ``__name__`` labels, a malformed kept line ...) is an error
+    naming its line number.
     """
-    if families is None:
-        return assemble_snapshot(_reference_families(text, source), source)
-    wanted = families if isinstance(families, frozenset) else frozenset(families)
-    try:
-        fams, other_dp = _lex_families(text, wanted)
-    except _Unmodelled:
-        return restrict(parse_metrics(text, source=source), wanted)
-    try:
-        return restrict(assemble_snapshot(fams, source, other_dp), wanted)
-    except ResponseFormatError:
-        # Re-raise the reference's own error for the same text.
-        return restrict(parse_metrics(text, source=source), wanted)
+    wanted = (
+        None
+        if families is None
+        else families
+        if isinstance(families, frozenset)
+        else frozenset(families)
+    )
+    fams, other_dp = _lex_families(text, wanted, source)
+    snapshot = assemble_snapshot(fams, source, other_dp)
+    return snapshot if wanted is None else restrict(snapshot, wanted)
 
 
 def restrict(snapshot: MetricsSnapshot, families: Families) -> MetricsSnapshot:
@@ -392,11 +375,12 @@ def restrict(snapshot: MetricsSnapshot, families: Families) -> MetricsSnapshot:
 # get it appended to their samples; label values unescape ``\\``, ``\"`` and ``\n``;
 # a value is int() else float() of the first token, "_" refused; a second token is a
 # timestamp (validated, ignored). tests/test_prometheus_fast.py checks it against
-# prometheus_client with generated exposition text.
+# prometheus_client with generated exposition text. What it does not model is refused
+# with the line (SGLang writes none of it).
 
 
 class _Unmodelled(Exception):
-    """The lexer met something it does not model: the reference parser decides."""
+    """The lexer met something it does not model (or that is malformed): an error."""
 
 
 _METRIC_TYPES: Final = frozenset(
@@ -489,23 +473,44 @@ _SAMPLE_SUFFIXES: Final = tuple(
 )
 
 
-def _may_keep(family: str, wanted: frozenset[str]) -> bool:
-    return any(family + suffix in wanted for suffix in _SAMPLE_SUFFIXES)
+def _may_keep(family: str, wanted: frozenset[str] | None) -> bool:
+    return wanted is None or any(family + suffix in wanted for suffix in _SAMPLE_SUFFIXES)
+
+
+def _refused(source: str, lineno: int, raw: str) -> ResponseFormatError:
+    # The line last: the error escapes and cuts its detail (a huge line costs nothing).
+    return ResponseFormatError(
+        source,
+        EXPECTED_FORMAT,
+        f"unparseable: line {lineno}: not Prometheus text as SGLang writes it (malformed, or a "
+        f"construct specgov does not read: quoted names, __name__ or duplicate labels): {raw}",
+    )
 
 
 def _lex_families(
-    text: str, wanted: frozenset[str]
+    text: str, wanted: frozenset[str] | None, source: str
 ) -> tuple[list[MetricFamily], frozenset[DPRank]]:
-    """The kept families of ``text`` and the DP groups of the others' scheduler series."""
+    """The kept families of ``text`` (``None``: all) and the DP groups of the others'
+    scheduler series."""
+    where: list[Any] = [0, ""]  # the line being read (number, text), for the error
+    try:
+        return _lex(text, wanted, where)
+    except _Unmodelled:
+        raise _refused(source, where[0], where[1]) from None
+
+
+def _lex(
+    text: str, wanted: frozenset[str] | None, where: list[Any]
+) -> tuple[list[MetricFamily], frozenset[DPRank]]:
     out: list[MetricFamily] = []
     other_dp: set[DPRank] = set()
     # The family being read: its name, type, allowed sample names, buffered samples
-    # (name, labels, value text) if it may be kept, DP groups seen if not.
+    # (name, labels, value) if it may be kept, DP groups seen if not.
     name = ""
     typ = "untyped"
     allowed: tuple[str, ...] = ()
     maybe_kept = False
-    buffered: list[tuple[str, tuple[tuple[str, str], ...], str]] = []
+    buffered: list[tuple[str, tuple[tuple[str, str], ...], float]] = []
     dps: list[tuple[str, DPRank]] = []  # (sample name, dp_rank) of tp_rank series
 
     def close() -> None:
@@ -518,10 +523,7 @@ def _lex_families(
             # restrict() drops the series outside ``wanted`` afterwards: a family's
             # samples need not carry its name (a second TYPE line can retype them).
             rename = kind == "counter" and not name.endswith("_total")
-            samples = [
-                (s + "_total" if rename else s, labels, _value(rest))
-                for s, labels, rest in buffered
-            ]
+            samples = [(s + "_total" if rename else s, labels, v) for s, labels, v in buffered]
             out.append((name, kind, samples))
         elif kind in ("counter", "gauge", "histogram"):
             # The series the assembler would key (a histogram's other samples are not).
@@ -529,7 +531,8 @@ def _lex_families(
                 if kind != "histogram" or sample[len(name) :] in ("_bucket", "_sum", "_count"):
                     other_dp.add(dp)
 
-    for raw in text.split("\n"):
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        where[0], where[1] = lineno, raw
         line = raw.strip()
         if not line:
             continue
@@ -584,13 +587,13 @@ def _lex_families(
             close()
             name, typ, allowed, maybe_kept = "", "untyped", (), False
             buffered, dps = [], []
-            if sample in wanted:
+            if wanted is None or sample in wanted:
                 labels = _series_labels(series, end) if has_labels else ()
                 out.append((sample, "unknown", [(sample, labels, _value(rest))]))
             continue
         if maybe_kept:
             labels = _series_labels(series, end) if has_labels else ()
-            buffered.append((sample, labels, rest))
+            buffered.append((sample, labels, _value(rest)))
         elif has_labels and "tp_rank" in series:
             labels = _series_labels(series, end)
             pairs = dict(labels)
