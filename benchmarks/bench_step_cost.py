@@ -54,24 +54,17 @@ CTX = 1000  # KV tokens per request
 
 
 def _window(rng: np.random.Generator, t: float, truth: CostModel) -> TierStatsSnapshot:
+    """One second of four busy slots at random batch sizes and steps (40 verifies each,
+    3 % noise on the true step time)."""
+    calls = 40
     tiers = []
-    for slot, lo, hi in ((1, 1, 2), (8, 8, 32), (32, 32, 128), (128, 128, 300)):
-        batch = int(rng.integers(lo, hi))
+    for slot, hi in ((1, 2), (8, 32), (32, 128), (128, 300)):
+        b = int(rng.integers(slot, hi))
         k = int(rng.choice((0, 1, 2, 3, 5, 7)))
-        step_s = truth.decode_step_s(batch, k, batch * CTX) * float(np.exp(rng.normal(0, 0.03)))
-        calls = 40
-        tiers.append(
-            TierStat(
-                slot=slot,
-                steps=k,
-                verify_calls=calls,
-                requests=calls * batch,
-                accepted_hist=(calls * batch,) + (0,) * k,
-                step_time_sum_s=step_s * calls,
-                step_time_count=calls,
-                batch_size_sum=calls * batch,
-            )
-        )
+        noisy_s = truth.decode_step_s(b, k, b * CTX) * float(np.exp(rng.normal(0, 0.03)))
+        # (slot, steps, verifies, requests, histogram, step time sum, timed, batch sum)
+        n = calls * b
+        tiers.append(TierStat(slot, k, calls, n, (n,) + (0,) * k, noisy_s * calls, calls, n))
     return TierStatsSnapshot(window_start_s=t - 1.0, window_end_s=t, tiers=tuple(tiers))
 
 
