@@ -207,14 +207,42 @@ def _split_le(labels: Labels) -> tuple[Labels, str | None]:
     return tuple(rest), raw
 
 
+def _histograms(
+    buckets: Mapping[tuple[str, Labels], dict[float, float]],
+    sums: Mapping[tuple[str, Labels], float],
+    counts: Mapping[tuple[str, Labels], float],
+    unknown: list[UnknownValue],
+) -> dict[SeriesKey, HistogramSeries]:
+    """Each histogram base's series; one with an illegal bucket count goes to ``unknown``."""
+    isfinite = math.isfinite
+    histograms: dict[SeriesKey, HistogramSeries] = {}
+    for base in sorted(set(buckets) | set(sums) | set(counts)):
+        by_le = buckets.get(base, {})
+        bounds = tuple(sorted(by_le))
+        cumulative = tuple(by_le[b] for b in bounds)
+        if any(not isfinite(c) or c < 0 for c in cumulative):
+            unknown.append(
+                UnknownValue(SeriesKey(*base), "histogram", f"illegal bucket count in {cumulative}")
+            )
+            continue
+        total_sum = sums.get(base)
+        total_count = counts.get(base)
+        histograms[SeriesKey(*base)] = HistogramSeries(
+            bounds=bounds,
+            cumulative=cumulative,
+            sum=total_sum if total_sum is not None and isfinite(total_sum) else None,
+            count=total_count if total_count is not None and isfinite(total_count) else None,
+        )
+    return histograms
+
+
 def assemble_snapshot(
     families: Iterable[MetricFamily], source: str, other_dp_groups: frozenset[DPRank] = frozenset()
 ) -> MetricsSnapshot:
-    """Typed snapshot from parsed families (shared by the reference parser, the fast
-    lexer and the simulated server's direct snapshot, so all apply the same rules:
-    duplicates, illegal values, histogram assembly)."""
-    # Plain (name, labels) tuples as keys while assembling: hashed in C, where
-    # SeriesKey's generated __hash__ runs Python code per lookup.
+    """Typed snapshot from parsed families (shared by the lexer, the tests' oracle and
+    the simulated server's direct snapshot, so all apply the same rules: duplicates,
+    illegal values, histogram assembly)."""
+    # Plain (name, labels) keys while assembling: SeriesKey hashes in Python code.
     counters: dict[tuple[str, Labels], float] = {}
     gauges: dict[tuple[str, Labels], float] = {}
     types: dict[str, str] = {}
@@ -226,21 +254,20 @@ def assemble_snapshot(
     seen: set[tuple[str, Labels]] = set()
     isfinite = math.isfinite
 
-    def twice(key: tuple[str, Labels]) -> ResponseFormatError:
+    def once(key: tuple[str, Labels]) -> None:
         # The format forbids a series twice; a repeat means a broken exporter or proxy.
-        return ResponseFormatError(
-            source, EXPECTED_FORMAT, f"series {SeriesKey(*key)} appears twice"
-        )
+        if key in seen:
+            raise ResponseFormatError(
+                source, EXPECTED_FORMAT, f"series {SeriesKey(*key)} appears twice"
+            )
+        seen.add(key)
 
     for name, typ, samples in families:
         if typ == "counter":
             for sample_name, labels, value in samples:
                 if sample_name.endswith("_created"):
                     continue
-                key = (sample_name, labels)
-                if key in seen:
-                    raise twice(key)
-                seen.add(key)
+                once(key := (sample_name, labels))
                 types[sample_name] = "counter"
                 if not isfinite(value) or value < 0:
                     unknown.append(
@@ -251,10 +278,7 @@ def assemble_snapshot(
         elif typ == "gauge":
             types[name] = "gauge"
             for sample_name, labels, value in samples:
-                key = (sample_name, labels)
-                if key in seen:
-                    raise twice(key)
-                seen.add(key)
+                once(key := (sample_name, labels))
                 if not isfinite(value):
                     unknown.append(UnknownValue(SeriesKey(*key), "gauge", f"gauge value {value}"))
                 else:
@@ -274,41 +298,16 @@ def assemble_snapshot(
                             f"{SeriesKey(*base)}: _bucket sample without 'le'",
                         )
                     le = _parse_le(raw_le, SeriesKey(*base), source)
-                    key = (sample_name, labels)
-                    if key in seen:
-                        raise twice(key)
-                    seen.add(key)
+                    once((sample_name, labels))
                     buckets[base][le] = value
                 elif suffix == "_sum" or suffix == "_count":
-                    key = (sample_name, labels)
-                    if key in seen:
-                        raise twice(key)
-                    seen.add(key)
+                    once((sample_name, labels))
                     (sums if suffix == "_sum" else counts)[(name, labels)] = value
                 # _created and anything else: not used.
-        else:
-            # summary, info, stateset, unknown: SGLang's series of interest are none of these.
+        else:  # summary, info, stateset, unknown: SGLang's series read are none of these
             types.setdefault(name, typ)
 
-    histograms: dict[SeriesKey, HistogramSeries] = {}
-    for base in sorted(set(buckets) | set(sums) | set(counts)):
-        by_le = buckets.get(base, {})
-        bounds = tuple(sorted(by_le))
-        cumulative = tuple(by_le[b] for b in bounds)
-        if any(not isfinite(c) or c < 0 for c in cumulative):
-            unknown.append(
-                UnknownValue(SeriesKey(*base), "histogram", f"illegal bucket count in {cumulative}")
-            )
-            continue
-        total_sum = sums.get(base)
-        total_count = counts.get(base)
-        histograms[SeriesKey(*base)] = HistogramSeries(
-            bounds=bounds,
-            cumulative=cumulative,
-            sum=total_sum if total_sum is not None and isfinite(total_sum) else None,
-            count=total_count if total_count is not None and isfinite(total_count) else None,
-        )
-
+    histograms = _histograms(buckets, sums, counts, unknown)
     return MetricsSnapshot(
         counters={SeriesKey(*k): v for k, v in counters.items()},
         gauges={SeriesKey(*k): v for k, v in gauges.items()},

@@ -154,11 +154,15 @@ def main(argv: list[str] | None = None) -> int:
         "corrections per region and steps": max(0.0, warm_us - predict_us / queries)
         * PAIR_REPEATS_PER_DECISION,
     }
+    _print_saved(saved)
+    return 0
+
+
+def _print_saved(saved: dict[str, float]) -> None:
     print(f"\nsaved per decision (budget for keeping one: >= {BUDGET_MS_PER_DECISION} ms)")
     for name, us in saved.items():
         verdict = "keep" if us / 1e3 >= BUDGET_MS_PER_DECISION else "drop"
         print(f"{name:52s} {us / 1e3:9.3f} ms  {verdict}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
   engine's accepted-draft histograms (censoring, decay, change detection, Beta
   posteriors, pooling across slots).
 * :mod:`.step_cost` — decode step wall time versus batch size, steps and KV tokens:
-  a roofline prior plus a robust, monotone correction fitted by non-negative least squares (SciPy).
+  a roofline prior plus a robust, monotone correction fitted by non-negative least squares (SciPy);
+  the API, with :mod:`.step_cost_prior`, :mod:`.step_cost_samples` and :mod:`.step_cost_fit`
+  behind it. Queries read a :class:`StepCostModel` (one per state, ``step_cost_model``).
 
 Both keep a versioned, serialisable state (``to_dict`` / ``from_dict``).
 """
