@@ -39,8 +39,6 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Any, Final, TypeVar
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from specgov.adapters.errors import ResponseFormatError
 
 DP_LABEL: Final = "dp_rank"
@@ -172,10 +170,11 @@ class MetricsSnapshot:
 # histograms by base name.
 Families = Collection[str]
 
-# One sample as the assembler sees it: sample name, sorted label pairs, value.
-_Sample = tuple[str, Labels, float]
+# One sample as the assembler sees it: sample name, sorted label pairs, value (``le``
+# stays a label with its text, as exported).
+MetricSample = tuple[str, Labels, float]
 # One metric family: declared name, prometheus_client type, samples.
-_Family = tuple[str, str, list[_Sample]]
+MetricFamily = tuple[str, str, list[MetricSample]]
 
 
 def _parse_le(raw: str, key: SeriesKey, source: str) -> float:
@@ -208,13 +207,42 @@ def _split_le(labels: Labels) -> tuple[Labels, str | None]:
     return tuple(rest), raw
 
 
-def _assemble(
-    families: Iterable[_Family], source: str, other_dp_groups: frozenset[DPRank] = frozenset()
+def _histograms(
+    buckets: Mapping[tuple[str, Labels], dict[float, float]],
+    sums: Mapping[tuple[str, Labels], float],
+    counts: Mapping[tuple[str, Labels], float],
+    unknown: list[UnknownValue],
+) -> dict[SeriesKey, HistogramSeries]:
+    """Each histogram base's series; one with an illegal bucket count goes to ``unknown``."""
+    isfinite = math.isfinite
+    histograms: dict[SeriesKey, HistogramSeries] = {}
+    for base in sorted(set(buckets) | set(sums) | set(counts)):
+        by_le = buckets.get(base, {})
+        bounds = tuple(sorted(by_le))
+        cumulative = tuple(by_le[b] for b in bounds)
+        if any(not isfinite(c) or c < 0 for c in cumulative):
+            unknown.append(
+                UnknownValue(SeriesKey(*base), "histogram", f"illegal bucket count in {cumulative}")
+            )
+            continue
+        total_sum = sums.get(base)
+        total_count = counts.get(base)
+        histograms[SeriesKey(*base)] = HistogramSeries(
+            bounds=bounds,
+            cumulative=cumulative,
+            sum=total_sum if total_sum is not None and isfinite(total_sum) else None,
+            count=total_count if total_count is not None and isfinite(total_count) else None,
+        )
+    return histograms
+
+
+def assemble_snapshot(
+    families: Iterable[MetricFamily], source: str, other_dp_groups: frozenset[DPRank] = frozenset()
 ) -> MetricsSnapshot:
-    """Typed snapshot from parsed families (shared by the reference and the fast lexer,
-    so both apply the same rules: duplicates, illegal values, histogram assembly)."""
-    # Plain (name, labels) tuples as keys while assembling: hashed in C, where
-    # SeriesKey's generated __hash__ runs Python code per lookup.
+    """Typed snapshot from parsed families (shared by the lexer, the tests' oracle and
+    the simulated server's direct snapshot, so all apply the same rules: duplicates,
+    illegal values, histogram assembly)."""
+    # Plain (name, labels) keys while assembling: SeriesKey hashes in Python code.
     counters: dict[tuple[str, Labels], float] = {}
     gauges: dict[tuple[str, Labels], float] = {}
     types: dict[str, str] = {}
@@ -226,21 +254,20 @@ def _assemble(
     seen: set[tuple[str, Labels]] = set()
     isfinite = math.isfinite
 
-    def twice(key: tuple[str, Labels]) -> ResponseFormatError:
+    def once(key: tuple[str, Labels]) -> None:
         # The format forbids a series twice; a repeat means a broken exporter or proxy.
-        return ResponseFormatError(
-            source, EXPECTED_FORMAT, f"series {SeriesKey(*key)} appears twice"
-        )
+        if key in seen:
+            raise ResponseFormatError(
+                source, EXPECTED_FORMAT, f"series {SeriesKey(*key)} appears twice"
+            )
+        seen.add(key)
 
     for name, typ, samples in families:
         if typ == "counter":
             for sample_name, labels, value in samples:
                 if sample_name.endswith("_created"):
                     continue
-                key = (sample_name, labels)
-                if key in seen:
-                    raise twice(key)
-                seen.add(key)
+                once(key := (sample_name, labels))
                 types[sample_name] = "counter"
                 if not isfinite(value) or value < 0:
                     unknown.append(
@@ -251,10 +278,7 @@ def _assemble(
         elif typ == "gauge":
             types[name] = "gauge"
             for sample_name, labels, value in samples:
-                key = (sample_name, labels)
-                if key in seen:
-                    raise twice(key)
-                seen.add(key)
+                once(key := (sample_name, labels))
                 if not isfinite(value):
                     unknown.append(UnknownValue(SeriesKey(*key), "gauge", f"gauge value {value}"))
                 else:
@@ -274,41 +298,16 @@ def _assemble(
                             f"{SeriesKey(*base)}: _bucket sample without 'le'",
                         )
                     le = _parse_le(raw_le, SeriesKey(*base), source)
-                    key = (sample_name, labels)
-                    if key in seen:
-                        raise twice(key)
-                    seen.add(key)
+                    once((sample_name, labels))
                     buckets[base][le] = value
                 elif suffix == "_sum" or suffix == "_count":
-                    key = (sample_name, labels)
-                    if key in seen:
-                        raise twice(key)
-                    seen.add(key)
+                    once((sample_name, labels))
                     (sums if suffix == "_sum" else counts)[(name, labels)] = value
                 # _created and anything else: not used.
-        else:
-            # summary, info, stateset, unknown: SGLang's series of interest are none of these.
+        else:  # summary, info, stateset, unknown: SGLang's series read are none of these
             types.setdefault(name, typ)
 
-    histograms: dict[SeriesKey, HistogramSeries] = {}
-    for base in sorted(set(buckets) | set(sums) | set(counts)):
-        by_le = buckets.get(base, {})
-        bounds = tuple(sorted(by_le))
-        cumulative = tuple(by_le[b] for b in bounds)
-        if any(not isfinite(c) or c < 0 for c in cumulative):
-            unknown.append(
-                UnknownValue(SeriesKey(*base), "histogram", f"illegal bucket count in {cumulative}")
-            )
-            continue
-        total_sum = sums.get(base)
-        total_count = counts.get(base)
-        histograms[SeriesKey(*base)] = HistogramSeries(
-            bounds=bounds,
-            cumulative=cumulative,
-            sum=total_sum if total_sum is not None and isfinite(total_sum) else None,
-            count=total_count if total_count is not None and isfinite(total_count) else None,
-        )
-
+    histograms = _histograms(buckets, sums, counts, unknown)
     return MetricsSnapshot(
         counters={SeriesKey(*k): v for k, v in counters.items()},
         gauges={SeriesKey(*k): v for k, v in gauges.items()},
@@ -319,46 +318,31 @@ def _assemble(
     )
 
 
-def _reference_families(text: str, source: str) -> list[_Family]:
-    """prometheus_client's parser over the whole text (the reference semantics)."""
-    try:
-        out: list[_Family] = []
-        for family in text_string_to_metric_families(text):
-            samples = [
-                (s.name, tuple(sorted(s.labels.items())), float(s.value)) for s in family.samples
-            ]
-            out.append((family.name, family.type, samples))
-        return out
-    except (ValueError, IndexError, KeyError, TypeError, OverflowError) as exc:
-        raise ResponseFormatError(source, EXPECTED_FORMAT, f"unparseable: {exc}") from None
-
-
 def parse_metrics(
     text: str, *, source: str = "<metrics text>", families: Families | None = None
 ) -> MetricsSnapshot:
     """Parse a ``/metrics`` body. Raises :class:`ResponseFormatError` naming ``source``.
 
-    ``families=None`` parses every family with prometheus_client's parser. Given a set
-    of names (snapshot names: see :data:`Families`), only those families are kept and a
-    line lexer built for the text prometheus_client and SGLang write does the work (an
-    order of magnitude faster); the result equals :func:`restrict` of the full parse to
-    those names. Lines of the other families are only scanned for their family
-    boundaries and DP groups, not validated. Anything the lexer does not model (quoted
-    UTF-8 names, ``__name__`` labels, odd separators, any malformed kept line) is handed
-    to the full parse, so the answer, or the error, is always the reference one.
+    One parser: a line lexer built for the text prometheus_client and SGLang write
+    (an order of magnitude faster than prometheus_client's parser, whose semantics it
+    reproduces; tests/test_prometheus_fast.py holds that parser as the oracle it agrees
+    with). ``families=None`` keeps every family; given a set of names (snapshot names:
+    see :data:`Families`) only those are kept, and the result equals :func:`restrict`
+    of the full parse to them: lines of the other families are only scanned for their
+    family boundaries and DP groups, not validated. A line the lexer does not model
+    (quoted UTF-8 names, ``__name__`` labels, a malformed kept line ...) is an error
+    naming its line number.
     """
-    if families is None:
-        return _assemble(_reference_families(text, source), source)
-    wanted = families if isinstance(families, frozenset) else frozenset(families)
-    try:
-        fams, other_dp = _lex_families(text, wanted)
-    except _Unmodelled:
-        return restrict(parse_metrics(text, source=source), wanted)
-    try:
-        return restrict(_assemble(fams, source, other_dp), wanted)
-    except ResponseFormatError:
-        # Re-raise the reference's own error for the same text.
-        return restrict(parse_metrics(text, source=source), wanted)
+    wanted = (
+        None
+        if families is None
+        else families
+        if isinstance(families, frozenset)
+        else frozenset(families)
+    )
+    fams, other_dp = _lex_families(text, wanted, source)
+    snapshot = assemble_snapshot(fams, source, other_dp)
+    return snapshot if wanted is None else restrict(snapshot, wanted)
 
 
 def restrict(snapshot: MetricsSnapshot, families: Families) -> MetricsSnapshot:
@@ -390,11 +374,12 @@ def restrict(snapshot: MetricsSnapshot, families: Families) -> MetricsSnapshot:
 # get it appended to their samples; label values unescape ``\\``, ``\"`` and ``\n``;
 # a value is int() else float() of the first token, "_" refused; a second token is a
 # timestamp (validated, ignored). tests/test_prometheus_fast.py checks it against
-# prometheus_client with generated exposition text.
+# prometheus_client with generated exposition text. What it does not model is refused
+# with the line (SGLang writes none of it).
 
 
 class _Unmodelled(Exception):
-    """The lexer met something it does not model: the reference parser decides."""
+    """The lexer met something it does not model (or that is malformed): an error."""
 
 
 _METRIC_TYPES: Final = frozenset(
@@ -487,21 +472,44 @@ _SAMPLE_SUFFIXES: Final = tuple(
 )
 
 
-def _may_keep(family: str, wanted: frozenset[str]) -> bool:
-    return any(family + suffix in wanted for suffix in _SAMPLE_SUFFIXES)
+def _may_keep(family: str, wanted: frozenset[str] | None) -> bool:
+    return wanted is None or any(family + suffix in wanted for suffix in _SAMPLE_SUFFIXES)
 
 
-def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], frozenset[DPRank]]:
-    """The kept families of ``text`` and the DP groups of the others' scheduler series."""
-    out: list[_Family] = []
+def _refused(source: str, lineno: int, raw: str) -> ResponseFormatError:
+    # The line last: the error escapes and cuts its detail (a huge line costs nothing).
+    return ResponseFormatError(
+        source,
+        EXPECTED_FORMAT,
+        f"unparseable: line {lineno}: not Prometheus text as SGLang writes it (malformed, or a "
+        f"construct specgov does not read: quoted names, __name__ or duplicate labels): {raw}",
+    )
+
+
+def _lex_families(
+    text: str, wanted: frozenset[str] | None, source: str
+) -> tuple[list[MetricFamily], frozenset[DPRank]]:
+    """The kept families of ``text`` (``None``: all) and the DP groups of the others'
+    scheduler series."""
+    where: list[Any] = [0, ""]  # the line being read (number, text), for the error
+    try:
+        return _lex(text, wanted, where)
+    except _Unmodelled:
+        raise _refused(source, where[0], where[1]) from None
+
+
+def _lex(
+    text: str, wanted: frozenset[str] | None, where: list[Any]
+) -> tuple[list[MetricFamily], frozenset[DPRank]]:
+    out: list[MetricFamily] = []
     other_dp: set[DPRank] = set()
     # The family being read: its name, type, allowed sample names, buffered samples
-    # (name, labels, value text) if it may be kept, DP groups seen if not.
+    # (name, labels, value) if it may be kept, DP groups seen if not.
     name = ""
     typ = "untyped"
     allowed: tuple[str, ...] = ()
     maybe_kept = False
-    buffered: list[tuple[str, tuple[tuple[str, str], ...], str]] = []
+    buffered: list[tuple[str, tuple[tuple[str, str], ...], float]] = []
     dps: list[tuple[str, DPRank]] = []  # (sample name, dp_rank) of tp_rank series
 
     def close() -> None:
@@ -514,10 +522,7 @@ def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], fro
             # restrict() drops the series outside ``wanted`` afterwards: a family's
             # samples need not carry its name (a second TYPE line can retype them).
             rename = kind == "counter" and not name.endswith("_total")
-            samples = [
-                (s + "_total" if rename else s, labels, _value(rest))
-                for s, labels, rest in buffered
-            ]
+            samples = [(s + "_total" if rename else s, labels, v) for s, labels, v in buffered]
             out.append((name, kind, samples))
         elif kind in ("counter", "gauge", "histogram"):
             # The series the assembler would key (a histogram's other samples are not).
@@ -525,7 +530,8 @@ def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], fro
                 if kind != "histogram" or sample[len(name) :] in ("_bucket", "_sum", "_count"):
                     other_dp.add(dp)
 
-    for raw in text.split("\n"):
+    for lineno, raw in enumerate(text.split("\n"), 1):
+        where[0], where[1] = lineno, raw
         line = raw.strip()
         if not line:
             continue
@@ -580,13 +586,13 @@ def _lex_families(text: str, wanted: frozenset[str]) -> tuple[list[_Family], fro
             close()
             name, typ, allowed, maybe_kept = "", "untyped", (), False
             buffered, dps = [], []
-            if sample in wanted:
+            if wanted is None or sample in wanted:
                 labels = _series_labels(series, end) if has_labels else ()
                 out.append((sample, "unknown", [(sample, labels, _value(rest))]))
             continue
         if maybe_kept:
             labels = _series_labels(series, end) if has_labels else ()
-            buffered.append((sample, labels, rest))
+            buffered.append((sample, labels, _value(rest)))
         elif has_labels and "tp_rank" in series:
             labels = _series_labels(series, end)
             pairs = dict(labels)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specgov.adapters.observation_builder import ObservationBuilder
-from specgov.adapters.telemetry import METRICS_READ, parse_read_metrics
+from specgov.adapters.telemetry import METRICS_READ
 from specgov.policies.control_core import ControlCore, policy_builder
 from specgov.policies.ema import EmaPolicy
 from specgov.policies.estimators.step_cost import StepCostPrior
@@ -556,10 +556,10 @@ def _closed_loop(
 
     def observe(now_s: float) -> Observation:
         # As the daemon: /metrics every poll, /server_info once (the builder keeps it).
-        # Only the families the daemon reads, rendered as SGLang text and parsed by the
-        # daemon's own fast path (tests prove it equals the full render + full parse).
-        text = metrics.render_families(METRICS_READ).decode()
-        snapshot = parse_read_metrics(text, source="simulated /metrics")
+        # Only the families the daemon reads, as the snapshot its parser would make of
+        # their text, built from the simulated server's cells without rendering and
+        # parsing the text back (tests/test_sim_metrics.py: the same observations).
+        snapshot = metrics.read_snapshot(METRICS_READ)
         return builder.feed(now_s, snapshot, info.pop() if info else None)
 
     return ClosedLoop(

@@ -38,6 +38,15 @@ from typing import Protocol, cast
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.utils import floatToGoString
 
+from specgov.adapters.prometheus_text import (
+    Labels,
+    MetricFamily,
+    MetricSample,
+    MetricsSnapshot,
+    assemble_snapshot,
+    restrict,
+)
+
 # generate_latest's number format (Go's, e.g. "1.7e+09", "+Inf"); the library leaves
 # it unannotated.
 _go_float = cast(Callable[[float], str], floatToGoString)
@@ -111,16 +120,24 @@ def _series_text(name: str, labels: dict[str, str]) -> str:
     return f"{name}{{{inner}}}"
 
 
+def _sample_key(name: str, labels: dict[str, str]) -> tuple[str, Labels]:
+    """The (sample name, sorted label pairs) the parser makes of a series' line."""
+    return name, tuple(sorted(labels.items()))
+
+
 @dataclass(frozen=True, slots=True)
 class _Family:
     """One exported family: what its lines look like and which cells feed them."""
 
     name: str  # as in the TYPE line (counters with _total)
+    kind: str  # counter | gauge | histogram
     header: str  # the HELP and TYPE lines
     # Counters and gauges: (sample line prefix "name{labels} ", cell).
     scalars: tuple[tuple[str, Cell], ...] = ()
     # Histograms: (prefix, cell, which value of the cell it shows).
     buckets: tuple[tuple[str, HistogramCell, int], ...] = ()
+    # The parsed (sample name, labels) of each line above, in the same order.
+    keys: tuple[tuple[str, Labels], ...] = ()
 
 
 # Which value of a HistogramCell a line shows: the cumulative count up to bucket i
@@ -262,7 +279,9 @@ class SimMetrics:
             self._sync_scalars.append((cast(_Settable, child._value), cell))
             lines.append((_series_text(name, labels) + " ", cell))
             cells.append(cell)
-        self._families.append(_Family(name, self._header(name, doc, "counter"), tuple(lines)))
+        keys = tuple(_sample_key(name, labels) for labels in children)
+        header = self._header(name, doc, "counter")
+        self._families.append(_Family(name, "counter", header, tuple(lines), keys=keys))
         return cells
 
     def _gauge(self, name: str, doc: str, labels: dict[str, str]) -> Cell:
@@ -270,7 +289,9 @@ class SimMetrics:
         cell = Cell(counter=False)
         self._sync_scalars.append((cast(_Settable, parent.labels(**labels)._value), cell))
         line = (_series_text(name, labels) + " ", cell)
-        self._families.append(_Family(name, self._header(name, doc, "gauge"), (line,)))
+        header = self._header(name, doc, "gauge")
+        keys = (_sample_key(name, labels),)
+        self._families.append(_Family(name, "gauge", header, (line,), keys=keys))
         return cell
 
     def _histogram(
@@ -281,15 +302,15 @@ class SimMetrics:
         child = parent.labels(**labels)
         holders = cast(list[_Settable], child._buckets)
         self._sync_hists.append((holders, cast(_Settable, child._sum), cell))
-        lines: list[tuple[str, HistogramCell, int]] = [
-            (_series_text(f"{name}_bucket", {**labels, "le": _go_float(b)}) + " ", cell, i)
-            for i, b in enumerate(cell.bounds)
-        ]
-        lines.append((_series_text(f"{name}_count", labels) + " ", cell, _COUNT))
-        lines.append((_series_text(f"{name}_sum", labels) + " ", cell, _SUM))
-        self._families.append(
-            _Family(name, self._header(name, doc, "histogram"), buckets=tuple(lines))
+        series = [(f"{name}_bucket", {**labels, "le": _go_float(b)}) for b in cell.bounds]
+        series += [(f"{name}_count", labels), (f"{name}_sum", labels)]
+        which = [*range(len(cell.bounds)), _COUNT, _SUM]
+        lines = tuple(
+            (_series_text(n, lab) + " ", cell, w) for (n, lab), w in zip(series, which, strict=True)
         )
+        keys = tuple(_sample_key(n, lab) for n, lab in series)
+        header = self._header(name, doc, "histogram")
+        self._families.append(_Family(name, "histogram", header, buckets=lines, keys=keys))
         return cell
 
     # ------------------------------------------------------------------ events
@@ -405,14 +426,9 @@ class SimMetrics:
         Families this object does not export (and ``_created`` timestamps, and
         collectors of an injected registry) are not written.
         """
-        key = families if isinstance(families, frozenset) else frozenset(families)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = tuple(f for f in self._families if f.name in key)
-            self._plans[key] = plan
         out: list[str] = []
         fmt = _go_float
-        for family in plan:
+        for family in self._plan(families):
             out.append(family.header)
             for prefix, cell in family.scalars:
                 out.append(f"{prefix}{fmt(cell.value)}\n")
@@ -426,3 +442,38 @@ class SimMetrics:
                 else:
                     out.append(f"{prefix}{fmt(hcell.sum)}\n")
         return "".join(out).encode()
+
+    def _plan(self, families: Collection[str]) -> tuple[_Family, ...]:
+        key = families if isinstance(families, frozenset) else frozenset(families)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = tuple(f for f in self._families if f.name in key)
+            self._plans[key] = plan
+        return plan
+
+    def read_snapshot(self, families: Collection[str]) -> MetricsSnapshot:
+        """What the daemon's parser makes of :meth:`render_families`' text, built from
+        the cells without the text (replay's scrape at every tick): the same samples,
+        values and order, through the parser's own assembly rules
+        (tests/test_sim_metrics.py checks both paths give the same observations)."""
+        out: list[MetricFamily] = []
+        for family in self._plan(families):
+            samples: list[MetricSample] = []
+            if family.kind != "histogram":
+                for (name, labels), (_, cell) in zip(family.keys, family.scalars, strict=True):
+                    samples.append((name, labels, cell.value))
+            else:
+                acc = 0.0  # cumulative, as render_families writes it
+                for (name, labels), (_, hcell, which) in zip(
+                    family.keys, family.buckets, strict=True
+                ):
+                    if which >= 0:
+                        acc += hcell.counts[which]
+                        samples.append((name, labels, acc))
+                    elif which == _COUNT:
+                        samples.append((name, labels, acc))
+                    else:
+                        samples.append((name, labels, hcell.sum))
+            out.append((family.name, family.kind, samples))
+        wanted = families if isinstance(families, frozenset) else frozenset(families)
+        return restrict(assemble_snapshot(out, "simulated /metrics"), wanted)

@@ -26,6 +26,7 @@ import pytest
 
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.spool import write_tier_stats
+from specgov.adapters.telemetry import METRICS_READ
 from specgov.controller.config import load_config
 from specgov.controller.daemon import Daemon
 from specgov.controller.state_store import StateStore
@@ -93,15 +94,6 @@ def _record_replay() -> Recording:
     assert loop is not None and metrics is not None
     rec = Recording(kv_capacity=run.memory.kv_token_capacity, spec_steps=server.spec_steps)
     observe = loop.observe
-    render = metrics.render_families
-    last_text: list[bytes] = []
-
-    def recording_render(families: Any) -> bytes:
-        text = render(families)
-        last_text.append(text)
-        return text
-
-    metrics.render_families = recording_render  # type: ignore[method-assign]
 
     def scripted_observe(now_s: float) -> Observation | None:
         tick = _tick_of(now_s)
@@ -109,9 +101,10 @@ def _record_replay() -> Recording:
         if tick in GAPS or tick in BLOCKED:
             rec.texts.append(None)
             return None
-        obs = observe(now_s)
-        rec.texts.append(last_text[-1])
-        return obs
+        # Replay reads the simulated server's snapshot; the daemon gets the text of the
+        # same moment to scrape and parse: the decisions must still be the same.
+        rec.texts.append(metrics.render_families(METRICS_READ))
+        return observe(now_s)
 
     def overrides(now_s: float) -> tuple[Override, ...]:
         tick = _tick_of(now_s)

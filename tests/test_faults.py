@@ -37,6 +37,7 @@ from prometheus_client import CollectorRegistry
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool import SpoolTableReader, write_step_table, write_tier_stats
+from specgov.adapters.telemetry import METRICS_READ
 from specgov.adapters.tp_sync import LocalChannel
 from specgov.controller.config import load_config
 from specgov.controller.daemon import Daemon
@@ -89,21 +90,13 @@ def _record_replay() -> Recording:
     loop, metrics = run.loop, run.metrics
     assert loop is not None and metrics is not None
     rec = Recording(kv_capacity=run.memory.kv_token_capacity, spec_steps=server.spec_steps)
-    render = metrics.render_families
-    rendered: list[bytes] = []
-
-    def recording_render(families: Any) -> bytes:
-        text = render(families)
-        rendered.append(text)
-        return text
-
-    metrics.render_families = recording_render  # type: ignore[method-assign]
     observe = loop.observe
 
     def recording_observe(now_s: float) -> Observation | None:
         obs = observe(now_s)
         rec.times.append(now_s)
-        rec.texts.append(rendered[-1])
+        # What the simulated server would serve now (replay reads its snapshot).
+        rec.texts.append(metrics.render_families(METRICS_READ))
         return obs
 
     decide = loop.core.decide

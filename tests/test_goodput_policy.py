@@ -533,6 +533,13 @@ def test_recommends_a_restart_without_the_drafter_when_no_table_beats_it() -> No
     assert rec.predicted_gain is not None
     assert rec.predicted_gain == pytest.approx(true_gain - 1.0, rel=0.3)
     assert dict(rec.evidence)["held_s"] >= pol.config.restart_after_s
+    # The drafter's share of a step-0 step: the prior with vs without its drafter.
+    prior = WRONG_PRIOR
+    without = replace(prior, speculative=False, topk=1, num_draft_tokens=None)
+    kv = 256 * CTX
+    share = 1.0 - without.predict_s(256.0, 0, kv) / prior.predict_s(256.0, 0, kv)
+    assert 0.0 < share < 1.0
+    assert dict(rec.evidence)["drafter_share_of_step0"] == pytest.approx(share, rel=0.02)
     # Sustained: not before restart_after_s, and every decision after the first says so.
     assert recs[0] * world.window_s >= pol.config.restart_after_s
     assert recs == list(range(recs[0], len(result.decisions)))
@@ -906,17 +913,6 @@ def test_state_fields_take_finite_numbers_and_ints_only(changes: dict[str, Any],
     else:
         with pytest.raises(PolicyTypeError, match="GoodputState"):
             replace(state, **changes)
-
-
-def test_the_drafter_less_prior_is_the_prior_without_its_drafter_built_once() -> None:
-    from specgov.policies.estimators.step_cost import default_step_cost_prior
-    from specgov.policies.goodput import model
-
-    prior = default_step_cost_prior()
-    bare = model._without_drafter(prior)
-    assert bare == replace(prior, speculative=False, topk=1, num_draft_tokens=None)
-    assert model._without_drafter(prior) is bare
-    assert bare.predict_s(8.0, 0, 8192.0) < prior.predict_s(8.0, 0, 8192.0)
 
 
 # ------------------------------------------------------------- live-acceptance rules

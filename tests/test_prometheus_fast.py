@@ -1,9 +1,11 @@
-"""The telemetry fast path (families parsed by specgov's line lexer) against the reference.
+"""specgov's one /metrics parser (a line lexer) against prometheus_client's, the oracle.
 
-``parse_metrics(text, families=F)`` must equal ``restrict(parse_metrics(text), F)`` (the
-full prometheus_client parse, cut down to F), and the Observation the builder makes from
-it must equal the one from the full parse: on the recorded SGLang fixtures, on the
-simulated server's /metrics during a replay, and on generated exposition text.
+prometheus_client's text parser is not used at run time; here it is the reference:
+``parse_metrics(text)`` must equal the snapshot assembled from its families, and
+``parse_metrics(text, families=F)`` that snapshot restricted to F, and the Observation
+the builder makes must be the same: on the recorded SGLang fixtures, on the simulated
+server's /metrics during a replay, and on generated exposition text (where the lexer
+may refuse, naming the line, what it does not model, but never answers differently).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from specgov.adapters import prometheus_text
 from specgov.adapters.errors import ResponseFormatError
@@ -38,21 +41,31 @@ def every_name(snapshot: MetricsSnapshot) -> frozenset[str]:
     )
 
 
-@pytest.fixture
-def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail if the fast path hands the text to prometheus_client's parser."""
+def _sorted(labels: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(labels.items()))
 
-    def refuse(text: str, source: str) -> Any:
-        raise AssertionError(f"fast path fell back to the reference parser for {source}")
 
-    monkeypatch.setattr(prometheus_text, "_reference_families", refuse)
+def _full(text: str) -> MetricsSnapshot:
+    """The oracle: prometheus_client's parser, through specgov's snapshot assembly."""
+    try:
+        families = [
+            (
+                f.name,
+                f.type,
+                [(s.name, tuple(sorted(s.labels.items())), float(s.value)) for s in f.samples],
+            )
+            for f in text_string_to_metric_families(text)
+        ]
+    except (ValueError, IndexError, KeyError, TypeError, OverflowError) as exc:
+        raise ResponseFormatError("<full>", "oracle", f"unparseable: {exc}") from None
+    return prometheus_text.assemble_snapshot(families, "<full>")
 
 
 # ------------------------------------------------------------- recorded fixtures
 
 
 @pytest.mark.parametrize("name", PROM_FIXTURES)
-def test_fast_parse_equals_the_full_parse_on_every_fixture(name: str, no_fallback: None) -> None:
+def test_fast_parse_equals_the_full_parse_on_every_fixture(name: str) -> None:
     text = (FIXTURES / name).read_text()
     full = _full(text)
     everything = every_name(full)
@@ -60,6 +73,7 @@ def test_fast_parse_equals_the_full_parse_on_every_fixture(name: str, no_fallbac
     assert fast == restrict(full, METRICS_READ)
     assert fast.dp_groups() == full.dp_groups()
     assert parse_metrics(text, source=name, families=everything) == restrict(full, everything)
+    assert parse_metrics(text, source=name) == full
     assert (fast.counters and fast.histograms) or name == "starting_metrics.prom"
 
 
@@ -86,7 +100,7 @@ def _fixture_run(scenario: str, parse: Any, *, with_loads: bool) -> list[Any]:
 @pytest.mark.parametrize("scenario", sorted(INDEX))
 @pytest.mark.parametrize("with_loads", [True, False])
 def test_fixture_observations_are_the_same_from_the_fast_parse(
-    scenario: str, with_loads: bool, no_fallback: None
+    scenario: str, with_loads: bool
 ) -> None:
     fast = _fixture_run(scenario, parse_read_metrics, with_loads=with_loads)
     full = _fixture_run(scenario, _full, with_loads=with_loads)
@@ -94,18 +108,10 @@ def test_fixture_observations_are_the_same_from_the_fast_parse(
     assert any(obs.running_requests is not None for obs, *_ in fast)
 
 
-_REFERENCE = prometheus_text._reference_families
-
-
-def _full(text: str) -> MetricsSnapshot:
-    # The full parse with the real reference (the no_fallback fixture patches the module).
-    return prometheus_text._assemble(_REFERENCE(text, "<full>"), "<full>")
-
-
 # ---------------------------------------------------- simulated /metrics in replay
 
 
-def test_replay_observations_are_the_same_from_the_fast_path(no_fallback: None) -> None:
+def test_replay_observations_are_the_same_from_the_fast_path() -> None:
     """SimMetrics fed by the engine; every 5 s the full render + full parse and the
     family render + fast parse each feed a builder: identical Observations."""
     trace = generate_trace(parse_synthetic_spec("synthetic:duration=120,rate=6,seed=3"))
@@ -249,6 +255,15 @@ def _outcome(fn: Any) -> tuple[str, MetricsSnapshot | None]:
         return ("error", None)
 
 
+def parse_metrics_refuses(text: str) -> bool:
+    """Does the full parse refuse ``text``, naming a line?"""
+    try:
+        parse_metrics(text)
+    except ResponseFormatError as exc:
+        return "line " in str(exc)
+    return False
+
+
 def _same(a: MetricsSnapshot, b: MetricsSnapshot) -> bool:
     # NaN != NaN: compare reprs of the values that may hold one (histogram sums, unknowns).
     return a == b or repr(a) == repr(b)
@@ -260,13 +275,22 @@ def test_lexer_agrees_with_prometheus_client_on_generated_text(
     case: tuple[str, frozenset[str]],
 ) -> None:
     text, names = case
-    reference = _outcome(lambda: parse_metrics(text))
-    # Every family kept: the same snapshot, or the same error.
-    fast_all = _outcome(lambda: parse_metrics(text, families=names))
-    expected = reference if reference[1] is None else ("ok", restrict(reference[1], names))
-    assert fast_all[0] == expected[0], text
-    if fast_all[1] is not None and expected[1] is not None:
-        assert _same(fast_all[1], expected[1]), text
+    reference = _outcome(lambda: _full(text))
+    for fast, expected in (
+        (_outcome(lambda: parse_metrics(text)), reference),
+        (
+            _outcome(lambda: parse_metrics(text, families=names)),
+            reference if reference[1] is None else ("ok", restrict(reference[1], names)),
+        ),
+    ):
+        # The same snapshot, or an error where the oracle errs; or a refusal (naming
+        # the line) of what the lexer does not model.
+        if expected[0] == "error":
+            assert fast[0] == "error", text
+        elif fast[1] is not None and expected[1] is not None:
+            assert _same(fast[1], expected[1]), text
+        else:
+            assert fast[0] == "error", text
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -276,11 +300,11 @@ def test_lexer_keeps_exactly_the_asked_families(
 ) -> None:
     text, names = case
     keep = frozenset(data.draw(st.sets(st.sampled_from(sorted(names)))) if names else set())
-    reference = _outcome(lambda: parse_metrics(text))
+    reference = _outcome(lambda: _full(text))
     fast = _outcome(lambda: parse_metrics(text, families=keep))
     if fast[0] == "error":
-        # A kept family is malformed: the full parse fails on it too.
-        assert reference[0] == "error", text
+        # A kept family is malformed (the full parse fails on it too) or not modelled.
+        assert reference[0] == "error" or parse_metrics_refuses(text), text
     elif reference[1] is not None:
         assert fast[1] is not None
         assert _same(fast[1], restrict(reference[1], keep)), text
@@ -307,9 +331,7 @@ SCHED = 'model_name="m",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
         "# TYPE g gauge\ng 1\nother 2\ng 3\n",
         # the same TYPE twice: the second wins for the whole family
         "# TYPE g gauge\ng 1\n# TYPE g counter\n",
-        # constructs the lexer hands to prometheus_client
-        '{__name__="g"} 1\n',
-        '# TYPE "g" gauge\ng 1\n',
+        # constructs the lexer may refuse (prometheus_client reads some of them)
         '# TYPE g gauge\ng{,tp_rank="0"} 1\n',
         '# TYPE g gauge\ng{a:b="0"} 1\n',
         "# HELP\ng 1\n",
@@ -320,11 +342,27 @@ SCHED = 'model_name="m",tp_rank="0",pp_rank="0",moe_ep_rank="0"'
 )
 def test_edge_cases_match_the_reference(text: str) -> None:
     names = frozenset({"g", "g_total", "c_total", "h", "other"})
-    reference = _outcome(lambda: restrict(parse_metrics(text), names))
+    reference = _outcome(lambda: restrict(_full(text), names))
     fast = _outcome(lambda: parse_metrics(text, families=names))
-    assert fast[0] == reference[0]
-    if fast[1] is not None and reference[1] is not None:
+    if reference[0] == "error":
+        assert fast[0] == "error"
+    elif fast[1] is not None and reference[1] is not None:
         assert _same(fast[1], reference[1])
+    else:
+        assert parse_metrics_refuses(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        ('{__name__="g"} 1\n', 1),  # prometheus_client reads it as g
+        ('# TYPE g gauge\ng 1\n# TYPE "h" gauge\nh 1\n', 3),  # a quoted name
+        ('# TYPE g gauge\ng{tp_rank="0",tp_rank="1"} 1\n', 2),  # a duplicate label
+    ],
+)
+def test_what_the_lexer_does_not_model_is_refused_naming_the_line(text: str, line: int) -> None:
+    with pytest.raises(ResponseFormatError, match=rf"http://x/metrics.*line {line}: "):
+        parse_metrics(text, source="http://x/metrics")
 
 
 def test_escaped_label_values_and_special_values_read_like_prometheus_client() -> None:
@@ -360,7 +398,7 @@ def test_dp_groups_count_the_families_left_out() -> None:
         'sglang:num_running_reqs{dp_rank="0",tp_rank="0"} 4\n'
     )
     fast = parse_read_metrics(text)
-    assert fast.dp_groups() == parse_metrics(text).dp_groups() == frozenset({"0", "1"})
+    assert fast.dp_groups() == _full(text).dp_groups() == frozenset({"0", "1"})
     assert replace(fast, other_dp_groups=frozenset()).dp_groups() == frozenset({"0"})
 
 

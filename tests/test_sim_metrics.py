@@ -139,3 +139,43 @@ def test_cache_hit_rate_gauge_is_the_last_prefill_batchs_and_renders_alike() -> 
     assert _samples(metrics.render())["sglang:cache_hit_rate"] == 1023 / 1024
     metrics.on_prefix_cache(0, 0)  # an all-reprocessed batch: SGLang sets 0
     assert _samples(metrics.render())["sglang:cache_hit_rate"] == 0.0
+
+
+def test_replays_snapshot_gives_the_observations_the_parsed_text_gives() -> None:
+    # Replay hands the daemon's observation builder SimMetrics.read_snapshot; the daemon
+    # parses the rendered text. Over a run (counters, histograms, refreshed gauges,
+    # retractions), both paths must give equal snapshots and equal observations.
+    from specgov.adapters.observation_builder import ObservationBuilder
+    from specgov.adapters.telemetry import METRICS_READ, parse_read_metrics
+    from specgov.simulator.replay import specgov_adaptive_config, specgov_server_info
+
+    reqs = [Request(0.02 * i, 400 + 37 * (i % 5), 60 + i % 11, "chat") for i in range(300)]
+    server = ServerSpec(max_running_requests=16)
+    engine, memory = build_engine(server, parse_policy("sglang-ema"), seed=3)
+    metrics = SimMetrics(model_name='org/m"x', kv_capacity_tokens=memory.kv_token_capacity)
+    info = specgov_server_info(
+        algorithm="EAGLE3", spec_steps=3, kv_capacity=memory.kv_token_capacity
+    )
+    by_text = ObservationBuilder(adaptive_config=specgov_adaptive_config())
+    by_snapshot = ObservationBuilder(adaptive_config=specgov_adaptive_config())
+    pairs = []
+
+    def tick(now_s: float) -> None:
+        text = metrics.render_families(METRICS_READ).decode()
+        parsed = parse_read_metrics(text, source="simulated /metrics")
+        direct = metrics.read_snapshot(METRICS_READ)
+        assert direct == parsed
+        first = not pairs
+        pairs.append(
+            (
+                by_text.feed(now_s, parsed, dict(info) if first else None),
+                by_snapshot.feed(now_s, direct, dict(info) if first else None),
+            )
+        )
+
+    engine.run(reqs, metrics=metrics, on_tick=tick, tick_interval_s=0.5)
+    assert len(pairs) > 5
+    assert all(a == b for a, b in pairs)
+    # The run moved what the observations read.
+    last = pairs[-1][0]
+    assert last.running_requests is not None and last.tpot_ms is not None

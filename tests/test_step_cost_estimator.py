@@ -29,9 +29,17 @@ from specgov.policies.estimators.step_cost import (
     local_step_s,
     predict_step_s,
     step_cost_bounds,
+    step_cost_model,
     update_step_cost,
     verify_knee_tokens,
 )
+from specgov.policies.estimators.step_cost_fit import (
+    median,
+    median_sorted,
+    weighted_median,
+    weighted_median_sorted,
+)
+from specgov.policies.estimators.step_cost_samples import SampleColumns, evict
 from specgov.policies.roofline import RooflineCoefficients, scaled_coefficients
 from specgov.policies.types import PolicyTypeError, TierStat, TierStatsSnapshot
 from specgov.simulator.catalog import Catalog
@@ -397,16 +405,18 @@ def test_local_step_s_follows_a_few_windows_timed_at_a_step_count() -> None:
     kv = 225 * CTX
     truth = SPEC.decode_step_s(225, 1, kv)
     fitted = predict_step_s(PROBED, 225, 1, kv)
-    local = local_step_s(PROBED, 225, 1, kv)
+    local = local_step_s(step_cost_model(PROBED), 225, 1, kv)
     # Two windows barely move the global fit; the local correction follows them.
     assert abs(fitted / truth - 1.0) > 0.02
     assert abs(local / truth - 1.0) < 0.5 * abs(fitted / truth - 1.0)
     # The step count the data dominates stays where the fit has it.
-    assert local_step_s(PROBED, 225, 2, kv) == pytest.approx(
+    assert local_step_s(step_cost_model(PROBED), 225, 2, kv) == pytest.approx(
         SPEC.decode_step_s(225, 2, kv), rel=0.02
     )
     # Elsewhere (no samples within 2x of the batch) the correction is off.
-    assert local_step_s(PROBED, 16, 1, 16 * CTX) == predict_step_s(PROBED, 16, 1, 16 * CTX)
+    assert local_step_s(step_cost_model(PROBED), 16, 1, 16 * CTX) == predict_step_s(
+        PROBED, 16, 1, 16 * CTX
+    )
 
 
 def _bumped(factor: float) -> StepCostState:
@@ -422,12 +432,12 @@ def test_local_step_s_gives_an_untimed_step_the_level_error_of_its_neighbour() -
     # the comparison between a step that ran and one that did not is not biased.
     state = _bumped(1.03)
     kv = 64 * CTX
-    n = cost_evidence(state, 64, 2)
+    n = cost_evidence(step_cost_model(state), 64, 2)
     c = math.log(1.03)
     # Positive-part James-Stein with the scatter at its floor (min_rel_scale = 2 %).
     want = math.exp(c * (1.0 - 0.02**2 / (n * c * c)))
-    ratio_2 = local_step_s(state, 64, 2, kv) / predict_step_s(state, 64, 2, kv)
-    ratio_3 = local_step_s(state, 64, 3, kv) / predict_step_s(state, 64, 3, kv)
+    ratio_2 = local_step_s(step_cost_model(state), 64, 2, kv) / predict_step_s(state, 64, 2, kv)
+    ratio_3 = local_step_s(step_cost_model(state), 64, 3, kv) / predict_step_s(state, 64, 3, kv)
     assert ratio_2 == pytest.approx(want, rel=1e-4)  # the fit itself is exact to ~1e-5
     assert 1.01 < ratio_2 < 1.03
     assert ratio_3 == pytest.approx(ratio_2, rel=1e-12)
@@ -439,25 +449,28 @@ def test_local_step_s_ignores_a_deviation_within_the_noise() -> None:
     state = _bumped(1.01)
     for k in (1, 2, 3):
         kv = 64 * CTX
-        assert local_step_s(state, 64, k, kv) == predict_step_s(state, 64, k, kv)
+        assert local_step_s(step_cost_model(state), 64, k, kv) == predict_step_s(state, 64, k, kv)
 
 
 def test_cost_evidence_counts_window_weights_at_the_step_near_the_batch() -> None:
-    assert cost_evidence(PROBED, 225, 1) == pytest.approx(2 * 120 / (120 + 16.0))
-    assert cost_evidence(PROBED, 225, 2) == pytest.approx(20 * 120 / (120 + 16.0))
-    assert cost_evidence(PROBED, 225, 3) == 0.0
-    assert cost_evidence(PROBED, 100, 2) == 0.0  # 225 is more than 2x away
+    assert cost_evidence(step_cost_model(PROBED), 225, 1) == pytest.approx(2 * 120 / (120 + 16.0))
+    assert cost_evidence(step_cost_model(PROBED), 225, 2) == pytest.approx(20 * 120 / (120 + 16.0))
+    assert cost_evidence(step_cost_model(PROBED), 225, 3) == 0.0
+    assert cost_evidence(step_cost_model(PROBED), 100, 2) == 0.0  # 225 is more than 2x away
 
 
 def test_step_cost_bounds_cover_the_truth_of_a_wrong_gpu_prior() -> None:
     state = _windows_at(L40S_PRIOR, 225, [(2, 120)] * 20)
     kv = 225 * CTX
     for k in (0, 1, 3, 4):
-        low, high = step_cost_bounds(state, 225, k, kv)
+        low, high = step_cost_bounds(step_cost_model(state), 225, k, kv)
         assert low < SPEC.decode_step_s(225, k, kv) < high, k
     # At the step count that ran, and where nothing near ran, the bounds are a point.
-    assert step_cost_bounds(state, 225, 2, kv) == (local_step_s(state, 225, 2, kv),) * 2
-    point = step_cost_bounds(state, 16, 1, 16 * CTX)
+    assert (
+        step_cost_bounds(step_cost_model(state), 225, 2, kv)
+        == (local_step_s(step_cost_model(state), 225, 2, kv),) * 2
+    )
+    point = step_cost_bounds(step_cost_model(state), 16, 1, 16 * CTX)
     assert point[0] == point[1]
 
 
@@ -465,49 +478,43 @@ def test_step_cost_bounds_collapse_for_the_exact_prior() -> None:
     state = _windows_at(step_cost_prior(SPEC), 225, [(2, 120)] * 20)
     kv = 225 * CTX
     for k in (0, 1, 3, 7):
-        low, high = step_cost_bounds(state, 225, k, kv)
+        low, high = step_cost_bounds(step_cost_model(state), 225, k, kv)
         assert high / low - 1.0 < 0.01, k
 
 
 def test_thin_step_helpers_reject_bad_arguments() -> None:
     with pytest.raises(PolicyTypeError, match="min_evidence"):
-        step_cost_bounds(PROBED, 225, 1, 225 * CTX, min_evidence=0.0)
+        step_cost_bounds(step_cost_model(PROBED), 225, 1, 225 * CTX, min_evidence=0.0)
     with pytest.raises(PolicyTypeError, match="batch_size"):
-        local_step_s(PROBED, -1.0, 1, 225 * CTX)
+        local_step_s(step_cost_model(PROBED), -1.0, 1, 225 * CTX)
     with pytest.raises(PolicyTypeError, match="steps"):
-        cost_evidence(PROBED, 225, -1)
+        cost_evidence(step_cost_model(PROBED), 225, -1)
 
 
-def test_local_step_s_answers_from_its_memo_as_it_would_from_scratch() -> None:
-    # The per-state memo (residuals, regions, corrections, answers) is keyed by identity
-    # and by the set of near samples, the per-sample columns by the samples tuple's:
-    # many queries against one state, then a different state with the same batch
-    # sizes, must give what a cold computation gives.
-    import specgov.policies.estimators.step_cost as step_cost
-
+def test_a_model_answers_every_query_as_a_fresh_model_of_a_restored_state_does() -> None:
+    # A model remembers each batch size's region; its state's columns were extended
+    # from the previous state's. Many queries against one model, then models of other
+    # states with the same batch sizes, must give what a fresh model of the state rebuilt
+    # from its JSON (columns built from scratch) gives for each query alone.
     queries = [(b, k) for b in (60.0, 64.0, 100.0, 200.0, 225.0, 300.0, 16.0) for k in range(5)]
     states = [PROBED, _bumped(1.03), _bumped(1.1), LEARNED, PROBED]
-    warm = [[local_step_s(s, b, k, b * CTX) for b, k in queries] for s in states]
+    warm = []
+    for s in states:
+        model = step_cost_model(s)
+        warm.append([local_step_s(model, b, k, b * CTX) for b, k in queries])
     cold = []
     for s in states:
-        row = []
-        for b, k in queries:
-            step_cost._RESIDUAL_CACHE.clear()
-            step_cost._COLUMNS_CACHE.clear()
-            step_cost._TERMS_CACHE.clear()
-            row.append(local_step_s(s, b, k, b * CTX))
-        cold.append(row)
+        restored = StepCostState.from_dict(json.loads(json.dumps(s.to_dict())))
+        cold.append([local_step_s(step_cost_model(restored), b, k, b * CTX) for b, k in queries])
     assert warm == cold
-    # A state that differs from a cached one is never answered from its entry.
+    # A state that differs is answered from its own samples.
     assert warm[1] != warm[2]
 
 
-def test_plain_python_medians_equal_numpys_bit_for_bit() -> None:
-    # local_step_s's corrections and the Huber scale use plain-Python medians on the
-    # few samples of a cell (numpy's per-call cost dominates there); they must be the
-    # values numpy's formulation gives, or decisions would change.
-    import specgov.policies.estimators.step_cost as step_cost
-
+def test_medians_are_numpys_bit_for_bit() -> None:
+    # One rule each on sorted values, sorted by numpy (the fit's hundreds of samples) or
+    # by Python (a cell's few): the values numpy's formulation gives, or decisions would
+    # change.
     rng = np.random.default_rng(7)
     for n in [*range(1, 40), 160, 256]:
         for _ in range(20):
@@ -515,34 +522,46 @@ def test_plain_python_medians_equal_numpys_bit_for_bit() -> None:
             if n > 3:
                 values[: n // 3] = values[0]  # ties
             weights = rng.random(n) * (rng.random(n) > 0.2)
-            assert step_cost._median(values.tolist()) == float(np.median(values))
-            assert step_cost._median(values) == float(np.median(values))
+            assert median_sorted(sorted(values.tolist())) == float(np.median(values))
+            assert median(values) == float(np.median(values))
             order = np.argsort(values, kind="stable")
             cum = np.cumsum(weights[order])
             expected = (
                 1.0 if cum[-1] <= 0 else float(values[order][np.searchsorted(cum, 0.5 * cum[-1])])
             )
-            assert step_cost._weighted_median(values.tolist(), weights.tolist()) == expected
+            assert weighted_median_sorted(values[order].tolist(), weights[order].tolist()) == (
+                expected
+            )
             distinct = values + np.arange(n) * 1e-9  # numpy's sort order is its own on ties
-            order = np.argsort(distinct, kind="stable")
+            order = np.argsort(distinct)
             cum = np.cumsum(weights[order])
             pick = distinct[order][np.searchsorted(cum, 0.5 * cum[-1])]
             expected = 1.0 if cum[-1] <= 0 else float(pick)
-            assert step_cost._weighted_median(distinct, weights) == expected
-            assert step_cost._weighted_median(distinct.tolist(), weights.tolist()) == expected
-    assert step_cost._weighted_median([0.3, 0.1], [0.0, 0.0]) == 1.0
-    assert step_cost._weighted_median([], []) == 1.0
+            assert weighted_median(distinct, weights) == expected
+    assert weighted_median_sorted([0.1, 0.3], [0.0, 0.0]) == 1.0
+    assert weighted_median_sorted([], []) == 1.0
 
 
-def test_penalty_scales_are_computed_once_per_prior_and_config_and_read_only() -> None:
-    import specgov.policies.estimators.step_cost as step_cost
-
-    prior, cfg = default_step_cost_prior(), StepCostConfig()
-    first = step_cost._penalty_scales(prior, cfg)
-    assert step_cost._penalty_scales(prior, cfg) is first
-    assert np.array_equal(first, step_cost._compute_penalty_scales(prior, cfg))
-    with pytest.raises(ValueError, match="read-only"):
-        first[0] = 0.0
+def test_updates_from_a_restored_state_fit_the_same() -> None:
+    # An update hands its columns on to the next state (the kept rows copied); a state
+    # read back from JSON builds them. Through a full buffer
+    # (evictions) both paths must fit the same coefficients and keep the same samples.
+    rng = np.random.default_rng(5)
+    cfg = StepCostConfig(max_samples=40)
+    state = initial_step_cost_state(step_cost_prior(SPEC), cfg)
+    for w in range(30):
+        window = _window(rng, float(w + 1), TRUTH, False)
+        restored = StepCostState.from_dict(json.loads(json.dumps(state.to_dict())))
+        state = update_step_cost(state, window, kv_tokens_per_request=CTX, config=cfg)
+        again = update_step_cost(restored, window, kv_tokens_per_request=CTX, config=cfg)
+        assert again == state  # samples, coefficients, times, fits
+        fresh = SampleColumns.build(state.prior, state.samples)
+        for name in ("features", "prior_s", "step_s", "batch", "steps"):
+            a, b = getattr(state.sample_columns, name), getattr(fresh, name)
+            assert a.dtype == b.dtype and np.array_equal(a, b), name
+        assert state.sample_columns.time_s == fresh.time_s
+        assert state.sample_columns.weight == fresh.weight
+    assert len(state.samples) == 40  # the buffer filled and evicted
 
 
 @pytest.mark.parametrize(
@@ -558,31 +577,32 @@ def test_penalty_scales_are_computed_once_per_prior_and_config_and_read_only() -
         (4.0, 1, -0.5, "kv_tokens"),
     ],
 )
-def test_step_time_queries_reject_what_the_memo_must_not_answer(
+def test_step_time_queries_reject_bad_points(
     batch_size: float, steps: int, kv_tokens: float, name: str
 ) -> None:
-    # local_step_s answers repeated points from a memo (True == 1, 4 == 4.0 as keys):
-    # a bad point is refused even right after the good point it equals was answered.
-    local_step_s(PROBED, 4.0, 1, 0.0)
+    # Also right after the good point it equals (True == 1, 4 == 4.0) was answered.
+    model = step_cost_model(PROBED)
+    local_step_s(model, 4.0, 1, 0.0)
     with pytest.raises(PolicyTypeError, match=name):
-        local_step_s(PROBED, batch_size, steps, kv_tokens)
+        local_step_s(model, batch_size, steps, kv_tokens)
     with pytest.raises(PolicyTypeError, match=name):
         predict_step_s(PROBED, batch_size, steps, kv_tokens)
 
 
 def test_eviction_drops_what_recounting_every_time_would() -> None:
-    # _evict counts each sample's cell once and keeps the counts as samples go; the
+    # evict counts each sample's cell once and keeps the counts as samples go; the
     # choice must be the one a full recount before every drop makes.
-    import specgov.policies.estimators.step_cost as step_cost
+    def cell(s: StepSample) -> tuple[int, int]:
+        return (s.steps, round(math.log2(s.batch_size)))
 
     def recounting(samples: list[StepSample], max_samples: int) -> list[StepSample]:
         while len(samples) > max_samples:
             counts: dict[tuple[int, int], int] = {}
             for s in samples:
-                counts[step_cost._cell(s)] = counts.get(step_cost._cell(s), 0) + 1
+                counts[cell(s)] = counts.get(cell(s), 0) + 1
             most = max(counts.values())
             oldest = min(
-                (i for i, s in enumerate(samples) if counts[step_cost._cell(s)] == most),
+                (i for i, s in enumerate(samples) if counts[cell(s)] == most),
                 key=lambda i: (samples[i].time_s, i),
             )
             del samples[oldest]
@@ -603,26 +623,6 @@ def test_eviction_drops_what_recounting_every_time_would() -> None:
             for _ in range(n)
         ]
         keep = int(rng.integers(1, n + 1))
-        assert step_cost._evict(list(samples), keep) == recounting(list(samples), keep)
-
-
-def test_columns_taken_from_the_previous_state_equal_columns_built_afresh() -> None:
-    # Successive states share most samples: their columns copy the shared rows from the
-    # previous state's; through a full buffer (evictions) they must equal a fresh build.
-    import specgov.policies.estimators.step_cost as step_cost
-
-    rng = np.random.default_rng(5)
-    cfg = StepCostConfig(max_samples=40)
-    state = initial_step_cost_state(step_cost_prior(SPEC), cfg)
-    step_cost._COLUMNS_CACHE.clear()
-    for w in range(30):
-        state = update_step_cost(
-            state, _window(rng, float(w + 1), TRUTH, False), kv_tokens_per_request=CTX, config=cfg
-        )
-        warm = step_cost._columns(state.prior, state.samples)
-        fresh = step_cost._build_columns(state.prior, state.samples)
-        for name in ("features", "prior_s", "step_s", "batch", "steps"):
-            a, b = getattr(warm, name), getattr(fresh, name)
-            assert a.dtype == b.dtype and np.array_equal(a, b), name
-        assert warm.time_s == fresh.time_s and warm.weight == fresh.weight
-    assert len(state.samples) == 40  # the buffer filled and evicted
+        kept = evict(samples, keep)
+        assert kept == sorted(kept)
+        assert [samples[i] for i in kept] == recounting(list(samples), keep)

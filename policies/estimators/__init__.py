@@ -4,7 +4,9 @@
   engine's accepted-draft histograms (censoring, decay, change detection, Beta
   posteriors, pooling across slots).
 * :mod:`.step_cost` — decode step wall time versus batch size, steps and KV tokens:
-  a roofline prior plus a robust, monotone correction fitted by non-negative least squares (SciPy).
+  a roofline prior plus a robust, monotone correction fitted by non-negative least squares (SciPy);
+  the API, with :mod:`.step_cost_prior`, :mod:`.step_cost_samples` and :mod:`.step_cost_fit`
+  behind it. Queries read a :class:`StepCostModel` (one per state, ``step_cost_model``).
 
 Both keep a versioned, serialisable state (``to_dict`` / ``from_dict``).
 """
@@ -23,6 +25,7 @@ from specgov.policies.estimators.step_cost import (
     FEATURE_NAMES,
     STEP_COST_STATE_VERSION,
     StepCostConfig,
+    StepCostModel,
     StepCostPrior,
     StepCostState,
     StepSample,
@@ -32,6 +35,7 @@ from specgov.policies.estimators.step_cost import (
     local_step_s,
     predict_step_s,
     step_cost_bounds,
+    step_cost_model,
     update_step_cost,
     verify_knee_tokens,
 )
@@ -45,6 +49,7 @@ __all__ = [
     "AcceptanceState",
     "SlotAcceptance",
     "StepCostConfig",
+    "StepCostModel",
     "StepCostPrior",
     "StepCostState",
     "StepSample",
@@ -56,6 +61,7 @@ __all__ = [
     "local_step_s",
     "predict_step_s",
     "step_cost_bounds",
+    "step_cost_model",
     "update_acceptance",
     "update_step_cost",
     "verify_knee_tokens",

@@ -7,7 +7,6 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Final
 
 from specgov.policies.estimators.acceptance import (
     AcceptanceEstimate,
@@ -18,7 +17,6 @@ from specgov.policies.estimators.step_cost import (
 from specgov.policies.goodput.config import (
     _GAUSS_HERMITE,
 )
-from specgov.policies.identity_cache import IdentityCache
 from specgov.policies.types import (
     Observation,
     RestartRecommendation,
@@ -216,24 +214,12 @@ class _Restart:
         )
 
 
-# The prior without its drafter, per prior by identity: asked for per busy slot and
-# decision, and building a prior builds its roofline.
-_BARE_PRIORS: Final[IdentityCache[StepCostPrior]] = IdentityCache(8)
-
-
-def _without_drafter(prior: StepCostPrior) -> StepCostPrior:
-    hit = _BARE_PRIORS.get((prior,))
-    if hit is not None:
-        return hit
-    bare = replace(prior, speculative=False, topk=1, num_draft_tokens=None)
-    return _BARE_PRIORS.put((prior,), bare)
-
-
 def _drafter_share(prior: StepCostPrior, batch: float, ctx: float) -> float:
     """Share of a step-0 step the drafter costs: the prior with vs without the drafter."""
     if not prior.speculative:
         return 0.0
-    bare = _without_drafter(prior)
+    # Built per call (~6 us, a few per decision: measured), not remembered.
+    bare = replace(prior, speculative=False, topk=1, num_draft_tokens=None)
     kv = ctx * batch
     with_drafter = prior.predict_s(batch, 0, kv)
     return max(0.0, 1.0 - bare.predict_s(batch, 0, kv) / with_drafter) if with_drafter > 0 else 0.0

@@ -15,14 +15,15 @@ from specgov.policies.estimators.acceptance import (
     update_acceptance,
 )
 from specgov.policies.estimators.step_cost import (
+    StepCostModel,
     StepCostPrior,
-    StepCostState,
     cost_evidence,
     default_step_cost_prior,
     initial_step_cost_state,
     local_step_s,
     predict_step_s,
     step_cost_bounds,
+    step_cost_model,
     update_step_cost,
 )
 from specgov.policies.goodput.config import (
@@ -146,7 +147,7 @@ class GoodputPolicy:
         if seen_since_s is None or in_force != seen_slots:
             seen_slots, seen_since_s = in_force, obs.time_s
         slo_stats = state.slo_stats
-        sample = self._slo_sample(obs, step_cost, snap)
+        sample = self._slo_sample(obs, step_cost_model(step_cost, self._cost_cfg), snap)
         if sample is not None and self._lived_under_table(obs, seen_since_s, snap):
             # A window holds a few dozen completions: smooth over several.
             if slo_stats is None:
@@ -174,7 +175,7 @@ class GoodputPolicy:
     def _evaluate(
         self,
         rates: Sequence[float],
-        cost: StepCostState,
+        cost: StepCostModel,
         batch: float,
         ctx: float,
         k: int,
@@ -184,7 +185,7 @@ class GoodputPolicy:
         """``step_s``: the step time to assume (None: the fit's prediction)."""
         el, var = _accept_moments(rates, k)
         if step_s is None:
-            step_s = local_step_s(cost, batch, k, ctx * batch, config=self._cost_cfg)
+            step_s = local_step_s(cost, batch, k, ctx * batch)
         t = step_s
         tpot_ms = 1e3 * t / el
         fraction = 1.0 if slo is None else slo.fraction(tpot_ms, el, var)
@@ -234,7 +235,7 @@ class GoodputPolicy:
     # ------------------------------------------------------------- SLO model
 
     def _slo_sample(
-        self, obs: Observation, cost: StepCostState, snap: TierStatsSnapshot
+        self, obs: Observation, cost: StepCostModel, snap: TierStatsSnapshot
     ) -> tuple[float, float, float, float, float] | None:
         """One window's view of per-request TPOTs (see _SloModel), for smoothing.
 
@@ -260,7 +261,7 @@ class GoodputPolicy:
             el = sum((j + 1) * n for j, n in enumerate(t.accepted_hist)) / t.requests
             second = sum((j + 1) ** 2 * n for j, n in enumerate(t.accepted_hist)) / t.requests
             # The same prediction the choice is made with, so the scale is consistent.
-            step_s = local_step_s(cost, batch, t.steps, ctx * batch, config=self._cost_cfg)
+            step_s = local_step_s(cost, batch, t.steps, ctx * batch)
             weight += t.requests
             tpot_sum += t.requests * 1e3 * step_s / el
             var_sum += t.requests * max(0.0, second - el * el) / el
@@ -366,7 +367,7 @@ class GoodputPolicy:
     def _optimistic_probe(
         self,
         work: Sequence[_SlotWork],
-        cost: StepCostState,
+        cost: StepCostModel,
         ctx: float,
         slo_ms: float | None,
         slo: _SloModel | None,
@@ -420,7 +421,7 @@ class GoodputPolicy:
     def _cost_probe(
         self,
         work: Sequence[_SlotWork],
-        cost: StepCostState,
+        cost: StepCostModel,
         ctx: float,
         slo_ms: float | None,
         slo: _SloModel | None,
@@ -460,9 +461,7 @@ class GoodputPolicy:
                     continue  # acceptance unknown too: the optimistic probe's (loss-bounded)
                 if cost_evidence(cost, w.batch, k) >= need:
                     continue
-                low_s, high_s = step_cost_bounds(
-                    cost, w.batch, k, ctx * w.batch, min_evidence=need, config=self._cost_cfg
-                )
+                low_s, high_s = step_cost_bounds(cost, w.batch, k, ctx * w.batch, min_evidence=need)
                 rates = w.est.mean
                 opt = self._evaluate(rates, cost, w.batch, ctx, k, slo, step_s=low_s)
                 if opt.score <= base * (1.0 + cfg.hysteresis):
@@ -485,7 +484,7 @@ class GoodputPolicy:
     def _slot_rule(
         self,
         w: _SlotWork,
-        cost: StepCostState,
+        cost: StepCostModel,
         ctx: float,
         slo_ms: float | None,
         slo: _SloModel | None,
@@ -535,7 +534,7 @@ class GoodputPolicy:
         running_steps = _dominant_steps(snap)
         weights = {slot: v for slot, _, v in state.batch}
         total_w = sum(weights.values())
-        cost = state.step_cost
+        cost = step_cost_model(state.step_cost, self._cost_cfg)
         slo = self._slo_model(state, slo_ms)
 
         work: list[_SlotWork] = []
@@ -714,17 +713,18 @@ class GoodputPolicy:
         )
 
     def _no_drafter(
-        self, cost: StepCostState, batch: float, ctx: float, slo: _SloModel | None
+        self, cost: StepCostModel, batch: float, ctx: float, slo: _SloModel | None
     ) -> float | None:
         """Goodput (SLO sense) of this slot on the same server without the drafter.
 
         The learned step-0 time scaled by the prior's no-drafter / step-0 ratio (the
         learned coefficients cannot tell the drafter's part of a step-0 step apart).
         """
-        if not cost.prior.speculative or batch <= 0:
+        prior = cost.state.prior
+        if not prior.speculative or batch <= 0:
             return None
-        share = _drafter_share(cost.prior, batch, ctx)
-        step_s = predict_step_s(cost, batch, 0, ctx * batch) * (1.0 - share)
+        share = _drafter_share(prior, batch, ctx)
+        step_s = predict_step_s(cost.state, batch, 0, ctx * batch) * (1.0 - share)
         tpot_ms = 1e3 * step_s
         fraction = 1.0 if slo is None else slo.fraction(tpot_ms, 1.0, 0.0)
         return batch / step_s * fraction
