@@ -37,7 +37,7 @@ What it changes on purpose: proxy environment variables (``HTTP_PROXY``, ``ALL_P
 ...) and ``.netrc`` are ignored (``trust_env=False``). Requests carry the server's API key
 as a Bearer header; an inherited proxy setting would hand it to the proxy, and an operator
 scraping a server on the same host or network has no use for one. The control client
-(``controller/control_client.py``) refuses environment proxies for the same reason.
+(``controller/cli/control_client.py``) refuses environment proxies for the same reason.
 
 The session is created lazily inside the running event loop on the first request (the
 transport may be constructed outside any loop) and closed by ``aclose``; the transport is

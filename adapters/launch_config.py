@@ -2,7 +2,7 @@
 
 The restart loop (DESIGN.md) decides what SGLang cannot change live: algorithm, tree
 shape, candidate step sets, memory knobs. This module turns such a decision (a
-:class:`~specgov.policies.types.SpecShape` plus a per-slot candidate table) into the
+:class:`~specgov.policies.common.types.SpecShape` plus a per-slot candidate table) into the
 argv SGLang 0.5.23 is launched with and the adaptive-config JSON it reads, and refuses
 every combination SGLang would reject, silently rewrite, or silently ignore. Each
 refusal quotes SGLang's own reason where it has one (the wording is checked against the
@@ -63,13 +63,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from specgov.policies.adaptive_config import (
+from specgov.policies.common.types import ALGORITHMS, PolicyTypeError, SpecShape
+from specgov.policies.common.validation import is_int, is_real
+from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveConfigError,
     parse_adaptive_config,
 )
-from specgov.policies.types import ALGORITHMS, PolicyTypeError, SpecShape
-from specgov.policies.validation import is_int, is_real
 
 SGLANG_VERSION: Final = "0.5.23"
 SKIP_ZERO_STEP_ENV: Final = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"

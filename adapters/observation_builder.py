@@ -1,4 +1,4 @@
-"""Build the policies' :class:`~specgov.policies.types.Observation` from SGLang telemetry.
+"""Build the policies' :class:`~specgov.policies.common.types.Observation` from SGLang telemetry.
 
 :class:`ObservationBuilder` is a pure state machine: feed it, in time order, the client
 time of a scrape, the parsed ``/metrics`` snapshot, and the ``/server_info`` and
@@ -62,18 +62,18 @@ from specgov.adapters.telemetry import (
     compute_window,
     quantiles,
 )
-from specgov.policies.adaptive_config import (
-    DEFAULT_ADAPTIVE_CONFIG,
-    AdaptiveConfig,
-    parse_adaptive_config,
-)
-from specgov.policies.types import (
+from specgov.policies.common.types import (
     ALGORITHMS,
     LatencyQuantiles,
     Observation,
     PolicyTypeError,
     SlotLayout,
     SpecShape,
+)
+from specgov.policies.engine.adaptive_config import (
+    DEFAULT_ADAPTIVE_CONFIG,
+    AdaptiveConfig,
+    parse_adaptive_config,
 )
 
 # JSON keys read from /server_info: resolved ServerArgs fields (srt/arg_groups/fields/),

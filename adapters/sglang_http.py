@@ -47,7 +47,7 @@ from specgov.adapters.errors import (
 )
 from specgov.adapters.prometheus_text import EXPECTED_FORMAT, MetricsSnapshot, parse_metrics
 from specgov.adapters.telemetry import METRICS_READ
-from specgov.policies.validation import is_real
+from specgov.policies.common.validation import is_real
 
 METRICS_PATH: Final = "/metrics"
 HEALTH_PATH: Final = "/health"

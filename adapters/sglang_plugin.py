@@ -15,15 +15,15 @@ everywhere it was imported (``EAGLEWorkerV2`` builds it as
 * It constructs SGLang's original class first, with the same arguments: a bad adaptive
   config fails exactly as SGLang would (same exception, same message), because SGLang
   would refuse to start. It then reads the same JSON again with
-  :func:`~specgov.policies.adaptive_config.parse_adaptive_config` (same schema and
+  :func:`~specgov.policies.engine.adaptive_config.parse_adaptive_config` (same schema and
   meaning; stricter only where SGLang would crash later). If that stricter check
   fails, specgov steps aside and SGLang's class answers alone.
 * Passthrough mode, the answer to "SPECGOV_SPOOL_DIR unset" (on TP rank 0): every call
   goes straight to SGLang's original instance, so the engine behaves exactly as without
   specgov. Outside SGLang (no original class to capture) the passthrough is
-  :class:`~specgov.policies.ema.EmaPolicy`, contract-tested to answer call for call
+  :class:`~specgov.policies.engine.ema.EmaPolicy`, contract-tested to answer call for call
   like SGLang's class.
-* Table mode (rank 0 has a spool): :class:`~specgov.policies.table.TablePolicy`
+* Table mode (rank 0 has a spool): :class:`~specgov.policies.engine.table.TablePolicy`
   answers from the daemon's step table and falls back to its ``EmaPolicy`` (which it
   feeds every verify, so it is warm) whenever the table is missing, stale or invalid.
   ``TablePolicy`` needs ``EmaPolicy``'s routing introspection (padding, slot bounds,
@@ -81,15 +81,15 @@ from specgov.adapters.spool import (
     check_spool_dir,
 )
 from specgov.adapters.tp_sync import TableSync, TpChannel, default_channel
-from specgov.policies.adaptive_config import (
+from specgov.policies.common.types import StepTable, TierStatsSnapshot
+from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveConfig,
     parse_adaptive_config,
 )
-from specgov.policies.ema import EmaPolicy
-from specgov.policies.protocol import AdaptiveSpecPolicy
-from specgov.policies.table import TablePolicy
-from specgov.policies.types import StepTable, TierStatsSnapshot
+from specgov.policies.engine.ema import EmaPolicy
+from specgov.policies.engine.protocol import AdaptiveSpecPolicy
+from specgov.policies.engine.table import TablePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -177,7 +177,7 @@ def load_adaptive_config(cfg_path: str | os.PathLike[str] | None) -> AdaptiveCon
 
     Reads the file as SGLang's ``_load_adaptive_config`` does (``open`` + ``json.load``,
     so a missing file or bad JSON raises the same exception types); raises
-    :class:`~specgov.policies.adaptive_config.AdaptiveConfigError` (a ValueError) for a
+    :class:`~specgov.policies.engine.adaptive_config.AdaptiveConfigError` (a ValueError) for a
     bad config, naming the file and key.
     """
     if cfg_path is None:

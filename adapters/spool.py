@@ -64,7 +64,7 @@ from typing import Any, BinaryIO, Final, Protocol
 
 from specgov.adapters.errors import escape_upstream
 from specgov.adapters.log_throttle import DEFAULT_LOG_INTERVAL_S, LogThrottle
-from specgov.policies.types import (
+from specgov.policies.common.types import (
     TABLE_SCHEMA,
     TABLE_SCHEMAS_READ,
     FutureTableFormat,
@@ -72,7 +72,7 @@ from specgov.policies.types import (
     StepTable,
     TierStatsSnapshot,
 )
-from specgov.policies.validation import is_int, is_real
+from specgov.policies.common.validation import is_int, is_real
 
 logger = logging.getLogger(__name__)
 

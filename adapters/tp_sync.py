@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from specgov.policies.types import PolicyTypeError, StepTable
+from specgov.policies.common.types import PolicyTypeError, StepTable
 
 logger = logging.getLogger(__name__)
 

@@ -94,7 +94,7 @@ def free_port() -> int:
 
 def specgov_argv() -> list[str]:
     exe = Path(sys.executable).parent / "specgov"
-    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "specgov.controller.cli"]
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "specgov.controller.cli.main"]
 
 
 def wait_until(probe: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -197,7 +197,15 @@ def daemon_stack(
     launcher = (
         specgov_argv()
         if profile is None
-        else [sys.executable, "-m", "cProfile", "-o", str(profile), "-m", "specgov.controller.cli"]
+        else [
+            sys.executable,
+            "-m",
+            "cProfile",
+            "-o",
+            str(profile),
+            "-m",
+            "specgov.controller.cli.main",
+        ]
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
     procs: list[subprocess.Popen[bytes]] = []

@@ -34,7 +34,7 @@ from specgov.simulator.planning.sweep import (
     build_document,
     enumerate_jobs,
 )
-from specgov.simulator.traces import Trace, load_trace
+from specgov.simulator.workload.traces import Trace, load_trace
 
 GPUS = ["h100", "a100-80g", "h200", "l40s"]
 EAGLE_POLICIES = [

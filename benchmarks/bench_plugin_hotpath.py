@@ -27,8 +27,8 @@ from pathlib import Path
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool import write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.ema import EmaPolicy
-from specgov.policies.types import SlotRule, StepTable
+from specgov.policies.common.types import SlotRule, StepTable
+from specgov.policies.engine.ema import EmaPolicy
 
 BUDGET_GET_US = 2.0
 BUDGET_VERIFY_US = 20.0

@@ -29,7 +29,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from specgov.policies.estimators.step_cost import (
+from specgov.policies.common.types import TierStat, TierStatsSnapshot
+from specgov.policies.daemon.estimators.step_cost import (
     StepCostState,
     initial_step_cost_state,
     local_step_s,
@@ -37,11 +38,14 @@ from specgov.policies.estimators.step_cost import (
     step_cost_model,
     update_step_cost,
 )
-from specgov.policies.estimators.step_cost_fit import penalty_scales
-from specgov.policies.estimators.step_cost_samples import SampleColumns, StepCostConfig, evict
-from specgov.policies.types import TierStat, TierStatsSnapshot
+from specgov.policies.daemon.estimators.step_cost_fit import penalty_scales
+from specgov.policies.daemon.estimators.step_cost_samples import (
+    SampleColumns,
+    StepCostConfig,
+    evict,
+)
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.cost import CostModel
+from specgov.simulator.engine.cost import CostModel
 from specgov.simulator.priors import step_cost_prior
 
 BUDGET_MS_PER_DECISION = 0.2  # 1 % of 2 % of a core at a 1 s decision interval

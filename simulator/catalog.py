@@ -43,8 +43,8 @@ from typing import Any
 
 import yaml
 
-from specgov.policies.validation import is_int, is_real
-from specgov.simulator.acceptance import DomainAcceptance
+from specgov.policies.common.validation import is_int, is_real
+from specgov.simulator.engine.acceptance import DomainAcceptance
 
 __all__ = [
     "PROVENANCE_KINDS",
@@ -122,7 +122,7 @@ class DrafterSpec:
     ``params_b`` is the default size; ``params_b_by_target`` holds per-target sizes
     (an EAGLE head is as wide as its target). ``targets`` lists the target models it
     can draft for (empty: any). Cost figures are explained in drafters.yaml and
-    simulator/cost.py.
+    simulator/engine/cost.py.
     """
 
     name: str

@@ -1,9 +1,9 @@
 """Step-cost priors for the policies' estimators, from a simulator cost model.
 
 ``policies/`` may not import the simulator (layering, DESIGN.md), so the roofline
-formula and its coefficients live in ``specgov.policies.roofline``; the simulator's
-:class:`~specgov.simulator.cost.CostModel` is a ``Roofline`` and the estimator's
-:class:`~specgov.policies.estimators.step_cost.StepCostPrior` holds the same
+formula and its coefficients live in ``specgov.policies.common.roofline``; the simulator's
+:class:`~specgov.simulator.engine.cost.CostModel` is a ``Roofline`` and the estimator's
+:class:`~specgov.policies.daemon.estimators.step_cost.StepCostPrior` holds the same
 coefficients object, so before any data arrives the estimator predicts exactly what
 the simulated GPU charges for a decode step.
 
@@ -19,10 +19,10 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from specgov.policies.estimators.step_cost import StepCostPrior
-from specgov.policies.roofline import scaled_coefficients
+from specgov.policies.common.roofline import scaled_coefficients
+from specgov.policies.daemon.estimators.step_cost import StepCostPrior
 from specgov.simulator.catalog import Catalog, CatalogError
-from specgov.simulator.cost import CostModel, CostModelError
+from specgov.simulator.engine.cost import CostModel, CostModelError
 
 __all__ = [
     "PriorOptionError",

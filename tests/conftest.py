@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
-    from specgov.controller.fleet_gateway import SmgGateway
-    from specgov.simulator.sim_server import SimServer
+    from specgov.controller.fleet.gateway import SmgGateway
+    from specgov.simulator.server.core import SimServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,8 +83,8 @@ def smg_fleet(smg_binary: Path) -> Iterator[tuple[SmgGateway, list[SimServer]]]:
     the governor's client of that gateway."""
     import subprocess
 
-    from specgov.controller.fleet_gateway import SmgGateway
-    from specgov.simulator.sim_server import SimServer
+    from specgov.controller.fleet.gateway import SmgGateway
+    from specgov.simulator.server.core import SimServer
 
     servers = [SimServer([], speed=2.0, seed=i) for i in range(2)]
     for s in servers:

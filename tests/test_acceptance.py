@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from specgov.simulator.acceptance import (
+from specgov.simulator.engine.acceptance import (
     BUILTIN_REQUEST_CORRELATION,
     BUILTIN_RUN_REQUEST_CORRELATION,
     BUILTIN_TOKEN_CORRELATION,
@@ -346,8 +346,8 @@ def test_gap_to_the_per_verify_model_is_in_the_reported_range(domain: str) -> No
 
 def test_token_sampler_agrees_with_replaying_model_traces() -> None:
     # Two implementations of the same model: the engine's sampler and the fit's
-    # vectorised trace generator (specgov.simulator.acceptance_fit).
-    from specgov.simulator.acceptance_fit import model_accept_length
+    # vectorised trace generator (specgov.simulator.engine.acceptance_fit).
+    from specgov.simulator.engine.acceptance_fit import model_accept_length
 
     model = AcceptanceModel("standalone-llama3.2-1b", seed=2)
     rates = PROFILES["standalone-llama3.2-1b"]["sharegpt"]
@@ -362,7 +362,7 @@ def test_token_sampler_agrees_with_replaying_model_traces() -> None:
 
 def test_run_sampler_agrees_with_replaying_run_traces() -> None:
     # The n-gram profile's runs (issue 22): the engine's sampler and the fit's generator.
-    from specgov.simulator.acceptance_fit import model_accept_length
+    from specgov.simulator.engine.acceptance_fit import model_accept_length
 
     model = AcceptanceModel("ngram", seed=2)
     assert model.runs("code") and model.token_correlation("code") is None

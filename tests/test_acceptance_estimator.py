@@ -16,7 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from specgov.policies.estimators.acceptance import (
+from specgov.policies.common.types import PolicyTypeError, TierStat, TierStatsSnapshot
+from specgov.policies.daemon.estimators.acceptance import (
     AcceptanceConfig,
     AcceptanceEstimate,
     AcceptanceState,
@@ -25,8 +26,7 @@ from specgov.policies.estimators.acceptance import (
     initial_acceptance_state,
     update_acceptance,
 )
-from specgov.policies.types import PolicyTypeError, TierStat, TierStatsSnapshot
-from specgov.simulator.acceptance import PROFILES
+from specgov.simulator.engine.acceptance import PROFILES
 
 # REFERENCE.md §3, EAGLE-3 on Llama-3.1-8B: instructcoder (code) and sharegpt (chat);
 # n-gram drafter on the same: instructcoder and sharegpt.

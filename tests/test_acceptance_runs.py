@@ -1,4 +1,5 @@
-"""N-gram acceptance as exact-match runs (``specgov.simulator.acceptance_runs``, issue 22 §1).
+"""N-gram acceptance as exact-match runs (``specgov.simulator.engine.acceptance_runs``, issue 22
+§1).
 
 The check against per-token n-gram traces uses traces this test generates: a chain
 n-gram drafter (the longest suffix of up to 10 tokens seen before, drafting what followed
@@ -17,21 +18,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specgov.simulator.acceptance import (
+from specgov.simulator.engine.acceptance import (
     BUILTIN_REQUEST_CORRELATION,
     BUILTIN_RUN_REQUEST_CORRELATION,
     BUILTIN_TOKEN_CORRELATION,
     PROFILES,
     AcceptanceModel,
 )
-from specgov.simulator.acceptance_fit import (
+from specgov.simulator.engine.acceptance_fit import (
     FIT_STEPS,
     fit_domain,
     model_accept_length,
     replay_accept_lengths,
     trace_rates,
 )
-from specgov.simulator.acceptance_runs import RunsError, run_acc_len, run_process
+from specgov.simulator.engine.acceptance_runs import RunsError, run_acc_len, run_process
 
 _TOKEN = re.compile(r"\w+|[^\w\s]|\n")
 

@@ -11,15 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specgov.policies.bandit import (
-    BanditConfig,
-    BanditPolicy,
-    BanditState,
-    tier_reward,
-)
-from specgov.policies.daemon import DaemonPolicy
-from specgov.policies.simple import PolicyStateError
-from specgov.policies.types import (
+from specgov.policies.common.types import (
     Budget,
     Decision,
     Observation,
@@ -28,6 +20,14 @@ from specgov.policies.types import (
     TierStat,
     TierStatsSnapshot,
 )
+from specgov.policies.daemon.bandit import (
+    BanditConfig,
+    BanditPolicy,
+    BanditState,
+    tier_reward,
+)
+from specgov.policies.daemon.protocol import DaemonPolicy
+from specgov.policies.daemon.schedules import PolicyStateError
 
 OPEN = Budget(None, None, None, None, None)
 ONE_SLOT = ((1, (1, 3, 5, 7)),)

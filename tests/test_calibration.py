@@ -35,10 +35,10 @@ import statistics
 import pytest
 
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.cost import CostModel
-from specgov.simulator.engine import EngineResult
-from specgov.simulator.replay import ServerSpec, build_engine, parse_policy
-from specgov.simulator.traces import Request
+from specgov.simulator.engine.core import EngineResult
+from specgov.simulator.engine.cost import CostModel
+from specgov.simulator.replay.runner import ServerSpec, build_engine, parse_policy
+from specgov.simulator.workload.traces import Request
 
 H100_8B = ServerSpec(gpu="h100", model="llama-3.1-8b", drafter="eagle3")
 

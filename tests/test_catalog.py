@@ -270,7 +270,12 @@ def test_provenance_is_validated(tmp_path: Path, body: str, match: str) -> None:
 
 
 def test_tier_switch_cost_from_the_catalog_reaches_the_engine(tmp_path: Path) -> None:
-    from specgov.simulator.replay import PolicySpecError, ServerSpec, parse_policy, prepare_run
+    from specgov.simulator.replay.runner import (
+        PolicySpecError,
+        ServerSpec,
+        parse_policy,
+        prepare_run,
+    )
 
     path = tmp_path / "switch.yaml"
     path.write_text(

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from specgov.controller.cli import main
+from specgov.controller.cli.main import main
 from specgov.simulator.catalog import Catalog
 
 

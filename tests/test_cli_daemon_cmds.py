@@ -23,9 +23,9 @@ import pytest
 from aiohttp import web
 from click.testing import CliRunner, Result
 
-from specgov.controller.cli import main
-from specgov.controller.control_api import make_app
-from specgov.policies.spec import KNOWN_KINDS
+from specgov.controller.cli.main import main
+from specgov.controller.daemon.control_api import make_app
+from specgov.policies.daemon.spec import KNOWN_KINDS
 
 HELD = (
     "table v2 [1:4, 8:4, 32:3, 64:2] unchanged; held slots [64]: expected gain +0.0% < "
@@ -83,7 +83,7 @@ def serve(service: Any, before: Callable[[], Awaitable[object]] | None = None) -
 
 
 class FakeDaemon:
-    """Canned answers in the shapes Daemon returns (controller/daemon.py)."""
+    """Canned answers in the shapes Daemon returns (controller/daemon/runtime.py)."""
 
     def __init__(self) -> None:
         self.policy_spec = "goodput:slo_tpot_ms=40"
@@ -392,11 +392,11 @@ def test_policy_help_lists_every_kind() -> None:
 @contextmanager
 def real_daemon(tmp_path: Path) -> Iterator[Any]:
     """A real Daemon (plugin mode, no store) against an in-process simulated server."""
-    from specgov.controller.config import load_config
-    from specgov.controller.daemon import Daemon
-    from specgov.simulator.replay import ServerSpec
-    from specgov.simulator.sim_server import SimServer
-    from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+    from specgov.controller.daemon.config import load_config
+    from specgov.controller.daemon.runtime import Daemon
+    from specgov.simulator.replay.runner import ServerSpec
+    from specgov.simulator.server.core import SimServer
+    from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
 
     trace = generate_trace(parse_synthetic_spec("synthetic:duration=120,rate=5,seed=4"))
     sim = SimServer(trace, ServerSpec(), speed=10, spool_dir=tmp_path / "spool", loop_trace=True)

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from specgov.controller import demo
-from specgov.controller.cli import main
-from specgov.controller.control_api import ControlService
+from specgov.controller.cli import demo
+from specgov.controller.cli.main import main
+from specgov.controller.daemon.control_api import ControlService
 
 
 def _summary_row(name: str, goodput: float, slo: float) -> dict[str, Any]:
@@ -52,7 +52,7 @@ def _stand_ins(monkeypatch: pytest.MonkeyPatch, slo: float) -> list[str]:
         return _Report([_Run(_summary_row(p, 2181.0 - i, slo)) for i, p in enumerate(policies)])
 
     monkeypatch.setattr(demo, "_run_demo", fake_run_demo)
-    monkeypatch.setattr("specgov.simulator.replay.replay", fake_replay)
+    monkeypatch.setattr("specgov.simulator.replay.runner.replay", fake_replay)
     return calls
 
 
@@ -154,8 +154,8 @@ def test_demo_status_carries_the_speed_for_specgov_status() -> None:
 
 
 def test_demo_status_wraps_a_real_daemon_as_a_control_service(tmp_path: Any) -> None:
-    from specgov.controller.config import load_config
-    from specgov.controller.daemon import Daemon
+    from specgov.controller.daemon.config import load_config
+    from specgov.controller.daemon.runtime import Daemon
 
     config = load_config(None, env={}, overrides={"state.db_path": str(tmp_path / "s.db")})
     wrapped = demo._DemoStatus(Daemon(config, store=None), 10.0)
@@ -164,7 +164,7 @@ def test_demo_status_wraps_a_real_daemon_as_a_control_service(tmp_path: Any) -> 
 
 
 def test_headline_says_what_specgov_gained_and_where_in_one_line() -> None:
-    from specgov.simulator.synthetic import DEFAULT_DEMO_SPEC
+    from specgov.simulator.workload.synthetic import DEFAULT_DEMO_SPEC
 
     assert demo.trace_phases(DEFAULT_DEMO_SPEC) == [
         ("code", 0.0, 200.0),
@@ -189,8 +189,8 @@ def test_headline_says_what_specgov_gained_and_where_in_one_line() -> None:
 def test_the_summary_ends_with_the_headline_from_real_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from specgov.simulator.replay import ServerSpec, replay
-    from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+    from specgov.simulator.replay.runner import ServerSpec, replay
+    from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
 
     spec = parse_synthetic_spec("synthetic:duration=40,rate=2,out=64,phases=code@20+chat@20,seed=2")
     trace = generate_trace(spec)

@@ -7,7 +7,7 @@ from datetime import datetime
 
 import pytest
 
-from specgov.controller.cli_format import (
+from specgov.controller.cli.format import (
     clock,
     decision_summary,
     duration,

@@ -13,7 +13,8 @@ import yaml
 from click.testing import CliRunner
 
 from specgov.adapters.spool import default_spool_dir
-from specgov.controller.config import (
+from specgov.controller.cli.config_cmd import config_group
+from specgov.controller.daemon.config import (
     DEFAULTS_LABEL,
     MAX_PROBLEMS,
     NO_BUDGET_LIMITS,
@@ -30,10 +31,9 @@ from specgov.controller.config import (
     parse_listen_address,
     secret_status,
 )
-from specgov.controller.config_cmd import config_group
+from specgov.policies.common.types import Budget
+from specgov.policies.daemon.spec import parse_policy_spec
 from specgov.policies.guardrails import GuardrailConfig
-from specgov.policies.spec import parse_policy_spec
-from specgov.policies.types import Budget
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_YAML = REPO_ROOT / "config.yaml"
@@ -85,7 +85,7 @@ def test_defaults_load_with_the_documented_values() -> None:
 
 
 def test_config_yaml_is_exactly_the_built_in_defaults() -> None:
-    # The defaults are the typed groups' (controller/config.py); config.yaml is their
+    # The defaults are the typed groups' (controller/daemon/config.py); config.yaml is their
     # commented copy: every key, no other, and the same value for each.
     raw = yaml.safe_load(CONFIG_YAML.read_text(encoding="utf-8"))
     assert {group: tuple(keys) for group, keys in raw.items()} == config_keys()

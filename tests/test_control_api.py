@@ -19,13 +19,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from specgov.controller.control_api import (
-    ControlApiConfigError,
-    is_loopback_host,
-    make_app,
-    parse_ttl,
-)
-from specgov.controller.control_client import (
+from specgov.controller.cli.control_client import (
     ControlAddressError,
     ControlAuthError,
     ControlClient,
@@ -34,6 +28,12 @@ from specgov.controller.control_client import (
     ControlServerError,
     DaemonUnreachableError,
     control_base_url,
+)
+from specgov.controller.daemon.control_api import (
+    ControlApiConfigError,
+    is_loopback_host,
+    make_app,
+    parse_ttl,
 )
 
 TOKEN = "tok-0123456789abcdef"
@@ -458,7 +458,7 @@ def test_unknown_route_and_method_are_json_errors() -> None:
 def test_unexpected_service_error_is_a_generic_500(caplog: pytest.LogCaptureFixture) -> None:
     service = FakeService()
     service.raise_on["status"] = RuntimeError("secret internal detail")
-    with caplog.at_level(logging.ERROR, logger="specgov.controller.control_api"):
+    with caplog.at_level(logging.ERROR, logger="specgov.controller.daemon.control_api"):
         reply = one(app_for(service), "GET", "/v1/status")
     assert reply.status == 500
     assert reply.body == {"error": "internal error in the specgov daemon; see its log"}
@@ -923,7 +923,7 @@ def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
 
 
 def test_json_depth_is_linear_on_adversarial_strings() -> None:
-    from specgov.controller.control_api import json_depth
+    from specgov.controller.daemon.control_api import json_depth
 
     # An unterminated string full of escaped quotes: a naive string regex rescans it
     # from every quote (quadratic: seconds for 16 KB).

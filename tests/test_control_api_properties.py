@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from specgov.controller.config import load_config
-from specgov.controller.control_api import make_app
-from specgov.controller.daemon import Daemon
-from specgov.controller.state_store import StateStore
+from specgov.controller.daemon.config import load_config
+from specgov.controller.daemon.control_api import make_app
+from specgov.controller.daemon.runtime import Daemon
+from specgov.controller.daemon.state_store import StateStore
 
 EXAMPLES = 100
 PROFILE = settings(

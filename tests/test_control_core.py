@@ -27,10 +27,18 @@ import pytest
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.spool import write_tier_stats
 from specgov.adapters.telemetry import METRICS_READ
-from specgov.controller.config import load_config
-from specgov.controller.daemon import Daemon
-from specgov.controller.state_store import StateStore
-from specgov.policies.control_core import (
+from specgov.controller.daemon.config import load_config
+from specgov.controller.daemon.runtime import Daemon
+from specgov.controller.daemon.state_store import StateStore
+from specgov.policies.common.types import (
+    Budget,
+    Observation,
+    ReasonCode,
+    RestartRecommendation,
+    StepTable,
+    TierStatsSnapshot,
+)
+from specgov.policies.control.core import (
     NOT_PUBLISHED_OBSERVE,
     AuditRecord,
     ControlCore,
@@ -41,18 +49,10 @@ from specgov.policies.control_core import (
     policy_builder,
 )
 from specgov.policies.guardrails import GuardrailConfig, Override
-from specgov.policies.types import (
-    Budget,
-    Observation,
-    ReasonCode,
-    RestartRecommendation,
-    StepTable,
-    TierStatsSnapshot,
-)
-from specgov.simulator.cost import CostModel
-from specgov.simulator.metrics import Slo
+from specgov.simulator.engine.cost import CostModel
 from specgov.simulator.priors import step_cost_prior
-from specgov.simulator.replay import (
+from specgov.simulator.replay.metrics import Slo
+from specgov.simulator.replay.runner import (
     ServerSpec,
     parse_policy,
     prepare_run,
@@ -60,7 +60,7 @@ from specgov.simulator.replay import (
     specgov_adaptive_config,
     specgov_server_info,
 )
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
 
 INTERVAL_S = 5.0
 GAPS = {8, 9}  # telemetry unavailable (HTTP 503 for the daemon)

@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 from test_control_api import TOKEN, FakeService, good_override, run_requests
 
-from specgov.controller import daemon_cmds
-from specgov.controller.config import load_config
-from specgov.controller.control_api import make_app
-from specgov.controller.control_token import (
+from specgov.controller.cli import daemon_cmds
+from specgov.controller.daemon.config import load_config
+from specgov.controller.daemon.control_api import make_app
+from specgov.controller.daemon.control_token import (
     TokenFileError,
     client_token,
     daemon_token,
@@ -178,7 +178,7 @@ def test_the_cli_reads_the_token_file_of_its_user(
         def set_policy(self, spec: str) -> dict[str, Any]:
             return {"policy": spec}
 
-    from specgov.controller import control_client
+    from specgov.controller.cli import control_client
 
     monkeypatch.setattr(control_client, "ControlClient", _Client)
     monkeypatch.delenv("SPECGOV_CONTROL_TOKEN", raising=False)

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specgov.simulator.acceptance import AcceptanceModel
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.cost import MAX_STEPS, CostCoefficients, CostModel, CostModelError
+from specgov.simulator.engine.acceptance import AcceptanceModel
+from specgov.simulator.engine.cost import MAX_STEPS, CostCoefficients, CostModel, CostModelError
 
 CATALOG = Catalog.load()
 H100 = CATALOG.gpu("h100")

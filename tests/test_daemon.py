@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from specgov.controller.config import SpecgovConfig, load_config
-from specgov.controller.daemon import Daemon
-from specgov.controller.state_store import StateStore, StoreUnavailable
-from specgov.simulator.replay import ServerSpec
-from specgov.simulator.sim_server import SimServer
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+from specgov.controller.daemon.config import SpecgovConfig, load_config
+from specgov.controller.daemon.runtime import Daemon
+from specgov.controller.daemon.state_store import StateStore, StoreUnavailable
+from specgov.simulator.replay.runner import ServerSpec
+from specgov.simulator.server.core import SimServer
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
 
 
 @pytest.fixture(scope="module")
@@ -399,17 +399,17 @@ class _RecommendingPolicy:
     name = "recommender"
 
     def initial_state(self) -> Any:
-        from specgov.policies.simple import NonePolicy
+        from specgov.policies.daemon.schedules import NonePolicy
 
         return NonePolicy().initial_state()
 
     def state_from_dict(self, data: Any) -> Any:
-        from specgov.policies.simple import NonePolicy
+        from specgov.policies.daemon.schedules import NonePolicy
 
         return NonePolicy().state_from_dict(data)
 
     def decide(self, observation: Any, state: Any, budget: Any) -> tuple[Any, Any]:
-        from specgov.policies.types import (
+        from specgov.policies.common.types import (
             Decision,
             ReasonCode,
             RestartRecommendation,
@@ -438,10 +438,10 @@ def test_a_restart_recommendation_is_structured_everywhere_and_reaches_the_apply
     from aiohttp import web
     from click.testing import CliRunner
 
-    from specgov.controller.cli import main as cli
-    from specgov.controller.control_api import make_app
-    from specgov.controller.own_metrics import render_metrics
-    from specgov.policies.control_core import ControlCore
+    from specgov.controller.cli.main import main as cli
+    from specgov.controller.daemon.control_api import make_app
+    from specgov.controller.daemon.own_metrics import render_metrics
+    from specgov.policies.control.core import ControlCore
     from specgov.policies.guardrails import GuardedPolicy
 
     handed = tmp_path / "handed.json"

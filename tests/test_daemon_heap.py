@@ -1,4 +1,4 @@
-"""`specgov run` freezes its start-up heap before the loop starts (controller/daemon_cmds.py)."""
+"""`specgov run` freezes its start-up heap before the loop starts (cli/daemon_cmds.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from specgov.controller import daemon_cmds
+from specgov.controller.cli import daemon_cmds
 
 
 @pytest.fixture

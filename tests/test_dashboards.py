@@ -22,8 +22,8 @@ import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 
-from specgov.controller.config import load_config
-from specgov.controller.daemon import Daemon
+from specgov.controller.daemon.config import load_config
+from specgov.controller.daemon.runtime import Daemon
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "deploy/grafana/specgov-dashboard.json"
@@ -326,7 +326,7 @@ def test_rules_cover_the_failures_an_operator_must_hear_about() -> None:
 
 
 def test_rule_reason_codes_are_real() -> None:
-    from specgov.policies.types import ReasonCode
+    from specgov.policies.common.types import ReasonCode
 
     codes = {c.value for c in ReasonCode}
     for rule in _rules():

@@ -139,7 +139,7 @@ def test_daemon_image_is_slim_non_root_with_a_healthcheck() -> None:
 def test_daemon_image_environment_is_a_valid_configuration() -> None:
     """The image configures the daemon through SPECGOV_<GROUP>__<KEY> variables: they
     must load, and mean what the comments say."""
-    from specgov.controller.config import load_config
+    from specgov.controller.daemon.config import load_config
 
     steps = parse_dockerfile((DEPLOY / "docker/Dockerfile").read_text())
     env = dict(
@@ -336,7 +336,7 @@ def test_pod_shares_a_private_spool_between_sglang_and_the_daemon() -> None:
 
 
 def test_adaptive_config_is_one_sglang_accepts() -> None:
-    from specgov.policies.adaptive_config import parse_adaptive_config
+    from specgov.policies.engine.adaptive_config import parse_adaptive_config
 
     data = json.loads(_kind("ConfigMap")["data"]["adaptive.json"])
     parsed = parse_adaptive_config(data, source="configmap adaptive.json")
@@ -346,7 +346,7 @@ def test_adaptive_config_is_one_sglang_accepts() -> None:
 
 
 def test_probe_paths_are_the_control_apis() -> None:
-    from specgov.controller.control_api import HEALTH_PATHS
+    from specgov.controller.daemon.control_api import HEALTH_PATHS
 
     for url in (LIVE, READY):
         assert url.removeprefix("http://127.0.0.1:9465") in HEALTH_PATHS, url
@@ -422,7 +422,7 @@ def test_service_monitor_scrapes_both_metrics_endpoints() -> None:
 def test_daemon_config_in_the_configmap_loads() -> None:
     import tempfile
 
-    from specgov.controller.config import load_config
+    from specgov.controller.daemon.config import load_config
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "config.yaml"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from specgov.policies.types import ReasonCode
+from specgov.policies.common.types import ReasonCode
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"
@@ -37,7 +37,7 @@ def test_every_alert_is_explained() -> None:
 
 
 def test_every_doctor_check_is_explained() -> None:
-    from specgov.controller import doctor_cmd
+    from specgov.controller.cli import doctor_cmd
 
     source = Path(doctor_cmd.__file__).read_text()
     names = set(re.findall(r'self\.add\(\s*"([a-z_]+)"', source))

@@ -27,11 +27,11 @@ import pytest
 from click.testing import CliRunner
 
 from specgov.adapters.telemetry import METRICS_READ
-from specgov.controller.cli import main
-from specgov.controller.doctor_cmd import ESSENTIAL_METRICS
-from specgov.simulator.replay import ServerSpec
-from specgov.simulator.sim_cli import load_trace_arg
-from specgov.simulator.sim_server import SimServer
+from specgov.controller.cli.doctor_cmd import ESSENTIAL_METRICS
+from specgov.controller.cli.main import main
+from specgov.simulator.replay.runner import ServerSpec
+from specgov.simulator.server.cli import load_trace_arg
+from specgov.simulator.server.core import SimServer
 
 Rewrite = Callable[[str, int, dict[str, str], bytes], tuple[int, dict[str, str], bytes]]
 

@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specgov.policies.adaptive_config import (
+from specgov.policies.common.types import PolicyTypeError
+from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveConfig,
     AdaptiveConfigError,
@@ -21,10 +22,9 @@ from specgov.policies.adaptive_config import (
     default_adaptive_config,
     parse_adaptive_config,
 )
-from specgov.policies.ema import EmaPolicy
-from specgov.policies.fixed import FixedStepPolicy
-from specgov.policies.protocol import AdaptiveSpecPolicy
-from specgov.policies.types import PolicyTypeError
+from specgov.policies.engine.ema import EmaPolicy
+from specgov.policies.engine.fixed import FixedStepPolicy
+from specgov.policies.engine.protocol import AdaptiveSpecPolicy
 
 
 def one_slot(steps: list[int], **knobs: Any) -> dict[str, Any]:

@@ -8,16 +8,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from specgov.simulator import engine as engine_module
-from specgov.simulator.engine import (
+from specgov.simulator.engine import core as engine_module
+from specgov.simulator.engine.core import (
     Engine,
     EngineConfig,
     EngineConfigError,
     sglang_decode_cuda_graph_bs,
 )
-from specgov.simulator.engine_requests import RequestLedger, RequestState
-from specgov.simulator.engine_series import IntervalSampler, TimeSeries, report_slot
-from specgov.simulator.traces import Request
+from specgov.simulator.engine.requests import RequestLedger, RequestState
+from specgov.simulator.engine.series import IntervalSampler, TimeSeries, report_slot
+from specgov.simulator.workload.traces import Request
 
 
 class LinearCost:
@@ -308,7 +308,7 @@ def test_prefix_cache_switch_and_cache_free_path_without_ids() -> None:
 
 
 def test_series_and_histogram_use_the_slots_the_policy_decides_for() -> None:
-    from specgov.policies.ema import EmaPolicy
+    from specgov.policies.engine.ema import EmaPolicy
 
     layout = (1, 4, 16)
     policy = EmaPolicy(1, {str(b): {"candidate_steps": [1, 2]} for b in layout})

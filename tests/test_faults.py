@@ -39,23 +39,23 @@ from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool import SpoolTableReader, write_step_table, write_tier_stats
 from specgov.adapters.telemetry import METRICS_READ
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.controller.config import load_config
-from specgov.controller.daemon import Daemon
-from specgov.controller.state_store import StateStore
-from specgov.policies.control_core import AuditRecord, ControlInputs, CoreState
-from specgov.policies.ema import EmaPolicy
-from specgov.policies.guardrails import GuardrailConfig
-from specgov.policies.types import (
+from specgov.controller.daemon.config import load_config
+from specgov.controller.daemon.runtime import Daemon
+from specgov.controller.daemon.state_store import StateStore
+from specgov.policies.common.types import (
     TABLE_SCHEMA,
     Observation,
     ReasonCode,
     StepTable,
     TierStatsSnapshot,
 )
-from specgov.simulator.cost import CostModel
-from specgov.simulator.metrics import Slo
+from specgov.policies.control.core import AuditRecord, ControlInputs, CoreState
+from specgov.policies.engine.ema import EmaPolicy
+from specgov.policies.guardrails import GuardrailConfig
+from specgov.simulator.engine.cost import CostModel
 from specgov.simulator.priors import step_cost_prior
-from specgov.simulator.replay import (
+from specgov.simulator.replay.metrics import Slo
+from specgov.simulator.replay.runner import (
     ServerSpec,
     parse_policy,
     prepare_run,
@@ -63,7 +63,7 @@ from specgov.simulator.replay import (
     specgov_adaptive_config,
     specgov_server_info,
 )
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
 
 GUARD = GuardrailConfig()  # the daemon runs with the defaults
 HOLDS = {ReasonCode.HELD_STALE_TELEMETRY.value, ReasonCode.HELD_UNKNOWN_TELEMETRY.value}

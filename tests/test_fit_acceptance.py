@@ -16,9 +16,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from specgov.controller.cli import main
-from specgov.simulator.acceptance import PROFILES
-from specgov.simulator.acceptance_fit import (
+from specgov.controller.cli.main import main
+from specgov.simulator.catalog import Catalog, CatalogError
+from specgov.simulator.engine.acceptance import PROFILES
+from specgov.simulator.engine.acceptance_fit import (
     FIT_STEPS,
     AcceptanceFitError,
     DomainFit,
@@ -30,9 +31,8 @@ from specgov.simulator.acceptance_fit import (
     synthetic_acc_len,
     trace_rates,
 )
-from specgov.simulator.catalog import Catalog, CatalogError
-from specgov.simulator.replay import ServerSpec, parse_policy, prepare_run
-from specgov.simulator.traces import Request
+from specgov.simulator.replay.runner import ServerSpec, parse_policy, prepare_run
+from specgov.simulator.workload.traces import Request
 
 CHAT = PROFILES["eagle3-llama3.1-8b"]["sharegpt"]
 

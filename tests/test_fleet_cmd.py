@@ -13,9 +13,9 @@ import httpx
 import yaml
 from click.testing import CliRunner
 
-from specgov.controller.cli import main
-from specgov.controller.fleet_gateway import SmgGateway
-from specgov.simulator.sim_server import SimServer
+from specgov.controller.cli.main import main
+from specgov.controller.fleet.gateway import SmgGateway
+from specgov.simulator.server.core import SimServer
 
 
 def _free_port() -> int:

@@ -4,12 +4,12 @@ trace, and a plain replica's capacity whose predicted time per token meets the T
 
 from __future__ import annotations
 
-from specgov.simulator.metrics import Slo
 from specgov.simulator.planning.fleet import mix_crossover, plan_fleet
 from specgov.simulator.planning.fleet_spec import FleetPlanConfig, enumerate_fleets
 from specgov.simulator.planning.router import parse_routers
-from specgov.simulator.replay import ServerSpec
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.replay.metrics import Slo
+from specgov.simulator.replay.runner import ServerSpec
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
 
 TRACE = generate_trace(parse_synthetic_spec("synthetic:duration=10,rate=4,seed=3"))
 

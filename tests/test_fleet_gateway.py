@@ -1,4 +1,4 @@
-"""The fleet governor's gateway client (controller/fleet_gateway.py): its error typing
+"""The fleet governor's gateway client (controller/fleet/gateway.py): its error typing
 against a mock gateway, and the drain it relies on against the real smg 1.13 binary with
 two sim-servers: a drained replica gets no new request, the requests it serves finish
 (none lost), it leaves the gateway, and it can be put back."""
@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from specgov.controller.fleet_gateway import GatewayError, SmgGateway
-from specgov.simulator.sim_server import SimServer
+from specgov.controller.fleet.gateway import GatewayError, SmgGateway
+from specgov.simulator.server.core import SimServer
 
 DEADLINE_S = 60.0
 

@@ -1,12 +1,12 @@
-"""The fleet governor's pure decision (policies/fleet_mix.py): the mix target around the
+"""The fleet governor's pure decision (policies/control/fleet_mix.py): the mix target around the
 crossover, one move at a time, dwell, capacity and health holds, every decision a reason."""
 
 from __future__ import annotations
 
 import pytest
 
-from specgov.policies import fleet_mix as fm
-from specgov.policies.fleet_mix import FleetMixError, MixModel, ReplicaView, decide_mix
+from specgov.policies.control import fleet_mix as fm
+from specgov.policies.control.fleet_mix import FleetMixError, MixModel, ReplicaView, decide_mix
 
 MODEL = MixModel(pays_up_to=32, replica_capacity=100.0, hysteresis=0.25, dwell_s=60.0)
 

@@ -1,4 +1,4 @@
-"""Carrying out a fleet move (controller/fleet_move.py): the fleet file's errors, the
+"""Carrying out a fleet move (controller/fleet/move.py): the fleet file's errors, the
 steps of a move in order with their audit rows, the rollback when a restarted replica
 does not come back, and a replica lost in both modes."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from specgov.controller.fleet_gateway import GatewayError
-from specgov.controller.fleet_move import (
+from specgov.controller.fleet.gateway import GatewayError
+from specgov.controller.fleet.move import (
     AuditLog,
     FleetFileError,
     execute_move,
@@ -18,7 +18,7 @@ from specgov.controller.fleet_move import (
     parse_fleet,
     render_command,
 )
-from specgov.policies.fleet_mix import Move
+from specgov.policies.control.fleet_mix import Move
 
 FLEET = {
     "gateway": "http://127.0.0.1:30080",

@@ -23,16 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specgov.policies.daemon import DaemonPolicy
-from specgov.policies.goodput import (
-    GOODPUT_STATE_VERSION,
-    GoodputConfig,
-    GoodputConfigError,
-    GoodputPolicy,
-    GoodputState,
-)
-from specgov.policies.guardrails import GuardedPolicy, GuardrailConfig
-from specgov.policies.types import (
+from specgov.policies.common.types import (
     Budget,
     Decision,
     LatencyQuantiles,
@@ -44,8 +35,17 @@ from specgov.policies.types import (
     TierStat,
     TierStatsSnapshot,
 )
+from specgov.policies.daemon.goodput import (
+    GOODPUT_STATE_VERSION,
+    GoodputConfig,
+    GoodputConfigError,
+    GoodputPolicy,
+    GoodputState,
+)
+from specgov.policies.daemon.protocol import DaemonPolicy
+from specgov.policies.guardrails import GuardedPolicy, GuardrailConfig
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.cost import CostModel
+from specgov.simulator.engine.cost import CostModel
 from specgov.simulator.priors import step_cost_prior
 
 CATALOG = Catalog.load()

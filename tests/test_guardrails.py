@@ -10,7 +10,19 @@ from typing import Any
 
 import pytest
 
-from specgov.policies.daemon import DaemonPolicy
+from specgov.policies.common.types import (
+    Budget,
+    Decision,
+    LatencyQuantiles,
+    Observation,
+    PolicyTypeError,
+    ReasonCode,
+    RestartRecommendation,
+    SpecShape,
+    StepTable,
+    TierStatsSnapshot,
+)
+from specgov.policies.daemon.protocol import DaemonPolicy
 from specgov.policies.guardrails import (
     GUARD_STEPS,
     ChangeTrial,
@@ -40,18 +52,6 @@ from specgov.policies.guardrails import (
     without_overrides,
 )
 from specgov.policies.guardrails.wrapper import _wanted
-from specgov.policies.types import (
-    Budget,
-    Decision,
-    LatencyQuantiles,
-    Observation,
-    PolicyTypeError,
-    ReasonCode,
-    RestartRecommendation,
-    SpecShape,
-    StepTable,
-    TierStatsSnapshot,
-)
 
 Slots = tuple[tuple[int, int], ...]
 

@@ -17,6 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_guardrails import Scripted, Step
 
+from specgov.policies.common.types import (
+    Budget,
+    LatencyQuantiles,
+    Observation,
+    ReasonCode,
+    StepTable,
+    TierStatsSnapshot,
+)
 from specgov.policies.guardrails import (
     GuardedPolicy,
     GuardedState,
@@ -25,14 +33,6 @@ from specgov.policies.guardrails import (
     clamp_step,
     with_override,
     without_overrides,
-)
-from specgov.policies.types import (
-    Budget,
-    LatencyQuantiles,
-    Observation,
-    ReasonCode,
-    StepTable,
-    TierStatsSnapshot,
 )
 
 Slots = tuple[tuple[int, int], ...]

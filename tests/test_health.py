@@ -15,12 +15,12 @@ from prometheus_client import CollectorRegistry
 from specgov.adapters.log_throttle import LogThrottle
 from specgov.adapters.prometheus_text import parse_metrics
 from specgov.adapters.sglang_http import MetricsScrape
-from specgov.controller.config import SpecgovConfig, load_config
-from specgov.controller.control_api import make_app
-from specgov.controller.daemon import Daemon
-from specgov.controller.health import FailureClock, HealthInputs, liveness, readiness
-from specgov.policies.control_core import Publish
-from specgov.policies.types import StepTable
+from specgov.controller.daemon.config import SpecgovConfig, load_config
+from specgov.controller.daemon.control_api import make_app
+from specgov.controller.daemon.health import FailureClock, HealthInputs, liveness, readiness
+from specgov.controller.daemon.runtime import Daemon
+from specgov.policies.common.types import StepTable
+from specgov.policies.control.core import Publish
 
 
 class Clock:
@@ -351,7 +351,7 @@ class _BusyClient(_NanClient):
 
 
 def _stats(window_end_s: float) -> Any:
-    from specgov.policies.types import TierStat, TierStatsSnapshot
+    from specgov.policies.common.types import TierStat, TierStatsSnapshot
 
     tier = TierStat(
         slot=1,

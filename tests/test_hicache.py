@@ -13,20 +13,20 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from specgov.controller.cli import main
-from specgov.simulator import sim_cli
-from specgov.simulator.engine import Engine, EngineConfig, EngineConfigError, EngineResult
-from specgov.simulator.prefix_cache import (
+from specgov.controller.cli.main import main
+from specgov.simulator.engine.core import Engine, EngineConfig, EngineConfigError, EngineResult
+from specgov.simulator.engine.prefix_cache import (
     CacheNode,
     HicacheError,
     PrefixCache,
     block_tokens,
     hicache_token_capacity,
 )
-from specgov.simulator.replay import ServerSpec, parse_policy, prepare_run, replay
-from specgov.simulator.sim_server import SimServer
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
-from specgov.simulator.traces import PREFIX_BLOCK_TOKENS, Request
+from specgov.simulator.replay.runner import ServerSpec, parse_policy, prepare_run, replay
+from specgov.simulator.server import cli as sim_cli
+from specgov.simulator.server.core import SimServer
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.traces import PREFIX_BLOCK_TOKENS, Request
 
 B = PREFIX_BLOCK_TOKENS
 # A multi-turn chat whose conversations outgrow a small KV pool: ~400k tokens live at once.
@@ -262,7 +262,7 @@ def test_sim_server_takes_the_flags_and_reports_them_in_server_info(
         def __init__(self, _trace: object, server: ServerSpec, **_kw: object) -> None:
             built.append(server)
 
-    monkeypatch.setattr("specgov.simulator.sim_server.SimServer", FakeSim)
+    monkeypatch.setattr("specgov.simulator.server.core.SimServer", FakeSim)
     monkeypatch.setattr(sim_cli, "serve", lambda *_a, **_k: 0)
     result = CliRunner().invoke(
         sim_cli.sim_server_cmd,

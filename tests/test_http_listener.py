@@ -26,9 +26,9 @@ from prometheus_client import CollectorRegistry
 
 from specgov.adapters import http_listener
 from specgov.adapters.http_listener import BoundedSite, serve
-from specgov.controller.config import load_config
-from specgov.controller.control_api import make_app
-from specgov.controller.daemon import Daemon
+from specgov.controller.daemon.config import load_config
+from specgov.controller.daemon.control_api import make_app
+from specgov.controller.daemon.runtime import Daemon
 
 HOST = "127.0.0.1"
 # Deadlines, not expectations: they bound how long a broken build takes to fail.
@@ -239,7 +239,7 @@ def test_the_sim_servers_front_is_bounded_too() -> None:
     listener: 150 idle connections past its cap of 128 leave a request answered."""
     import urllib.request
 
-    from specgov.simulator.sim_http_front import SIM_MAX_CONNECTIONS, HttpFront
+    from specgov.simulator.server.http_front import SIM_MAX_CONNECTIONS, HttpFront
 
     front = HttpFront(_ping_app, HOST, 0)
     front.start()

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from specgov.adapters.errors import bounded_repr, escape_upstream
-from specgov.controller.config import (
+from specgov.controller.daemon.config import (
     CONFIG_MAX_BYTES,
     ENV_VALUE_MAX_CHARS,
     MESSAGE_MAX_CHARS,
@@ -25,7 +25,7 @@ from specgov.controller.config import (
     ConfigError,
     load_config,
 )
-from specgov.simulator.traces import (
+from specgov.simulator.workload.traces import (
     MAX_FIELD_CHARS,
     MAX_LINE_BYTES,
     MAX_SPAN_S,
@@ -313,7 +313,7 @@ def test_a_synthetic_spec_beyond_its_bounds_is_a_clear_error(
 ) -> None:
     from click.testing import CliRunner
 
-    from specgov.controller.cli import main
+    from specgov.controller.cli.main import main
 
     start = time.perf_counter()
     result = CliRunner().invoke(main, ["replay", spec])

@@ -25,10 +25,10 @@ from specgov.adapters.launch_config import (
     parse_slots,
     shape_from_flags,
 )
-from specgov.controller.recommend import recommend_from_replay
-from specgov.controller.sglang_args_cmd import sglang_args
-from specgov.policies.adaptive_config import DEFAULT_ADAPTIVE_CONFIG, parse_adaptive_config
-from specgov.policies.types import SpecShape
+from specgov.controller.cli.sglang_args_cmd import sglang_args
+from specgov.controller.daemon.recommend import recommend_from_replay
+from specgov.policies.common.types import SpecShape
+from specgov.policies.engine.adaptive_config import DEFAULT_ADAPTIVE_CONFIG, parse_adaptive_config
 
 NONE = SpecShape("NONE", 0, 0, 0, ())
 
@@ -557,7 +557,7 @@ def test_recommend_bad_reports(rep: Any, match: str) -> None:
 
 
 def test_recommend_from_a_real_replay(tmp_path: Path) -> None:
-    from specgov.controller.cli import main
+    from specgov.controller.cli.main import main
 
     runner = CliRunner()
     res = runner.invoke(

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-import specgov.policies.table as table_mod
+import specgov.policies.engine.table as table_mod
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool import SpoolTableReader, write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.ema import EmaPolicy
-from specgov.policies.goodput.rules import GRID, RuleEval, slot_rule
-from specgov.policies.table import (
+from specgov.policies.common.types import SlotRule, StepTable, TierStatsSnapshot
+from specgov.policies.daemon.goodput.rules import GRID, RuleEval, slot_rule
+from specgov.policies.engine.ema import EmaPolicy
+from specgov.policies.engine.table import (
     PROBE_SHARE,
     RULE_DWELL_S,
     TablePolicy,
 )
-from specgov.policies.types import SlotRule, StepTable, TierStatsSnapshot
 
 CANDIDATES = [0, 1, 3, 5, 7]
 # CUDA graphs off: SGLang's default config captures no step 0 for small batches.
@@ -213,7 +213,7 @@ def test_the_plugin_and_replay_answer_alike(tmp_path: Path) -> None:
         stats_writer=None,
     )
     plugin.set_cuda_graph_bs(GRAPHS)
-    replay = table_policy(lambda: table, clock)  # what simulator/replay.py builds
+    replay = table_policy(lambda: table, clock)  # what simulator/replay/runner.py builds
     rng = random.Random(11)
     p = 0.5
     for i in range(20_000):

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.replay import ServerSpec, parse_policy, prepare_run
-from specgov.simulator.traces import Request
+from specgov.simulator.replay.runner import ServerSpec, parse_policy, prepare_run
+from specgov.simulator.workload.traces import Request
 
 for _module in ("torch", "transformers"):
     try:

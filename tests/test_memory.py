@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.memory import (
+from specgov.simulator.engine.memory import (
     GIB,
     DoesNotFitError,
     MemoryPlan,

@@ -9,25 +9,25 @@ from typing import Any
 
 import pytest
 
-from specgov.simulator.acceptance import AcceptanceModel
-from specgov.simulator.engine import EngineConfig, EngineResult
-from specgov.simulator.oracle import (
+from specgov.simulator.engine.acceptance import AcceptanceModel
+from specgov.simulator.engine.core import EngineConfig, EngineResult
+from specgov.simulator.engine.sglang_metrics import SimMetrics
+from specgov.simulator.replay.oracle import (
     ClairvoyantOracle,
     InformedOracle,
     OracleError,
     oracle_report,
     oracle_share,
 )
-from specgov.simulator.replay import (
+from specgov.simulator.replay.runner import (
     PolicySpecError,
     ServerSpec,
     parse_policy,
     prepare_run,
     replay,
 )
-from specgov.simulator.sim_metrics import SimMetrics
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
-from specgov.simulator.traces import Request, Trace
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.traces import Request, Trace
 
 EAGLE = "eagle3-llama3.1-8b"
 

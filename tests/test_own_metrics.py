@@ -11,13 +11,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from specgov.controller.own_metrics import (
+from specgov.controller.daemon.own_metrics import (
     DEFAULT_SCRAPE_ERROR_KINDS,
     DaemonMetrics,
     DaemonSnapshot,
     metrics_app,
 )
-from specgov.policies.types import StepTable
+from specgov.policies.common.types import StepTable
 
 
 def _table(

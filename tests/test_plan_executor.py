@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from specgov.controller.cli import main
+from specgov.controller.cli.main import main
 from specgov.simulator.planning import executor as executor_mod
 from specgov.simulator.planning.executor import ExecutorError, JobFailedError, run_jobs
 from specgov.simulator.planning.search import SearchSettings
 from specgov.simulator.planning.sweep import JobSpec, SweepSettings, enumerate_jobs, run_job
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
 
 TRACE_SPEC = "synthetic:duration=10,rate=2,seed=3"
 TRACE = generate_trace(parse_synthetic_spec(TRACE_SPEC))

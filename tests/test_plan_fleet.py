@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from specgov.simulator.engine import EngineResult
-from specgov.simulator.metrics import Slo
+from specgov.simulator.engine.core import EngineResult
 from specgov.simulator.planning.fleet import plan_fleet
 from specgov.simulator.planning.fleet_engine import (
     FleetSimulationError,
@@ -41,9 +40,10 @@ from specgov.simulator.planning.router import (
     parse_router,
     parse_routers,
 )
-from specgov.simulator.replay import ServerSpec, parse_policy, prepare_run
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
-from specgov.simulator.traces import Request, Trace
+from specgov.simulator.replay.metrics import Slo
+from specgov.simulator.replay.runner import ServerSpec, parse_policy, prepare_run
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.traces import Request, Trace
 
 TRACE = generate_trace(parse_synthetic_spec("synthetic:duration=20,rate=6,seed=3"))
 # Short requests at a load one plain H100 holds and one speculative one does not

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from specgov.controller.cli import main
+from specgov.controller.cli.main import main
 
 TRACE = "synthetic:duration=10,rate=4,seed=1"
 SATURATED = "synthetic:duration=30,rate=40,in=256,out=128,seed=2"

@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from specgov.simulator.metrics import Slo
 from specgov.simulator.planning.executor import run_jobs
 from specgov.simulator.planning.fleet import plan_fleet
 from specgov.simulator.planning.fleet_spec import FleetPlanConfig, enumerate_fleets
@@ -30,8 +29,9 @@ from specgov.simulator.planning.router import parse_routers
 from specgov.simulator.planning.search import SearchSettings
 from specgov.simulator.planning.sweep import SweepSettings, build_document, enumerate_jobs
 from specgov.simulator.planning.vram import vram_document, vram_plan
-from specgov.simulator.replay import ServerSpec
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.replay.metrics import Slo
+from specgov.simulator.replay.runner import ServerSpec
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
 
 TRACE = generate_trace(parse_synthetic_spec("synthetic:duration=20,rate=4,seed=1"))
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -9,7 +9,7 @@ from typing import Any
 from specgov.simulator.planning.fleet_judge import choose, recommendation_text
 from specgov.simulator.planning.simplicity import complexity, speculation_verdict
 from specgov.simulator.planning.sweep import SweepSettings, build_document
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
 
 TRACE = generate_trace(parse_synthetic_spec("synthetic:duration=20,rate=4,seed=1"))
 SETTINGS = SweepSettings()
@@ -224,7 +224,7 @@ def test_plan_sweep_answers_host_cache_or_gpus_end_to_end() -> None:
 
     from click.testing import CliRunner
 
-    from specgov.controller.cli import main
+    from specgov.controller.cli.main import main
 
     # Multi-turn chat on a small KV pool: prefills of growing prompts bound the TTFT, and
     # a host tier keeps the evicted turns (measured: 2.6 vs 4.1 req/s per replica).

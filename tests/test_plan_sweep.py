@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from specgov.controller.cli import main
+from specgov.controller.cli.main import main
 from specgov.simulator.catalog import Catalog
 from specgov.simulator.planning.executor import ExecutorError, run_jobs
 from specgov.simulator.planning.prices import PriceError, load_prices
@@ -24,8 +24,13 @@ from specgov.simulator.planning.sweep import (
     parse_shape_name,
     run_job,
 )
-from specgov.simulator.replay import ServerSpec, parse_policy, prepare_run, specgov_adaptive_config
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.replay.runner import (
+    ServerSpec,
+    parse_policy,
+    prepare_run,
+    specgov_adaptive_config,
+)
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
 
 TRACE_SPEC = "synthetic:duration=20,rate=4,seed=1"
 TRACE = generate_trace(parse_synthetic_spec(TRACE_SPEC))

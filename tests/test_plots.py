@@ -11,17 +11,21 @@ import numpy as np
 import pytest
 from matplotlib.collections import QuadMesh
 
-from specgov.policies.ema import EmaPolicy
-from specgov.policies.table import TablePolicy
-from specgov.simulator.engine import TimeSeries, sglang_decode_cuda_graph_bs
-from specgov.simulator.engine_series import (
+from specgov.policies.engine.ema import EmaPolicy
+from specgov.policies.engine.table import TablePolicy
+from specgov.simulator.engine.core import TimeSeries, sglang_decode_cuda_graph_bs
+from specgov.simulator.engine.series import (
     REPORT_SLOTS,
     IntervalSampler,
     report_slot,
     slot_layout,
 )
-from specgov.simulator.plots import comparison_figure, series_figure, write_plots
-from specgov.simulator.replay import SPECGOV_SLOT_CANDIDATES, parse_policy, specgov_adaptive_config
+from specgov.simulator.replay.plots import comparison_figure, series_figure, write_plots
+from specgov.simulator.replay.runner import (
+    SPECGOV_SLOT_CANDIDATES,
+    parse_policy,
+    specgov_adaptive_config,
+)
 
 NAN = math.nan
 

@@ -20,7 +20,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.policies import report, run, scenarios  # noqa: E402
-from specgov.simulator.metrics import Slo  # noqa: E402
+from specgov.simulator.replay.metrics import Slo  # noqa: E402
 
 # 48 s of arrivals, two content phases, a burst in the second so policies differ.
 TINY = scenarios.Workload(

@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specgov.policies.bandit import BanditConfig, BanditPolicy
-from specgov.policies.daemon import DaemonPolicy
-from specgov.policies.simple import BatchTablePolicy, NonePolicy, StaticPolicy
-from specgov.policies.spec import (
+from specgov.policies.daemon.bandit import BanditConfig, BanditPolicy
+from specgov.policies.daemon.protocol import DaemonPolicy
+from specgov.policies.daemon.schedules import BatchTablePolicy, NonePolicy, StaticPolicy
+from specgov.policies.daemon.spec import (
     KNOWN_KINDS,
     PolicySpec,
     PolicySpecError,
@@ -23,7 +23,7 @@ from specgov.policies.spec import (
     parse_policy_spec,
 )
 
-HAVE_GOODPUT = importlib.util.find_spec("specgov.policies.goodput") is not None
+HAVE_GOODPUT = importlib.util.find_spec("specgov.policies.daemon.goodput") is not None
 
 
 @pytest.mark.parametrize(
@@ -165,12 +165,12 @@ def test_builds_the_bandit_from_its_config() -> None:
 
 
 def test_goodput_builds_through_its_module() -> None:
-    goodput = pytest.importorskip("specgov.policies.goodput")
+    goodput = pytest.importorskip("specgov.policies.daemon.goodput")
     policy = build_daemon_policy(parse_policy_spec("goodput:slo_tpot_ms=40"), prior=None)
     assert isinstance(policy, goodput.GoodputPolicy)
     assert policy.config == goodput.GoodputConfig(slo_tpot_ms=40.0)
     assert isinstance(policy, DaemonPolicy)
-    estimators = pytest.importorskip("specgov.policies.estimators.step_cost")
+    estimators = pytest.importorskip("specgov.policies.daemon.estimators.step_cost")
     prior = estimators.default_step_cost_prior()
     assert isinstance(build_daemon_policy("goodput", prior=prior), goodput.GoodputPolicy)
     # The prior is for goodput; the others accept and ignore it.

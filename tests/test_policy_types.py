@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specgov.policies.types import (
+from specgov.policies.common.types import (
     Budget,
     Decision,
     LatencyQuantiles,
@@ -403,9 +403,12 @@ def test_decision_errors_name_the_field(kwargs: dict[str, Any], field: str) -> N
 
 
 def test_the_adaptive_config_gives_the_one_slot_layout_observations_and_the_guard_use() -> None:
-    from specgov.policies.adaptive_config import default_adaptive_config, parse_adaptive_config
-    from specgov.policies.codec import from_data, to_data
-    from specgov.policies.types import SlotLayout
+    from specgov.policies.common.codec import from_data, to_data
+    from specgov.policies.common.types import SlotLayout
+    from specgov.policies.engine.adaptive_config import (
+        default_adaptive_config,
+        parse_adaptive_config,
+    )
 
     layout = parse_adaptive_config(default_adaptive_config()).layout
     assert layout == ((1, (1, 3, 5, 7)), (8, (0, 1, 3)), (32, (0, 1)), (64, (0,)))
@@ -431,7 +434,7 @@ class _Tree:
 
 
 def test_to_data_drops_derived_fields_at_every_depth_and_gives_lists() -> None:
-    from specgov.policies.codec import to_data
+    from specgov.policies.common.codec import to_data
 
     tree = _Tree(
         leaves=(_Leaf(1.0), _Leaf(2.0)), by_name={"a": (_Leaf(3.0),)}, tags=frozenset({"x"})

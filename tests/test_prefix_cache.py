@@ -14,14 +14,14 @@ import pytest
 from click.testing import CliRunner
 
 from specgov.adapters.prometheus_text import gauge_by_dp, parse_metrics
-from specgov.simulator import sim_cli
-from specgov.simulator.engine import Engine, EngineConfig, EngineResult
-from specgov.simulator.prefix_cache import PrefixCache, block_tokens
-from specgov.simulator.replay import ServerSpec, replay
-from specgov.simulator.sim_metrics import SimMetrics
-from specgov.simulator.sim_server import SimServer
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
-from specgov.simulator.traces import (
+from specgov.simulator.engine.core import Engine, EngineConfig, EngineResult
+from specgov.simulator.engine.prefix_cache import PrefixCache, block_tokens
+from specgov.simulator.engine.sglang_metrics import SimMetrics
+from specgov.simulator.replay.runner import ServerSpec, replay
+from specgov.simulator.server import cli as sim_cli
+from specgov.simulator.server.core import SimServer
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.traces import (
     PREFIX_BLOCK_TOKENS,
     Request,
     Trace,
@@ -361,7 +361,7 @@ def test_sim_server_disable_radix_cache_flag_turns_the_cache_off(
         def __init__(self, _trace: object, server: ServerSpec, **_kw: object) -> None:
             built.append(server)
 
-    monkeypatch.setattr("specgov.simulator.sim_server.SimServer", FakeSim)
+    monkeypatch.setattr("specgov.simulator.server.core.SimServer", FakeSim)
     monkeypatch.setattr(sim_cli, "serve", lambda *_a, **_k: 0)
     trace = "synthetic:duration=5,rate=1"
     for args, expected in (([], True), (["--disable-radix-cache"], False)):

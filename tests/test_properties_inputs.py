@@ -27,14 +27,14 @@ from hypothesis import strategies as st
 
 from specgov.adapters.errors import ResponseFormatError, escape_upstream
 from specgov.adapters.prometheus_text import MetricsSnapshot, parse_metrics, restrict
-from specgov.controller.config import (
+from specgov.controller.daemon.config import (
     DEFAULTS_LABEL,
     ConfigError,
     SpecgovConfig,
     config_keys,
     load_config,
 )
-from specgov.policies.spec import (
+from specgov.policies.daemon.spec import (
     KNOWN_KINDS,
     PolicySpec,
     PolicySpecError,
@@ -42,7 +42,7 @@ from specgov.policies.spec import (
     format_policy_spec,
     parse_policy_spec,
 )
-from specgov.simulator.traces import Trace, TraceError, TraceFormatError, load_trace
+from specgov.simulator.workload.traces import Trace, TraceError, TraceFormatError, load_trace
 
 METRICS_EXAMPLES = 400
 TRACE_EXAMPLES = 300

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from specgov.controller.recommend import (
+from specgov.controller.daemon.recommend import (
     Recommendation,
     RecommendError,
     WorkloadSummary,
@@ -21,9 +21,9 @@ from specgov.controller.recommend import (
     saturated_concurrency,
     table_policy,
 )
-from specgov.policies.types import SpecShape
-from specgov.simulator.replay import replay
-from specgov.simulator.traces import Trace
+from specgov.policies.common.types import SpecShape
+from specgov.simulator.replay.runner import replay
+from specgov.simulator.workload.traces import Trace
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -100,7 +100,7 @@ def test_when_the_emas_zero_slots_stay_at_0_the_skip_flag_is_replayed_and_report
     # The trigger itself (recommend_skip_zero_step: every slot that can choose 0 spent
     # >= 90 % of >= 200 batches there) is tested in test_launch_config; here it fires,
     # and the restart loop replays the EMA with the step-0 draft-extend pass skipped.
-    import specgov.controller.recommend as rec_module
+    import specgov.controller.daemon.recommend as rec_module
 
     seen: list[dict[tuple[int, int], int]] = []
 
@@ -165,7 +165,7 @@ def test_the_recommendation_fires_only_for_a_sustained_gain_of_ten_percent() -> 
 
 
 def test_equal_goodput_compares_tpot_p50() -> None:
-    from specgov.controller.recommend import choose_candidate
+    from specgov.controller.daemon.recommend import choose_candidate
 
     rows = [
         {"candidate": "a", "goodput_tok_s": 100.0, "tpot_p50_ms": 20.0},

@@ -10,7 +10,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from specgov.controller.cli import main
+from specgov.controller.cli.main import main
 
 SMALL_SYNTH = "synthetic:duration=60,rate=6,seed=3"
 POLICY_KEYS = {
@@ -195,7 +195,7 @@ def test_missing_trace_file_exits_2(tmp_path: Path) -> None:
 
 
 def test_every_replay_option_has_help_text() -> None:
-    from specgov.controller.cli import replay
+    from specgov.controller.cli.main import replay
 
     missing = [
         p.name
@@ -221,7 +221,7 @@ def test_an_overloaded_replay_says_so_before_the_goodput_ratios() -> None:
 def test_progress_is_shown_on_a_terminal_and_not_when_piped(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from specgov.controller import cli
+    from specgov.controller.cli import main as cli
 
     args = ["replay", SMALL_SYNTH, "--policy", "none", "--policy", "static:3", "--output", "json"]
     piped = CliRunner().invoke(main, args)
@@ -257,7 +257,7 @@ def test_skip_zero_step_draft_extend_reaches_the_simulated_server() -> None:
 
 
 def _command_params() -> dict[str, dict[str, click.Parameter]]:
-    from specgov.controller.cli import _register_subcommands
+    from specgov.controller.cli.main import _register_subcommands
 
     _register_subcommands()
     plan = main.commands["plan"]

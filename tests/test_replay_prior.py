@@ -13,24 +13,24 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from specgov.controller.cli import main
-from specgov.policies.estimators.step_cost import (
+from specgov.controller.cli.main import main
+from specgov.policies.daemon.estimators.step_cost import (
     StepCostPrior,
     initial_step_cost_state,
     predict_step_s,
     verify_knee_tokens,
 )
-from specgov.policies.goodput import GoodputPolicy
-from specgov.simulator import replay as replay_mod
+from specgov.policies.daemon.goodput import GoodputPolicy
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.cost import CostModel
+from specgov.simulator.engine.cost import CostModel
 from specgov.simulator.priors import (
     PriorOptionError,
     check_prior_options,
     replay_step_cost_prior,
     step_cost_prior,
 )
-from specgov.simulator.replay import ServerSpec, parse_policy, prepare_run
+from specgov.simulator.replay import runner as replay_mod
+from specgov.simulator.replay.runner import ServerSpec, parse_policy, prepare_run
 
 CATALOG = Catalog.load()
 LLAMA8 = CATALOG.model("llama-3.1-8b")

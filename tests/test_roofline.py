@@ -1,6 +1,6 @@
 """One roofline: the simulator's CostModel and the estimator's StepCostPrior share it.
 
-The decode-step formula lives once, in ``specgov.policies.roofline``; the simulator's
+The decode-step formula lives once, in ``specgov.policies.common.roofline``; the simulator's
 cost model *is* a ``Roofline`` and the prior holds the cost model's coefficients
 object, so a prior built from a cost model predicts bit for bit what it charges.
 """
@@ -15,22 +15,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specgov.policies.estimators.step_cost import (
-    StepCostPrior,
-    default_step_cost_prior,
-    initial_step_cost_state,
-    predict_step_s,
-)
-from specgov.policies.roofline import (
+from specgov.policies.common.roofline import (
     MAX_STEPS,
     Roofline,
     RooflineCoefficients,
     RooflineError,
     scaled_coefficients,
 )
-from specgov.policies.types import PolicyTypeError
+from specgov.policies.common.types import PolicyTypeError
+from specgov.policies.daemon.estimators.step_cost import (
+    StepCostPrior,
+    default_step_cost_prior,
+    initial_step_cost_state,
+    predict_step_s,
+)
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.cost import CostCoefficients, CostModel, CostModelError
+from specgov.simulator.engine.cost import CostCoefficients, CostModel, CostModelError
 from specgov.simulator.priors import step_cost_prior
 
 CATALOG = Catalog.load()

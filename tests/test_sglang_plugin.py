@@ -19,10 +19,10 @@ import specgov.adapters.sglang_plugin as plugin_mod
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams, load_adaptive_config
 from specgov.adapters.spool import read_tier_stats, write_step_table
 from specgov.adapters.tp_sync import LocalChannel, encode_payload
-from specgov.policies.adaptive_config import AdaptiveConfigError
-from specgov.policies.ema import EmaPolicy
-from specgov.policies.protocol import AdaptiveSpecPolicy
-from specgov.policies.types import StepTable, TierStatsSnapshot
+from specgov.policies.common.types import StepTable, TierStatsSnapshot
+from specgov.policies.engine.adaptive_config import AdaptiveConfigError
+from specgov.policies.engine.ema import EmaPolicy
+from specgov.policies.engine.protocol import AdaptiveSpecPolicy
 
 GRAPHS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64, 96, 128, 256]
 DEFAULT_CANDIDATES = [0, 1, 3, 5, 7]

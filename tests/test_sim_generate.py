@@ -1,7 +1,7 @@
 """Generation on the simulated server: SGLang's /generate and the OpenAI routes, called
 with real clients (the `openai` package, SGLang's request format over httpx), directly
 and through the real `smg` gateway; the engine side of live requests with a scripted
-source (module specgov.simulator.engine_live)."""
+source (module specgov.simulator.engine.live)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ import httpx
 import openai
 import pytest
 
-from specgov.controller.fleet_gateway import SmgGateway
-from specgov.simulator import sim_generate as sg
-from specgov.simulator.engine_live import LIVE_INDEX_BASE
-from specgov.simulator.engine_requests import RequestState
-from specgov.simulator.replay import ServerSpec, parse_policy, prepare_run
-from specgov.simulator.sim_server import SimServer
-from specgov.simulator.traces import Request
+from specgov.controller.fleet.gateway import SmgGateway
+from specgov.simulator.engine.live import LIVE_INDEX_BASE
+from specgov.simulator.engine.requests import RequestState
+from specgov.simulator.replay.runner import ServerSpec, parse_policy, prepare_run
+from specgov.simulator.server import generate as sg
+from specgov.simulator.server.core import SimServer
+from specgov.simulator.workload.traces import Request
 
 DEADLINE_S = 60.0
 MODEL = "specgov-sim:llama-3.1-8b"
@@ -384,7 +384,7 @@ def _free_port() -> int:
 def _specgov() -> list[str]:
     import sys
 
-    return [sys.executable, "-m", "specgov.controller.cli"]
+    return [sys.executable, "-m", "specgov.controller.cli.main"]
 
 
 def _up(url: str) -> bool:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specgov.simulator.replay import ServerSpec, build_engine, parse_policy
-from specgov.simulator.sim_metrics import SimMetrics
-from specgov.simulator.traces import Request
+from specgov.simulator.engine.sglang_metrics import SimMetrics
+from specgov.simulator.replay.runner import ServerSpec, build_engine, parse_policy
+from specgov.simulator.workload.traces import Request
 
 
 def _samples(text: bytes) -> dict[str, float]:
@@ -147,7 +147,7 @@ def test_replays_snapshot_gives_the_observations_the_parsed_text_gives() -> None
     # retractions), both paths must give equal snapshots and equal observations.
     from specgov.adapters.observation_builder import ObservationBuilder
     from specgov.adapters.telemetry import METRICS_READ, parse_read_metrics
-    from specgov.simulator.replay import specgov_adaptive_config, specgov_server_info
+    from specgov.simulator.replay.runner import specgov_adaptive_config, specgov_server_info
 
     reqs = [Request(0.02 * i, 400 + 37 * (i % 5), 60 + i % 11, "chat") for i in range(300)]
     server = ServerSpec(max_running_requests=16)

@@ -30,14 +30,18 @@ from specgov.adapters.observation_builder import (
 from specgov.adapters.prometheus_text import counter_by_dp, gauge_by_dp, parse_metrics
 from specgov.adapters.spool import TierStatsRecord, read_tier_stats, write_step_table
 from specgov.adapters.telemetry import REALTIME_DECODE_MODE, REALTIME_TOKENS
-from specgov.policies.adaptive_config import AdaptiveConfigError, candidate_steps_union
-from specgov.policies.types import Observation, StepTable
-from specgov.simulator import sim_endpoints as ep
-from specgov.simulator.replay import SPECGOV_SLOT_CANDIDATES, ServerSpec, specgov_adaptive_config
-from specgov.simulator.sim_cli import serve, sim_server_cmd
-from specgov.simulator.sim_server import SimServer, SimServerError
-from specgov.simulator.synthetic import SyntheticSpec, generate_trace, parse_synthetic_spec
-from specgov.simulator.traces import Request, Trace
+from specgov.policies.common.types import Observation, StepTable
+from specgov.policies.engine.adaptive_config import AdaptiveConfigError, candidate_steps_union
+from specgov.simulator.replay.runner import (
+    SPECGOV_SLOT_CANDIDATES,
+    ServerSpec,
+    specgov_adaptive_config,
+)
+from specgov.simulator.server import endpoints as ep
+from specgov.simulator.server.cli import serve, sim_server_cmd
+from specgov.simulator.server.core import SimServer, SimServerError
+from specgov.simulator.workload.synthetic import SyntheticSpec, generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.traces import Request, Trace
 
 LOADS_INCLUDE = {"include": "core,memory,spec,queues"}
 CANDIDATES = candidate_steps_union(specgov_adaptive_config())
@@ -501,7 +505,7 @@ READY_TIMEOUT_S = 90.0  # a child process importing the simulator on a busy mach
 
 def _specgov_argv() -> list[str]:
     exe = Path(sys.executable).with_name("specgov")
-    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "specgov.controller.cli"]
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "specgov.controller.cli.main"]
 
 
 class _SimServerProcess:
@@ -633,7 +637,7 @@ def test_sim_server_option_defaults_are_the_server_specs() -> None:
     # The module entry runs the same command.
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
     out = subprocess.run(
-        [sys.executable, "-m", "specgov.simulator.sim_cli", "--help"],
+        [sys.executable, "-m", "specgov.simulator.server.cli", "--help"],
         capture_output=True,
         text=True,
         env=env,
@@ -701,6 +705,6 @@ def test_server_info_says_the_speed_that_turns_wall_rates_into_simulated_ones(
     assert ep.SIM_SPEED_KEY not in ep.server_info_body(serving[1], ep.LiveState())
     # The daemon reads the speed under its own copy of the key (it may not import the
     # simulator): the two must agree.
-    from specgov.controller import daemon as daemon_module
+    from specgov.controller.daemon import runtime as daemon_module
 
     assert daemon_module.SIM_SPEED_KEY == ep.SIM_SPEED_KEY

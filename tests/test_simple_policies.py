@@ -9,8 +9,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specgov.policies.daemon import DaemonPolicy
-from specgov.policies.simple import (
+from specgov.policies.common.types import (
+    Budget,
+    Decision,
+    Observation,
+    PolicyTypeError,
+    ReasonCode,
+    StepTable,
+)
+from specgov.policies.daemon.protocol import DaemonPolicy
+from specgov.policies.daemon.schedules import (
     DEFAULT_TTL_S,
     LIMITED_BY_BUDGET,
     LIMITED_BY_CANDIDATES,
@@ -20,16 +28,8 @@ from specgov.policies.simple import (
     StaticPolicy,
     TableState,
 )
-from specgov.policies.types import (
-    Budget,
-    Decision,
-    Observation,
-    PolicyTypeError,
-    ReasonCode,
-    StepTable,
-)
 
-# SGLang 0.5.23's default adaptive slots (policies/adaptive_config.py).
+# SGLang 0.5.23's default adaptive slots (policies/engine/adaptive_config.py).
 SGLANG_SLOTS = ((1, (1, 3, 5, 7)), (8, (0, 1, 3)), (32, (0, 1)), (64, (0,)))
 WIDE_SLOTS = tuple((b, (0, 1, 2, 3, 4, 5, 6, 7)) for b in (1, 4, 16, 48, 96))
 OPEN = Budget(None, None, None, None, None)

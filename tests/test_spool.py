@@ -21,7 +21,7 @@ from specgov.adapters.spool import (
     write_step_table,
     write_tier_stats,
 )
-from specgov.policies.types import TABLE_SCHEMA, StepTable, TierStat, TierStatsSnapshot
+from specgov.policies.common.types import TABLE_SCHEMA, StepTable, TierStat, TierStatsSnapshot
 
 CANDIDATES = [0, 1, 3, 5, 7]
 

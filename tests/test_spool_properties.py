@@ -32,7 +32,7 @@ from specgov.adapters.spool import (
     read_tier_stats,
     write_tier_stats,
 )
-from specgov.policies.types import StepTable, TierStat, TierStatsSnapshot
+from specgov.policies.common.types import StepTable, TierStat, TierStatsSnapshot
 
 CANDIDATES = [0, 1, 3, 5, 7]
 NOW = 1_700_000_000.0

@@ -53,8 +53,8 @@ from specgov.adapters.spool import (
     write_tier_stats,
 )
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.ema import EmaPolicy
-from specgov.policies.types import StepTable, TierStat, TierStatsSnapshot
+from specgov.policies.common.types import StepTable, TierStat, TierStatsSnapshot
+from specgov.policies.engine.ema import EmaPolicy
 
 CANDIDATES = [0, 1, 3, 5, 7]
 ME = os.geteuid()
@@ -589,7 +589,7 @@ DAEMON_UID, SERVER_UID = 40001, 40002
 _DAEMON_PUBLISH = """
 import json, sys
 from specgov.adapters.spool import write_step_table
-from specgov.policies.types import StepTable
+from specgov.policies.common.types import StepTable
 spool, gid = sys.argv[1], int(sys.argv[2])
 t = StepTable(((1, 5),), version=7, produced_at_s=float(sys.argv[3]), ttl_s=30.0)
 write_step_table(spool, t, [0, 1, 3, 5, 7], group_gid=gid)
@@ -598,7 +598,7 @@ write_step_table(spool, t, [0, 1, 3, 5, 7], group_gid=gid)
 _SERVER_ROUND = """
 import json, sys
 from specgov.adapters.spool import SpoolSettings, SpoolTableReader, write_tier_stats
-from specgov.policies.types import TierStat, TierStatsSnapshot
+from specgov.policies.common.types import TierStat, TierStatsSnapshot
 spool, now = sys.argv[1], float(sys.argv[2])
 settings = SpoolSettings.from_env()
 reader = SpoolTableReader(spool, [0, 1, 3, 5, 7], lambda: now, settings=settings)
@@ -777,7 +777,7 @@ def test_the_sim_server_rehearses_the_two_user_deployment(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    argv = [*_as_user(SERVER_UID, [SHARED_GID]), "-m", "specgov.controller.cli", "sim-server"]
+    argv = [*_as_user(SERVER_UID, [SHARED_GID]), "-m", "specgov.controller.cli.main", "sim-server"]
     argv += ["--port", str(port), "--spool-dir", str(spool), "--speed", "10", "--loop"]
     argv += ["--trace", "synthetic:duration=60,rate=5,seed=1"]
     env = {

@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specgov.controller import state_store as ss
-from specgov.controller.state_store import (
+from specgov.controller.daemon import state_store as ss
+from specgov.controller.daemon.state_store import (
     LATEST_SCHEMA_VERSION,
     Migration,
     StateStore,
@@ -334,7 +334,7 @@ def test_corrupt_rows_are_skipped_with_a_warning(
         raw.execute("UPDATE tables SET data = '[1' WHERE version = 2")
         raw.execute("UPDATE settings SET value = '{' WHERE key = 'policy_spec'")
         raw.execute("UPDATE overrides SET expires_at_s = 1.0 WHERE id = 'bad'")
-    caplog.set_level(logging.WARNING, logger="specgov.controller.state_store")
+    caplog.set_level(logging.WARNING, logger="specgov.controller.daemon.state_store")
     with StateStore(db) as s:
         assert [r.id for r in s.decisions()] == [ids[0]]
         assert s.load_policy_state("goodput") == {"step": 1}  # falls back to the older one
@@ -485,7 +485,7 @@ def test_read_only_database_raises_unavailable_and_reads_still_work(db: Path) ->
 _RO_CHILD = textwrap.dedent(
     """
     import sys
-    from specgov.controller.state_store import StateStore, StoreUnavailable
+    from specgov.controller.daemon.state_store import StateStore, StoreUnavailable
     try:
         s = StateStore(sys.argv[1])
         s.record_decision(time_s=1.0, policy="p", reason="r", message="m")

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from specgov.controller.state_store import StateStore
+from specgov.controller.daemon.state_store import StateStore
 
 RUNS = 6
 SEED = 20240605
@@ -29,7 +29,7 @@ FAR_FUTURE_S = 1e12
 CHILD = textwrap.dedent(
     """
     import sys
-    from specgov.controller.state_store import StateStore
+    from specgov.controller.daemon.state_store import StateStore
 
     path, run = sys.argv[1], int(sys.argv[2])
     store = StateStore(path)

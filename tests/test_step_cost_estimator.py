@@ -17,7 +17,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from specgov.policies.estimators.step_cost import (
+from specgov.policies.common.roofline import RooflineCoefficients, scaled_coefficients
+from specgov.policies.common.types import PolicyTypeError, TierStat, TierStatsSnapshot
+from specgov.policies.daemon.estimators.step_cost import (
     FEATURE_NAMES,
     StepCostConfig,
     StepCostPrior,
@@ -33,17 +35,15 @@ from specgov.policies.estimators.step_cost import (
     update_step_cost,
     verify_knee_tokens,
 )
-from specgov.policies.estimators.step_cost_fit import (
+from specgov.policies.daemon.estimators.step_cost_fit import (
     median,
     median_sorted,
     weighted_median,
     weighted_median_sorted,
 )
-from specgov.policies.estimators.step_cost_samples import SampleColumns, evict
-from specgov.policies.roofline import RooflineCoefficients, scaled_coefficients
-from specgov.policies.types import PolicyTypeError, TierStat, TierStatsSnapshot
+from specgov.policies.daemon.estimators.step_cost_samples import SampleColumns, evict
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.cost import CostModel
+from specgov.simulator.engine.cost import CostModel
 from specgov.simulator.priors import step_cost_prior
 
 CATALOG = Catalog.load()

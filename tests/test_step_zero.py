@@ -12,19 +12,19 @@ import statistics
 
 import pytest
 
-from specgov.simulator.acceptance import AcceptanceError, AcceptanceModel
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.cost import CostModel
-from specgov.simulator.engine import EngineConfig, EngineConfigError, EngineResult
-from specgov.simulator.replay import ServerSpec, build_engine, parse_policy, prepare_run
-from specgov.simulator.sim_controls import SimServerError
-from specgov.simulator.sim_launch import (
+from specgov.simulator.engine.acceptance import AcceptanceError, AcceptanceModel
+from specgov.simulator.engine.core import EngineConfig, EngineConfigError, EngineResult
+from specgov.simulator.engine.cost import CostModel
+from specgov.simulator.replay.runner import ServerSpec, build_engine, parse_policy, prepare_run
+from specgov.simulator.server.controls import SimServerError
+from specgov.simulator.server.launch import (
     SKIP_ZERO_STEP_ENV,
     Launch,
     apply_launch_env,
     skip_zero_step_from_env,
 )
-from specgov.simulator.traces import Request
+from specgov.simulator.workload.traces import Request
 
 SKIP = ServerSpec(skip_zero_step_draft_extend=True)
 
@@ -260,7 +260,7 @@ def test_step0_scales_move_only_their_term_and_only_at_step0(
 
 
 def test_kv_pool_reduction_scale_sizes_the_pool() -> None:
-    from specgov.simulator.memory import plan_memory
+    from specgov.simulator.engine.memory import plan_memory
 
     c = Catalog.load()
 

@@ -29,15 +29,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from specgov.controller.config import SpecgovConfig, load_config
-from specgov.controller.daemon import Daemon
-from specgov.controller.state_store import (
+from specgov.controller.daemon.config import SpecgovConfig, load_config
+from specgov.controller.daemon.runtime import Daemon
+from specgov.controller.daemon.state_store import (
     StateStore,
     StoreRefused,
     StoreReplaced,
     StoreUnavailable,
 )
-from specgov.controller.store_journal import PendingWrite, StoreJournal
+from specgov.controller.daemon.store_journal import PendingWrite, StoreJournal
 
 PIN = "static:steps=3"
 
@@ -361,7 +361,7 @@ def test_a_write_the_store_refuses_is_dropped_and_the_write_back_goes_on(
 def test_a_deleted_db_whose_copy_cannot_be_moved_back_is_a_typed_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import specgov.controller.state_store as state_store
+    import specgov.controller.daemon.state_store as state_store
 
     db = tmp_path / "state.db"
     store = StateStore(db)
@@ -478,9 +478,9 @@ _RO_CHILD = textwrap.dedent(
     """
     import json, sys
     from prometheus_client import CollectorRegistry
-    from specgov.controller.config import load_config
-    from specgov.controller.daemon import Daemon
-    from specgov.controller.state_store import StateStore
+    from specgov.controller.daemon.config import load_config
+    from specgov.controller.daemon.runtime import Daemon
+    from specgov.controller.daemon.state_store import StateStore
     config = load_config(None, env={}, overrides=json.loads(sys.argv[1]))
     daemon = Daemon(config, store=StateStore(config.state.db_path, open_now=False),
                     registry=CollectorRegistry())
@@ -577,7 +577,7 @@ def test_a_group_configured_later_widens_the_existing_files(tmp_path: Path) -> N
 def test_a_group_that_cannot_be_given_is_a_clear_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import specgov.controller.state_store as state_store
+    import specgov.controller.daemon.state_store as state_store
 
     db = tmp_path / "state.db"
     StateStore(db).close()
@@ -610,7 +610,7 @@ def test_existing_files_lose_extra_bits_but_never_gain_any(tmp_path: Path) -> No
 
 
 def test_unknown_group_is_a_clear_error(tmp_path: Path) -> None:
-    from specgov.controller.state_store import StoreError
+    from specgov.controller.daemon.state_store import StoreError
 
     with pytest.raises(StoreError, match="no group named 'no-such-group-x'"):
         StateStore(tmp_path / "s.db", file_group="no-such-group-x")
@@ -707,7 +707,7 @@ def test_specgov_run_refuses_a_world_writable_state_directory_with_exit_2(
     shared.mkdir()
     shared.chmod(0o1777)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
-    argv = [sys.executable, "-m", "specgov.controller.cli", "run"]
+    argv = [sys.executable, "-m", "specgov.controller.cli.main", "run"]
     argv += ["--state-db", str(shared / "state.db"), "--server", "http://127.0.0.1:9"]
     argv += ["--control-addr", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0"]
     # A deadline, not an expectation: the refusal comes before anything is served.
@@ -727,7 +727,7 @@ def test_every_override_set_superseded_or_cleared_is_an_audit_row(tmp_path: Path
     audit log (through the decisions it steered)."""
     from aiohttp.test_utils import TestClient, TestServer
 
-    from specgov.controller.control_api import make_app
+    from specgov.controller.daemon.control_api import make_app
 
     config = _config(tmp_path)
     daemon = _daemon(config, StateStore(config.state.db_path, open_now=False))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from specgov.simulator.synthetic import (
+from specgov.simulator.workload.synthetic import (
     DEFAULT_DEMO_SPEC,
     DomainLengths,
     Phase,
@@ -21,7 +21,7 @@ from specgov.simulator.synthetic import (
     generate_trace,
     parse_synthetic_spec,
 )
-from specgov.simulator.traces import Trace, load_trace, write_trace_jsonl
+from specgov.simulator.workload.traces import Trace, load_trace, write_trace_jsonl
 
 
 def _arrivals(trace: Trace) -> NDArray[np.float64]:
@@ -346,7 +346,7 @@ def test_synthetic_trace_saves_and_reloads(tmp_path: Path) -> None:
 
 def test_integer_field_values_name_the_trace() -> None:
     # SyntheticSpec accepts ints; naming the trace must not assume floats.
-    from specgov.simulator.synthetic import SyntheticSpec, generate_trace
+    from specgov.simulator.workload.synthetic import SyntheticSpec, generate_trace
 
     trace = generate_trace(SyntheticSpec(duration_s=30, rate_rps=2, seed=1))
     assert "rate=2" in trace.name

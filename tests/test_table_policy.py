@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specgov.policies.ema import EmaPolicy
-from specgov.policies.table import TablePolicy
-from specgov.policies.types import PolicyTypeError, StepTable, TierStatsSnapshot
+from specgov.policies.common.types import PolicyTypeError, StepTable, TierStatsSnapshot
+from specgov.policies.engine.ema import EmaPolicy
+from specgov.policies.engine.table import TablePolicy
 
 GRAPHS = [1, 2, 4, 8, 16, 32, 64]
 

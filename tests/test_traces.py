@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from specgov.simulator.traces import (
+from specgov.simulator.workload.traces import (
     TRACE_FORMATS,
     Request,
     Trace,

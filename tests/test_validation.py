@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from specgov.policies.validation import (
+from specgov.policies.common.validation import (
     all_real,
     check_bool,
     check_int,
@@ -163,14 +163,14 @@ _BAD_REALS = [math.nan, math.inf, -math.inf, 10**400, True]
 
 def _callers() -> list[tuple[str, Callable[[object], object], type[Exception], str]]:
     # Imported here: the helpers above are tested without the rest of specgov.
-    from specgov.controller.config import ConfigError, parse_duration
-    from specgov.policies.adaptive_config import AdaptiveConfigError, parse_adaptive_config
-    from specgov.policies.bandit import BanditConfig
-    from specgov.policies.goodput import GoodputConfig, GoodputConfigError
+    from specgov.controller.daemon.config import ConfigError, parse_duration
+    from specgov.policies.common.types import PolicyTypeError
+    from specgov.policies.daemon.bandit import BanditConfig
+    from specgov.policies.daemon.goodput import GoodputConfig, GoodputConfigError
+    from specgov.policies.daemon.schedules import NonePolicy
+    from specgov.policies.engine.adaptive_config import AdaptiveConfigError, parse_adaptive_config
     from specgov.policies.guardrails import GuardrailConfig, GuardrailError
-    from specgov.policies.simple import NonePolicy
-    from specgov.policies.types import PolicyTypeError
-    from specgov.simulator.traces import Request, TraceError
+    from specgov.simulator.workload.traces import Request, TraceError
 
     steps = {"1": {"candidate_steps": [0, 1]}}
     return [
@@ -235,7 +235,7 @@ def test_spool_reader_rejects_a_timestamp_beyond_float_range(tmp_path: Path) -> 
     # A JSON integer of 400 digits is a well-formed but invalid document; it used to
     # escape parse_step_table_document as an OverflowError (counted as internal_error).
     from specgov.adapters.spool import SpoolTableReader, write_step_table
-    from specgov.policies.types import StepTable
+    from specgov.policies.common.types import StepTable
 
     steps = [0, 1, 3, 5]
     table = StepTable(((1, 5), (8, 3)), version=1, produced_at_s=10.0, ttl_s=30.0)

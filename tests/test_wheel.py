@@ -164,7 +164,7 @@ def test_specgov_resolves_to_the_wheel(installed: Installed) -> None:
         installed.run(
             str(installed.python),
             "-c",
-            "import specgov.controller.cli as c, importlib.metadata as m; "
+            "import specgov.controller.cli.main as c, importlib.metadata as m; "
             "print(c.__file__); print(m.version('specgov'))",
         )
     )

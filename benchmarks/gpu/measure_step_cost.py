@@ -22,7 +22,7 @@ Writes ``step_cost.csv`` (one row per timed shape: median, p10, p90) and
 ``catalog_entry.yaml``: a GPU entry whose achieved-bandwidth and achieved-compute
 fractions are fitted to the eager target forwards with the simulator's own forward
 model (``fixed + smoothmax(weights_read, n x compute_per_token) + kv x kv_read``, see
-simulator/cost.py), and an EAGLE-3 drafter entry whose per-step overhead is the measured
+simulator/engine/cost.py), and an EAGLE-3 drafter entry whose per-step overhead is the measured
 draft step less that roofline. ``specgov replay --catalog catalog_entry.yaml --gpu NAME
 --drafter eagle3-NAME`` loads it. Every figure carries its provenance (measured/fitted).
 
@@ -460,7 +460,7 @@ VERIFY_PER_TOKEN_S = 14e-6
 
 
 def step_zero_fit(rows: Sequence[Row], d_w: float, d_c: float, d_kv: float) -> dict[str, float]:
-    """Measured step-0 terms against the model's (simulator/cost.py, zero_step_terms_s):
+    """Measured step-0 terms against the model's (simulator/engine/cost.py, zero_step_terms_s):
     the draft-extend pass (timed at B tokens) and the verify bookkeeping (step 0 less a
     plain step less that pass); their medians over shapes are the catalog's scales."""
     by = {(r.component, r.batch_size, r.kv_len, r.tokens_per_request): r for r in rows}

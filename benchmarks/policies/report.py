@@ -14,7 +14,7 @@ derived after the fact from the static:1..7 runs:
 
 Ratios ``*_vs_ema`` divide by the sglang-ema row of the same scenario.
 
-Two oracle runs (``specgov.simulator.oracle``) bound what per-batch step choice can do:
+Two oracle runs (``specgov.simulator.replay.oracle``) bound what per-batch step choice can do:
 the clairvoyant ``oracle`` (knows each request's next acceptance draw) and the informed
 ``oracle:informed`` (knows each request's acceptance distribution, not the draws: what a
 realisable per-batch policy could reach). ``oracle_share`` = (policy - none) / (oracle -
@@ -59,9 +59,9 @@ from benchmarks.policies.scenarios import (
     STATIC_POLICIES,
     Scenario,
 )
-from specgov.simulator.engine import TimeSeries
-from specgov.simulator.oracle import MIN_ORACLE_GAIN, ceiling, oracle_share
-from specgov.simulator.plots import write_plots
+from specgov.simulator.engine.core import TimeSeries
+from specgov.simulator.replay.oracle import MIN_ORACLE_GAIN, ceiling, oracle_share
+from specgov.simulator.replay.plots import write_plots
 
 ORACLE = "oracle-static"
 PHASE_ORACLE = "oracle-per-phase"
@@ -1219,6 +1219,6 @@ def plot_goodput_ratios(rows: Sequence[dict[str, Any]], path: Path) -> Path | No
 def plot_timeseries(
     scenario_id: str, series: Sequence[tuple[str, TimeSeries]], out_dir: Path
 ) -> list[Path]:
-    """One scenario's time series via specgov.simulator.plots (one PNG per policy + all)."""
+    """One scenario's time series via specgov.simulator.replay.plots (one PNG per policy + all)."""
     folder = out_dir / re.sub(r"[^A-Za-z0-9_.-]+", "_", scenario_id)
     return write_plots(series, folder)

@@ -44,10 +44,10 @@ from benchmarks.policies.scenarios import (
     select,
     suite_runs,
 )
-from specgov.controller.recommend import replay_restart_check
-from specgov.simulator.metrics import Slo, good_tokens_by_window, summarise
-from specgov.simulator.replay import PolicyRun as ReplayRun
-from specgov.simulator.replay import parse_policy, prepare_run
+from specgov.controller.daemon.recommend import replay_restart_check
+from specgov.simulator.replay.metrics import Slo, good_tokens_by_window, summarise
+from specgov.simulator.replay.runner import PolicyRun as ReplayRun
+from specgov.simulator.replay.runner import parse_policy, prepare_run
 
 DEFAULT_OUT = Path("out/policies")
 

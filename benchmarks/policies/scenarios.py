@@ -32,10 +32,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from specgov.simulator.oracle import CLAIRVOYANT, INFORMED
-from specgov.simulator.replay import ServerSpec
-from specgov.simulator.synthetic import generate_trace, parse_synthetic_spec
-from specgov.simulator.traces import Request, Trace, load_trace, transform_trace
+from specgov.simulator.replay.oracle import CLAIRVOYANT, INFORMED
+from specgov.simulator.replay.runner import ServerSpec
+from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.traces import Request, Trace, load_trace, transform_trace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AZURE_SUBDIR = "traces/azure-llm-2023"
@@ -82,7 +82,7 @@ def policy_label(spec: str) -> str:
 
 POLICY_LABELS: tuple[str, ...] = tuple(policy_label(p) for p in POLICIES)
 DAEMON_POLICIES: tuple[str, ...] = ("batch-table", "goodput", "bandit")
-# The oracles (specgov.simulator.oracle), per batch the step with the most tokens/s: the
+# The oracles (specgov.simulator.replay.oracle), per batch the step with the most tokens/s: the
 # clairvoyant one given the true acceptance draws (an upper bound on per-batch choice), the
 # informed one given the true acceptance distributions (what a realisable policy reaches).
 ORACLES: tuple[str, ...] = (CLAIRVOYANT, INFORMED)
@@ -110,7 +110,7 @@ class PriorVariant:
         if not {"prior_scale", "prior_gpu"} <= names:
             raise ScenarioError(
                 f"prior variant {self.name!r} needs ServerSpec.prior_scale / prior_gpu "
-                "(simulator/replay.py without --prior-scale / --prior-gpu support)"
+                "(simulator/replay/runner.py without --prior-scale / --prior-gpu support)"
             )
         if self.other_gpu and server.gpu not in PRIOR_GPU:
             raise ScenarioError(
@@ -209,7 +209,7 @@ class Workload:
     """Which requests arrive, and how.
 
     ``source`` is ``azure:conv``, ``azure:code`` or a synthetic spec string
-    (``synthetic:demo``, see ``specgov.simulator.synthetic``). ``concurrency`` replays the
+    (``synthetic:demo``, see ``specgov.simulator.workload.synthetic``). ``concurrency`` replays the
     requests as that many closed-loop users (arrival times ignored). ``max_requests`` keeps
     the first that many requests; ``sample_fraction`` a seeded random subset.
     """
@@ -327,7 +327,7 @@ PHASE = Workload(
     name="phase",
     description=(
         "synthetic content phases code -> chat -> rag (200 s each) under a load ramp "
-        "3 -> 18 -> 3 req/s (specgov.simulator.synthetic.DEFAULT_DEMO_SPEC)"
+        "3 -> 18 -> 3 req/s (specgov.simulator.workload.synthetic.DEFAULT_DEMO_SPEC)"
     ),
     source="synthetic:demo",
     tags=frozenset({"phase_shift"}),

@@ -1,13 +1,13 @@
 """Guardrails: one wrapper around every daemon policy, operator overrides included.
 
-:class:`GuardedPolicy` wraps any :class:`~specgov.policies.daemon.DaemonPolicy` and is one
-itself (same ``name``). Each decision first runs the inner policy (its state always
-advances as it chose), turns the inner table into a proposal over the engine's slots
-(``Observation.slot_candidates``; the first bound is published as 1, as SGLang routes
-smaller batches there; clamped as in step 6, so steps 3-5 judge the changes that would
-really happen), then passes the proposal through these steps, in this order,
-each a small pure function ``(context, proposal, state, config) -> (proposal, state)``
-(``GUARD_STEPS``; the context holds the observation and the Budget):
+:class:`GuardedPolicy` wraps any :class:`~specgov.policies.daemon.protocol.DaemonPolicy` and is
+one itself (same ``name``). Each decision first runs the inner policy (its state always advances
+as it chose), turns the inner table into a proposal over the engine's slots
+(``Observation.slot_candidates``; the first bound is published as 1, as SGLang routes smaller
+batches there; clamped as in step 6, so steps 3-5 judge the changes that would really happen),
+then passes the proposal through these steps, in this order, each a small pure function
+``(context, proposal, state, config) -> (proposal, state)`` (``GUARD_STEPS``; the context holds
+the observation and the Budget):
 
 1. :func:`freeze_on_unknown_telemetry` — a field of ``config.required_fields`` is None,
    ``staleness_s > max_staleness_s``, or the tier statistics ended more than

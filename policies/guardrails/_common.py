@@ -6,21 +6,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from typing import Any, Final, TypeAlias, TypeVar
 
-from specgov.policies.codec import NonNegInt, PosInt
-from specgov.policies.daemon import PolicyState
-from specgov.policies.types import (
+from specgov.policies.common.codec import NonNegInt, PosInt
+from specgov.policies.common.types import (
     Observation,
     PolicyTypeError,
     ReasonCode,
     SlotLayout,
 )
-from specgov.policies.validation import (
+from specgov.policies.common.validation import (
     check_bool,
     check_int,
     check_opt_int,
     check_opt_real,
     check_real,
 )
+from specgov.policies.daemon.protocol import PolicyState
 
 GUARD_STATE_VERSION: Final = 2
 _V1_ONLY_KEYS: Final = frozenset({"overrides", "released_slots", "release_all"})

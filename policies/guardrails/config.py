@@ -6,15 +6,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
+from specgov.policies.common.validation import (
+    is_real,
+)
 from specgov.policies.guardrails._common import (
     _OBSERVATION_FIELDS,
     GuardrailError,
     _bool,
     _int,
     _real,
-)
-from specgov.policies.validation import (
-    is_real,
 )
 
 # --------------------------------------------------------------------------- config

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from specgov.policies.codec import from_versioned, to_versioned
+from specgov.policies.common.codec import from_versioned, to_versioned
 from specgov.policies.guardrails._common import (
     OVERRIDE_VERSION,
     GuardrailError,

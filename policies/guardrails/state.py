@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic
 
-from specgov.policies.codec import (
+from specgov.policies.common.codec import (
     NonNegInt,
     NonNegReal,
     OptReal,
@@ -17,6 +17,15 @@ from specgov.policies.codec import (
     from_data,
     to_data,
 )
+from specgov.policies.common.types import (
+    Observation,
+    ReasonCode,
+    SlotRule,
+    StepTable,
+)
+from specgov.policies.common.validation import (
+    is_int,
+)
 from specgov.policies.guardrails._common import (
     _V1_ONLY_KEYS,
     GUARD_STATE_VERSION,
@@ -25,15 +34,6 @@ from specgov.policies.guardrails._common import (
     S,
     Slots,
     T,
-)
-from specgov.policies.types import (
-    Observation,
-    ReasonCode,
-    SlotRule,
-    StepTable,
-)
-from specgov.policies.validation import (
-    is_int,
 )
 
 # ------------------------------------------------------------ state building blocks

@@ -8,6 +8,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, TypeAlias
 
+from specgov.policies.common.types import (
+    Budget,
+    Decision,
+    Observation,
+    ReasonCode,
+)
 from specgov.policies.guardrails._common import (
     _MAX_SAMPLES,
     ROLLBACK_COOLDOWN,
@@ -30,12 +36,6 @@ from specgov.policies.guardrails.state import (
     Wanted,
     WindowSample,
     window_sample,
-)
-from specgov.policies.types import (
-    Budget,
-    Decision,
-    Observation,
-    ReasonCode,
 )
 
 # ------------------------------------------------------------------ context, proposal

@@ -8,7 +8,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Generic
 
-from specgov.policies.daemon import DaemonPolicy
+from specgov.policies.common.types import (
+    Budget,
+    Decision,
+    Observation,
+    ReasonCode,
+    SlotRule,
+    StepTable,
+)
+from specgov.policies.daemon.protocol import DaemonPolicy
 from specgov.policies.guardrails._common import (
     _CHANGE_CODES,
     Candidates,
@@ -40,14 +48,6 @@ from specgov.policies.guardrails.steps import (
     _fmt_moves,
     engine_layout,
     telemetry_problem,
-)
-from specgov.policies.types import (
-    Budget,
-    Decision,
-    Observation,
-    ReasonCode,
-    SlotRule,
-    StepTable,
 )
 
 # ---------------------------------------------------------------------- the wrapper

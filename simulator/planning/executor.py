@@ -45,7 +45,7 @@ from typing import Any
 
 from specgov.simulator.planning.atomic import remove_partial_writes, write_atomic
 from specgov.simulator.planning.sweep import JobSpec, run_job
-from specgov.simulator.traces import Trace
+from specgov.simulator.workload.traces import Trace
 
 __all__ = ["EXECUTORS", "ExecutorError", "JobFailedError", "load_finished", "run_jobs"]
 

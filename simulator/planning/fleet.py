@@ -44,10 +44,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from specgov.simulator.acceptance import AcceptanceModel
-from specgov.simulator.cost import CostModel
-from specgov.simulator.memory import MemoryPlan, MemoryPlanError
-from specgov.simulator.metrics import Slo
+from specgov.simulator.engine.acceptance import AcceptanceModel
+from specgov.simulator.engine.cost import CostModel
+from specgov.simulator.engine.memory import MemoryPlan, MemoryPlanError
 from specgov.simulator.planning.fleet_engine import ReplicaStepper, simulate_fleet
 from specgov.simulator.planning.fleet_judge import _replica_row, choose, judge, recommendation_text
 from specgov.simulator.planning.fleet_launch import launch_args
@@ -64,7 +63,8 @@ from specgov.simulator.planning.prices import Prices
 from specgov.simulator.planning.router import RouterSpec
 from specgov.simulator.planning.trace_load import trace_load
 from specgov.simulator.planning.vram import vram_document
-from specgov.simulator.replay import (
+from specgov.simulator.replay.metrics import Slo
+from specgov.simulator.replay.runner import (
     BuiltServer,
     InEnginePolicy,
     PolicySpecError,
@@ -74,7 +74,7 @@ from specgov.simulator.replay import (
     prepare_run,
     resolve,
 )
-from specgov.simulator.traces import Trace
+from specgov.simulator.workload.traces import Trace
 
 TABLE_DOC_LEN = 512
 
@@ -159,7 +159,7 @@ def mix_crossover(
     tpot_ms: float = 50.0,
     seed: int = 0,
 ) -> tuple[int, int] | None:
-    """What the live fleet governor decides with (policies/fleet_mix.py): the crossover
+    """What the live fleet governor decides with (policies/control/fleet_mix.py): the crossover
     batch per replica (``PerTokenTables.pays_up_to``, from the same tables this plan's
     spec-aware router scores with) and the requests in flight one plain replica carries
     with its predicted time per token within ``tpot_ms``. None when the drafter has no

@@ -28,7 +28,7 @@ Acceptance draws are keyed by the request's index in the fleet's trace, not its
 index on the replica: a request draws the same accepted-draft stream whatever
 replica or router serves it (common random numbers across fleets).
 
-The seam: ``engine._Run`` is private to ``simulator/engine.py``. Everything that
+The seam: ``engine._Run`` is private to ``simulator/engine/core.py``. Everything that
 touches it is in ``ReplicaStepper``; a public stepping hook on ``Engine`` would
 replace only that class.
 """
@@ -39,9 +39,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specgov.simulator.engine import Engine, EngineResult, Sampler, SamplerFactory, _Run
+from specgov.simulator.engine.core import Engine, EngineResult, Sampler, SamplerFactory, _Run
 from specgov.simulator.planning.router import ReplicaLoad, Router
-from specgov.simulator.traces import Request
+from specgov.simulator.workload.traces import Request
 
 
 class FleetSimulationError(ValueError):

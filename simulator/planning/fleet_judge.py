@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from specgov.simulator.engine import EngineResult
-from specgov.simulator.memory import MemoryPlan
-from specgov.simulator.metrics import Slo
+from specgov.simulator.engine.core import EngineResult
+from specgov.simulator.engine.memory import MemoryPlan
 from specgov.simulator.planning.simplicity import complexity
+from specgov.simulator.replay.metrics import Slo
 
 
 def _nearest_rank(values: np.ndarray, pct: float) -> float | None:

@@ -11,8 +11,8 @@ from specgov.adapters.launch_config import (
     default_slots,
     make_shape,
 )
-from specgov.policies.types import SpecShape
-from specgov.simulator.replay import SPECGOV_SLOT_CANDIDATES, InEnginePolicy, ServerSpec
+from specgov.policies.common.types import SpecShape
+from specgov.simulator.replay.runner import SPECGOV_SLOT_CANDIDATES, InEnginePolicy, ServerSpec
 
 
 def launch_args(

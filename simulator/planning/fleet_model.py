@@ -13,9 +13,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from specgov.adapters.launch_config import default_slots
-from specgov.simulator.acceptance import AcceptanceModel
-from specgov.simulator.cost import CostModel
-from specgov.simulator.replay import SPECGOV_SLOT_CANDIDATES, InEnginePolicy
+from specgov.simulator.engine.acceptance import AcceptanceModel
+from specgov.simulator.engine.cost import CostModel
+from specgov.simulator.replay.runner import SPECGOV_SLOT_CANDIDATES, InEnginePolicy
 
 
 @dataclass(frozen=True)

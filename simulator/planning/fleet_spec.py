@@ -6,10 +6,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specgov.simulator.metrics import Slo
 from specgov.simulator.planning.prices import Prices
 from specgov.simulator.planning.router import RouterSpec
-from specgov.simulator.traces import Trace, transform_trace
+from specgov.simulator.replay.metrics import Slo
+from specgov.simulator.workload.traces import Trace, transform_trace
 
 PLAIN = "none"
 MIX_FORM = "n+m (n speculative and m plain replicas, integers >= 0, n + m >= 1), or 'all'"

@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from specgov.simulator.replay import PolicySpecError, parse_policy
+from specgov.simulator.replay.runner import PolicySpecError, parse_policy
 
 __all__ = [
     "PAYS_TPOT_SLOS_MS",

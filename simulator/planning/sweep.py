@@ -120,8 +120,7 @@ from typing import Any
 import numpy as np
 
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.memory import MemoryPlanError
-from specgov.simulator.metrics import Slo, slo_mask
+from specgov.simulator.engine.memory import MemoryPlanError
 from specgov.simulator.planning.host_cache import host_cache_answer
 from specgov.simulator.planning.prices import Prices
 from specgov.simulator.planning.search import SearchSettings, find_max_multiplier
@@ -129,14 +128,15 @@ from specgov.simulator.planning.simplicity import complexity, speculation_verdic
 from specgov.simulator.planning.sweep_launch import fill_launch
 from specgov.simulator.planning.trace_load import base_rps, trace_load
 from specgov.simulator.planning.vram import NO_DRAFTER, vram_document, vram_plan
-from specgov.simulator.replay import (
+from specgov.simulator.replay.metrics import Slo, slo_mask
+from specgov.simulator.replay.runner import (
     InEnginePolicy,
     PolicySpecError,
     ServerSpec,
     parse_policy,
     prepare_run,
 )
-from specgov.simulator.traces import Trace, transform_trace
+from specgov.simulator.workload.traces import Trace, transform_trace
 
 __all__ = [
     "JobSpec",

@@ -6,7 +6,7 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.replay import parse_policy
+from specgov.simulator.replay.runner import parse_policy
 
 if TYPE_CHECKING:
     from specgov.simulator.planning.sweep import SweepSettings
@@ -31,8 +31,8 @@ def fill_launch(row: dict[str, Any], settings: SweepSettings, catalog: Catalog) 
         make_shape,
         shape_from_flags,
     )
-    from specgov.policies.types import SpecShape
-    from specgov.simulator.replay import SPECGOV_SLOT_CANDIDATES
+    from specgov.policies.common.types import SpecShape
+    from specgov.simulator.replay.runner import SPECGOV_SLOT_CANDIDATES
 
     policy = parse_policy(row["policy"])
     knobs: dict[str, Any] = {

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from specgov.simulator.traces import Trace
+from specgov.simulator.workload.traces import Trace
 
 __all__ = ["PEAK_WINDOW_S", "base_rps", "trace_load", "trace_load_text"]
 

@@ -1,6 +1,6 @@
 """`specgov plan vram`: one configuration's VRAM budget as a document (dict, JSON-ready).
 
-The arithmetic is ``specgov.simulator.memory`` (SGLang 0.5.23's accounting plus the
+The arithmetic is ``specgov.simulator.engine.memory`` (SGLang 0.5.23's accounting plus the
 planner's stated estimates); this module resolves names from the catalog, picks the
 candidate step set and turns the plan into the ``plan vram --output json`` document
 whose shape ``specgov.simulator.planning.sweep``'s docstring gives.
@@ -13,10 +13,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specgov.policies.adaptive_config import DEFAULT_ADAPTIVE_CONFIG
+from specgov.policies.engine.adaptive_config import DEFAULT_ADAPTIVE_CONFIG
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.memory import VRAM_ASSUMPTIONS, MemoryPlan, MemoryPlanError, budget_memory
-from specgov.simulator.replay import SPECGOV_SLOT_CANDIDATES, sglang_gpu_defaults
+from specgov.simulator.engine.memory import (
+    VRAM_ASSUMPTIONS,
+    MemoryPlan,
+    MemoryPlanError,
+    budget_memory,
+)
+from specgov.simulator.replay.runner import SPECGOV_SLOT_CANDIDATES, sglang_gpu_defaults
 
 __all__ = ["CANDIDATE_PRESETS", "parse_candidates", "render_vram", "vram_document", "vram_plan"]
 

@@ -68,7 +68,7 @@ from specgov.adapters.launch_config import (
     sglang_num_steps_not_candidate,
     shape_from_flags,
 )
-from specgov.policies.types import SpecShape
+from specgov.policies.common.types import SpecShape
 
 from .sglang_loader import load_adaptive_spec_params
 

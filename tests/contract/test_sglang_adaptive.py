@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from specgov.policies.adaptive_config import (
+from specgov.policies.common.types import StepTable, TierStatsSnapshot
+from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     DEFAULT_CEILING_COEFF,
     DEFAULT_DOWN_HYSTERESIS,
@@ -34,11 +35,10 @@ from specgov.policies.adaptive_config import (
     candidate_steps_union,
     parse_adaptive_config,
 )
-from specgov.policies.ema import EmaPolicy
-from specgov.policies.fixed import FixedStepPolicy
-from specgov.policies.protocol import AdaptiveSpecPolicy
-from specgov.policies.table import TablePolicy
-from specgov.policies.types import StepTable, TierStatsSnapshot
+from specgov.policies.engine.ema import EmaPolicy
+from specgov.policies.engine.fixed import FixedStepPolicy
+from specgov.policies.engine.protocol import AdaptiveSpecPolicy
+from specgov.policies.engine.table import TablePolicy
 
 from .sglang_loader import load_adaptive_runtime_state, load_adaptive_spec_params
 

@@ -38,7 +38,7 @@ from click.testing import CliRunner
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool import write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.types import StepTable
+from specgov.policies.common.types import StepTable
 
 from .sglang_loader import load_adaptive_runtime_state, load_adaptive_spec_params
 from .test_sglang_plugin_contract import GRAPHS_256, Clock, FakeWorker, draw_accepted
@@ -316,7 +316,7 @@ def test_config_with_a_strategy_key(asp: ModuleType, ars: ModuleType, tmp_path: 
 def test_sglang_args_does_not_break_on_a_strategy_key() -> None:
     # sglang-args targets 0.5.23, which would silently ignore "strategy": it refuses
     # the key with a usage error naming it (no traceback), never crashes.
-    from specgov.controller.cli import main
+    from specgov.controller.cli.main import main
 
     runner = CliRunner()
     for slots in ("strategy=throughput_aware;1=1,3;8=0,1", "1=1,3/strategy=ema;8=0,1"):

@@ -1,7 +1,7 @@
 """Harness for the end-to-end tests: real `specgov sim-server` and `specgov run` processes.
 
 Every process is started from the installed console script next to ``sys.executable``
-(``python -m specgov.controller.cli`` if it is missing), talks real HTTP on 127.0.0.1
+(``python -m specgov.controller.cli.main`` if it is missing), talks real HTTP on 127.0.0.1
 ports picked by binding port 0, and writes real files under ``tmp_path``. Each process
 logs to its own file; the ``e2e`` fixture kills every process it started (SIGTERM, then
 SIGKILL) at teardown and, when the test failed, prints the tail of each log.
@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import pytest
 import yaml
 
-from specgov.controller.daemon import OPERATOR_AUDIT_REASONS
+from specgov.controller.daemon.runtime import OPERATOR_AUDIT_REASONS
 
 T = TypeVar("T")
 
@@ -78,7 +78,7 @@ BASE_CONFIG: dict[str, Any] = {
     "log": {"format": "text", "level": "info"},
 }
 
-# The decision reasons the daemon may record (specgov.policies.types.ReasonCode).
+# The decision reasons the daemon may record (specgov.policies.common.types.ReasonCode).
 TELEMETRY_HOLDS = frozenset({"held_stale_telemetry", "held_unknown_telemetry"})
 
 
@@ -86,7 +86,7 @@ def specgov_argv() -> list[str]:
     """How to run the `specgov` CLI of the environment running the tests."""
     if SPECGOV_EXE.is_file():
         return [str(SPECGOV_EXE)]
-    return [sys.executable, "-m", "specgov.controller.cli"]
+    return [sys.executable, "-m", "specgov.controller.cli.main"]
 
 
 def child_env() -> dict[str, str]:

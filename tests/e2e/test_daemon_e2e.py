@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from specgov.policies.types import ReasonCode
+from specgov.policies.common.types import ReasonCode
 
 from .conftest import (
     E2E,
@@ -60,7 +60,7 @@ OVERRIDE_REASONS = ("override_active", "rolled_back_regression")
 MAX_STALENESS_S = 3.0  # BASE_CONFIG guardrails.max_staleness_s
 KEEPALIVE_AGE_S = 3.0  # BASE_CONFIG table_ttl_s * keepalive_fraction
 # A scrape in flight when the sim-server closes its port may still be answered: aiohttp's
-# runner drains handlers for up to its shutdown_timeout (1 s, simulator/sim_http_front.py).
+# runner drains handlers for up to its shutdown_timeout (1 s, simulator/server/http_front.py).
 DRAIN_S = 1.0
 # How long an override set by the first test stays in force: long enough for several
 # decisions at 1 s (it is checked by count, not by time).

@@ -30,8 +30,8 @@ import pytest
 import yaml
 from test_deploy import parse_dockerfile, unit_keys
 
-from specgov.controller.config import load_config
-from specgov.controller.daemon_cmds import run_cmd, run_overrides
+from specgov.controller.cli.daemon_cmds import run_cmd, run_overrides
+from specgov.controller.daemon.config import load_config
 
 from .conftest import (
     BASE_CONFIG,

@@ -1,0 +1,1 @@
+"""The `specgov` command line: click commands, output formatting, the control client, the demo."""

@@ -1,0 +1,323 @@
+"""``specgov fleet``: the fleet governor from the command line.
+
+``specgov fleet status --fleet FILE`` shows the replicas (mode, serving, requests in
+flight), the load and the next planned move; ``specgov fleet run --fleet FILE`` observes,
+decides and carries out moves, one replica at a time, until stopped (or for
+``--duration-s``). The decision is :func:`specgov.policies.control.fleet_mix.decide_mix`; its
+crossover and per-replica capacity come from ``--pays-up-to`` / ``--replica-capacity``, or
+are computed from a trace and the deployment with the same per-token tables ``specgov
+plan fleet`` uses (:func:`specgov.simulator.planning.fleet.mix_crossover`). A move is
+:func:`specgov.controller.fleet.move.execute_move` through the smg gateway
+(:mod:`specgov.controller.fleet.gateway`). Each decision and each step of a move is an
+audit row (JSON lines, ``--audit``); the replicas' current modes and the time of the last
+move are kept in ``--state`` (written atomically) so a restarted governor continues.
+
+Only click is imported at load time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from specgov.controller.fleet.gateway import SmgGateway
+    from specgov.controller.fleet.move import FleetFile
+    from specgov.policies.control.fleet_mix import MixDecision, MixModel, Mode, ReplicaView
+
+
+def _load_state(path: Path | None, fleet: FleetFile) -> tuple[dict[str, Mode], float | None]:
+    modes: dict[str, Mode] = {r.name: r.mode for r in fleet.replicas}
+    if path is None or not path.exists():
+        return modes, None
+    try:
+        raw = json.loads(path.read_text())
+        saved = raw["modes"]
+        last = raw.get("last_move_s")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise click.ClickException(f"{path}: not a fleet state file ({exc})") from None
+    for name, mode in saved.items():
+        if name in modes and mode in ("spec", "plain"):
+            modes[name] = mode
+    return modes, float(last) if isinstance(last, int | float) else None
+
+
+def _save_state(path: Path | None, modes: dict[str, Mode], last_move_s: float | None) -> None:
+    if path is None:
+        return
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"modes": modes, "last_move_s": last_move_s}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _in_flight(url: str) -> float | None:
+    import httpx
+
+    try:
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            r = client.get(f"{url}/v1/loads")
+        load = r.json()["loads"][0]
+        return float(load["num_running_reqs"]) + float(load["num_waiting_reqs"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def observe(
+    fleet: FleetFile, gateway: SmgGateway, modes: dict[str, Mode]
+) -> tuple[list[ReplicaView], float | None, str | None]:
+    """The replicas now, the load (requests in flight), and why not when unknown."""
+    from specgov.controller.fleet.gateway import GatewayError
+    from specgov.policies.control.fleet_mix import ReplicaView
+
+    try:
+        registered = {w.url: w for w in gateway.workers()}
+    except GatewayError as exc:
+        return [], None, str(exc)
+    views: list[ReplicaView] = []
+    total = 0.0
+    missing: list[str] = []
+    for r in fleet.replicas:
+        worker = registered.get(r.url)
+        running = _in_flight(r.url)
+        serving = worker is not None and worker.healthy and worker.status == "ready"
+        if running is None:
+            missing.append(r.name)
+            serving = False
+        views.append(ReplicaView(r.name, modes[r.name], serving, running or 0.0))
+        total += running or 0.0
+    why = f"no load from {', '.join(missing)}" if missing else None
+    return views, total, why
+
+
+def _model(
+    pays_up_to: int | None,
+    replica_capacity: float | None,
+    trace: str | None,
+    deployment: tuple[str, str, str],
+    tpot_ms: float,
+    dwell_s: float,
+    hysteresis: float,
+) -> MixModel:
+    from specgov.policies.control.fleet_mix import FleetMixError, MixModel
+
+    if pays_up_to is None or replica_capacity is None:
+        if trace is None:
+            raise click.UsageError("give --pays-up-to and --replica-capacity, or --trace")
+        from specgov.simulator.planning.fleet import mix_crossover
+        from specgov.simulator.replay.runner import ServerSpec
+        from specgov.simulator.server.cli import load_trace_arg
+
+        gpu, model, drafter = deployment
+        found = mix_crossover(
+            load_trace_arg(trace),
+            ServerSpec(gpu=gpu, model=model, drafter=drafter),
+            tpot_ms=tpot_ms,
+        )
+        if found is None:
+            raise click.ClickException("no per-token model for this deployment: give the numbers")
+        pays_up_to = found[0] if pays_up_to is None else pays_up_to
+        replica_capacity = float(found[1]) if replica_capacity is None else replica_capacity
+    try:
+        return MixModel(pays_up_to, replica_capacity, hysteresis=hysteresis, dwell_s=dwell_s)
+    except FleetMixError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _decision_doc(views: list[ReplicaView], load: float | None, d: MixDecision) -> dict[str, Any]:
+    return {
+        "replicas": [asdict(v) for v in views],
+        "load_requests": load,
+        "target_spec": d.target_spec,
+        "next_move": None if d.move is None else asdict(d.move),
+        "reason": d.reason,
+        "message": d.message,
+    }
+
+
+_common = [
+    click.option(
+        "--fleet", "fleet_path", type=click.Path(dir_okay=False, path_type=Path), required=True
+    ),
+    click.option(
+        "--state",
+        "state_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="The governor's state file (modes, last move).",
+    ),
+    click.option(
+        "--pays-up-to",
+        type=click.IntRange(min=0),
+        default=None,
+        help="Crossover: requests per replica up to which speculation pays.",
+    ),
+    click.option(
+        "--replica-capacity",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        help="Requests in flight one replica carries within the SLO.",
+    ),
+    click.option("--trace", default=None, help="Compute both from this trace (as plan fleet)."),
+    click.option("--gpu", default="h100", show_default=True),
+    click.option("--model", default="llama-3.1-8b", show_default=True),
+    click.option("--drafter", default="eagle3", show_default=True),
+    click.option(
+        "--tpot-ms", type=click.FloatRange(min=0, min_open=True), default=50.0, show_default=True
+    ),
+    click.option("--dwell-s", type=click.FloatRange(min=0), default=300.0, show_default=True),
+    click.option(
+        "--hysteresis", type=click.FloatRange(0, 1, max_open=True), default=0.15, show_default=True
+    ),
+]
+
+
+def _options(f: Any) -> Any:
+    for option in reversed(_common):
+        f = option(f)
+    return f
+
+
+@click.group("fleet")
+def fleet_group() -> None:
+    """Govern the mix of speculative and plain replicas behind an smg gateway."""
+
+
+def _prepare(
+    opts: dict[str, Any],
+) -> tuple[FleetFile, dict[str, Mode], float | None, MixModel]:
+    """The fleet file, the saved modes and last move, and the decision's model, from the
+    options every fleet command takes."""
+    from specgov.controller.fleet.move import FleetFileError, load_fleet_file
+
+    try:
+        fleet = load_fleet_file(opts["fleet_path"])
+    except FleetFileError as exc:
+        raise click.ClickException(str(exc)) from None
+    modes, last = _load_state(opts["state_path"], fleet)
+    mix = _model(
+        opts["pays_up_to"],
+        opts["replica_capacity"],
+        opts["trace"],
+        (opts["gpu"], opts["model"], opts["drafter"]),
+        opts["tpot_ms"],
+        opts["dwell_s"],
+        opts["hysteresis"],
+    )
+    return fleet, modes, last, mix
+
+
+@fleet_group.command("status")
+@_options
+@click.option("--output", type=click.Choice(["table", "json"]), default="table")
+def status_cmd(output: str, **opts: Any) -> None:
+    """The replicas, their mode and load, and the next planned move."""
+    from specgov.controller.fleet.gateway import SmgGateway
+    from specgov.policies.control.fleet_mix import decide_mix
+
+    fleet, modes, last, mix = _prepare(opts)
+    gw = SmgGateway(fleet.gateway)
+    try:
+        views, load, why = observe(fleet, gw, modes)
+    finally:
+        gw.close()
+    if not views:
+        raise click.ClickException(f"gateway {fleet.gateway}: {why}")
+    d = decide_mix(views, load, mix, now_s=time.time(), last_move_s=last)
+    doc = _decision_doc(views, load, d)
+    if output == "json":
+        click.echo(json.dumps(doc, indent=2))
+        return
+    for v in views:
+        state = "serving" if v.serving else "NOT serving"
+        click.echo(f"{v.name:12} {v.mode:6} {state:12} {v.running_requests:6.0f} in flight")
+    move = "none" if d.move is None else f"{d.move.replica} -> {d.move.to_mode}"
+    click.echo(f"load {load if load is not None else 'unknown'}; next move: {move}")
+    click.echo(f"{d.reason}: {d.message}")
+
+
+@fleet_group.command("run")
+@_options
+@click.option(
+    "--audit", "audit_path", type=click.Path(dir_okay=False, path_type=Path), required=True
+)
+@click.option("--interval-s", type=click.FloatRange(min=0.05), default=10.0, show_default=True)
+@click.option(
+    "--duration-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Stop after this long (default: until interrupted).",
+)
+@click.option(
+    "--metrics-addr",
+    default=None,
+    help="Serve the specgov_fleet_* metrics on HOST:PORT (e.g. 127.0.0.1:9466).",
+)
+def run_cmd(
+    audit_path: Path,
+    interval_s: float,
+    duration_s: float | None,
+    metrics_addr: str | None,
+    **opts: Any,
+) -> None:
+    """Observe, decide and move replicas, one at a time (audit rows in --audit)."""
+    from specgov.controller.fleet.gateway import SmgGateway
+    from specgov.controller.fleet.metrics import FleetMetrics
+    from specgov.controller.fleet.move import AuditLog, AuditRow, execute_move
+    from specgov.policies.control.fleet_mix import decide_mix
+
+    fleet, modes, last, mix = _prepare(opts)
+    state_path: Path | None = opts["state_path"]
+    metrics = FleetMetrics()
+    if metrics_addr is not None:
+        host, _, port = metrics_addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise click.UsageError(f"--metrics-addr: expected HOST:PORT, got {metrics_addr!r}")
+        try:
+            metrics.serve(host, int(port))
+        except OSError as exc:
+            raise click.ClickException(f"--metrics-addr {metrics_addr}: {exc}") from None
+    audit = AuditLog(audit_path)
+    gw = SmgGateway(fleet.gateway)
+    end = None if duration_s is None else time.monotonic() + duration_s
+    try:
+        while end is None or time.monotonic() < end:
+            views, load, why = observe(fleet, gw, modes)
+            now = time.time()
+            if not views:
+                metrics.held("held_gateway_unreachable")
+                audit.write(
+                    AuditRow(
+                        now, "-", "decide", "held_gateway_unreachable", f"holding the mix: {why}"
+                    )
+                )
+            else:
+                d = decide_mix(views, load, mix, now_s=now, last_move_s=last)
+                metrics.observe(views, load, d)
+                note = f" ({why})" if why else ""
+                audit.write(
+                    AuditRow(
+                        now, d.move.replica if d.move else "-", "decide", d.reason, d.message + note
+                    )
+                )
+                if d.move is not None:
+                    current = modes[d.move.replica]
+                    outcome = execute_move(d.move, fleet, gw, audit, current=current)
+                    modes[outcome.replica] = outcome.mode
+                    metrics.moved(outcome.reason)
+                    last = time.time()
+                    _save_state(state_path, modes, last)
+            time.sleep(interval_s)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        gw.close()
+        _save_state(state_path, modes, last)

@@ -1,0 +1,3 @@
+"""The control core: one decision of the daemon as a pure step, driven by daemon and replay; the
+fleet mix.
+"""

@@ -1,0 +1,326 @@
+"""The goodput model's pieces: per-slot plans, accept-length moments, the SLO model, the
+restart recommendation, and the slot bookkeeping the policy reads from telemetry."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from specgov.policies.common.types import (
+    Observation,
+    RestartRecommendation,
+    SlotRule,
+    SpecShape,
+    TierStat,
+    TierStatsSnapshot,
+)
+from specgov.policies.daemon.estimators.acceptance import (
+    AcceptanceEstimate,
+)
+from specgov.policies.daemon.estimators.step_cost import (
+    StepCostPrior,
+)
+from specgov.policies.daemon.goodput.config import (
+    _GAUSS_HERMITE,
+)
+
+# --------------------------------------------------------------------------- policy
+
+
+@dataclass(frozen=True, slots=True)
+class SlotPlan:
+    """What the policy predicted for one slot (for messages and tests).
+
+    ``slo_fraction`` is the predicted share of requests within the TPOT SLO (1.0 when
+    the SLO-aware choice is not active, see the module docstring).
+    """
+
+    slot: int
+    steps: int
+    batch_size: float
+    accept_length: float
+    step_s: float
+    goodput_tok_s: float
+    tpot_ms: float
+    slo_limited: bool
+    budget_limited: bool
+    probe: bool
+    slo_fraction: float = 1.0
+    # The same slot on a server without the drafter: goodput in the SLO sense (tok/s).
+    no_drafter_score_tok_s: float | None = None
+    # The slot's live-acceptance rule (None: the engine runs ``steps`` whatever it sees).
+    rule: SlotRule | None = None
+
+    @property
+    def score_tok_s(self) -> float:
+        """Goodput in the SLO sense: goodput times the share within the SLO."""
+        return self.goodput_tok_s * self.slo_fraction
+
+
+@dataclass(frozen=True, slots=True)
+class _Eval:
+    accept_length: float
+    step_s: float
+    goodput: float  # B * E[L] / T, tokens/s
+    tpot_ms: float  # T / E[L], decode only (not calibrated)
+    slo_fraction: float  # predicted share of requests within the SLO (1 without a model)
+
+    @property
+    def score(self) -> float:
+        """The objective: goodput in the SLO sense (tokens of requests meeting the SLO)."""
+        return self.goodput * self.slo_fraction
+
+
+def _accept_moments(rates: Sequence[float], steps: int) -> tuple[float, float]:
+    """Mean and variance of the tokens one verify emits (bonus included) at ``steps``.
+
+    ``rates`` are conditional acceptance rates per position; positions past their end
+    reuse the last one (as ``AcceptanceEstimate.expected_accept_length`` does).
+    """
+    mean = second = 0.0
+    reach = 1.0
+    for j in range(steps):
+        a = rates[j] if j < len(rates) else rates[-1]
+        stop = reach * (1.0 - a)  # exactly j drafts accepted: j + 1 tokens
+        mean += stop * (j + 1)
+        second += stop * (j + 1) ** 2
+        reach *= a
+    mean += reach * (steps + 1)
+    second += reach * (steps + 1) ** 2
+    return mean, max(0.0, second - mean * mean)
+
+
+def _flat_past_evidence(est: AcceptanceEstimate) -> tuple[float, ...]:
+    """Rates with the positions past the evidence held at the last observed lower bound.
+
+    For the one candidate past the evidence that exploitation considers: running it
+    observes those positions within a window, so it is judged on the flat bound rather
+    than the estimator's falling extrapolation (which would keep it from ever running).
+    """
+    m = est.observed
+    if m == 0:
+        return est.mean
+    cap = est.lower[m - 1]
+    return est.mean[:m] + tuple(max(r, min(cap, est.mean[m - 1])) for r in est.mean[m:])
+
+
+def _optimistic_rates(est: AcceptanceEstimate) -> tuple[float, ...]:
+    """Per-position rates for the optimistic side of a probe decision.
+
+    Observed positions keep their posterior mean; a position past the evidence takes
+    at least the last observed mean (the prior mean with no evidence at all): measured
+    acceptance is flat or rising with position once the first drafts are accepted
+    (REFERENCE.md §3; n-gram rises from 0.35 to 0.9), so continuing the last rate is
+    optimistic but plausible, where the estimator's own extrapolation is capped at the
+    last *lower* bound.
+    """
+    rates = list(est.mean)
+    m = est.observed
+    floor = rates[m - 1] if m > 0 else max(rates[0], 0.0)
+    for i in range(m, len(rates)):
+        rates[i] = max(rates[i], floor)
+    return tuple(rates)
+
+
+@dataclass(frozen=True, slots=True)
+class _SloModel:
+    """Per-request TPOT model near the SLO (see the module docstring).
+
+    A request's TPOT is ``scale * T * exp(e) / Lbar``: ``T`` the step time, ``e`` a
+    normal batching noise of variance ``base_var`` (prefill stalls, batch changes: does
+    not depend on the steps) and ``Lbar`` the request's mean accept length over its
+    ``tokens`` output tokens, normal by the central limit theorem with variance
+    ``burstiness * Var[L] * E[L] / tokens`` (``tokens / E[L]`` verifies, positively
+    correlated). Modelling ``Lbar`` itself as normal, not ``log TPOT``, keeps the skew of
+    short requests: a few lucky verifies pull a short request far under the SLO.
+    """
+
+    slo_ms: float
+    scale: float
+    base_var: float
+    tokens: float
+    burstiness: float
+
+    def fraction(self, tpot_ms: float, accept_mean: float, accept_var: float) -> float:
+        """Share of requests within the SLO when the decode-only TPOT is ``tpot_ms``."""
+        cost_ms = self.scale * tpot_ms * accept_mean  # scale * T: TPOT of a request at L=1
+        sd_e = math.sqrt(self.base_var)
+        sd_l = math.sqrt(self.burstiness * accept_var * accept_mean / self.tokens)
+        if sd_l < 1e-9 * accept_mean:  # no acceptance spread: log-normal in e alone
+            z = (math.log(self.slo_ms * accept_mean / cost_ms)) / sd_e
+            return _normal_cdf(z)
+        # P(Lbar >= cost * exp(e) / slo), averaged over e (Gauss-Hermite quadrature).
+        total = 0.0
+        for x, w in _GAUSS_HERMITE:
+            need = cost_ms * math.exp(sd_e * x) / self.slo_ms
+            total += w * _normal_cdf((accept_mean - need) / sd_l)
+        return total
+
+
+def _normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+@dataclass(frozen=True, slots=True)
+class _SlotWork:
+    bound: int
+    allowed: tuple[int, ...]
+    budget_limited: bool
+    est: AcceptanceEstimate
+    batch: float
+    cur: int | None
+    evals: dict[int, _Eval]
+    best: int
+    slo_limited: bool
+    share: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Restart:
+    held_s: float
+    slots: tuple[int, ...]
+    steps: tuple[int, ...]
+    gain: float  # predicted, no drafter vs the best table (SLO-sense goodput)
+    overhead: float  # share of a step-0 step the drafter costs
+
+    def recommendation(self) -> RestartRecommendation:
+        """The structured form the daemon records, shows, exports and may apply."""
+        slots = ", ".join(f"{b}:{k}" for b, k in zip(self.slots, self.steps, strict=True))
+        return RestartRecommendation(
+            shape=SpecShape("NONE", 0, 0, 0, ()),
+            source="policy",
+            summary=(
+                f"no speculation: predicted {self.gain:+.1%} goodput over the best table "
+                f"in the busy slots ({slots}) for {self.held_s:.0f} s"
+            ),
+            predicted_gain=self.gain,
+            evidence=(
+                ("held_s", self.held_s),
+                ("drafter_share_of_step0", self.overhead),
+            ),
+        )
+
+    def describe(self) -> str:
+        slots = ", ".join(f"{b}:{k}" for b, k in zip(self.slots, self.steps, strict=True))
+        return (
+            f"restart recommended without speculation (--speculative-algorithm NONE): for "
+            f"{self.held_s:.0f} s a server without the drafter has been predicted "
+            f"{self.gain:+.1%} goodput over the best table in the busy slots ({slots}); "
+            f"a table cannot get there: even at step 0 every step pays the drafter "
+            f"({self.overhead:.1%} of it: draft-extend, verify bookkeeping), and without "
+            f"it the KV pool is larger (no draft KV cache, no candidate-step graphs)"
+        )
+
+
+def _drafter_share(prior: StepCostPrior, batch: float, ctx: float) -> float:
+    """Share of a step-0 step the drafter costs: the prior with vs without the drafter."""
+    if not prior.speculative:
+        return 0.0
+    # Built per call (~6 us, a few per decision: measured), not remembered.
+    bare = replace(prior, speculative=False, topk=1, num_draft_tokens=None)
+    kv = ctx * batch
+    with_drafter = prior.predict_s(batch, 0, kv)
+    return max(0.0, 1.0 - bare.predict_s(batch, 0, kv) / with_drafter) if with_drafter > 0 else 0.0
+
+
+def _kv_per_request(obs: Observation) -> float | None:
+    if (
+        obs.token_usage is None
+        or obs.kv_capacity_tokens is None
+        or obs.running_requests is None
+        or obs.running_requests <= 0
+    ):
+        return None
+    return obs.token_usage * obs.kv_capacity_tokens / obs.running_requests
+
+
+def _update_batch(
+    batch: tuple[tuple[int, float, float], ...],
+    snapshot: TierStatsSnapshot,
+    decay: float,
+) -> tuple[tuple[int, float, float], ...]:
+    acc = {slot: (b * decay, v * decay) for slot, b, v in batch}
+    for tier in snapshot.tiers:
+        b, v = acc.get(tier.slot, (0.0, 0.0))
+        acc[tier.slot] = (b + tier.batch_size_sum, v + tier.verify_calls)
+    return tuple((slot, b, v) for slot, (b, v) in sorted(acc.items()))
+
+
+def _normalise_slots(snapshot: TierStatsSnapshot, bounds: Sequence[int]) -> TierStatsSnapshot:
+    """Re-key tiers to the engine's slot bounds (largest bound <= the tier's slot).
+
+    A published table's first bound is always 1, so the engine reports the first slot's
+    tiers under 1 even when its own first bound is higher; this merges them back.
+    """
+    if all(t.slot in bounds for t in snapshot.tiers):
+        return snapshot
+    merged: dict[tuple[int, int], TierStat] = {}
+    for t in snapshot.tiers:
+        idx = bisect.bisect_right(bounds, t.slot) - 1
+        slot = bounds[max(idx, 0)]
+        prev = merged.get((slot, t.steps))
+        if prev is None:
+            merged[(slot, t.steps)] = replace(t, slot=slot)
+            continue
+        merged[(slot, t.steps)] = TierStat(
+            slot=slot,
+            steps=t.steps,
+            verify_calls=prev.verify_calls + t.verify_calls,
+            requests=prev.requests + t.requests,
+            accepted_hist=tuple(
+                a + b for a, b in zip(prev.accepted_hist, t.accepted_hist, strict=True)
+            ),
+            step_time_sum_s=prev.step_time_sum_s + t.step_time_sum_s,
+            step_time_count=prev.step_time_count + t.step_time_count,
+            batch_size_sum=prev.batch_size_sum + t.batch_size_sum,
+        )
+    return TierStatsSnapshot(
+        window_start_s=snapshot.window_start_s,
+        window_end_s=snapshot.window_end_s,
+        tiers=tuple(merged[k] for k in sorted(merged)),
+    )
+
+
+def _dominant_steps(snapshot: TierStatsSnapshot | None) -> dict[int, int]:
+    """Per slot, the steps that ran the most verifies in the window (the engine's choice)."""
+    if snapshot is None:
+        return {}
+    best: dict[int, tuple[int, int]] = {}
+    for tier in snapshot.tiers:
+        calls = best.get(tier.slot, (-1, 0))[0]
+        if tier.verify_calls > calls:
+            best[tier.slot] = (tier.verify_calls, tier.steps)
+    return {slot: steps for slot, (_, steps) in best.items()}
+
+
+def _expected_gain(gains: Sequence[tuple[float, float, float]]) -> float | None:
+    if not gains:
+        return None
+    total_w = sum(w for w, _, _ in gains)
+    if total_w <= 0:
+        gains = [(1.0, new, cur) for _, new, cur in gains]
+    new = sum(w * g for w, g, _ in gains)
+    cur = sum(w * g for w, _, g in gains)
+    if cur <= 0 or not math.isfinite(new / cur):
+        return None
+    return new / cur - 1.0
+
+
+def _describe(p: SlotPlan) -> str:
+    flags = "".join(
+        (" probe" if p.probe else "", " slo-limited" if p.slo_limited else "",
+         " budget-limited" if p.budget_limited else "")
+    )  # fmt: skip
+    rule = ""
+    if p.rule is not None:
+        cuts = "".join(
+            f"<{t:g}<=" + str(k) for t, k in zip(p.rule.thresholds, p.rule.steps[1:], strict=True)
+        )
+        rule = f" rule={p.rule.steps[0]}{cuts}@{p.rule.prior:.2f}"
+    return (
+        f"slot {p.slot}: k={p.steps}{flags}{rule} B={p.batch_size:.1f} "
+        f"E[L]={p.accept_length:.2f} T={p.step_s * 1e3:.2f}ms TPOT={p.tpot_ms:.2f}ms "
+        f"G={p.goodput_tok_s:.0f}tok/s"
+    )

@@ -1,0 +1,176 @@
+"""The goodput policy's live-acceptance rules (table format 2, :class:`SlotRule`).
+
+The daemon's plan is slow (one decision every few seconds) and the acceptance it plans
+with is an average; the engine sees every verify. So, per slot, the policy publishes
+where each step count is best as a function of the signal the engine measures (the
+slot's first-draft acceptance rate, ``TablePolicy``): for every signal on a grid it
+scales the slot's per-position acceptance profile to that first-position rate, scores
+each candidate with the same evaluation the plan uses (expected goodput in the SLO
+sense from the step-cost model), and cuts the signal axis where the best step changes.
+
+Step 0 is charged for the probes the engine runs there (``PROBE_SHARE`` of the slot's
+batches at the rule's probe step): its goodput is that of the mix, so a slot is put at
+0 only where 0 plus its probes beats speculating.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from specgov.policies.common.types import SlotRule
+from specgov.policies.engine.table import PROBE_SHARE
+
+# Signal grid: the centres of 50 cells of width 0.02 over [0, 1]; thresholds fall on
+# cell edges, so the same evidence gives the same rule (a refresh is no change).
+_GRID_STEP: Final = 0.02
+GRID: Final = tuple(_GRID_STEP * (i + 0.5) for i in range(round(1 / _GRID_STEP)))
+# Per-position rates are capped below 1: a verify always has a chance to stop.
+_MAX_RATE: Final = 0.99
+
+
+def scaled_rates(rates: Sequence[float], signal: float) -> tuple[float, ...]:
+    """``rates`` scaled so that position 1's rate is ``signal`` (the shape is kept)."""
+    first = rates[0] if rates else 0.0
+    if first <= 1e-6:
+        return tuple(min(signal, _MAX_RATE) for _ in rates) or (signal,)
+    scale = signal / first
+    return tuple(min(r * scale, _MAX_RATE) for r in rates)
+
+
+@dataclass(frozen=True, slots=True)
+class RuleEval:
+    """One candidate at one signal: tokens per verify (per request, bonus included),
+    step time, and the predicted share of requests within the SLO (1 without one)."""
+
+    accept_length: float
+    step_s: float
+    slo_fraction: float
+
+
+def slot_rule(
+    mean_rates: Sequence[float],
+    planned: Sequence[int],
+    allowed: Sequence[int],
+    batch: float,
+    evaluate: Callable[[float, int], RuleEval],
+    hard_slo_ms: float | None,
+    prefer: int | None,
+    tie: float,
+    in_force: SlotRule | None = None,
+) -> SlotRule | None:
+    """One slot's rule: ``planned`` (the steps its plan weighed) and the least positive
+    ``allowed`` step (the probe a slot at 0 runs) scored at every grid signal by
+    ``evaluate(signal, k)``; goodput in the SLO sense, step 0 charged for its probes.
+    A step past ``hard_slo_ms`` (a TPOT SLO without the SLO model) is out while any
+    other meets it. None when one step wins at every signal or nothing can be scored.
+    ``in_force`` (the slot's rule in the table in force) is kept, with the new prior,
+    while near the prior it stays within ``tie`` of the best (``_NEAR_PRIOR``).
+    """
+    cands = list(planned)
+    positive = [k for k in allowed if k > 0]
+    probe = min(positive) if positive else None
+    if probe is not None and probe not in cands:
+        cands.append(probe)
+    if len(cands) < 2 or not mean_rates:
+        return None
+
+    def scores_at(signal: float) -> dict[int, float]:
+        evals = {k: evaluate(signal, k) for k in cands}
+        tokens = {k: batch * e.accept_length for k, e in evals.items()}
+        times = {k: e.step_s for k, e in evals.items()}
+        if 0 in evals and probe is not None:
+            tokens[0], times[0] = probe_charged(tokens[0], times[0], tokens[probe], times[probe])
+        tpot_ms = {k: 1e3 * times[k] * batch / tokens[k] for k in cands}
+        feasible = [k for k in cands if hard_slo_ms is None or tpot_ms[k] <= hard_slo_ms]
+        if not feasible:  # nothing meets the SLO: the least TPOT, as the plan does
+            return {k: -tpot_ms[k] for k in cands}
+        return {k: tokens[k] / times[k] * evals[k].slo_fraction for k in feasible}
+
+    table = [scores_at(signal) for signal in GRID]
+    prior = min(max(mean_rates[0], 0.0), 1.0)
+    if in_force is not None and _still_good(in_force, prior, table, tie):
+        return SlotRule(thresholds=in_force.thresholds, steps=in_force.steps, prior=prior)
+    return build_rule(table, prior=prior, prefer=prefer, tie=tie)
+
+
+def probe_charged(
+    tokens_0: float, time_0_s: float, tokens_p: float, time_p_s: float
+) -> tuple[float, float]:
+    """(tokens, seconds) per batch of a slot at 0 steps with its probes mixed in."""
+    share = PROBE_SHARE
+    return (
+        (1.0 - share) * tokens_0 + share * tokens_p,
+        (1.0 - share) * time_0_s + share * time_p_s,
+    )
+
+
+def build_rule(
+    table: Sequence[Mapping[int, float]],
+    prior: float,
+    *,
+    prefer: int | None = None,
+    tie: float = 0.0,
+) -> SlotRule | None:
+    """The rule that picks, at every grid signal, the step with the best score.
+
+    ``table[i]``: score per candidate step at signal ``GRID[i]`` (ties go to the
+    fewer steps). ``prefer``: a step kept wherever it scores within ``tie`` (a
+    fraction) of the best: the step the busiest slot runs, so that near-ties do not
+    make batches of neighbouring slots, or of one slot as its signal wanders, switch
+    the engine's tier for no measurable gain. None when one step wins everywhere (the
+    slot needs no rule).
+    """
+    best: list[int] = []
+    for scores in table:
+        top = max(scores, key=lambda k: (scores[k], -k))
+        if (
+            prefer is not None
+            and prefer != top
+            and scores.get(prefer, -1.0) >= scores[top] * (1.0 - tie) > 0.0
+        ):
+            top = prefer
+        best.append(top)
+    thresholds: list[float] = []
+    steps = [best[0]]
+    for i in range(1, len(best)):
+        if best[i] != steps[-1]:
+            thresholds.append(round(_GRID_STEP * i, 6))
+            steps.append(best[i])
+    if len(steps) == 1:
+        return None
+    return SlotRule(
+        thresholds=tuple(thresholds), steps=tuple(steps), prior=min(max(prior, 0.0), 1.0)
+    )
+
+
+# The rule in force stays (with the new prior) while, over where the signal is likely
+# to be before the next decision (within this of the new prior), the steps it runs lose
+# on average less than half of ``tie`` against the best: the estimates jitter from
+# window to window at a steady workload, moving cuts by a cell or two where the steps
+# either side are near-tied anyway, and a cut far from the signal matters only once the
+# signal gets near it, by when the prior (the daemon sees the same verifies) has too.
+_NEAR_PRIOR: Final = 0.15
+
+
+def _still_good(
+    in_force: SlotRule, prior: float, table: Sequence[Mapping[int, float]], tie: float
+) -> bool:
+    losses = []
+    for signal, scores in zip(GRID, table, strict=True):
+        if abs(signal - prior) > _NEAR_PRIOR:
+            continue
+        k = in_force.steps_at(signal)
+        top = max(scores.values())
+        if k not in scores or top <= 0:
+            return False
+        losses.append(1.0 - scores[k] / top)
+    return not losses or sum(losses) / len(losses) <= tie / 2
+
+
+def rule_cuts(
+    rules: Sequence[tuple[int, SlotRule]],
+) -> tuple[tuple[int, tuple[float, ...], tuple[int, ...]], ...]:
+    """What a table's rules decide, without the priors they start from."""
+    return tuple((b, r.thresholds, r.steps) for b, r in rules)

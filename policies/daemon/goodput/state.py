@@ -1,0 +1,236 @@
+"""The goodput policy's learned state (GoodputState): estimators, batch mix, RNG, serialised."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from specgov.policies.common.types import (
+    PolicyTypeError,
+    StepTable,
+)
+from specgov.policies.common.validation import all_real, check_int, is_int, is_real
+from specgov.policies.daemon.estimators.acceptance import (
+    AcceptanceState,
+)
+from specgov.policies.daemon.estimators.step_cost import (
+    StepCostState,
+)
+from specgov.policies.daemon.goodput.config import (
+    _READABLE_VERSIONS,
+    GOODPUT_STATE_VERSION,
+)
+
+# ---------------------------------------------------------------------------- state
+
+_RngState = tuple[int, int, int, int]  # PCG64 (state, inc, has_uint32, uinteger)
+
+
+def _rng_state_of(gen: np.random.Generator) -> _RngState:
+    st = gen.bit_generator.state
+    return (
+        int(st["state"]["state"]),
+        int(st["state"]["inc"]),
+        int(st["has_uint32"]),
+        int(st["uinteger"]),
+    )
+
+
+def _generator(state: _RngState) -> np.random.Generator:
+    bit = np.random.PCG64(0)
+    bit.state = {
+        "bit_generator": "PCG64",
+        "state": {"state": state[0], "inc": state[1]},
+        "has_uint32": state[2],
+        "uinteger": state[3],
+    }
+    return np.random.Generator(bit)
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputState:
+    """Learned state of :class:`GoodputPolicy`; serialisable (``to_dict``)."""
+
+    acceptance: AcceptanceState
+    step_cost: StepCostState
+    last_table: StepTable | None
+    rng_state: _RngState
+    # Per slot: decayed (batch_size_sum, verify_calls), for the representative batch.
+    batch: tuple[tuple[int, float, float], ...] = ()
+    last_probe_s: float | None = None
+    decisions: int = 0
+    # Since when a server without the drafter has been predicted to beat the best table
+    # (None: not now), for the restart recommendation.
+    restart_since_s: float | None = None
+    # Decayed per-window TPOT statistics: (time_s, weight, then the weighted sums of
+    # log p50, log scale, log-variance, base log-variance, log tokens); None before any.
+    slo_stats: tuple[float, ...] | None = None
+    # The steps of the table last seen in force (() for none: the engine's fallback) and
+    # since when (a window's TPOTs are of requests that finished in it: they tell about a
+    # table only once they lived under it from start to end).
+    seen_slots: tuple[tuple[int, int], ...] | None = None
+    seen_since_s: float | None = None
+    version: int = GOODPUT_STATE_VERSION
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.acceptance, AcceptanceState):
+            raise PolicyTypeError("GoodputState.acceptance: expected an AcceptanceState")
+        if not isinstance(self.step_cost, StepCostState):
+            raise PolicyTypeError("GoodputState.step_cost: expected a StepCostState")
+        if self.last_table is not None and not isinstance(self.last_table, StepTable):
+            raise PolicyTypeError("GoodputState.last_table: expected None or a StepTable")
+        rs = self.rng_state
+        if (
+            not isinstance(rs, tuple)
+            or len(rs) != 4
+            or not all(is_int(v) and v >= 0 for v in rs)
+            or rs[1] % 2 != 1
+        ):
+            raise PolicyTypeError(
+                f"GoodputState.rng_state: expected a PCG64 (state, odd inc, has_uint32, "
+                f"uinteger) tuple of non-negative ints, got {rs!r}"
+            )
+        for entry in self.batch:
+            if not _batch_entry(entry):
+                raise PolicyTypeError(
+                    f"GoodputState.batch: expected (slot, batch_size_sum, verify_calls) "
+                    f"entries, got {entry!r}"
+                )
+        if self.slo_stats is not None and (
+            not isinstance(self.slo_stats, tuple)
+            or len(self.slo_stats) != 7
+            or not all_real(self.slo_stats)
+        ):
+            raise PolicyTypeError(
+                f"GoodputState.slo_stats: expected None or 7 finite numbers, got {self.slo_stats!r}"
+            )
+        if self.seen_slots is not None and (
+            not isinstance(self.seen_slots, tuple)
+            or not all(
+                isinstance(p, tuple) and len(p) == 2 and all(is_int(v) for v in p)
+                for p in self.seen_slots
+            )
+        ):
+            raise PolicyTypeError(
+                f"GoodputState.seen_slots: expected None or (bound, steps) int pairs, "
+                f"got {self.seen_slots!r}"
+            )
+        for key in ("last_probe_s", "restart_since_s", "seen_since_s"):
+            value = getattr(self, key)
+            if value is not None and not is_real(value):
+                raise PolicyTypeError(
+                    f"GoodputState.{key}: expected None or a finite number, got {value!r}"
+                )
+        check_int("GoodputState.decisions", self.decisions, error=PolicyTypeError, minimum=0)
+        if self.version != GOODPUT_STATE_VERSION:  # from_dict upgrades older versions
+            raise PolicyTypeError(
+                f"GoodputState.version: expected {GOODPUT_STATE_VERSION}, got {self.version!r}"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "acceptance": self.acceptance.to_dict(),
+            "step_cost": self.step_cost.to_dict(),
+            "last_table": None if self.last_table is None else self.last_table.to_dict(),
+            # 128-bit integers as hex strings: not every JSON reader keeps them exact.
+            "rng_state": [hex(v) for v in self.rng_state],
+            "batch": [[s, b, v] for s, b, v in self.batch],
+            "last_probe_s": self.last_probe_s,
+            "decisions": self.decisions,
+            "restart_since_s": self.restart_since_s,
+            "slo_stats": None if self.slo_stats is None else list(self.slo_stats),
+            "seen_slots": None if self.seen_slots is None else [list(p) for p in self.seen_slots],
+            "seen_since_s": self.seen_since_s,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GoodputState:
+        if not isinstance(data, Mapping):
+            raise PolicyTypeError(
+                f"GoodputState.from_dict: expected a JSON object (mapping), got {data!r}"
+            )
+        version = data.get("version")
+        if isinstance(version, bool) or version not in _READABLE_VERSIONS:
+            raise PolicyTypeError(
+                f"GoodputState.from_dict: key 'version': unsupported state version "
+                f"{version!r}; this build reads versions "
+                f"{', '.join(str(v) for v in _READABLE_VERSIONS)}"
+            )
+        keys = {f.name for f in fields(cls)}
+        if version == 1:
+            keys -= {"restart_since_s", "slo_stats", "seen_slots", "seen_since_s"}
+        missing = sorted(keys - set(data))
+        unknown = sorted(str(k) for k in set(data) - keys)
+        if missing or unknown:
+            raise PolicyTypeError(
+                f"GoodputState.from_dict: missing key(s) {missing}, unknown key(s) {unknown}; "
+                f"expected keys {sorted(keys)}"
+            )
+        raw_rng = data["rng_state"]
+        try:
+            if not isinstance(raw_rng, list | tuple) or len(raw_rng) != 4:
+                raise ValueError
+            rng_state = tuple(int(v, 16) for v in raw_rng)
+        except (ValueError, TypeError):
+            raise PolicyTypeError(
+                f"GoodputState.from_dict: key 'rng_state': expected 4 hex strings, got {raw_rng!r}"
+            ) from None
+        raw_batch = data["batch"]
+        if not isinstance(raw_batch, list | tuple) or not all(
+            isinstance(e, list | tuple) and len(e) == 3 for e in raw_batch
+        ):
+            raise PolicyTypeError(
+                f"GoodputState.from_dict: key 'batch': expected a list of "
+                f"[slot, batch_size_sum, verify_calls], got {raw_batch!r}"
+            )
+        last_table = data["last_table"]
+        return cls(
+            acceptance=AcceptanceState.from_dict(data["acceptance"]),
+            step_cost=StepCostState.from_dict(data["step_cost"]),
+            last_table=None if last_table is None else StepTable.from_dict(last_table),
+            rng_state=rng_state,  # type: ignore[arg-type]
+            batch=tuple((e[0], e[1], e[2]) for e in raw_batch),
+            last_probe_s=data["last_probe_s"],
+            decisions=data["decisions"],
+            restart_since_s=data.get("restart_since_s"),
+            slo_stats=_float_tuple_or_none(data.get("slo_stats")),
+            seen_slots=_pairs_or_none(data.get("seen_slots")),
+            seen_since_s=data.get("seen_since_s"),
+        )
+
+
+def _batch_entry(entry: object) -> bool:
+    """(slot int, batch_size_sum, verify_calls), both sums finite numbers >= 0."""
+    return (
+        isinstance(entry, tuple)
+        and len(entry) == 3
+        and is_int(entry[0])
+        and all_real(entry[1:], minimum=0.0)
+    )
+
+
+def _float_tuple_or_none(value: object) -> tuple[float, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple):
+        raise PolicyTypeError(
+            f"GoodputState.from_dict: key 'slo_stats': expected null or a list, got {value!r}"
+        )
+    return tuple(value)
+
+
+def _pairs_or_none(value: object) -> tuple[tuple[int, int], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(p, list | tuple) and len(p) == 2 for p in value
+    ):
+        raise PolicyTypeError(
+            f"GoodputState.from_dict: key 'seen_slots': expected null or a list of "
+            f"[bound, steps], got {value!r}"
+        )
+    return tuple((p[0], p[1]) for p in value)

@@ -1,0 +1,610 @@
+"""The in-engine policy: follow the daemon's step table, fall back to SGLang's EMA.
+
+:class:`TablePolicy` is the object specgov's SGLang plugin installs in place of
+``AdaptiveSpeculativeParams`` (DESIGN.md, "Fast loop"). It implements SGLang's
+:class:`~specgov.policies.engine.protocol.AdaptiveSpecPolicy` and:
+
+* answers each decode batch from the :class:`StepTable` the daemon published,
+  looked up by the batch size padded to the next CUDA-graph batch size (as SGLang's
+  own policy pads);
+* ignores a table that is missing, expired, malformed, names a step the engine has
+  not built, or would run a step at a CUDA-graph batch size for which that step's
+  graph was not captured (SGLang captures a step's graphs only for the batch sizes
+  whose EMA slot lists it; an uncaptured size would silently run eagerly, slower
+  than not installing specgov). Then the fallback :class:`EmaPolicy` answers, and the
+  reason is counted in ``fallback_reasons`` (per decode batch);
+* follows a slot's live-acceptance rule (table format 2, :class:`SlotRule`) where the
+  table has one: the slot's signal is its recent first-draft acceptance rate, fed by
+  every verify of the slot at steps >= 1, and the rule maps it to steps with hysteresis
+  (a change needs the signal ``RULE_HYSTERESIS`` past a threshold) and a dwell (at most
+  one change per slot per ``RULE_DWELL_S``, judged on the poll clock); see "Live rules";
+* keeps the engine's tier when a batch's slot would switch it for a near-tie: a slot
+  whose rule gives the running step within ``STICKY_BAND`` of its signal runs it, so
+  batches alternating between neighbouring slots do not flip the tier each time;
+* keeps a slot at 0 steps learnable: every ``PROBE_EVERY_BATCHES`` of its batches it runs
+  ``PROBE_BATCHES`` at the rule's ``probe_step`` (under 1 % of the slot's batches; the
+  daemon charges that cost when it chooses 0), so the signal sees a rise in acceptance;
+* always feeds the fallback every verify, so it is warm when it takes over;
+* records per-tier statistics keyed by (slot lower bound, steps used) and hands a
+  :class:`TierStatsSnapshot` to ``stats_sink`` about every ``flush_interval_s``;
+* never raises into SGLang: every exception is caught and counted in ``errors``, and
+  every step returned is one of ``candidate_steps``.
+
+Determinism under tensor parallelism: every rank runs its own copy and all must pick
+the same step. The answers depend only on the calls SGLang makes (identical on all
+ranks), on what ``table_source`` returns and on ``clock()`` read at poll boundaries
+(every ``poll_every_batches`` calls to ``get_steps_for_batch``): table expiry is judged
+only there. The adapter makes those identical across ranks (rank 0 reads the spool and
+broadcasts the table and its clock reading). ``clock()`` read elsewhere feeds only the
+statistics.
+
+Live rules: the signal is ``(succ + prior * PRIOR_TRIALS) / (trials + PRIOR_TRIALS)``
+over decayed sums of first-draft successes and trials (one trial per request verified
+at steps >= 1), each verify decaying the sums by ``exp(-trials / memory)``: a memory of
+``SIGNAL_MEMORY_TRIALS`` while the slot speculates, ``PROBE_MEMORY_TRIALS`` while it sits
+at 0 steps (there the old evidence describes the poor phase that put it there, and a
+false rise costs one dwell at the probe step, where every batch is evidence). The state
+of a slot survives new tables (it is keyed by the slot bound), so a table refresh is no
+tier change unless its thresholds move the slot.
+
+Step wall time of a batch is ``clock()`` at its ``on_verify_complete`` minus ``clock()``
+at its ``get_steps_for_batch``. With SGLang's overlap scheduler the next batch's
+``get_steps_for_batch`` comes before this batch's ``on_verify_complete``, so pending
+lookups are matched to verifies first-in first-out by batch size, not "the last one".
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Final
+
+from specgov.policies.common.types import (
+    PolicyTypeError,
+    SlotRule,
+    StepTable,
+    TierStat,
+    TierStatsSnapshot,
+)
+from specgov.policies.engine.ema import EmaPolicy
+
+logger = logging.getLogger(__name__)
+
+# Fallback reasons (keys of TablePolicy.fallback_reasons).
+NO_TABLE: Final = "no_table"
+EXPIRED: Final = "expired"
+INVALID_TYPE: Final = "invalid_type"
+INVALID_STEP: Final = "invalid_step"
+UNCAPTURED_STEP: Final = "uncaptured_step"
+SOURCE_ERROR: Final = "source_error"
+INTERNAL_ERROR: Final = "internal_error"
+
+# Lookups awaiting their verify: one per batch in flight (two with the overlap
+# scheduler); the bound only drops lookups whose verify never came (e.g. idle batches).
+_PENDING_MAX: Final = 8
+_ANSWER_CACHE_MAX: Final = 8192
+
+# Live rules (module docstring). Not operator knobs: the daemon's rule is computed for
+# exactly this estimator and probe schedule (GoodputPolicy charges PROBE_SHARE).
+SIGNAL_MEMORY_TRIALS: Final = 200.0  # ~0.035 sd at a 0.5 rate
+PROBE_MEMORY_TRIALS: Final = 30.0
+PRIOR_TRIALS: Final = 4.0
+# A slot at 0 steps leaves only on this much (decayed) evidence: a lucky first probe
+# would otherwise buy a dwell's worth of batches at the wrong steps.
+LEAVE_ZERO_TRIALS: Final = 12.0
+RULE_HYSTERESIS: Final = 0.06  # signal units (acceptance rate)
+# A slot runs the engine's current tier instead of its own step while its rule would
+# give that tier within this of its signal: near a cut the two steps are near-tied (a
+# cut is where they tie), and batches alternating between neighbouring slots would
+# otherwise switch the engine's tier at every crossing for no measurable gain.
+STICKY_BAND: Final = 2 * RULE_HYSTERESIS
+RULE_DWELL_S: Final = 10.0
+PROBE_EVERY_BATCHES: Final = 512
+PROBE_BATCHES: Final = 4
+PROBE_SHARE: Final = PROBE_BATCHES / (PROBE_EVERY_BATCHES + PROBE_BATCHES)
+
+
+class _RuleSlot:
+    """Live state of one slot that follows a SlotRule."""
+
+    __slots__ = (
+        "band",
+        "changed_at_s",
+        "probe_left",
+        "probe_step",
+        "rule",
+        "signal",
+        "steps",
+        "succ",
+        "trials",
+        "zero_batches",
+    )
+
+    def __init__(self, rule: SlotRule) -> None:
+        self.succ = 0.0
+        self.trials = 0.0
+        self.signal = rule.prior
+        self.rule = rule
+        self.band = rule.band_for(rule.prior)
+        self.steps = rule.steps[self.band]
+        self.probe_step = rule.probe_step
+        self.changed_at_s: float | None = None
+        self.zero_batches = 0
+        self.probe_left = 0
+
+    def adopt(self, rule: SlotRule) -> None:
+        """A new table's rule for this slot: same evidence, new thresholds and prior.
+
+        The slot keeps running its steps where the new rule has them (in the band
+        nearest the signal); from there hysteresis and dwell judge any move, as for a
+        change of the signal. Only a rule without those steps moves the slot at once.
+        """
+        self.rule = rule
+        self.probe_step = rule.probe_step
+        self.signal = (self.succ + rule.prior * PRIOR_TRIALS) / (self.trials + PRIOR_TRIALS)
+        band = rule.band_for(self.signal)
+        keep = [i for i, k in enumerate(rule.steps) if k == self.steps]
+        if keep:
+            band = min(keep, key=lambda i: abs(i - band))
+        self.band = band
+        self.steps = rule.steps[band]
+
+    def observe(self, successes: int, trials: int, now_s: float) -> bool:
+        """Feed one verify at steps >= 1; True when the slot's steps changed."""
+        memory = SIGNAL_MEMORY_TRIALS if self.steps > 0 else PROBE_MEMORY_TRIALS
+        decay = math.exp(-trials / memory)
+        self.succ = self.succ * decay + successes
+        self.trials = self.trials * decay + trials
+        rule = self.rule
+        signal = self.signal = (self.succ + rule.prior * PRIOR_TRIALS) / (
+            self.trials + PRIOR_TRIALS
+        )
+        cur = self.band
+        if self.steps == 0 and self.trials < LEAVE_ZERO_TRIALS:
+            return False
+        up = rule.band_for(signal - RULE_HYSTERESIS)
+        if up > cur:
+            new = up
+        else:
+            down = rule.band_for(signal + RULE_HYSTERESIS)
+            if down >= cur:
+                return False
+            new = down
+        changed = self.changed_at_s
+        if changed is not None and now_s - changed < RULE_DWELL_S:
+            return False
+        self.changed_at_s = now_s
+        self.band = new
+        steps = rule.steps[new]
+        if steps == self.steps:
+            return False
+        self.steps = steps
+        return True
+
+    def accepts(self, steps: int) -> bool:
+        """Whether the rule gives ``steps`` within ``STICKY_BAND`` of the signal."""
+        rule, signal = self.rule, self.signal
+        lo = rule.band_for(signal - STICKY_BAND)
+        hi = rule.band_for(signal + STICKY_BAND)
+        return steps in rule.steps[lo : hi + 1]
+
+    def next_steps(self) -> int:
+        """The steps of the slot's next batch: its rule's, or a probe's at 0 steps."""
+        steps = self.steps
+        if steps != 0 or self.probe_step is None:
+            return steps
+        if self.probe_left > 0:
+            self.probe_left -= 1
+            return self.probe_step
+        self.zero_batches += 1
+        if self.zero_batches >= PROBE_EVERY_BATCHES:
+            self.zero_batches = 0
+            self.probe_left = PROBE_BATCHES - 1
+            return self.probe_step
+        return 0
+
+
+class _TierAcc:
+    """Running totals of one (slot, steps) tier in the current window."""
+
+    __slots__ = (
+        "batch_size_sum",
+        "hist",
+        "requests",
+        "step_time_count",
+        "step_time_sum_s",
+        "verify_calls",
+    )
+
+    def __init__(self, steps: int) -> None:
+        self.verify_calls = 0
+        self.requests = 0
+        self.hist = [0] * (steps + 1)
+        self.step_time_sum_s = 0.0
+        self.step_time_count = 0
+        self.batch_size_sum = 0
+
+
+# (batch size, slot bound, steps, clock at lookup, table epoch)
+_Pending = tuple[int, int, int, float, int]
+
+
+class TablePolicy:
+    """Step-table policy with an EMA fallback; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        table_source: Callable[[], StepTable | None],
+        stats_sink: Callable[[TierStatsSnapshot], None],
+        clock: Callable[[], float],
+        fallback: EmaPolicy,
+        flush_interval_s: float = 1.0,
+        poll_every_batches: int = 64,
+    ) -> None:
+        if not isinstance(fallback, EmaPolicy):
+            raise PolicyTypeError(
+                f"TablePolicy.fallback: expected an EmaPolicy, got {type(fallback).__name__}"
+            )
+        if (
+            not isinstance(flush_interval_s, int | float)
+            or isinstance(flush_interval_s, bool)
+            or not math.isfinite(flush_interval_s)
+            or flush_interval_s <= 0
+        ):
+            raise PolicyTypeError(
+                f"TablePolicy.flush_interval_s: expected a finite number > 0, "
+                f"got {flush_interval_s!r}"
+            )
+        if (
+            not isinstance(poll_every_batches, int)
+            or isinstance(poll_every_batches, bool)
+            or poll_every_batches < 1
+        ):
+            raise PolicyTypeError(
+                f"TablePolicy.poll_every_batches: expected an int >= 1, got {poll_every_batches!r}"
+            )
+        self._source = table_source
+        self._sink = stats_sink
+        self._clock = clock
+        self._fallback = fallback
+        self._flush_interval_s = float(flush_interval_s)
+        self._poll_every = poll_every_batches
+        self._candidates: list[int] = fallback.candidate_steps
+        self._candidate_set = frozenset(self._candidates)
+        # Returned if even the fallback fails: a step the engine built.
+        self._last_resort = fallback.get_steps_for_batch(1)
+
+        self._table: StepTable | None = None
+        self._epoch = 0  # bumped whenever the answer source changes
+        self._fallback_reason = NO_TABLE
+        # batch size -> (slot, steps, the slot's live rule or None)
+        self._answers: dict[int, tuple[int, int, _RuleSlot | None]] = {}
+        self._rule_slots: dict[int, _RuleSlot] = {}  # slot bound -> live rule state
+        self._poll_now_s = 0.0  # the clock at the last poll (identical on TP ranks)
+        self._last_steps = -1  # the step of the last answer: the engine's tier
+        self._tier_owner = -1  # the slot whose own choice that tier is
+        self.rule_changes = 0  # tier changes made by live rules
+        # step -> CUDA-graph batch sizes captured for it; None: CUDA graphs disabled.
+        self._captured: dict[int, frozenset[int]] | None = None
+        self._gets = 0
+        self._pending: deque[_Pending] = deque(maxlen=_PENDING_MAX)
+        self._tiers: dict[tuple[int, int], _TierAcc] = {}
+        self._window_start_s: float | None = None
+
+        self.fallback_reasons: dict[str, int] = {}
+        self.errors = 0
+        self.last_error: str | None = None
+        self.flushes = 0
+
+    # ---------------------------------------------------------- SGLang protocol
+
+    @property
+    def candidate_steps(self) -> list[int]:
+        """The fallback's (the engine's prebuilt) candidate steps."""
+        return list(self._candidates)
+
+    def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
+        try:
+            self._fallback.set_cuda_graph_bs(cuda_graph_bs)
+            graph_bs = self._fallback.cuda_graph_bs
+            if graph_bs is None:
+                self._captured = None
+            else:
+                self._captured = {
+                    step: frozenset(self._fallback.cuda_graph_bs_for_step(step) or ())
+                    for step in self._candidates
+                }
+            self._answers.clear()
+            if self._table is not None:
+                reason = self._rejection(self._table)
+                if reason is not None:
+                    self._set_table(None, reason)
+        except Exception as exc:
+            self._note_error(exc)
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        try:
+            now = self._clock()
+            if self._window_start_s is None:
+                self._window_start_s = now
+            if self._gets % self._poll_every == 0:
+                self._poll(now)
+            self._gets += 1
+            if self._table is not None:
+                answer = self._answers.get(batch_size)
+                if answer is None:
+                    answer = self._answer_slow(self._table, batch_size)
+                slot, steps, live = answer
+                if live is not None:
+                    steps = live.next_steps()
+                    last = self._last_steps
+                    if steps == last or live.steps != steps:
+                        self._tier_owner = slot  # its own choice (or a probe)
+                    elif slot != self._tier_owner and live.accepts(last):
+                        steps = last  # another slot's choice, as good here
+                    else:
+                        self._tier_owner = slot
+            else:
+                fallback = self._fallback
+                steps = fallback.get_steps_for_batch(batch_size)
+                slot = fallback.slot_bound_for(batch_size)
+                reasons = self.fallback_reasons
+                reasons[self._fallback_reason] = reasons.get(self._fallback_reason, 0) + 1
+            self._pending.append((batch_size, slot, steps, now, self._epoch))
+            self._last_steps = steps
+            return steps
+        except Exception as exc:
+            self._note_error(exc)
+            return self._safe_fallback_steps(batch_size)
+
+    def on_verify_complete(
+        self, num_correct_drafts_per_req: list[int], batch_size: int
+    ) -> int | None:
+        fallback_step: int | None = None
+        try:
+            # Always feed the fallback, so it is warm whenever it takes over.
+            fallback_step = self._fallback.on_verify_complete(
+                num_correct_drafts_per_req, batch_size
+            )
+        except Exception as exc:
+            self._note_error(exc)
+        try:
+            now = self._clock()
+            entry = self._match_pending(batch_size)
+            slot, ran = self._record(entry, num_correct_drafts_per_req, batch_size, now)
+            self._maybe_flush(now)
+            table = self._table
+            if table is None:
+                return fallback_step
+            live = self._rule_slots.get(slot) if ran > 0 else None
+            if live is not None and num_correct_drafts_per_req:
+                n = len(num_correct_drafts_per_req)
+                if live.observe(n - num_correct_drafts_per_req.count(0), n, self._poll_now_s):
+                    self.rule_changes += 1
+                    return live.steps
+            if entry is not None and entry[4] != self._epoch:
+                # A new table arrived since this batch's step was chosen: switch now if
+                # its answer for this batch size differs from the step that ran.
+                answer = self._answers.get(batch_size)
+                if answer is None:
+                    answer = self._answer_slow(table, batch_size)
+                steps = answer[1] if answer[2] is None else answer[2].steps
+                if steps != entry[2]:
+                    return steps
+            return None
+        except Exception as exc:
+            self._note_error(exc)
+            return fallback_step if self._table is None else None
+
+    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
+        """The fallback's answer, so the engine captures exactly what SGLang would."""
+        try:
+            return self._fallback.cuda_graph_bs_for_step(step)
+        except Exception as exc:
+            self._note_error(exc)
+            return None
+
+    # ----------------------------------------------------------- introspection
+
+    @property
+    def fallback(self) -> EmaPolicy:
+        return self._fallback
+
+    @property
+    def table(self) -> StepTable | None:
+        """The table in force, or None when the fallback answers."""
+        return self._table
+
+    @property
+    def fallback_reason(self) -> str | None:
+        """Why the fallback answers now, or None when a table is in force."""
+        return None if self._table is not None else self._fallback_reason
+
+    def flush(self) -> None:
+        """Hand the current window to ``stats_sink`` now (e.g. at shutdown). Never raises."""
+        try:
+            now = self._clock()
+            if self._window_start_s is None:
+                self._window_start_s = now
+            self._flush(now)
+        except Exception as exc:
+            self._note_error(exc)
+
+    # ---------------------------------------------------------------- internals
+
+    def _note_error(self, exc: BaseException) -> None:
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        logger.debug("TablePolicy error (%d so far): %s", self.errors, self.last_error)
+
+    def _safe_fallback_steps(self, batch_size: int) -> int:
+        try:
+            steps = self._fallback.get_steps_for_batch(batch_size)
+            if steps in self._candidate_set:
+                return steps
+        except Exception as exc:
+            self._note_error(exc)
+        return self._last_resort
+
+    def _poll(self, now: float) -> None:
+        self._poll_now_s = now
+        try:
+            table = self._source()
+        except Exception as exc:
+            self._note_error(exc)
+            self._set_table(None, SOURCE_ERROR)
+            return
+        if table is None:
+            self._set_table(None, NO_TABLE)
+        elif not isinstance(table, StepTable):
+            self._set_table(None, INVALID_TYPE)
+        elif table.is_expired(now):
+            self._set_table(None, EXPIRED)
+        elif table == self._table:
+            return  # same table, already validated
+        else:
+            self._set_table(table, self._rejection(table))
+
+    def _rejection(self, table: StepTable) -> str | None:
+        """Why ``table`` cannot be followed, or None if it can."""
+        try:
+            table.validate_against(self._candidate_set)
+        except PolicyTypeError:
+            return INVALID_STEP
+        captured = self._captured
+        graph_bs = self._fallback.cuda_graph_bs
+        if captured is not None and graph_bs is not None:
+            for bs in graph_bs:
+                for step in table.slot_steps(bs):
+                    if bs not in captured[step]:
+                        return UNCAPTURED_STEP
+        return None
+
+    def _set_table(self, table: StepTable | None, rejection: str | None) -> None:
+        new = table if rejection is None else None
+        if new is None:
+            self._fallback_reason = rejection or NO_TABLE
+            if rejection is not None and table is not None:
+                logger.debug("ignoring step table version %d: %s", table.version, rejection)
+        if new is not self._table:
+            self._table = new
+            self._epoch += 1
+            self._answers.clear()
+            if new is not None:
+                self._adopt_rules(new)
+
+    def _adopt_rules(self, table: StepTable) -> None:
+        """Live state for the new table's rules; a slot keeps its evidence."""
+        kept: dict[int, _RuleSlot] = {}
+        for bound, rule in table.rules:
+            live = self._rule_slots.get(bound)
+            if live is None:
+                live = _RuleSlot(rule)
+            else:
+                live.adopt(rule)
+            kept[bound] = live
+        self._rule_slots = kept
+
+    @property
+    def live_rules(self) -> dict[int, tuple[float, int]]:
+        """Per slot bound with a rule in force: (live signal, steps it runs)."""
+        return {b: (r.signal, r.steps) for b, r in self._rule_slots.items()}
+
+    def _answer_slow(self, table: StepTable, batch_size: int) -> tuple[int, int, _RuleSlot | None]:
+        padded = self._fallback.pad_batch_size(batch_size)
+        slot = table.slot_for(padded)
+        answer = (slot, table.steps_for(padded), self._rule_slots.get(slot))
+        if len(self._answers) >= _ANSWER_CACHE_MAX:
+            self._answers.clear()
+        self._answers[batch_size] = answer
+        return answer
+
+    def _match_pending(self, batch_size: int) -> _Pending | None:
+        pending = self._pending
+        for i, entry in enumerate(pending):
+            if entry[0] == batch_size:
+                # Older lookups never got their verify: drop them.
+                for _ in range(i + 1):
+                    pending.popleft()
+                return entry
+        return None
+
+    def _record(
+        self,
+        entry: _Pending | None,
+        accepted: list[int],
+        batch_size: int,
+        now: float,
+    ) -> tuple[int, int]:
+        """Record one verify in its tier; returns the tier (slot, steps)."""
+        if entry is not None:
+            slot, steps = entry[1], entry[2]
+            elapsed = now - entry[3]
+        else:
+            # A verify without a lookup: attribute it to the current answer, untimed.
+            table = self._table
+            if table is not None:
+                slot, steps, live = self._answer_slow(table, batch_size)
+                if live is not None:
+                    steps = live.steps
+            else:
+                slot = self._fallback.slot_bound_for(batch_size)
+                steps = self._fallback.get_steps_for_batch(batch_size)
+            elapsed = -1.0
+        key = (slot, steps)
+        acc = self._tiers.get(key)
+        if acc is None:
+            acc = self._tiers[key] = _TierAcc(steps)
+        acc.verify_calls += 1
+        acc.requests += len(accepted)
+        acc.batch_size_sum += batch_size
+        if elapsed >= 0.0:
+            acc.step_time_sum_s += elapsed
+            acc.step_time_count += 1
+        hist = acc.hist
+        for j in accepted:
+            # Accepted drafts lie in [0, steps]; clamp rather than fail on a bad value.
+            if 0 <= j <= steps:
+                hist[j] += 1
+            else:
+                hist[0 if j < 0 else steps] += 1
+        return key
+
+    def _maybe_flush(self, now: float) -> None:
+        start = self._window_start_s
+        if start is None:
+            self._window_start_s = now
+        elif now - start >= self._flush_interval_s:
+            self._flush(now)
+
+    def _flush(self, now: float) -> None:
+        start = self._window_start_s if self._window_start_s is not None else now
+        tiers = self._tiers
+        # Start a new window first: a failing sink must not let the window grow forever.
+        self._tiers = {}
+        self._window_start_s = now
+        snapshot = TierStatsSnapshot(
+            window_start_s=start,
+            window_end_s=max(now, start),
+            tiers=tuple(
+                TierStat(
+                    slot=slot,
+                    steps=steps,
+                    verify_calls=acc.verify_calls,
+                    requests=acc.requests,
+                    accepted_hist=tuple(acc.hist),
+                    step_time_sum_s=acc.step_time_sum_s,
+                    step_time_count=acc.step_time_count,
+                    batch_size_sum=acc.batch_size_sum,
+                )
+                for (slot, steps), acc in sorted(tiers.items())
+            ),
+        )
+        self.flushes += 1
+        try:
+            self._sink(snapshot)
+        except Exception as exc:
+            self._note_error(exc)

@@ -1,0 +1,1 @@
+"""Replay of traces through the engine: open and closed loop, the oracle, run summaries, figures."""

@@ -1,0 +1,187 @@
+"""Closed-loop replay: the daemon's control loop in virtual time.
+
+Every ``interval_s`` simulated seconds the loop does what ``specgov run`` does
+against a live SGLang server, through the same control core
+(:mod:`specgov.policies.control.core`, :func:`control_step`):
+
+1. scrape: render the simulated server's ``/metrics`` (SGLang's names and update
+   moments, :mod:`specgov.simulator.engine.sglang_metrics`) and parse it with the daemon's own
+   telemetry code into an :class:`Observation` (windowed counters, histogram
+   quantiles, aged gauges); the core adds the per-tier statistics the in-engine
+   ``TablePolicy`` flushed (about once a second) since the last decision;
+2. decide: the core runs the guarded policy (CPU time measured) with the operator's
+   overrides and pins, exactly as in the daemon;
+3. publish: the new table reaches the in-engine ``TablePolicy`` after
+   ``publish_delay_s`` and is picked up at its next poll (every
+   ``poll_every_batches`` decode batches), as through the spool directory.
+
+Staleness is therefore realistic: decisions act on data up to one interval old,
+tables land a poll later, and gauges are as stale as SGLang's (40 decode
+iterations).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from specgov.policies.common.types import (
+    Observation,
+    RestartRecommendation,
+    StepTable,
+    TierStatsSnapshot,
+)
+from specgov.policies.control.core import (
+    AuditRecord,
+    ControlCore,
+    ControlInputs,
+    CoreState,
+    Publish,
+    control_step,
+)
+from specgov.policies.guardrails import GuardedPolicy, Override
+
+
+class ClosedLoopConfigError(ValueError):
+    """A control-loop setting is out of range; the message names it."""
+
+
+@dataclass(frozen=True)
+class ControlLoopConfig:
+    interval_s: float = 5.0  # the daemon's decision period
+    publish_delay_s: float = 0.05  # spool write + rename until the plugin can see it
+    stats_flush_s: float = 1.0  # the plugin's per-tier statistics cadence
+    poll_every_batches: int = 64  # the plugin's spool poll cadence (decode batches)
+
+    def __post_init__(self) -> None:
+        for name in ("interval_s", "stats_flush_s"):
+            value = getattr(self, name)
+            if not value > 0:
+                raise ClosedLoopConfigError(f"{name} must be > 0 seconds, got {value!r}")
+        if self.publish_delay_s < 0:
+            raise ClosedLoopConfigError(
+                f"publish_delay_s must be >= 0 seconds, got {self.publish_delay_s!r}"
+            )
+        if self.poll_every_batches < 1:
+            raise ClosedLoopConfigError(
+                f"poll_every_batches must be >= 1, got {self.poll_every_batches!r}"
+            )
+
+
+@dataclass
+class ClosedLoopLog:
+    """What the loop recorded: the core's audit rows (the daemon's rows, one type)."""
+
+    decisions: list[AuditRecord] = field(default_factory=list)
+    restart_recommendations: list[tuple[float, RestartRecommendation]] = field(default_factory=list)
+
+    @property
+    def table_changes(self) -> int:
+        return sum(1 for d in self.decisions if d.changed)
+
+    @property
+    def mean_decide_ms(self) -> float | None:
+        if not self.decisions:
+            return None
+        return sum(d.decide_ms or 0.0 for d in self.decisions) / len(self.decisions)
+
+
+ObserveFn = Callable[[float], Observation | None]
+# Tests script publish failures: (virtual time, table) -> whether the write succeeds.
+PublishHook = Callable[[float, StepTable], bool]
+
+
+class ClosedLoop:
+    """The daemon's control core wired to one simulated engine (module docstring).
+
+    Only what is specific to virtual time lives here: the publish delay, the plugin's
+    poll and statistics cadence. Every decision is :func:`control_step` of the same
+    :class:`ControlCore` the daemon runs. ``observe(now_s)`` returns the scrape (None for
+    a telemetry gap); ``replay`` wires it to the daemon's parser over the simulated
+    /metrics.
+    """
+
+    def __init__(
+        self,
+        *,
+        core: ControlCore,
+        policy_spec: str,
+        observe: ObserveFn,
+        clock: Callable[[], float],
+        config: ControlLoopConfig | None = None,
+        cpu_clock: Callable[[], float] = time.perf_counter,
+        overrides: Callable[[float], Sequence[Override]] | None = None,
+        blocked: Callable[[float], str | None] | None = None,
+        publish_hook: PublishHook | None = None,
+    ) -> None:
+        self.core = core
+        self.config = config or ControlLoopConfig()
+        # What the executor feeds the core each tick; tests script faults through these
+        # (a telemetry gap: observe returns None; a permanent error: blocked says why).
+        self.observe = observe
+        self.overrides = overrides
+        self.blocked = blocked
+        self.publish_hook = publish_hook
+        self._clock = clock  # the engine's virtual time
+        self._cpu_clock = cpu_clock
+        self.state: CoreState = core.initial_state(policy_spec)
+        self.log = ClosedLoopLog()
+        self._last_obs: Observation | None = None
+        self._published: StepTable | None = None  # visible to the plugin
+        self._pending: tuple[float, StepTable] | None = None  # written, not yet visible
+        self._stats: list[TierStatsSnapshot] = []
+
+    @property
+    def policy(self) -> GuardedPolicy[Any]:
+        return self.core.policy(self.state.policy_spec)
+
+    # The in-engine TablePolicy's collaborators -------------------------------
+
+    def table_source(self) -> StepTable | None:
+        pending = self._pending
+        if pending is not None and self._clock() >= pending[0]:
+            self._published = pending[1]
+            self._pending = None
+        return self._published
+
+    def stats_sink(self, snapshot: TierStatsSnapshot) -> None:
+        self._stats.append(snapshot)
+
+    # The effects, in virtual time ------------------------------------------------
+
+    def publish(self, publish: Publish) -> bool:
+        now = self._clock()
+        if self.publish_hook is not None and not self.publish_hook(now, publish.table):
+            return False
+        self._pending = (now + self.config.publish_delay_s, publish.table)
+        return True
+
+    @property
+    def records(self) -> list[AuditRecord]:
+        """Every decision's audit row, in order (as the daemon's store keeps them)."""
+        return self.log.decisions
+
+    def record(self, record: AuditRecord) -> None:
+        self.log.decisions.append(record)
+
+    def recommend(self, recommendation: RestartRecommendation, record: AuditRecord) -> None:
+        self.log.restart_recommendations.append((record.time_s, recommendation))
+
+    # The daemon tick -----------------------------------------------------------
+
+    def on_tick(self, now_s: float) -> None:
+        stats = tuple(self._stats)
+        self._stats = []
+        observation = self.observe(now_s)
+        if observation is not None:
+            self._last_obs = observation
+        inputs = ControlInputs(
+            now_s=now_s,
+            observation=self._last_obs,
+            tier_stats=stats,
+            overrides=tuple(self.overrides(now_s)) if self.overrides is not None else (),
+            blocked=self.blocked(now_s) if self.blocked is not None else None,
+        )
+        _, self.state = control_step(self.core, self.state, inputs, self, self._cpu_clock)

@@ -1,0 +1,1 @@
+"""The simulated SGLang server: HTTP front, routes, endpoints, served metrics, faults, launches."""

@@ -1,0 +1,238 @@
+"""``specgov sim-server``: the simulated SGLang server from the command line.
+
+The one command-line definition of the simulated server: ``specgov sim-server``
+registers :func:`sim_server_cmd`, and ``python -m specgov.simulator.server.cli`` runs the
+same command. :func:`serve` (start, block until SIGINT/SIGTERM, stop) and
+:func:`load_trace_arg` (the ``--trace`` forms) are its pieces, for callers that hold a
+:class:`~specgov.simulator.server.core.SimServer` themselves.
+
+Only click is imported at load time (``specgov``'s other commands load this module to
+register it); the simulator is imported when the command runs. The option defaults
+repeat :class:`~specgov.simulator.replay.runner.ServerSpec`'s for that reason, and
+``tests/test_sim_server.py`` checks that they agree.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import click
+
+if TYPE_CHECKING:
+    from specgov.simulator.server.core import SimServer
+    from specgov.simulator.workload.traces import Request, Trace
+
+DEFAULT_PORT: Final = 30000  # SGLang's default --port
+DEFAULT_TRACE: Final = "synthetic:demo"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# SGLang's hierarchical cache (HiCache) flags, as SGLang 0.5.23 names them; `replay` and
+# `sim-server` share them (ServerSpec.hierarchical_cache / hicache_ratio / hicache_size_gb);
+# declared here because the simulator may not import the controller's options.
+def hicache_options(fn: F) -> F:
+    """Add --enable-hierarchical-cache, --hicache-ratio and --hicache-size to *fn*."""
+    for option in reversed(_HICACHE_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+_HICACHE_OPTIONS = [
+    click.option(
+        "--enable-hierarchical-cache",
+        is_flag=True,
+        default=False,
+        help="SGLang's --enable-hierarchical-cache: prefix blocks evicted from the KV pool "
+        "stay in host memory and are loaded back over PCIe (the catalog's pcie_gb_s) "
+        "instead of recomputed.",
+    ),
+    click.option(
+        "--hicache-ratio",
+        type=click.FloatRange(min=0.0, min_open=True),
+        default=None,
+        help="Host tier size as a multiple of the KV pool's tokens (SGLang's default 2.0 "
+        "when neither this nor --hicache-size is given).",
+    ),
+    click.option(
+        "--hicache-size",
+        type=click.IntRange(min=0),
+        default=0,
+        show_default=True,
+        help="Host tier size in GB (1e9 bytes) per GPU; > 0 wins over --hicache-ratio, "
+        "as in SGLang.",
+    ),
+]
+NO_TRACE: Final = "none"  # --trace none: the engine serves only clients' requests
+
+
+def serve(
+    sim: SimServer,
+    *,
+    on_ready: Callable[[SimServer], None] | None = None,
+    stop_event: threading.Event | None = None,
+    ready_timeout_s: float = 60.0,
+) -> int:
+    """Start ``sim`` and block until SIGINT / SIGTERM (or ``stop_event``), then stop it
+    cleanly. Signal handlers are installed only on the main thread and restored after.
+    Returns the exit status (0)."""
+    stop = stop_event if stop_event is not None else threading.Event()
+    previous: dict[signal.Signals, Any] = {}
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, on_signal)
+    try:
+        sim.start()
+        sim.wait_ready(ready_timeout_s)
+        if on_ready is not None:
+            on_ready(sim)
+        while not stop.wait(0.25):
+            pass
+    finally:
+        sim.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def load_trace_arg(text: str, *, seed: int = 0) -> Trace:
+    """``synthetic[:...]`` (see specgov.simulator.workload.synthetic) or a trace file path."""
+    from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+    from specgov.simulator.workload.traces import load_trace
+
+    if text == "synthetic" or text.startswith("synthetic:"):
+        return generate_trace(parse_synthetic_spec(text))
+    return load_trace(Path(text), seed=seed)
+
+
+@click.command("sim-server")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="Port to listen on (0: a free one, printed when ready).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--spool-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Run specgov's in-engine plugin on this spool (default: SGLang's own EMA).",
+)
+@click.option(
+    "--trace",
+    default=DEFAULT_TRACE,
+    show_default=True,
+    help="A trace file, synthetic[:key=value,...], or none: only the requests clients "
+    "send (/generate, /v1/completions, /v1/chat/completions).",
+)
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Simulated seconds per wall second.",
+)
+@click.option("--loop", "loop_trace", is_flag=True, help="Replay the trace forever.")
+@click.option("--gpu", default="h100", show_default=True, help="GPU of the simulator's catalog.")
+@click.option(
+    "--model", default="llama-3.1-8b", show_default=True, help="Target model of the catalog."
+)
+@click.option(
+    "--drafter", default="eagle3", show_default=True, help="Draft model or method of the catalog."
+)
+@click.option(
+    "--spec-steps",
+    type=click.IntRange(min=1),
+    default=3,
+    show_default=True,
+    help="SGLang's --speculative-num-steps (the initial step of adaptive speculation).",
+)
+@click.option(
+    "--acceptance-profile", default=None, help="Acceptance profile (default: the drafter's)."
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of the simulated engine's random draws.",
+)
+@click.option(
+    "--disable-radix-cache",
+    is_flag=True,
+    help="SGLang's --disable-radix-cache: no prefix reuse (by default requests whose "
+    "trace gives hash_ids reuse cached prompt prefixes).",
+)
+@hicache_options
+def sim_server_cmd(
+    port: int,
+    host: str,
+    spool_dir: Path | None,
+    trace: str,
+    speed: float,
+    loop_trace: bool,
+    gpu: str,
+    model: str,
+    drafter: str,
+    spec_steps: int,
+    acceptance_profile: str | None,
+    seed: int,
+    disable_radix_cache: bool,
+    enable_hierarchical_cache: bool,
+    hicache_ratio: float | None,
+    hicache_size: int,
+) -> None:
+    """A simulated SGLang 0.5.23 server (the daemon cannot tell it from SGLang
+    except by /model_info). Ctrl-C stops it."""
+    from specgov.simulator.replay.runner import ServerSpec
+    from specgov.simulator.server.core import SimServer
+
+    try:
+        loaded: Trace | list[Request] = (
+            [] if trace == NO_TRACE else load_trace_arg(trace, seed=seed)
+        )
+        sim = SimServer(
+            loaded,
+            ServerSpec(
+                gpu=gpu,
+                model=model,
+                drafter=drafter,
+                spec_steps=spec_steps,
+                acceptance_profile=acceptance_profile,
+                prefix_cache=not disable_radix_cache,
+                hierarchical_cache=enable_hierarchical_cache,
+                hicache_ratio=hicache_ratio,
+                hicache_size_gb=hicache_size,
+            ),
+            speed=speed,
+            spool_dir=spool_dir,
+            host=host,
+            port=port,
+            seed=seed,
+            loop_trace=loop_trace,
+        )
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+    def ready(s: SimServer) -> None:
+        click.echo(f"simulated SGLang server on {s.url} ({s.policy_name}); Ctrl-C to stop")
+
+    try:
+        code = serve(sim, on_ready=ready)
+    except (ValueError, OSError) as exc:  # e.g. the port is taken
+        raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m specgov.simulator.server.cli`
+    sim_server_cmd(prog_name="specgov sim-server", auto_envvar_prefix="SPECGOV_SIM_SERVER")

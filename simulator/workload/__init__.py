@@ -1,0 +1,1 @@
+"""Request traces: file readers and synthetic workloads."""
