@@ -19,13 +19,13 @@ from specgov.controller.cli.format import (
     overload_note,
     percent,
     relative,
-    sim_speed,
     stderr_progress,
     table_slots,
     text,
     throughput,
     vs_baseline,
 )
+from specgov.controller.daemon.server_speed import sim_speed
 
 NOW = 1_796_128_600.0
 

@@ -414,10 +414,10 @@ def status_cmd(control_addr: str | None, output: str, verbose: bool) -> None:
             duration,
             number,
             relative,
-            sim_speed,
             table_slots,
             throughput,
         )
+        from specgov.controller.daemon.server_speed import sim_speed
 
         now = time.time()
         obs = s.get("observation") or {}

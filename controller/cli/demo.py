@@ -40,7 +40,8 @@ def _live_table(status: dict[str, Any], sim_state: dict[str, Any], recent: list[
     from rich.table import Table
     from rich.text import Text
 
-    from specgov.controller.cli.format import number, sim_speed, text, throughput
+    from specgov.controller.cli.format import number, text, throughput
+    from specgov.controller.daemon.server_speed import sim_speed
 
     obs = status.get("observation") or {}
     # The same conversion as `specgov status`: the daemon measures over its wall clock,
@@ -96,7 +97,7 @@ class _DemoStatus:
         self._speed = speed
 
     def status(self) -> dict[str, Any]:
-        from specgov.controller.cli.format import sim_speed
+        from specgov.controller.daemon.server_speed import sim_speed
 
         data: dict[str, Any] = self._daemon.status()
         if sim_speed(data) is None:

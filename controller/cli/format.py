@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Final, TypeGuard
 
@@ -194,14 +194,6 @@ def decision_summary(message: Any, *, width: int = 110) -> str:
     if len(line) > width:
         line = line[: width - 1].rstrip() + "…"
     return line
-
-
-def sim_speed(status: Mapping[str, Any]) -> float | None:
-    """Simulated seconds per wall second of the server behind a daemon's status
-    (``sim_speed``: the specgov simulator says it in ``/server_info``); None for a real
-    SGLang, whose ``/server_info`` has no such key, or a value that is not a speed."""
-    speed = status.get("sim_speed")
-    return float(speed) if is_number(speed) and math.isfinite(speed) and speed > 0 else None
 
 
 def throughput(wall_rate_tok_s: Any, speed: float | None) -> str:

@@ -46,7 +46,6 @@ from specgov.adapters.log_throttle import MAX_LOGGED_CHARS, LogThrottle
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.spool import read_published_table, read_tier_stats, write_step_table
-from specgov.controller.cli.format import sim_speed
 from specgov.controller.daemon.config import SpecgovConfig, config_changes
 from specgov.controller.daemon.health import (
     CLOCK_SKEW,
@@ -57,6 +56,7 @@ from specgov.controller.daemon.health import (
     readiness,
 )
 from specgov.controller.daemon.own_metrics import DaemonMetrics
+from specgov.controller.daemon.server_speed import SIM_SPEED_KEY, sim_speed
 from specgov.controller.daemon.state_store import (
     StateStore,
     StoreCorrupt,
@@ -104,9 +104,6 @@ MAX_OVERRIDE_TTL_S = 7 * 24 * 3600.0
 # A recommendation is handed to the apply command only above this predicted gain.
 APPLY_MIN_GAIN = 0.05
 SERVER_INFO_REFRESH_S = 30.0
-# /server_info key of the specgov simulator's speed (simulator.sim_endpoints.SIM_SPEED_KEY;
-# the controller does not import the simulator; tests/test_sim_server.py checks the two agree).
-SIM_SPEED_KEY = "specgov_sim_speed"
 MAX_STORE_INCIDENTS = 10  # kept in the status document
 MEMORY_DECISIONS = 1000  # the audit tail kept when there is no store at all
 # Wall time and monotonic time between two scrapes differing by more than this is a
