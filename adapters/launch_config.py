@@ -96,7 +96,7 @@ _INT_KNOBS: Final = frozenset({"update_interval", "warmup_batches"})
 ADAPTIVE_ALGORITHMS: Final = frozenset({"EAGLE", "EAGLE3", "NEXTN"})
 _EAGLE_FAMILY: Final = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"})
 
-_DIGITS = re.compile(r"[0-9]+")
+DIGITS = re.compile(r"[0-9]+")
 _INT = re.compile(r"[+-]?[0-9]+")
 
 
@@ -732,7 +732,7 @@ def parse_slots(text: str) -> tuple[tuple[SlotCandidates, ...], dict[str, int | 
         key = key.strip()
         if not sep:
             raise LaunchConfigError(f"{where}: expected BOUND=STEPS (e.g. 1=1,3,5,7) or KNOB=VALUE")
-        if not _DIGITS.fullmatch(key):
+        if not DIGITS.fullmatch(key):
             if key in ADAPTIVE_KNOBS and not knob_items:
                 name, number = _parse_knob(head, where)
                 if name in defaults:

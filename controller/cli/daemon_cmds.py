@@ -100,7 +100,7 @@ async def serve_daemon(
         config,
         store=store,
         registry=registry,
-        prior=_prior_for(config),
+        prior=prior_for(config),
         config_loader=reload_config if config_file is not None else None,
     )
     token = _daemon_token(config)
@@ -174,7 +174,7 @@ def freeze_startup_heap(bound: dict[str, Any] | None = None) -> None:
     gc.freeze()
 
 
-def _prior_for(config: Any) -> Any:
+def prior_for(config: Any) -> Any:
     """The step-cost prior from the catalog entry of the deployment."""
     from specgov.controller.daemon.recommend import deployment_prior
 

@@ -121,7 +121,7 @@ async def _run_demo(
     from rich.console import Console
     from rich.live import Live
 
-    from specgov.controller.cli.daemon_cmds import _prior_for
+    from specgov.controller.cli.daemon_cmds import prior_for
     from specgov.controller.cli.format import clock, decision_summary
     from specgov.controller.daemon.config import load_config
     from specgov.controller.daemon.state_store import StateStore
@@ -156,7 +156,7 @@ async def _run_demo(
 
     store = StateStore(config.state.db_path)
     registry = CollectorRegistry()
-    daemon = Daemon(config, store=store, registry=registry, prior=_prior_for(config))
+    daemon = Daemon(config, store=store, registry=registry, prior=prior_for(config))
     # The token file where `specgov override set` in another terminal looks for it (the
     # default config's, not the work folder's): steering the demo needs it like a daemon.
     token = daemon_token(config.control.token_env, load_config(None).control_token_path, os.environ)

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specgov.adapters.launch_config import (
-    _DIGITS,
     ADAPTIVE_ALGORITHMS,
     DEFAULT_ADAPTIVE_CONFIG_PATH,
+    DIGITS,
     SGLANG_VERSION,
     SKIP_ZERO_STEP_ENV,
     LaunchConfig,
@@ -500,7 +500,7 @@ def _read_runs(report: Mapping[str, Any]) -> list[_Run]:
             raise _fail_report(f"{where}.steps_per_slot", "expected an object", raw_hist)
         hist: dict[int, dict[int, int]] = {}
         for slot_key, per_step in raw_hist.items():
-            if not isinstance(slot_key, str) or not _DIGITS.fullmatch(slot_key):
+            if not isinstance(slot_key, str) or not DIGITS.fullmatch(slot_key):
                 raise _fail_report(f"{where}.steps_per_slot", "expected digit keys", slot_key)
             if not isinstance(per_step, Mapping):
                 raise _fail_report(
@@ -508,7 +508,7 @@ def _read_runs(report: Mapping[str, Any]) -> list[_Run]:
                 )
             counts: dict[int, int] = {}
             for step_key, n in per_step.items():
-                if not isinstance(step_key, str) or not _DIGITS.fullmatch(step_key):
+                if not isinstance(step_key, str) or not DIGITS.fullmatch(step_key):
                     raise _fail_report(
                         f"{where}.steps_per_slot[{slot_key!r}]", "expected digit keys", step_key
                     )
@@ -526,7 +526,7 @@ def _read_runs(report: Mapping[str, Any]) -> list[_Run]:
 
 def _static_steps(name: str) -> int | None:
     kind, sep, arg = name.partition(":")
-    if kind.strip().lower() == "static" and sep and _DIGITS.fullmatch(arg.strip()):
+    if kind.strip().lower() == "static" and sep and DIGITS.fullmatch(arg.strip()):
         return int(arg)
     return None
 

@@ -23,7 +23,7 @@ from specgov.policies.common.validation import (
 from specgov.policies.daemon.protocol import PolicyState
 
 GUARD_STATE_VERSION: Final = 2
-_V1_ONLY_KEYS: Final = frozenset({"overrides", "released_slots", "release_all"})
+V1_ONLY_KEYS: Final = frozenset({"overrides", "released_slots", "release_all"})
 OVERRIDE_VERSION: Final = 1
 
 S = TypeVar("S", bound=PolicyState)
@@ -34,9 +34,9 @@ Slots: TypeAlias = tuple[tuple[PosInt, NonNegInt], ...]
 Candidates: TypeAlias = SlotLayout  # as the guard holds it: first bound published as 1
 
 ROLLBACK_COOLDOWN: Final = "rollback_cooldown"
-_OBSERVATION_FIELDS: Final = frozenset(f.name for f in fields(Observation)) - {"time_s"}
+OBSERVATION_FIELDS: Final = frozenset(f.name for f in fields(Observation)) - {"time_s"}
 # Decision codes a policy uses for a change; anything else is reported as a predicted gain.
-_CHANGE_CODES: Final = frozenset(
+CHANGE_CODES: Final = frozenset(
     {
         ReasonCode.CHANGED_PREDICTED_GAIN,
         ReasonCode.LIMITED_BY_SLO,
@@ -46,7 +46,7 @@ _CHANGE_CODES: Final = frozenset(
     }
 )
 # Window samples kept for rollback baselines (bounded however fast the daemon decides).
-_MAX_SAMPLES: Final = 512
+MAX_SAMPLES: Final = 512
 
 
 class GuardrailError(PolicyTypeError):
@@ -56,7 +56,7 @@ class GuardrailError(PolicyTypeError):
 # --------------------------------------------------------------------------- checks
 
 
-def _real(
+def guard_real(
     where: str, value: object, *, minimum: float | None = None, positive: bool = False
 ) -> float:
     return check_real(where, value, error=GuardrailError, minimum=minimum, positive=positive)
@@ -66,15 +66,15 @@ def _opt_real(where: str, value: object) -> float | None:
     return check_opt_real(where, value, error=GuardrailError)
 
 
-def _int(where: str, value: object, *, minimum: int | None = None) -> int:
+def guard_int(where: str, value: object, *, minimum: int | None = None) -> int:
     return check_int(where, value, error=GuardrailError, minimum=minimum)
 
 
-def _opt_int(where: str, value: object, *, minimum: int | None = None) -> int | None:
+def guard_opt_int(where: str, value: object, *, minimum: int | None = None) -> int | None:
     return check_opt_int(where, value, error=GuardrailError, minimum=minimum)
 
 
-def _bool(where: str, value: object) -> bool:
+def guard_bool(where: str, value: object) -> bool:
     return check_bool(where, value, error=GuardrailError)
 
 

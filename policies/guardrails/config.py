@@ -10,11 +10,11 @@ from specgov.policies.common.validation import (
     is_real,
 )
 from specgov.policies.guardrails._common import (
-    _OBSERVATION_FIELDS,
+    OBSERVATION_FIELDS,
     GuardrailError,
-    _bool,
-    _int,
-    _real,
+    guard_bool,
+    guard_int,
+    guard_real,
 )
 
 # --------------------------------------------------------------------------- config
@@ -137,9 +137,9 @@ _NON_NEGATIVE: Final = (
 
 def _check_config_field(where: str, name: str, value: object) -> None:
     if name in _POSITIVE:
-        _real(where, value, positive=True)
+        guard_real(where, value, positive=True)
     elif name in _NON_NEGATIVE:
-        _real(where, value, minimum=0.0)
+        guard_real(where, value, minimum=0.0)
     elif name == "keepalive_fraction":
         if not (is_real(value) and 0.0 < value <= 1.0):
             raise GuardrailError(f"{where}: expected a number in (0, 1], got {value!r}")
@@ -147,23 +147,23 @@ def _check_config_field(where: str, name: str, value: object) -> None:
         if not (is_real(value) and 0.0 < value < 1.0):
             raise GuardrailError(f"{where}: expected a number in (0, 1), got {value!r}")
     elif name == "rollback_max_load_ratio":
-        _real(where, value, minimum=1.0)
+        guard_real(where, value, minimum=1.0)
     elif name == "max_changes_per_window":
-        _int(where, value, minimum=1)
+        guard_int(where, value, minimum=1)
     elif name == "rollback_min_tokens":
-        _int(where, value, minimum=0)
+        guard_int(where, value, minimum=0)
     elif name == "rollback_enabled":
-        _bool(where, value)
+        guard_bool(where, value)
     elif name == "required_fields":
         if not isinstance(value, tuple) or not all(isinstance(v, str) for v in value):
             raise GuardrailError(
                 f"{where}: expected a list of Observation field names, got {value!r}"
             )
-        bad = [v for v in value if v not in _OBSERVATION_FIELDS]
+        bad = [v for v in value if v not in OBSERVATION_FIELDS]
         if bad:
             raise GuardrailError(
                 f"{where}: unknown Observation field(s) {bad}; expected some of "
-                f"{sorted(_OBSERVATION_FIELDS)}"
+                f"{sorted(OBSERVATION_FIELDS)}"
             )
 
 

@@ -12,10 +12,10 @@ from specgov.policies.common.codec import from_versioned, to_versioned
 from specgov.policies.guardrails._common import (
     OVERRIDE_VERSION,
     GuardrailError,
-    _bool,
-    _int,
-    _opt_int,
-    _real,
+    guard_bool,
+    guard_int,
+    guard_opt_int,
+    guard_real,
 )
 
 # ------------------------------------------------------------------------- override
@@ -40,9 +40,9 @@ class Override:
     pin_policy: str | None = None
 
     def __post_init__(self) -> None:
-        _opt_int("Override.slot", self.slot, minimum=1)
-        _opt_int("Override.steps", self.steps, minimum=0)
-        _bool("Override.disable_speculation", self.disable_speculation)
+        guard_opt_int("Override.slot", self.slot, minimum=1)
+        guard_opt_int("Override.steps", self.steps, minimum=0)
+        guard_bool("Override.disable_speculation", self.disable_speculation)
         if self.pin_policy is not None and (
             not isinstance(self.pin_policy, str) or not self.pin_policy.strip()
         ):
@@ -69,8 +69,8 @@ class Override:
                 f"Override.slot: a policy pin applies to every slot; expected None, got "
                 f"{self.slot!r}"
             )
-        created = _real("Override.created_at_s", self.created_at_s)
-        expires = _real("Override.expires_at_s", self.expires_at_s)
+        created = guard_real("Override.created_at_s", self.created_at_s)
+        expires = guard_real("Override.expires_at_s", self.expires_at_s)
         if expires <= created:
             raise GuardrailError(
                 f"Override.expires_at_s: expected > created_at_s={created:g}, got {expires!r}"
@@ -131,7 +131,7 @@ def without_overrides(
     """``overrides`` less every one (``slot=None``) or those of one slot (all-slot
     overrides stay when a slot is named, as the store clears them)."""
     if slot is not None:
-        _int("without_overrides.slot", slot, minimum=1)
+        guard_int("without_overrides.slot", slot, minimum=1)
         return tuple(o for o in overrides if o.slot != slot)
     return ()
 

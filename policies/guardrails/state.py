@@ -27,8 +27,8 @@ from specgov.policies.common.validation import (
     is_int,
 )
 from specgov.policies.guardrails._common import (
-    _V1_ONLY_KEYS,
     GUARD_STATE_VERSION,
+    V1_ONLY_KEYS,
     Candidates,
     GuardrailError,
     S,
@@ -268,7 +268,7 @@ class GuardedState(Generic[S]):
         if data.get("version") == 1:
             # Version 1 kept a copy of the overrides in the state; the store is their only
             # home now, so the copy is dropped (overrides are restored from the store).
-            data = {k: v for k, v in data.items() if k not in _V1_ONLY_KEYS}
+            data = {k: v for k, v in data.items() if k not in V1_ONLY_KEYS}
             data["version"], data["override_slots"] = GUARD_STATE_VERSION, []
         version = data.get("version")
         if not is_int(version) or version != GUARD_STATE_VERSION:

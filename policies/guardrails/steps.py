@@ -15,7 +15,7 @@ from specgov.policies.common.types import (
     ReasonCode,
 )
 from specgov.policies.guardrails._common import (
-    _MAX_SAMPLES,
+    MAX_SAMPLES,
     ROLLBACK_COOLDOWN,
     Candidates,
     Slots,
@@ -108,11 +108,11 @@ StepFn: TypeAlias = Callable[
 ]
 
 
-def _fmt(slots: Iterable[tuple[int, int]]) -> str:
+def fmt(slots: Iterable[tuple[int, int]]) -> str:
     return "[" + ", ".join(f"{b}:{k}" for b, k in slots) + "]"
 
 
-def _fmt_moves(moves: Mapping[int, tuple[int, int]]) -> str:
+def fmt_moves(moves: Mapping[int, tuple[int, int]]) -> str:
     return ", ".join(f"slot {b} {a}->{c}" for b, (a, c) in sorted(moves.items()))
 
 
@@ -334,7 +334,7 @@ def clamp_to_candidates_and_budget(
         # Frozen without an override nothing new is published; commit re-issues the held
         # table only if it still passes this clamp unchanged.
         return p, state
-    steps, limits, texts, forced = _clamp_all(ctx, p.steps, p.override_slots)
+    steps, limits, texts, forced = clamp_all(ctx, p.steps, p.override_slots)
     if not texts:
         return p, state
     p = replace(p, steps=steps, forced_slots=p.forced_slots | forced)
@@ -342,7 +342,7 @@ def clamp_to_candidates_and_budget(
     return replace(p, limited_by=(*p.limited_by, *limits)), state
 
 
-def _clamp_all(
+def clamp_all(
     ctx: GuardContext, steps: Slots, override_slots: frozenset[int]
 ) -> tuple[Slots, list[str], list[str], frozenset[int]]:
     assert ctx.candidates is not None
@@ -383,7 +383,7 @@ def rollback(
     sample = None if p.frozen else window_sample(ctx.observation)
     if sample is not None and (not samples or sample.end_s > samples[-1].end_s):
         horizon = now - (2 * config.rollback_window_s + config.rollback_settle_s + 60.0)
-        samples = tuple(s for s in (*samples, sample) if s.end_s >= horizon)[-_MAX_SAMPLES:]
+        samples = tuple(s for s in (*samples, sample) if s.end_s >= horizon)[-MAX_SAMPLES:]
     else:
         sample = None
     state = replace(state, blocks=blocks, samples=samples)
@@ -456,7 +456,7 @@ def _roll_back(
     steps = tuple((b, restore.get(b, k)) for b, k in p.steps)
     limits: list[str] = []
     if ctx.candidates is not None:
-        clamped, limits, notes, _ = _clamp_all(ctx, steps, p.override_slots)
+        clamped, limits, notes, _ = clamp_all(ctx, steps, p.override_slots)
         if notes:
             p = p.note("clamped " + "; ".join(notes))
         steps = clamped
@@ -477,7 +477,7 @@ def _roll_back(
         limited_by=(*p.limited_by, *limits),
     )
     text += (
-        f"; restored {_fmt(sorted(restore.items()))}, "
+        f"; restored {fmt(sorted(restore.items()))}, "
         f"move blocked for {config.rollback_cooldown_s:g} s"
     )
     return p.note(text, ReasonCode.ROLLED_BACK_REGRESSION.value), blocks + new_blocks

@@ -18,7 +18,7 @@ from specgov.policies.common.types import (
 )
 from specgov.policies.daemon.protocol import DaemonPolicy
 from specgov.policies.guardrails._common import (
-    _CHANGE_CODES,
+    CHANGE_CODES,
     Candidates,
     GuardrailError,
     S,
@@ -43,10 +43,10 @@ from specgov.policies.guardrails.steps import (
     GUARD_STEPS,
     GuardContext,
     Proposal,
-    _clamp_all,
-    _fmt,
-    _fmt_moves,
+    clamp_all,
     engine_layout,
+    fmt,
+    fmt_moves,
     telemetry_problem,
 )
 
@@ -147,7 +147,7 @@ class GuardedPolicy(Generic[S]):
             p = p.note(layout_note)
         if wanted is not None and telemetry_problem(observation, self._config) is None:
             # Clamped up front too, so steps 3-5 judge the changes that would really happen.
-            steps, limits, texts, _ = _clamp_all(ctx, wanted.steps, frozenset())
+            steps, limits, texts, _ = clamp_all(ctx, wanted.steps, frozenset())
             p = replace(p, steps=steps, limited_by=tuple(limits))
             if texts:
                 p = p.note("policy table clamped: " + "; ".join(texts))
@@ -264,7 +264,7 @@ def _commit(
         keepalive = allowed and _keepalive_due(state.table, now, config)
         if keepalive and p.frozen and not p.override_slots:
             assert steps is not None
-            keepalive = _clamp_all(ctx, steps, frozenset())[0] == steps
+            keepalive = clamp_all(ctx, steps, frozenset())[0] == steps
     rules: tuple[tuple[int, SlotRule], ...] = ()
     rules_moved = False
     if publishable:
@@ -295,9 +295,9 @@ def _commit(
             rules=rules,
         )
         if initial:
-            headline = f"published initial table v{version} {_fmt(steps)}"
+            headline = f"published initial table v{version} {fmt(steps)}"
         elif moves:
-            headline = f"published v{version}: {_fmt_moves(moves)}"
+            headline = f"published v{version}: {fmt_moves(moves)}"
             if gain is not None:
                 headline += f" (expected gain {gain:+.1%})"
         elif rules_moved:
@@ -312,7 +312,7 @@ def _commit(
             if trial_note:
                 notes.append(trial_note)
     elif state.table is not None:
-        headline = f"table v{state.table.version} {_fmt(state.table.slots)} unchanged"
+        headline = f"table v{state.table.version} {fmt(state.table.slots)} unchanged"
     else:
         headline = "no table published yet"
     if not p.frozen:
@@ -350,7 +350,7 @@ def _reason(
     if p.frozen is not None:
         return p.frozen
     if policy_moves or set(moves) & p.release_slots:
-        if ctx.wanted is not None and ctx.wanted.reason in _CHANGE_CODES:
+        if ctx.wanted is not None and ctx.wanted.reason in CHANGE_CODES:
             return ctx.wanted.reason
         return ReasonCode.CHANGED_PREDICTED_GAIN
     if moves:

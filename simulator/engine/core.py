@@ -431,7 +431,7 @@ class Engine:
             raise EngineConfigError(f"concurrency must be >= 1, got {concurrency}")
         if tick_interval_s <= 0:
             raise EngineConfigError(f"tick_interval_s must be > 0, got {tick_interval_s}")
-        st = _Run(
+        st = Run(
             self,
             requests,
             metrics=metrics,
@@ -470,7 +470,7 @@ class Engine:
         return st.result()
 
 
-class _Run:
+class Run:
     """The state of one ``Engine.run`` and the steps of its scheduler loop.
 
     One method per concern of SGLang's loop: admission (arrivals, closed-loop

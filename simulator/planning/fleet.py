@@ -48,7 +48,7 @@ from specgov.simulator.engine.acceptance import AcceptanceModel
 from specgov.simulator.engine.cost import CostModel
 from specgov.simulator.engine.memory import MemoryPlan, MemoryPlanError
 from specgov.simulator.planning.fleet_engine import ReplicaStepper, simulate_fleet
-from specgov.simulator.planning.fleet_judge import _replica_row, choose, judge, recommendation_text
+from specgov.simulator.planning.fleet_judge import choose, judge, recommendation_text, replica_row
 from specgov.simulator.planning.fleet_launch import launch_args
 from specgov.simulator.planning.fleet_model import PerTokenTables, per_token_tables, slot_candidates
 from specgov.simulator.planning.fleet_spec import (
@@ -230,7 +230,7 @@ def _simulate(
         pct=cfg.slo_percentile,
     )
     row["per_replica"] = [
-        _replica_row(i, kind, result, memory)
+        replica_row(i, kind, result, memory)
         for i, ((kind, memory), result) in enumerate(zip(kinds, run.results, strict=True))
     ]
     row["wall_s"] = wall

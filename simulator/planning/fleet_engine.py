@@ -4,7 +4,7 @@ Why lock-step over one event loop: a router decides at each arrival from the
 replicas' state at that instant, and that state depends on every earlier
 routing decision, so the replicas cannot be replayed one after another on
 pre-split traces. Each replica is an unchanged ``Engine`` whose per-run state
-(``engine._Run``, the object ``Engine.run`` drives) is stepped here one
+(``engine.Run``, the object ``Engine.run`` drives) is stepped here one
 scheduler iteration at a time, with exactly the body of ``Engine.run``'s loop
 (admit arrivals, tick, idle skip, prefill-first, decode). The fleet loop keeps
 one global virtual clock:
@@ -28,7 +28,7 @@ Acceptance draws are keyed by the request's index in the fleet's trace, not its
 index on the replica: a request draws the same accepted-draft stream whatever
 replica or router serves it (common random numbers across fleets).
 
-The seam: ``engine._Run`` is private to ``simulator/engine/core.py``. Everything that
+The seam: ``engine.Run`` is private to ``simulator/engine/core.py``. Everything that
 touches it is in ``ReplicaStepper``; a public stepping hook on ``Engine`` would
 replace only that class.
 """
@@ -39,7 +39,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specgov.simulator.engine.core import Engine, EngineResult, Sampler, SamplerFactory, _Run
+from specgov.simulator.engine.core import Engine, EngineResult, Run, Sampler, SamplerFactory
 from specgov.simulator.planning.router import ReplicaLoad, Router
 from specgov.simulator.workload.traces import Request
 
@@ -93,9 +93,9 @@ class ReplicaStepper:
         self._requests: list[Request] = []
         if engine.acceptance is not None:
             engine.acceptance = _TraceIndexed(engine.acceptance, self.trace_index)
-        # An empty run: the trace's first arrival is at 0.0, the origin _Run takes
+        # An empty run: the trace's first arrival is at 0.0, the origin Run takes
         # for an empty request list, so every replica's series starts at the fleet's.
-        self._run = _Run(
+        self._run = Run(
             engine,
             self._requests,
             metrics=metrics,  # type: ignore[arg-type]

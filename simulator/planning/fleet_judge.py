@@ -76,7 +76,7 @@ def judge(
     }
 
 
-def _replica_row(index: int, kind: str, result: EngineResult, memory: MemoryPlan) -> dict[str, Any]:
+def replica_row(index: int, kind: str, result: EngineResult, memory: MemoryPlan) -> dict[str, Any]:
     span = max(result.end_s - result.first_arrival_s, 1e-9)
     bs_total = sum(result.batch_size_hist.values())
     mean_bs = (

@@ -20,20 +20,20 @@ from specgov.policies.daemon.estimators.step_cost import (
 
 GOODPUT_STATE_VERSION: Final = 2
 # Version 1 states are read too: the fields version 2 added start unknown (None).
-_READABLE_VERSIONS: Final = (1, 2)
+READABLE_VERSIONS: Final = (1, 2)
 
 
 # SLO model constants (see _SloModel): the normal quantile of p90; the log-TPOT spread
 # assumed when the window has no p90, and its floor; a typical request's output tokens
 # when the window cannot tell, and the range an estimate is clipped to.
-_Z90: Final = 1.2816
-_DEFAULT_LOG_SPREAD: Final = 0.15
-_MIN_LOG_SPREAD: Final = 0.02
-_DEFAULT_REQUEST_TOKENS: Final = 256.0
-_MIN_REQUEST_TOKENS: Final = 8.0
-_MAX_REQUEST_TOKENS: Final = 8192.0
+Z90: Final = 1.2816
+DEFAULT_LOG_SPREAD: Final = 0.15
+MIN_LOG_SPREAD: Final = 0.02
+DEFAULT_REQUEST_TOKENS: Final = 256.0
+MIN_REQUEST_TOKENS: Final = 8.0
+MAX_REQUEST_TOKENS: Final = 8192.0
 # Nodes and weights (summing to 1) of Gauss-Hermite quadrature against N(0, 1).
-_GAUSS_HERMITE: Final = tuple(
+GAUSS_HERMITE: Final = tuple(
     (float(x), float(w) / math.sqrt(2.0 * math.pi))
     for x, w in zip(*np.polynomial.hermite_e.hermegauss(12), strict=True)
 )

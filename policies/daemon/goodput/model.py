@@ -23,7 +23,7 @@ from specgov.policies.daemon.estimators.step_cost import (
     StepCostPrior,
 )
 from specgov.policies.daemon.goodput.config import (
-    _GAUSS_HERMITE,
+    GAUSS_HERMITE,
 )
 
 # --------------------------------------------------------------------------- policy
@@ -60,7 +60,7 @@ class SlotPlan:
 
 
 @dataclass(frozen=True, slots=True)
-class _Eval:
+class Eval:
     accept_length: float
     step_s: float
     goodput: float  # B * E[L] / T, tokens/s
@@ -73,7 +73,7 @@ class _Eval:
         return self.goodput * self.slo_fraction
 
 
-def _accept_moments(rates: Sequence[float], steps: int) -> tuple[float, float]:
+def accept_moments(rates: Sequence[float], steps: int) -> tuple[float, float]:
     """Mean and variance of the tokens one verify emits (bonus included) at ``steps``.
 
     ``rates`` are conditional acceptance rates per position; positions past their end
@@ -92,7 +92,7 @@ def _accept_moments(rates: Sequence[float], steps: int) -> tuple[float, float]:
     return mean, max(0.0, second - mean * mean)
 
 
-def _flat_past_evidence(est: AcceptanceEstimate) -> tuple[float, ...]:
+def flat_past_evidence(est: AcceptanceEstimate) -> tuple[float, ...]:
     """Rates with the positions past the evidence held at the last observed lower bound.
 
     For the one candidate past the evidence that exploitation considers: running it
@@ -106,7 +106,7 @@ def _flat_past_evidence(est: AcceptanceEstimate) -> tuple[float, ...]:
     return est.mean[:m] + tuple(max(r, min(cap, est.mean[m - 1])) for r in est.mean[m:])
 
 
-def _optimistic_rates(est: AcceptanceEstimate) -> tuple[float, ...]:
+def optimistic_rates(est: AcceptanceEstimate) -> tuple[float, ...]:
     """Per-position rates for the optimistic side of a probe decision.
 
     Observed positions keep their posterior mean; a position past the evidence takes
@@ -125,7 +125,7 @@ def _optimistic_rates(est: AcceptanceEstimate) -> tuple[float, ...]:
 
 
 @dataclass(frozen=True, slots=True)
-class _SloModel:
+class SloModel:
     """Per-request TPOT model near the SLO (see the module docstring).
 
     A request's TPOT is ``scale * T * exp(e) / Lbar``: ``T`` the step time, ``e`` a
@@ -153,7 +153,7 @@ class _SloModel:
             return _normal_cdf(z)
         # P(Lbar >= cost * exp(e) / slo), averaged over e (Gauss-Hermite quadrature).
         total = 0.0
-        for x, w in _GAUSS_HERMITE:
+        for x, w in GAUSS_HERMITE:
             need = cost_ms * math.exp(sd_e * x) / self.slo_ms
             total += w * _normal_cdf((accept_mean - need) / sd_l)
         return total
@@ -164,21 +164,21 @@ def _normal_cdf(z: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
-class _SlotWork:
+class SlotWork:
     bound: int
     allowed: tuple[int, ...]
     budget_limited: bool
     est: AcceptanceEstimate
     batch: float
     cur: int | None
-    evals: dict[int, _Eval]
+    evals: dict[int, Eval]
     best: int
     slo_limited: bool
     share: float
 
 
 @dataclass(frozen=True, slots=True)
-class _Restart:
+class Restart:
     held_s: float
     slots: tuple[int, ...]
     steps: tuple[int, ...]
@@ -214,7 +214,7 @@ class _Restart:
         )
 
 
-def _drafter_share(prior: StepCostPrior, batch: float, ctx: float) -> float:
+def drafter_share(prior: StepCostPrior, batch: float, ctx: float) -> float:
     """Share of a step-0 step the drafter costs: the prior with vs without the drafter."""
     if not prior.speculative:
         return 0.0
@@ -225,7 +225,7 @@ def _drafter_share(prior: StepCostPrior, batch: float, ctx: float) -> float:
     return max(0.0, 1.0 - bare.predict_s(batch, 0, kv) / with_drafter) if with_drafter > 0 else 0.0
 
 
-def _kv_per_request(obs: Observation) -> float | None:
+def kv_per_request(obs: Observation) -> float | None:
     if (
         obs.token_usage is None
         or obs.kv_capacity_tokens is None
@@ -236,7 +236,7 @@ def _kv_per_request(obs: Observation) -> float | None:
     return obs.token_usage * obs.kv_capacity_tokens / obs.running_requests
 
 
-def _update_batch(
+def update_batch(
     batch: tuple[tuple[int, float, float], ...],
     snapshot: TierStatsSnapshot,
     decay: float,
@@ -248,7 +248,7 @@ def _update_batch(
     return tuple((slot, b, v) for slot, (b, v) in sorted(acc.items()))
 
 
-def _normalise_slots(snapshot: TierStatsSnapshot, bounds: Sequence[int]) -> TierStatsSnapshot:
+def normalise_slots(snapshot: TierStatsSnapshot, bounds: Sequence[int]) -> TierStatsSnapshot:
     """Re-key tiers to the engine's slot bounds (largest bound <= the tier's slot).
 
     A published table's first bound is always 1, so the engine reports the first slot's
@@ -283,7 +283,7 @@ def _normalise_slots(snapshot: TierStatsSnapshot, bounds: Sequence[int]) -> Tier
     )
 
 
-def _dominant_steps(snapshot: TierStatsSnapshot | None) -> dict[int, int]:
+def dominant_steps(snapshot: TierStatsSnapshot | None) -> dict[int, int]:
     """Per slot, the steps that ran the most verifies in the window (the engine's choice)."""
     if snapshot is None:
         return {}
@@ -295,7 +295,7 @@ def _dominant_steps(snapshot: TierStatsSnapshot | None) -> dict[int, int]:
     return {slot: steps for slot, (_, steps) in best.items()}
 
 
-def _expected_gain(gains: Sequence[tuple[float, float, float]]) -> float | None:
+def expected_gain_of(gains: Sequence[tuple[float, float, float]]) -> float | None:
     if not gains:
         return None
     total_w = sum(w for w, _, _ in gains)
@@ -308,7 +308,7 @@ def _expected_gain(gains: Sequence[tuple[float, float, float]]) -> float | None:
     return new / cur - 1.0
 
 
-def _describe(p: SlotPlan) -> str:
+def describe(p: SlotPlan) -> str:
     flags = "".join(
         (" probe" if p.probe else "", " slo-limited" if p.slo_limited else "",
          " budget-limited" if p.budget_limited else "")

@@ -38,31 +38,31 @@ from specgov.policies.daemon.estimators.step_cost import (
     update_step_cost,
 )
 from specgov.policies.daemon.goodput.config import (
-    _DEFAULT_LOG_SPREAD,
-    _DEFAULT_REQUEST_TOKENS,
-    _MAX_REQUEST_TOKENS,
-    _MIN_LOG_SPREAD,
-    _MIN_REQUEST_TOKENS,
-    _Z90,
+    DEFAULT_LOG_SPREAD,
+    DEFAULT_REQUEST_TOKENS,
+    MAX_REQUEST_TOKENS,
+    MIN_LOG_SPREAD,
+    MIN_REQUEST_TOKENS,
+    Z90,
     GoodputConfig,
     GoodputConfigError,
 )
 from specgov.policies.daemon.goodput.model import (
+    Eval,
+    Restart,
+    SloModel,
     SlotPlan,
-    _accept_moments,
-    _describe,
-    _dominant_steps,
-    _drafter_share,
-    _Eval,
-    _expected_gain,
-    _flat_past_evidence,
-    _kv_per_request,
-    _normalise_slots,
-    _optimistic_rates,
-    _Restart,
-    _SloModel,
-    _SlotWork,
-    _update_batch,
+    SlotWork,
+    accept_moments,
+    describe,
+    dominant_steps,
+    drafter_share,
+    expected_gain_of,
+    flat_past_evidence,
+    kv_per_request,
+    normalise_slots,
+    optimistic_rates,
+    update_batch,
 )
 from specgov.policies.daemon.goodput.rules import (
     RuleEval,
@@ -72,8 +72,8 @@ from specgov.policies.daemon.goodput.rules import (
 )
 from specgov.policies.daemon.goodput.state import (
     GoodputState,
-    _generator,
-    _rng_state_of,
+    generator,
+    rng_state_of,
 )
 
 
@@ -114,7 +114,7 @@ class GoodputPolicy:
             acceptance=initial_acceptance_state((), self._acc_cfg),
             step_cost=initial_step_cost_state(self._prior, self._cost_cfg),
             last_table=None,
-            rng_state=_rng_state_of(np.random.default_rng(self._config.seed)),
+            rng_state=rng_state_of(np.random.default_rng(self._config.seed)),
         )
 
     def state_from_dict(self, data: Mapping[str, Any]) -> GoodputState:
@@ -131,7 +131,7 @@ class GoodputPolicy:
         if snap is None:
             return replace(state, **also) if also else state
         if obs.slot_candidates:
-            snap = _normalise_slots(snap, tuple(b for b, _ in obs.slot_candidates))
+            snap = normalise_slots(snap, tuple(b for b, _ in obs.slot_candidates))
         last = state.acceptance.last_time_s
         if last is not None and snap.window_end_s <= last:
             return replace(state, **also) if also else state  # seen already
@@ -139,7 +139,7 @@ class GoodputPolicy:
         step_cost = update_step_cost(
             state.step_cost,
             snap,
-            kv_tokens_per_request=_kv_per_request(obs),
+            kv_tokens_per_request=kv_per_request(obs),
             config=self._cost_cfg,
         )
         in_force = obs.table.slots if obs.table is not None else ()  # (): the fallback
@@ -163,7 +163,7 @@ class GoodputPolicy:
             state,
             acceptance=update_acceptance(state.acceptance, snap, self._acc_cfg),
             step_cost=step_cost,
-            batch=_update_batch(state.batch, snap, 0.5 ** (dt / self._config.half_life_s)),
+            batch=update_batch(state.batch, snap, 0.5 ** (dt / self._config.half_life_s)),
             seen_slots=seen_slots,
             seen_since_s=seen_since_s,
             slo_stats=slo_stats,
@@ -179,17 +179,17 @@ class GoodputPolicy:
         batch: float,
         ctx: float,
         k: int,
-        slo: _SloModel | None,
+        slo: SloModel | None,
         step_s: float | None = None,
-    ) -> _Eval:
+    ) -> Eval:
         """``step_s``: the step time to assume (None: the fit's prediction)."""
-        el, var = _accept_moments(rates, k)
+        el, var = accept_moments(rates, k)
         if step_s is None:
             step_s = local_step_s(cost, batch, k, ctx * batch)
         t = step_s
         tpot_ms = 1e3 * t / el
         fraction = 1.0 if slo is None else slo.fraction(tpot_ms, el, var)
-        return _Eval(el, t, batch * el / t, tpot_ms, fraction)
+        return Eval(el, t, batch * el / t, tpot_ms, fraction)
 
     def decide(
         self, observation: Observation, state: GoodputState, budget: Budget
@@ -237,7 +237,7 @@ class GoodputPolicy:
     def _slo_sample(
         self, obs: Observation, cost: StepCostModel, snap: TierStatsSnapshot
     ) -> tuple[float, float, float, float, float] | None:
-        """One window's view of per-request TPOTs (see _SloModel), for smoothing.
+        """One window's view of per-request TPOTs (see SloModel), for smoothing.
 
         ``(log p50, log scale, log-variance, base log-variance, log tokens)``: ``scale``
         is the observed median TPOT over the decode-only TPOT the step-cost model
@@ -250,7 +250,7 @@ class GoodputPolicy:
         q = obs.tpot_ms
         if q is None or q.p50_ms is None or q.p50_ms <= 0:
             return None
-        ctx = _kv_per_request(obs)
+        ctx = kv_per_request(obs)
         if ctx is None:
             ctx = self._config.default_kv_tokens_per_request
         weight = tpot_sum = var_sum = 0.0
@@ -268,21 +268,21 @@ class GoodputPolicy:
         if weight <= 0 or tpot_sum <= 0:
             return None
         p50 = q.p50_ms
-        spread = _DEFAULT_LOG_SPREAD
+        spread = DEFAULT_LOG_SPREAD
         if q.p90_ms is not None and q.p90_ms > p50:
-            spread = max(math.log(q.p90_ms / p50) / _Z90, _MIN_LOG_SPREAD)
-        tokens = _DEFAULT_REQUEST_TOKENS
+            spread = max(math.log(q.p90_ms / p50) / Z90, MIN_LOG_SPREAD)
+        tokens = DEFAULT_REQUEST_TOKENS
         e2e, ttft = obs.e2e_ms, obs.ttft_ms
         if e2e is not None and ttft is not None and e2e.p50_ms is not None:
             # A typical request's output tokens: its decode time over its TPOT.
             decode_ms = e2e.p50_ms - (ttft.p50_ms or 0.0)
-            tokens = min(max(decode_ms / p50 + 1.0, _MIN_REQUEST_TOKENS), _MAX_REQUEST_TOKENS)
+            tokens = min(max(decode_ms / p50 + 1.0, MIN_REQUEST_TOKENS), MAX_REQUEST_TOKENS)
         accept_var = self._config.accept_burstiness * (var_sum / weight) / tokens
         return (
             math.log(p50),
             math.log(p50 / (tpot_sum / weight)),
             spread * spread,
-            max(spread * spread - accept_var, _MIN_LOG_SPREAD**2),
+            max(spread * spread - accept_var, MIN_LOG_SPREAD**2),
             math.log(tokens),
         )
 
@@ -304,7 +304,7 @@ class GoodputPolicy:
             lifetime_s = obs.e2e_ms.p50_ms / 1e3
         return obs.time_s - seen_since_s >= window_s + lifetime_s
 
-    def _slo_model(self, state: GoodputState, slo_ms: float | None) -> _SloModel | None:
+    def _slo_model(self, state: GoodputState, slo_ms: float | None) -> SloModel | None:
         """The per-request TPOT model from the smoothed windows, when near the SLO."""
         stats = state.slo_stats
         if slo_ms is None or stats is None or stats[1] <= 0:
@@ -313,7 +313,7 @@ class GoodputPolicy:
         log_p50, log_scale, var, base_var, log_tokens = (v / w for v in stats[2:])
         if abs(math.log(slo_ms) - log_p50) > self._config.slo_band_sd * math.sqrt(var):
             return None  # met (or lost) by a wide margin whatever the steps
-        return _SloModel(
+        return SloModel(
             slo_ms=slo_ms,
             scale=math.exp(log_scale),
             base_var=base_var,
@@ -325,10 +325,10 @@ class GoodputPolicy:
 
     def _choose(
         self,
-        evals: Mapping[int, _Eval],
+        evals: Mapping[int, Eval],
         cur: int | None,
         slo_ms: float | None,
-        slo: _SloModel | None,
+        slo: SloModel | None,
     ) -> tuple[int, bool]:
         """The exploiting choice of one slot and whether the SLO limited it."""
         hysteresis = self._config.hysteresis
@@ -366,11 +366,11 @@ class GoodputPolicy:
 
     def _optimistic_probe(
         self,
-        work: Sequence[_SlotWork],
+        work: Sequence[SlotWork],
         cost: StepCostModel,
         ctx: float,
         slo_ms: float | None,
-        slo: _SloModel | None,
+        slo: SloModel | None,
     ) -> tuple[int, int] | None:
         """(slot, steps) of the most valuable safe optimistic probe, if any.
 
@@ -396,7 +396,7 @@ class GoodputPolicy:
             # The pessimistic world: every position at its conservative bound, for the
             # probe and for staying alike (the loss is relative to staying).
             base_low = self._evaluate(w.est.lower, cost, w.batch, ctx, w.best, slo).score
-            opt_rates = _optimistic_rates(w.est)
+            opt_rates = optimistic_rates(w.est)
             opt = {k: self._evaluate(opt_rates, cost, w.batch, ctx, k, slo) for k in informative}
             if max(e.score for e in opt.values()) < base * (1.0 + cfg.hysteresis):
                 continue
@@ -420,11 +420,11 @@ class GoodputPolicy:
 
     def _cost_probe(
         self,
-        work: Sequence[_SlotWork],
+        work: Sequence[SlotWork],
         cost: StepCostModel,
         ctx: float,
         slo_ms: float | None,
-        slo: _SloModel | None,
+        slo: SloModel | None,
     ) -> tuple[int, int] | None:
         """(slot, steps) of the most valuable cost probe, if any.
 
@@ -483,17 +483,17 @@ class GoodputPolicy:
 
     def _slot_rule(
         self,
-        w: _SlotWork,
+        w: SlotWork,
         cost: StepCostModel,
         ctx: float,
         slo_ms: float | None,
-        slo: _SloModel | None,
+        slo: SloModel | None,
         prefer: int | None,
         in_force: SlotRule | None,
     ) -> SlotRule | None:
         """The slot's live-acceptance rule (``rules.slot_rule``) over the candidates its
         plan weighed, with the plan's acceptance profiles, step times and SLO model."""
-        flat = _flat_past_evidence(w.est)
+        flat = flat_past_evidence(w.est)
 
         def evaluate(signal: float, k: int) -> RuleEval:
             rates = scaled_rates(w.est.mean if k <= w.est.observed else flat, signal)
@@ -524,20 +524,20 @@ class GoodputPolicy:
         cfg = self._config
         now = observation.time_s
         slo_ms = cfg.slo_tpot_ms if cfg.slo_tpot_ms is not None else budget.slo_tpot_ms
-        ctx = _kv_per_request(observation)
+        ctx = kv_per_request(observation)
         if ctx is None:
             ctx = cfg.default_kv_tokens_per_request
         batch_of = {slot: (b / v if v > 1e-9 else None) for slot, b, v in state.batch}
         snap = observation.tier_stats
         if snap is not None:
-            snap = _normalise_slots(snap, tuple(b for b, _ in slot_candidates))
-        running_steps = _dominant_steps(snap)
+            snap = normalise_slots(snap, tuple(b for b, _ in slot_candidates))
+        running_steps = dominant_steps(snap)
         weights = {slot: v for slot, _, v in state.batch}
         total_w = sum(weights.values())
         cost = step_cost_model(state.step_cost, self._cost_cfg)
         slo = self._slo_model(state, slo_ms)
 
-        work: list[_SlotWork] = []
+        work: list[SlotWork] = []
         for bound, cands in slot_candidates:
             allowed = tuple(
                 k for k in cands if budget.allowed_steps is None or k in budget.allowed_steps
@@ -557,7 +557,7 @@ class GoodputPolicy:
                 eligible.append(min(beyond))
             if cur is not None and cur in allowed and cur not in eligible:
                 eligible.append(cur)
-            flat = _flat_past_evidence(est)
+            flat = flat_past_evidence(est)
             evals = {
                 k: self._evaluate(est.mean if k <= est.observed else flat, cost, batch, ctx, k, slo)
                 for k in eligible
@@ -565,7 +565,7 @@ class GoodputPolicy:
             best, slo_limited = self._choose(evals, cur, slo_ms, slo)
             share = weights.get(bound, 0.0) / total_w if total_w > 0 else 0.0
             work.append(
-                _SlotWork(
+                SlotWork(
                     bound, allowed, budget_limited, est, batch, cur, evals, best, slo_limited, share
                 )
             )
@@ -584,7 +584,7 @@ class GoodputPolicy:
             and cfg.explore > 0
             and (state.last_probe_s is None or now - state.last_probe_s >= cfg.explore_interval_s)
         )
-        rng = _generator(state.rng_state) if probe_open else None
+        rng = generator(state.rng_state) if probe_open else None
         if rng is not None:
             # Random probe: an uncertain candidate predicted near the best, now and then.
             for w in work:
@@ -607,7 +607,7 @@ class GoodputPolicy:
                     probes[w.bound] = max(options, key=lambda k: (w.evals[k].score, -k))
                     break
             last_probe_s = now if probes else state.last_probe_s
-            state = replace(state, rng_state=_rng_state_of(rng), last_probe_s=last_probe_s)
+            state = replace(state, rng_state=rng_state_of(rng), last_probe_s=last_probe_s)
 
         plans: list[SlotPlan] = []
         gains: list[tuple[float, float, float]] = []  # (weight, new score, current score)
@@ -659,7 +659,7 @@ class GoodputPolicy:
 
     def _restart(
         self, observation: Observation, state: GoodputState, plans: Sequence[SlotPlan]
-    ) -> tuple[GoodputState, _Restart | None]:
+    ) -> tuple[GoodputState, Restart | None]:
         """Recommend a restart without the drafter once it has been predicted better.
 
         A step table cannot remove what the drafter costs at step 0 (the draft-extend
@@ -700,11 +700,11 @@ class GoodputPolicy:
         payback_s = cfg.restart_cost_s / max(gain, 1e-9)
         if since is None or now - since < max(cfg.restart_after_s, payback_s):
             return state, None
-        ctx = _kv_per_request(observation) or cfg.default_kv_tokens_per_request
+        ctx = kv_per_request(observation) or cfg.default_kv_tokens_per_request
         w_sum = sum(weights[p.slot] for p in busy)
         prior = state.step_cost.prior
-        overhead = sum(weights[p.slot] * _drafter_share(prior, p.batch_size, ctx) for p in busy)
-        return state, _Restart(
+        overhead = sum(weights[p.slot] * drafter_share(prior, p.batch_size, ctx) for p in busy)
+        return state, Restart(
             held_s=now - since,
             slots=tuple(p.slot for p in busy),
             steps=tuple(p.steps for p in busy),
@@ -713,7 +713,7 @@ class GoodputPolicy:
         )
 
     def _no_drafter(
-        self, cost: StepCostModel, batch: float, ctx: float, slo: _SloModel | None
+        self, cost: StepCostModel, batch: float, ctx: float, slo: SloModel | None
     ) -> float | None:
         """Goodput (SLO sense) of this slot on the same server without the drafter.
 
@@ -723,7 +723,7 @@ class GoodputPolicy:
         prior = cost.state.prior
         if not prior.speculative or batch <= 0:
             return None
-        share = _drafter_share(prior, batch, ctx)
+        share = drafter_share(prior, batch, ctx)
         step_s = predict_step_s(cost.state, batch, 0, ctx * batch) * (1.0 - share)
         tpot_ms = 1e3 * step_s
         fraction = 1.0 if slo is None else slo.fraction(tpot_ms, 1.0, 0.0)
@@ -736,7 +736,7 @@ class GoodputPolicy:
         current: StepTable | None,
         plans: Sequence[SlotPlan],
         gains: Sequence[tuple[float, float, float]],
-        restart: _Restart | None = None,
+        restart: Restart | None = None,
     ) -> tuple[Decision, GoodputState]:
         # A table starts at bound 1; batches below the engine's first slot bound use its
         # first slot anyway (StepTable and SGLang route them there alike).
@@ -762,8 +762,8 @@ class GoodputPolicy:
         # still judges it) and the expected gain is that of the other slots' moves.
         experiments = tuple(b for (b, _), p in zip(slots, plans, strict=True) if p.probe)
         predicted_moves = any(new != cur for _, new, cur in gains)
-        expected_gain = _expected_gain(gains) if predicted_moves else None
-        summary = "; ".join(_describe(p) for p in plans)
+        expected_gain = expected_gain_of(gains) if predicted_moves else None
+        summary = "; ".join(describe(p) for p in plans)
         recommendation = None
         if restart is not None:
             recommendation = restart.recommendation()

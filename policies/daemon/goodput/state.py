@@ -20,8 +20,8 @@ from specgov.policies.daemon.estimators.step_cost import (
     StepCostState,
 )
 from specgov.policies.daemon.goodput.config import (
-    _READABLE_VERSIONS,
     GOODPUT_STATE_VERSION,
+    READABLE_VERSIONS,
 )
 
 # ---------------------------------------------------------------------------- state
@@ -29,7 +29,7 @@ from specgov.policies.daemon.goodput.config import (
 _RngState = tuple[int, int, int, int]  # PCG64 (state, inc, has_uint32, uinteger)
 
 
-def _rng_state_of(gen: np.random.Generator) -> _RngState:
+def rng_state_of(gen: np.random.Generator) -> _RngState:
     st = gen.bit_generator.state
     return (
         int(st["state"]["state"]),
@@ -39,7 +39,7 @@ def _rng_state_of(gen: np.random.Generator) -> _RngState:
     )
 
 
-def _generator(state: _RngState) -> np.random.Generator:
+def generator(state: _RngState) -> np.random.Generator:
     bit = np.random.PCG64(0)
     bit.state = {
         "bit_generator": "PCG64",
@@ -154,11 +154,11 @@ class GoodputState:
                 f"GoodputState.from_dict: expected a JSON object (mapping), got {data!r}"
             )
         version = data.get("version")
-        if isinstance(version, bool) or version not in _READABLE_VERSIONS:
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
             raise PolicyTypeError(
                 f"GoodputState.from_dict: key 'version': unsupported state version "
                 f"{version!r}; this build reads versions "
-                f"{', '.join(str(v) for v in _READABLE_VERSIONS)}"
+                f"{', '.join(str(v) for v in READABLE_VERSIONS)}"
             )
         keys = {f.name for f in fields(cls)}
         if version == 1:
