@@ -776,7 +776,7 @@ class StateStore:
 
 
 def recovery_command(path: Path) -> str:
-    """The shell command that recovers ``path`` (see :func:`recover_file`)."""
+    """The shell command that recovers ``path`` (``store_recovery.recover_file``)."""
     import sys
 
     return (

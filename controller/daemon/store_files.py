@@ -18,7 +18,7 @@ from specgov.adapters.spool import SpoolError, resolve_gid
 from specgov.controller.daemon.store_errors import STORE_LOG_NAME, StoreError
 from specgov.controller.daemon.store_schema import count_decisions
 
-__all__ = ["StoreFiles", "file_identity", "group_id", "sidecar"]
+__all__ = ["StoreFiles", "group_id", "sidecar"]
 
 log = logging.getLogger(STORE_LOG_NAME)
 
@@ -150,7 +150,7 @@ class StoreFiles:
         )
 
     def identity(self) -> tuple[int, int] | None:
-        return file_identity(self.path)
+        return _file_identity(self.path)
 
     def remove_stale_sidecars(self) -> None:
         """Unlink the old file's -wal/-shm still under the path's names: SQLite would
@@ -158,7 +158,7 @@ class StoreFiles:
         header, not the database). A -wal that came with a replacement file is kept."""
         for suffix, ident in self._sidecar_ids.items():
             path = sidecar(self.path, suffix)
-            if file_identity(path) == ident:
+            if _file_identity(path) == ident:
                 try:
                     path.unlink()
                 except OSError as exc:
@@ -170,7 +170,7 @@ class StoreFiles:
         self._sidecar_ids = {
             suffix: ident
             for suffix in ("-wal", "-shm")
-            if (ident := file_identity(sidecar(self.path, suffix))) is not None
+            if (ident := _file_identity(sidecar(self.path, suffix))) is not None
         }
 
     def copy_open(self, conn: sqlite3.Connection, target: Path) -> int:
@@ -194,7 +194,7 @@ def group_id(group: str | int | None) -> int | None:
         raise StoreError(str(exc)) from None
 
 
-def file_identity(path: Path) -> tuple[int, int] | None:
+def _file_identity(path: Path) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
     except OSError:

@@ -36,7 +36,6 @@ __all__ = [
     "decision_from_row",
     "dumps",
     "loads",
-    "opt_loads",
     "override_from_row",
 ]
 
@@ -184,7 +183,7 @@ def loads(column: str, raw: object, kind: type[Any]) -> Any:
     return value
 
 
-def opt_loads(column: str, raw: object) -> dict[str, Any] | None:
+def _opt_loads(column: str, raw: object) -> dict[str, Any] | None:
     return None if raw is None else loads(column, raw, dict)
 
 
@@ -203,10 +202,10 @@ def decision_from_row(row: Sequence[Any]) -> DecisionRecord:
         limited_by=tuple(limited_by),
         expected_gain=None if gain is None else float(gain),
         inputs_summary=loads("inputs_summary", summary, dict),
-        table_before=opt_loads("table_before", before),
-        table_after=opt_loads("table_after", after),
+        table_before=_opt_loads("table_before", before),
+        table_after=_opt_loads("table_after", after),
         published=bool(published),
-        restart_recommendation=opt_loads("restart_recommendation", rec),
+        restart_recommendation=_opt_loads("restart_recommendation", rec),
     )
 
 

@@ -17,13 +17,13 @@ from typing import Any, Final
 from specgov.controller.daemon.state_store import StateStore
 from specgov.controller.daemon.store_files import sidecar
 
-__all__ = ["main", "readable_rows", "recover_file"]
+__all__ = ["main", "recover_file"]
 
 # Tables copied by recover_file, oldest schema first; their rows keep their ids.
 _RECOVER_TABLES: Final = ("decisions", "overrides", "policy_state", "tables", "settings")
 
 
-def readable_rows(
+def _readable_rows(
     src: sqlite3.Connection, table: str, columns: Sequence[str]
 ) -> tuple[list[tuple[Any, ...]], int]:
     """Every row of ``table`` that can be read, in rowid order, and how many rowid
@@ -82,7 +82,7 @@ def recover_file(path: str | Path) -> dict[str, dict[str, int]]:
                 if not columns:
                     report[table] = {"rows": 0, "unreadable_probes": 0}
                     continue
-                rows, skipped = readable_rows(src, table, columns)
+                rows, skipped = _readable_rows(src, table, columns)
                 marks = ", ".join("?" for _ in columns)
                 dst.executemany(
                     f"INSERT OR REPLACE INTO {table} ({', '.join(columns)}) VALUES ({marks})", rows
