@@ -15,7 +15,8 @@ import pytest
 
 from specgov.controller.daemon.config import SpecgovConfig, load_config
 from specgov.controller.daemon.runtime import Daemon
-from specgov.controller.daemon.state_store import StateStore, StoreUnavailable
+from specgov.controller.daemon.state_store import StateStore
+from specgov.controller.daemon.store_errors import StoreUnavailable
 from specgov.simulator.replay.runner import ServerSpec
 from specgov.simulator.server.core import SimServer
 from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec

@@ -26,16 +26,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specgov.controller.daemon import state_store as ss
-from specgov.controller.daemon.state_store import (
-    LATEST_SCHEMA_VERSION,
-    Migration,
-    StateStore,
+from specgov.controller.daemon import store_schema
+from specgov.controller.daemon.state_store import StateStore
+from specgov.controller.daemon.store_errors import (
     StoreCorrupt,
     StoreError,
     StoreSchemaError,
     StoreUnavailable,
 )
+from specgov.controller.daemon.store_schema import LATEST_SCHEMA_VERSION, Migration
 from specgov.policies.guardrails import Override
 
 
@@ -386,7 +385,7 @@ def test_fresh_file_records_every_migration(store: StateStore, db: Path) -> None
     assert store.integrity_check() == ["ok"]
     with _raw(db) as raw:
         versions = [r[0] for r in raw.execute("SELECT version FROM schema_version ORDER BY 1")]
-    assert versions == [m.version for m in ss.MIGRATIONS]
+    assert versions == [m.version for m in store_schema.MIGRATIONS]
 
 
 def test_migrates_a_v1_file(db: Path) -> None:
@@ -423,8 +422,8 @@ def test_a_failing_migration_leaves_the_file_at_the_previous_version(
         description="broken",
         steps=("CREATE TABLE extra (x INTEGER)", "ALTER TABLE missing ADD COLUMN y"),
     )
-    monkeypatch.setattr(ss, "MIGRATIONS", (*ss.MIGRATIONS, broken))
-    monkeypatch.setattr(ss, "LATEST_SCHEMA_VERSION", 4)
+    monkeypatch.setattr(store_schema, "MIGRATIONS", (*store_schema.MIGRATIONS, broken))
+    monkeypatch.setattr(store_schema, "LATEST_SCHEMA_VERSION", 4)
     with pytest.raises(sqlite3.OperationalError, match="missing"):
         StateStore(db)
     with _raw(db) as raw:
@@ -485,7 +484,8 @@ def test_read_only_database_raises_unavailable_and_reads_still_work(db: Path) ->
 _RO_CHILD = textwrap.dedent(
     """
     import sys
-    from specgov.controller.daemon.state_store import StateStore, StoreUnavailable
+    from specgov.controller.daemon.state_store import StateStore
+    from specgov.controller.daemon.store_errors import StoreUnavailable
     try:
         s = StateStore(sys.argv[1])
         s.record_decision(time_s=1.0, policy="p", reason="r", message="m")

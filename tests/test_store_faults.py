@@ -31,12 +31,8 @@ from prometheus_client import CollectorRegistry
 
 from specgov.controller.daemon.config import SpecgovConfig, load_config
 from specgov.controller.daemon.runtime import Daemon
-from specgov.controller.daemon.state_store import (
-    StateStore,
-    StoreRefused,
-    StoreReplaced,
-    StoreUnavailable,
-)
+from specgov.controller.daemon.state_store import StateStore
+from specgov.controller.daemon.store_errors import StoreRefused, StoreReplaced, StoreUnavailable
 from specgov.controller.daemon.store_journal import PendingWrite, StoreJournal
 
 PIN = "static:steps=3"
@@ -577,7 +573,7 @@ def test_a_group_configured_later_widens_the_existing_files(tmp_path: Path) -> N
 def test_a_group_that_cannot_be_given_is_a_clear_warning(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    import specgov.controller.daemon.state_store as state_store
+    import specgov.controller.daemon.store_files as store_files
 
     db = tmp_path / "state.db"
     StateStore(db).close()
@@ -585,8 +581,8 @@ def test_a_group_that_cannot_be_given_is_a_clear_warning(
     def refuse(path: object, mode: int) -> None:
         raise PermissionError(1, "Operation not permitted", str(path))
 
-    monkeypatch.setattr(state_store.os, "chmod", refuse)
-    with caplog.at_level(logging.WARNING, logger=state_store.log.name):
+    monkeypatch.setattr(store_files.os, "chmod", refuse)
+    with caplog.at_level(logging.WARNING, logger=store_files.log.name):
         StateStore(db, file_group=os.getgid()).close()
     monkeypatch.undo()
     assert _mode(db) == 0o600
@@ -610,7 +606,7 @@ def test_existing_files_lose_extra_bits_but_never_gain_any(tmp_path: Path) -> No
 
 
 def test_unknown_group_is_a_clear_error(tmp_path: Path) -> None:
-    from specgov.controller.daemon.state_store import StoreError
+    from specgov.controller.daemon.store_errors import StoreError
 
     with pytest.raises(StoreError, match="no group named 'no-such-group-x'"):
         StateStore(tmp_path / "s.db", file_group="no-such-group-x")

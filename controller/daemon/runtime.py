@@ -57,12 +57,8 @@ from specgov.controller.daemon.health import (
 )
 from specgov.controller.daemon.own_metrics import DaemonMetrics
 from specgov.controller.daemon.server_speed import SIM_SPEED_KEY, sim_speed
-from specgov.controller.daemon.state_store import (
-    StateStore,
-    StoreCorrupt,
-    StoreReplaced,
-    StoreUnavailable,
-)
+from specgov.controller.daemon.state_store import StateStore
+from specgov.controller.daemon.store_errors import StoreCorrupt, StoreReplaced, StoreUnavailable
 from specgov.controller.daemon.store_journal import (
     PendingWrite,
     StoreJournal,

@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from specgov.controller.daemon.state_store import StateStore, StoreUnavailable
+from specgov.controller.daemon.state_store import StateStore
+from specgov.controller.daemon.store_errors import StoreUnavailable
 
 __all__ = [
     "DEFAULT_MAX_ENTRIES",
