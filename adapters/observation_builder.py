@@ -396,6 +396,66 @@ def _as_count(value: float | None) -> int | None:
     return None if value is None else round(value)
 
 
+@dataclass
+class _Provenance:
+    """Where one round's values came from: notes, sources and ages by field."""
+
+    notes: list[str]
+    sources: dict[str, str]
+    ages: dict[str, float]
+
+    def take(self, name: str, v: _Value) -> float | None:
+        if v.note:
+            self.notes.append(f"{name}: {v.note}")
+        if v.value is not None and v.source is not None:
+            self.sources[name] = v.source
+            if v.age_s is not None:
+                self.ages[name] = v.age_s
+        return v.value
+
+
+@dataclass(frozen=True)
+class _Gauges:
+    """One round's load and shape gauges (None: unknown)."""
+
+    running: float | None
+    queued: float | None
+    usage: float | None
+    capacity: float | None
+    steps: float | None
+
+
+def _observation(
+    time_s: float,
+    g: _Gauges,
+    w: WindowStats | None,
+    si: ServerInfoView | None,
+    ages: Mapping[str, float],
+) -> Observation:
+    """The Observation of one round: its gauges, its window (None: unknown), the shape."""
+    return Observation(
+        time_s=float(time_s),
+        running_requests=_as_count(g.running),
+        queued_requests=_as_count(g.queued),
+        token_usage=g.usage,
+        kv_capacity_tokens=_as_count(g.capacity),
+        gen_throughput_tok_s=None if w is None else w.gen_throughput_tok_s,
+        accept_length=None if w is None else w.accept_length,
+        ttft_ms=None if w is None else _latency(quantiles(w.ttft)),
+        itl_ms=None if w is None else _latency(quantiles(w.itl)),
+        tpot_ms=None if w is None else _latency(quantiles(w.tpot)),
+        shape=None if si is None else si.shape,
+        staleness_s=max(ages.values()) if ages else None,
+        window_s=None if w is None else w.window_s,
+        generation_tokens=None if w is None else _as_count(w.generation_tokens),
+        verify_calls=None if w is None else _as_count(w.verify_calls),
+        retractions=None if w is None else _as_count(w.retractions),
+        e2e_ms=None if w is None else _latency(quantiles(w.e2e)),
+        spec_num_steps=_as_count(g.steps),
+        slot_candidates=None if si is None else si.slot_candidates,
+    )
+
+
 class ObservationBuilder:
     """Turns scrapes into Observations; keeps the scrape history and gauge ages.
 
@@ -468,6 +528,49 @@ class ObservationBuilder:
         loads: Mapping[str, Any] | None = None,
     ) -> Observation:
         """One scrape round at client time ``time_s`` (seconds, non-decreasing)."""
+        self._check_time(time_s)
+        # Parse first: a malformed body raises before any state changes.
+        si_now = (
+            None
+            if server_info is None
+            else parse_server_info(server_info, adaptive_config=self._adaptive_config)
+        )
+        loads_view = None if loads is None else parse_loads(loads)
+        self._last_time_s = float(time_s)
+        notes: list[str] = []
+        window = self._absorb(time_s, metrics, notes)
+        if si_now is not None:
+            self._server_info = si_now
+        si = self._server_info
+        if si is not None:
+            notes.extend(si.notes)
+        prov = _Provenance(notes, {}, {})
+        gauges = self._gauges(time_s, metrics, si, loads_view, prov)
+        restarted = window is not None and window.restart_detected
+        w = window if window is not None and not restarted else None
+        if w is not None:
+            for name in ("generation_tokens", "verify_calls", "retractions"):
+                if getattr(w, name) is not None:
+                    prov.sources[name] = "window"
+            if w.verify_calls is None:
+                notes.append(
+                    "accept_length: no sglang:spec_verify_calls_total delta (not speculating, "
+                    "or no speculative request finished before both scrapes)"
+                )
+        elif metrics is not None and not restarted:
+            notes.append("window values unknown: first scrape (no earlier one to diff)")
+        observation = _observation(time_s, gauges, w, si, prov.ages)
+        self._last_report = BuildReport(
+            observation=observation,
+            window=window,
+            restart_detected=restarted,
+            sources=prov.sources,
+            ages_s=prov.ages,
+            notes=tuple(notes),
+        )
+        return observation
+
+    def _check_time(self, time_s: float) -> None:
         if (
             isinstance(time_s, bool)
             or not isinstance(time_s, int | float)
@@ -481,16 +584,12 @@ class ObservationBuilder:
                 "ObservationBuilder.feed: time went backwards "
                 f"({self._last_time_s!r} -> {time_s!r})"
             )
-        # Parse first: a malformed body raises before any state changes.
-        si_now = (
-            None
-            if server_info is None
-            else parse_server_info(server_info, adaptive_config=self._adaptive_config)
-        )
-        loads_view = None if loads is None else parse_loads(loads)
-        self._last_time_s = float(time_s)
-        notes: list[str] = []
 
+    def _absorb(
+        self, time_s: float, metrics: MetricsSnapshot | None, notes: list[str]
+    ) -> WindowStats | None:
+        """The scrape into the gauge ages and the history; the window since its base
+        (a server restart clears the history and the server info, said in *notes*)."""
         window: WindowStats | None = None
         if metrics is not None:
             self._ager.observe(metrics, time_s)
@@ -506,114 +605,37 @@ class ObservationBuilder:
                     self._history.clear()
                     self._server_info = None  # the restart may have changed the shape
             self._history.append(current)
-        if si_now is not None:
-            self._server_info = si_now
-        si = self._server_info
-        if si is not None:
-            notes.extend(si.notes)
+        return window
 
-        sources: dict[str, str] = {}
-        ages: dict[str, float] = {}
-
-        def take(name: str, v: _Value) -> float | None:
-            if v.note:
-                notes.append(f"{name}: {v.note}")
-            if v.value is not None and v.source is not None:
-                sources[name] = v.source
-                if v.age_s is not None:
-                    ages[name] = v.age_s
-            return v.value
-
+    def _gauges(
+        self,
+        time_s: float,
+        metrics: MetricsSnapshot | None,
+        si: ServerInfoView | None,
+        loads_view: LoadsView | None,
+        prov: _Provenance,
+    ) -> _Gauges:
+        """The load and shape gauges of this round, each with its provenance in *prov*."""
         expected_dp = metrics.dp_groups() if metrics is not None else None
-        running = take(
-            "running_requests",
-            self._load_field(
-                loads_view,
-                si,
-                "running_requests",
-                metrics,
-                NUM_RUNNING,
-                Aggregation.SUM,
-                time_s,
-                expected_dp,
-            ),
-        )
-        queued = take(
-            "queued_requests",
-            self._load_field(
-                loads_view,
-                si,
-                "waiting_requests",
-                metrics,
-                NUM_QUEUE,
-                Aggregation.SUM,
-                time_s,
-                expected_dp,
-            ),
-        )
-        usage = take(
-            "token_usage",
-            self._load_field(
-                loads_view,
-                si,
-                "token_usage",
-                metrics,
-                TOKEN_USAGE,
-                Aggregation.MEAN,
-                time_s,
-                expected_dp,
-            ),
-        )
-        capacity = take("kv_capacity_tokens", self._capacity(loads_view, si, metrics, expected_dp))
-        steps = take(
-            "spec_num_steps",
-            self._aged_gauge(metrics, SPEC_NUM_STEPS, Aggregation.AGREE, time_s, expected_dp),
-        )
 
-        restarted = window is not None and window.restart_detected
-        w = window if window is not None and not restarted else None
-        if w is not None:
-            for name in ("generation_tokens", "verify_calls", "retractions"):
-                if getattr(w, name) is not None:
-                    sources[name] = "window"
-            if w.verify_calls is None:
-                notes.append(
-                    "accept_length: no sglang:spec_verify_calls_total delta (not speculating, "
-                    "or no speculative request finished before both scrapes)"
-                )
-        elif metrics is not None and not restarted:
-            notes.append("window values unknown: first scrape (no earlier one to diff)")
+        def load(key: str, metric: str, how: Aggregation) -> _Value:
+            return self._load_field(loads_view, si, key, metrics, metric, how, time_s, expected_dp)
 
-        observation = Observation(
-            time_s=float(time_s),
-            running_requests=_as_count(running),
-            queued_requests=_as_count(queued),
-            token_usage=usage,
-            kv_capacity_tokens=_as_count(capacity),
-            gen_throughput_tok_s=None if w is None else w.gen_throughput_tok_s,
-            accept_length=None if w is None else w.accept_length,
-            ttft_ms=None if w is None else _latency(quantiles(w.ttft)),
-            itl_ms=None if w is None else _latency(quantiles(w.itl)),
-            tpot_ms=None if w is None else _latency(quantiles(w.tpot)),
-            shape=None if si is None else si.shape,
-            staleness_s=max(ages.values()) if ages else None,
-            window_s=None if w is None else w.window_s,
-            generation_tokens=None if w is None else _as_count(w.generation_tokens),
-            verify_calls=None if w is None else _as_count(w.verify_calls),
-            retractions=None if w is None else _as_count(w.retractions),
-            e2e_ms=None if w is None else _latency(quantiles(w.e2e)),
-            spec_num_steps=_as_count(steps),
-            slot_candidates=None if si is None else si.slot_candidates,
+        take = prov.take
+        return _Gauges(
+            running=take(
+                "running_requests", load("running_requests", NUM_RUNNING, Aggregation.SUM)
+            ),
+            queued=take("queued_requests", load("waiting_requests", NUM_QUEUE, Aggregation.SUM)),
+            usage=take("token_usage", load("token_usage", TOKEN_USAGE, Aggregation.MEAN)),
+            capacity=take(
+                "kv_capacity_tokens", self._capacity(loads_view, si, metrics, expected_dp)
+            ),
+            steps=take(
+                "spec_num_steps",
+                self._aged_gauge(metrics, SPEC_NUM_STEPS, Aggregation.AGREE, time_s, expected_dp),
+            ),
         )
-        self._last_report = BuildReport(
-            observation=observation,
-            window=window,
-            restart_detected=restarted,
-            sources=sources,
-            ages_s=ages,
-            notes=tuple(notes),
-        )
-        return observation
 
     # ---------------------------------------------------------------- internals
 

@@ -26,7 +26,7 @@ from specgov.adapters.launch_config import (
     shape_from_flags,
 )
 from specgov.controller.cli.sglang_args_cmd import sglang_args
-from specgov.controller.daemon.recommend import recommend_from_replay
+from specgov.controller.daemon.recommend_replay import recommend_from_replay
 from specgov.policies.common.types import SpecShape
 from specgov.policies.engine.adaptive_config import DEFAULT_ADAPTIVE_CONFIG, parse_adaptive_config
 

@@ -78,7 +78,7 @@ def _build(
         parse_slots,
         shape_from_flags,
     )
-    from specgov.controller.daemon.recommend import recommend_from_replay
+    from specgov.controller.daemon.recommend_replay import recommend_from_replay
 
     extras: dict[str, Any] = {
         "mem_fraction_static": mem_fraction_static,

@@ -36,23 +36,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specgov.adapters.launch_config import (
-    ADAPTIVE_ALGORITHMS,
-    DEFAULT_ADAPTIVE_CONFIG_PATH,
-    DIGITS,
-    SGLANG_VERSION,
     SKIP_ZERO_STEP_ENV,
-    LaunchConfig,
     LaunchConfigError,
-    SlotCandidates,
     build_launch_config,
     default_slots,
-    format_slots,
-    make_shape,
-    normalise_algorithm,
     recommend_skip_zero_step,
 )
-from specgov.policies.common.types import ALGORITHMS, RestartRecommendation, SpecShape
-from specgov.policies.common.validation import is_int, is_real
+from specgov.policies.common.types import RestartRecommendation, SpecShape
+from specgov.policies.common.validation import is_real
 from specgov.policies.daemon.estimators.step_cost import StepCostPrior
 
 # Candidate shapes replayed for a recommendation: (label, policy, topk, draft tokens).
@@ -215,24 +206,13 @@ def recommend(
 ) -> Recommendation:
     """Replay a trace synthesised from *workload* over candidate shapes; pick the best
     (module docstring: the baseline, closed-loop replay of a saturated window, metric)."""
-    from specgov.simulator.engine.memory import DoesNotFitError
     from specgov.simulator.replay.metrics import Slo
-    from specgov.simulator.replay.runner import ServerSpec, parse_policy, replay
     from specgov.simulator.workload.synthetic import Phase, SyntheticSpec, generate_trace
 
     if workload.request_rate_rps <= 0 or workload.mean_output_tokens <= 0:
         raise RecommendError("no finished requests in the window: nothing to recommend from")
     notes: list[str] = []
-    if workload.accept_length is not None and workload.current_steps:
-        alpha = fit_acceptance_rate(workload.accept_length, workload.current_steps)
-        rates: tuple[float, ...] | None = (alpha,) * 7
-        notes.append(
-            f"acceptance: α={alpha:.3f} per position, fitted to accept length "
-            f"{workload.accept_length:.2f} at {workload.current_steps} steps"
-        )
-    else:
-        rates = None
-        notes.append("acceptance not observed: the drafter's catalog profile is assumed")
+    rates = _acceptance_rates(workload, notes)
     spec = SyntheticSpec(
         duration_s=horizon_s,
         rate_rps=workload.request_rate_rps,
@@ -251,81 +231,120 @@ def recommend(
             f"({len(trace.requests)} requests)"
         )
     slo = Slo(tpot_ms=slo_tpot_ms or 50.0)
+    replayer = _CandidateReplay(trace, slo, seed, users, gpu, model, drafter, rates)
     rows: list[dict[str, Any]] = []
-    best: tuple[float, tuple[str, str, int, int | None]] | None = None
     current_table = None
     if workload.table:
         current_table = ("the step table in force", table_policy(workload.table), 1, None)
         candidates = (*candidates, current_table)
     for cand in candidates:
-        label, policy, topk, ndt = cand
-        server = ServerSpec(
-            gpu=gpu,
-            model=model,
-            drafter=drafter,
-            topk=topk,
-            num_draft_tokens=ndt,
-            acceptance_rates=rates,
-            spec_steps=3,
-        )
-        try:
-            # replay() plans the VRAM first: a shape that does not fit raises.
-            report = replay(
-                trace, server, [parse_policy(policy)], slo=slo, seed=seed, concurrency=users
-            )
-        except DoesNotFitError as exc:
-            rows.append({"candidate": label, "fits": False, "reason": str(exc)})
-            continue
-        except ValueError as exc:
-            rows.append({"candidate": label, "fits": False, "reason": str(exc)})
-            continue
-        summary = report.runs[0].summary
-        goodput = float(summary["goodput_tok_s"])
-        rows.append(
-            {
-                "candidate": label,
-                "policy": policy,
-                "topk": topk,
-                "num_draft_tokens": ndt,
-                "fits": True,
-                "goodput_tok_s": goodput,
-                "tpot_p50_ms": summary["tpot_ms"]["p50"],
-                "slo_attainment": summary["slo_attainment"],
-            }
-        )
-        if best is None or goodput > best[0]:
-            best = (goodput, cand)
-        if policy == "sglang-ema":
-            # SGLang's high slots idle at 0 under load: would skipping their draft-extend
-            # pass (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND) pay? Replayed, not assumed.
-            why = recommend_skip_zero_step(report.runs[0].result.steps_hist, default_slots())
-            if why is not None:
-                skip = replace(server, skip_zero_step_draft_extend=True)
-                skip_report = replay(
-                    trace, skip, [parse_policy(policy)], slo=slo, seed=seed, concurrency=users
-                )
-                skip_goodput = float(skip_report.runs[0].summary["goodput_tok_s"])
-                rows.append(
-                    {
-                        "candidate": f"{label} + {SKIP_ZERO_STEP_ENV}=1",
-                        "policy": policy,
-                        "topk": topk,
-                        "num_draft_tokens": ndt,
-                        "fits": True,
-                        "goodput_tok_s": skip_goodput,
-                        "environment": {SKIP_ZERO_STEP_ENV: "1"},
-                    }
-                )
-                notes.append(
-                    f"{why}; replayed with it: goodput {skip_goodput:.1f} vs "
-                    f"{goodput:.1f} tok/s without"
-                )
-    if best is None:
+        rows.extend(replayer.rows(cand, notes))
+    if not any(r["fits"] for r in rows):
         raise RecommendError("no candidate shape fits this deployment")
     if current_table is not None:
         current_row = next((r for r in rows if r["candidate"] == current_table[0]), None)
     else:
         current_row = _current_row(current, rows)
+    return _recommendation(rows, current_row, workload, notes, drafter)
+
+
+def _acceptance_rates(workload: WorkloadSummary, notes: list[str]) -> tuple[float, ...] | None:
+    """Per-position acceptance fitted to the window's accept length (None: the drafter's
+    catalog profile), said in *notes*."""
+    if workload.accept_length is not None and workload.current_steps:
+        alpha = fit_acceptance_rate(workload.accept_length, workload.current_steps)
+        notes.append(
+            f"acceptance: α={alpha:.3f} per position, fitted to accept length "
+            f"{workload.accept_length:.2f} at {workload.current_steps} steps"
+        )
+        return (alpha,) * 7
+    notes.append("acceptance not observed: the drafter's catalog profile is assumed")
+    return None
+
+
+@dataclass(frozen=True)
+class _CandidateReplay:
+    """One synthetic trace, replayed for each candidate shape on the deployment."""
+
+    trace: Any  # simulator.workload Trace (the simulator is imported lazily here)
+    slo: Any  # simulator.replay.metrics Slo
+    seed: int
+    users: int | None
+    gpu: str
+    model: str
+    drafter: str
+    rates: tuple[float, ...] | None
+
+    def rows(
+        self, cand: tuple[str, str, int, int | None], notes: list[str]
+    ) -> list[dict[str, Any]]:
+        """The candidate's rows: its replay (or why it does not fit) and, for SGLang's
+        EMA, its replay with the step-0 draft-extend pass skipped where that may pay."""
+        from specgov.simulator.engine.memory import DoesNotFitError
+        from specgov.simulator.replay.runner import ServerSpec, parse_policy, replay
+
+        label, policy, topk, ndt = cand
+        server = ServerSpec(
+            gpu=self.gpu,
+            model=self.model,
+            drafter=self.drafter,
+            topk=topk,
+            num_draft_tokens=ndt,
+            acceptance_rates=self.rates,
+            spec_steps=3,
+        )
+        run = {"slo": self.slo, "seed": self.seed, "concurrency": self.users}
+        try:
+            # replay() plans the VRAM first: a shape that does not fit raises.
+            report = replay(self.trace, server, [parse_policy(policy)], **run)
+        except DoesNotFitError as exc:
+            return [{"candidate": label, "fits": False, "reason": str(exc)}]
+        except ValueError as exc:
+            return [{"candidate": label, "fits": False, "reason": str(exc)}]
+        summary = report.runs[0].summary
+        goodput = float(summary["goodput_tok_s"])
+        shape = {"policy": policy, "topk": topk, "num_draft_tokens": ndt, "fits": True}
+        rows: list[dict[str, Any]] = [
+            {
+                "candidate": label,
+                **shape,
+                "goodput_tok_s": goodput,
+                "tpot_p50_ms": summary["tpot_ms"]["p50"],
+                "slo_attainment": summary["slo_attainment"],
+            }
+        ]
+        if policy != "sglang-ema":
+            return rows
+        # SGLang's high slots idle at 0 under load: would skipping their draft-extend
+        # pass (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND) pay? Replayed, not assumed.
+        why = recommend_skip_zero_step(report.runs[0].result.steps_hist, default_slots())
+        if why is not None:
+            skip = replace(server, skip_zero_step_draft_extend=True)
+            skip_report = replay(self.trace, skip, [parse_policy(policy)], **run)
+            skip_goodput = float(skip_report.runs[0].summary["goodput_tok_s"])
+            rows.append(
+                {
+                    "candidate": f"{label} + {SKIP_ZERO_STEP_ENV}=1",
+                    **shape,
+                    "goodput_tok_s": skip_goodput,
+                    "environment": {SKIP_ZERO_STEP_ENV: "1"},
+                }
+            )
+            notes.append(
+                f"{why}; replayed with it: goodput {skip_goodput:.1f} vs "
+                f"{goodput:.1f} tok/s without"
+            )
+        return rows
+
+
+def _recommendation(
+    rows: list[dict[str, Any]],
+    current_row: dict[str, Any] | None,
+    workload: WorkloadSummary,
+    notes: list[str],
+    drafter: str,
+) -> Recommendation:
+    """The best restartable candidate of *rows* against the baseline *current_row*."""
     # The table in force is the baseline, never a restart target (it needs no restart).
     restartable = [
         r for r in rows if r.get("fits") and r.get("candidate") != "the step table in force"
@@ -458,292 +477,6 @@ def deployment_prior(gpu: str, model: str, drafter: str) -> StepCostPrior:
     catalog = Catalog.load()
     cost = CostModel.from_catalog(catalog.gpu(gpu), catalog.model(model), catalog.drafter(drafter))
     return step_cost_prior(cost)
-
-
-# ------------------------------------------------- from a `specgov replay` report
-# (`specgov sglang-args --from-replay`): the offline one-off; the same module as the
-# restart loop, so every restart recommendation is made in one place.
-
-
-def _fail_report(where: str, expected: str, got: object) -> LaunchConfigError:
-    return LaunchConfigError(f"replay report: {where}: {expected}, got {got!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class _Run:
-    name: str
-    goodput_tok_s: float
-    steps_per_slot: dict[int, dict[int, int]]
-
-
-def _read_runs(report: Mapping[str, Any]) -> list[_Run]:
-    if not isinstance(report, Mapping):
-        raise _fail_report("top level", "expected a JSON object", type(report).__name__)
-    policies = report.get("policies")
-    if not isinstance(policies, list) or not policies:
-        raise _fail_report(
-            "key 'policies'", "expected a non-empty list (specgov replay --output json)", policies
-        )
-    runs = []
-    for i, p in enumerate(policies):
-        where = f"policies[{i}]"
-        if not isinstance(p, Mapping):
-            raise _fail_report(where, "expected an object", p)
-        name = p.get("name")
-        if not isinstance(name, str) or not name:
-            raise _fail_report(f"{where}.name", "expected a policy name", name)
-        goodput = p.get("goodput_tok_s")
-        if not is_real(goodput) or goodput < 0:
-            raise _fail_report(f"{where}.goodput_tok_s", "expected a number >= 0", goodput)
-        raw_hist = p.get("steps_per_slot", {})
-        if not isinstance(raw_hist, Mapping):
-            raise _fail_report(f"{where}.steps_per_slot", "expected an object", raw_hist)
-        hist: dict[int, dict[int, int]] = {}
-        for slot_key, per_step in raw_hist.items():
-            if not isinstance(slot_key, str) or not DIGITS.fullmatch(slot_key):
-                raise _fail_report(f"{where}.steps_per_slot", "expected digit keys", slot_key)
-            if not isinstance(per_step, Mapping):
-                raise _fail_report(
-                    f"{where}.steps_per_slot[{slot_key!r}]", "expected an object", per_step
-                )
-            counts: dict[int, int] = {}
-            for step_key, n in per_step.items():
-                if not isinstance(step_key, str) or not DIGITS.fullmatch(step_key):
-                    raise _fail_report(
-                        f"{where}.steps_per_slot[{slot_key!r}]", "expected digit keys", step_key
-                    )
-                if not is_int(n) or n < 0:
-                    raise _fail_report(
-                        f"{where}.steps_per_slot[{slot_key!r}][{step_key!r}]",
-                        "expected a batch count >= 0",
-                        n,
-                    )
-                counts[int(step_key)] = n
-            hist[int(slot_key)] = counts
-        runs.append(_Run(name, float(goodput), hist))
-    return runs
-
-
-def _static_steps(name: str) -> int | None:
-    kind, sep, arg = name.partition(":")
-    if kind.strip().lower() == "static" and sep and DIGITS.fullmatch(arg.strip()):
-        return int(arg)
-    return None
-
-
-def _report_algorithm(server: Mapping[str, Any], algorithm: str | None) -> str:
-    if algorithm is not None:
-        return normalise_algorithm(algorithm, "--algorithm")
-    declared = server.get("algorithm")
-    if declared is not None:
-        return normalise_algorithm(declared, "replay report: server.algorithm")
-    drafter = server.get("drafter")
-    guess = drafter.replace("-", "").upper() if isinstance(drafter, str) else None
-    if guess in ALGORITHMS and guess != "NONE":
-        return guess
-    raise LaunchConfigError(
-        f"replay report: server.drafter {drafter!r} does not name an SGLang "
-        "--speculative-algorithm; pass the algorithm explicitly (--algorithm)"
-    )
-
-
-def recommend_from_replay(
-    report: Mapping[str, Any],
-    *,
-    algorithm: str | None = None,
-    draft_model_path: str | None = None,
-    min_share: float = 0.05,
-    adaptive_config_path: str = DEFAULT_ADAPTIVE_CONFIG_PATH,
-) -> LaunchConfig:
-    """Recommend a launch configuration from a ``specgov replay --output json`` report.
-
-    * The best ``static:K`` run by goodput (ties: fewer steps) gives
-      ``--speculative-num-steps``.
-    * If the best adaptive run (any policy other than ``none``/``static:K`` with a
-      steps histogram) matches or beats it, each of its slots gets as candidates the
-      steps used in at least ``min_share`` of that slot's decode batches (the most
-      used one always). The best static step joins the busiest slot if no slot has it
-      (SGLang requires ``--speculative-num-steps`` among the candidates). If that
-      leaves a single step everywhere, adaptive speculation would only add start-up
-      cost, and the static shape is recommended instead.
-    * If ``none`` beats every speculative run, or the winner never drafts (0 steps:
-      SGLang would still run the draft-extend pass), no speculation is recommended.
-
-    The algorithm comes from ``algorithm``, else the report's ``server.algorithm``,
-    else its ``server.drafter`` when that names one (``eagle3`` -> EAGLE3). The
-    explanation is in ``rationale``. Raises :class:`LaunchConfigError`.
-    """
-    if not is_real(min_share) or not 0.0 < min_share <= 1.0:
-        raise LaunchConfigError(f"min_share: expected a fraction in (0, 1], got {min_share!r}")
-    runs = _read_runs(report)
-    server = report.get("server", {})
-    if not isinstance(server, Mapping):
-        raise _fail_report("key 'server'", "expected an object", server)
-    trace = report.get("trace", {})
-    trace_name = trace.get("name", "?") if isinstance(trace, Mapping) else "?"
-    lines = [
-        f"replay of {trace_name!r} (seed {report.get('seed', '?')}, "
-        f"{server.get('gpu', '?')} {server.get('model', '?')} + {server.get('drafter', '?')}):"
-    ]
-
-    none_run = next((r for r in runs if r.name.strip().lower() == "none"), None)
-    statics = sorted(
-        ((k, r) for r in runs if (k := _static_steps(r.name)) is not None),
-        key=lambda kr: (-kr[1].goodput_tok_s, kr[0]),
-    )
-    adaptive_runs = sorted(
-        (
-            r
-            for r in runs
-            if r is not none_run
-            and _static_steps(r.name) is None
-            and any(sum(c.values()) > 0 for c in r.steps_per_slot.values())
-        ),
-        key=lambda r: (-r.goodput_tok_s, r.name),
-    )
-    if not statics and not adaptive_runs:
-        raise LaunchConfigError(
-            "replay report: no static:K and no adaptive run to recommend from "
-            f"(policies: {[r.name for r in runs]}); replay with e.g. --policy static:1 "
-            "--policy static:3 --policy sglang-ema"
-        )
-    best_static = statics[0] if statics else None
-    best_adaptive = adaptive_runs[0] if adaptive_runs else None
-    if best_static is not None:
-        others = ", ".join(f"{r.name} {r.goodput_tok_s:,.1f}" for _, r in statics[1:])
-        lines.append(
-            f"best static run {best_static[1].name} at {best_static[1].goodput_tok_s:,.1f} "
-            "goodput tok/s" + (f" (others: {others})" if others else "")
-        )
-    if best_adaptive is not None:
-        lines.append(
-            f"best adaptive run {best_adaptive.name} at "
-            f"{best_adaptive.goodput_tok_s:,.1f} goodput tok/s"
-        )
-
-    def no_speculation(why: str) -> LaunchConfig:
-        lines.append(why + ": launch without speculation")
-        return build_launch_config(
-            SpecShape("NONE", 0, 0, 0, ()),
-            rationale="\n".join(lines),
-            adaptive_config_path=adaptive_config_path,
-        )
-
-    best_spec = max(
-        [r.goodput_tok_s for _, r in statics[:1]] + [r.goodput_tok_s for r in adaptive_runs[:1]]
-    )
-    if none_run is not None and none_run.goodput_tok_s > best_spec:
-        return no_speculation(
-            f"no speculation ({none_run.goodput_tok_s:,.1f} tok/s) beats every speculative run"
-        )
-    algo = _report_algorithm(server, algorithm)
-    topk = server.get("topk", 1)
-    topk = 1 if topk is None else topk
-    if not is_int(topk) or topk < 1:
-        raise _fail_report("server.topk", "expected an int >= 1", topk)
-
-    def shape_for(k: int) -> SpecShape:
-        if topk == 1:
-            return make_shape(algo, k, 1, k + 1, "replay report: server")
-        draft = server.get("num_draft_tokens")
-        if not is_int(draft):
-            raise _fail_report("server.num_draft_tokens", f"expected an int for topk={topk}", draft)
-        return make_shape(algo, k, topk, draft, "replay report: server")
-
-    def static_config(k: int, source: str) -> LaunchConfig:
-        if k == 0:
-            return no_speculation(
-                f"{source} never drafts (0 steps still pays SGLang's draft-extend pass)"
-            )
-        lines.append(f"static speculation: --speculative-num-steps {k}, from {source}")
-        return build_launch_config(
-            shape_for(k),
-            rationale="\n".join(lines),
-            draft_model_path=draft_model_path,
-            adaptive_config_path=adaptive_config_path,
-        )
-
-    if best_adaptive is None or (
-        best_static is not None and best_adaptive.goodput_tok_s < best_static[1].goodput_tok_s
-    ):
-        assert best_static is not None
-        return static_config(best_static[0], best_static[1].name)
-    if algo not in ADAPTIVE_ALGORITHMS or topk != 1:
-        lines.append(f"adaptive speculation is not available for {algo} with topk {topk}")
-        if best_static is None:
-            raise LaunchConfigError(
-                "replay report: only adaptive runs, but SGLang "
-                f"{SGLANG_VERSION} cannot run adaptive speculation with {algo}, topk {topk}"
-            )
-        return static_config(best_static[0], best_static[1].name)
-
-    hist = best_adaptive.steps_per_slot
-    slots = _slots_from_histogram(hist, min_share)
-    union = sorted({s for slot in slots for s in slot.candidate_steps})
-    if best_static is not None and best_static[0] > 0:
-        num_steps = best_static[0]
-        steps_note = f"--speculative-num-steps {num_steps} = best static step"
-        if num_steps not in union:
-            busiest = max(hist, key=lambda b: (sum(hist[b].values()), -b))
-            slots = [
-                SlotCandidates.of(s.bound, (*s.candidate_steps, num_steps))
-                if s.bound == busiest
-                else s
-                for s in slots
-            ]
-            steps_note += (
-                f", added to the busiest slot {busiest} (SGLang requires it among the candidates)"
-            )
-            union = sorted({*union, num_steps})
-    else:
-        num_steps = _most_used_positive(hist, union)
-        steps_note = f"--speculative-num-steps {num_steps} = most used positive step"
-    share_note = f"steps used in >= {min_share:.0%} of a slot's decode batches"
-    if len(union) == 1:
-        lines.append(
-            f"{best_adaptive.name} settles on step {union[0]} in every slot ({share_note}), "
-            "so adaptive speculation would only add start-up cost"
-        )
-        return static_config(union[0], f"{best_adaptive.name}'s only step")
-    if num_steps == 0:
-        return no_speculation(f"{best_adaptive.name} never drafts")
-    lines.append(
-        f"adaptive speculation, per-slot candidates from {best_adaptive.name}'s {share_note}: "
-        f"--slots '{format_slots(slots)}'; {steps_note}"
-    )
-    return build_launch_config(
-        shape_for(num_steps),
-        slots,
-        rationale="\n".join(lines),
-        draft_model_path=draft_model_path,
-        adaptive_config_path=adaptive_config_path,
-    )
-
-
-def _slots_from_histogram(
-    hist: Mapping[int, Mapping[int, int]], min_share: float
-) -> list[SlotCandidates]:
-    slots = []
-    for bound in sorted(hist):
-        counts = hist[bound]
-        total = sum(counts.values())
-        if total == 0:
-            continue
-        top = max(counts, key=lambda s: (counts[s], -s))
-        chosen = {s for s, n in counts.items() if n / total >= min_share} | {top}
-        slots.append(SlotCandidates.of(bound, chosen))
-    return slots
-
-
-def _most_used_positive(hist: Mapping[int, Mapping[int, int]], union: Sequence[int]) -> int:
-    totals: dict[int, int] = {}
-    for counts in hist.values():
-        for step, n in counts.items():
-            if step > 0 and step in union:
-                totals[step] = totals.get(step, 0) + n
-    if not totals:
-        return 0
-    return max(totals, key=lambda s: (totals[s], -s))
 
 
 # ------------------------------------------------- the decision: fire or stay silent

@@ -374,44 +374,9 @@ def budget_memory(
         if chunked_prefill_size is None
         else _check_int("chunked_prefill_size", chunked_prefill_size, 1)
     )
-    if isinstance(candidate_steps, str | bytes) or not isinstance(candidate_steps, Sequence):
-        raise MemoryPlanError(
-            f"candidate_steps must be a sequence of integers, got {candidate_steps!r}"
-        )
-    steps = sorted({_check_int("candidate_steps entry", s, 0) for s in candidate_steps})
-    if any(s > MAX_STEPS for s in steps):
-        raise MemoryPlanError(f"candidate_steps entries must be <= {MAX_STEPS}, got {steps}")
-    if drafter is None:
-        if any(s > 0 for s in steps):
-            raise MemoryPlanError(
-                f"candidate_steps {steps} need a drafter; without one use [] or [0]"
-            )
-        steps = [0]
-    elif not steps:
-        raise MemoryPlanError("candidate_steps must not be empty when a drafter is configured")
-    if drafter is not None and not drafter.supports(model.name):
-        raise MemoryPlanError(
-            f"drafter '{drafter.name}' cannot draft for '{model.name}'; "
-            f"it supports: {', '.join(drafter.targets)}"
-        )
-
+    steps = _checked_steps(candidate_steps, drafter, model)
     total = gpu.memory_gib
-    if mem_fraction_static is None:
-        mf = sglang_default_mem_fraction_static(
-            total, chunked_prefill_size=chunk, cuda_graph_max_bs=max_bs, tp_size=tp
-        )
-        is_default = True
-    else:
-        if (
-            isinstance(mem_fraction_static, bool)
-            or not isinstance(mem_fraction_static, int | float)
-            or not 0.0 < mem_fraction_static < 1.0
-        ):
-            raise MemoryPlanError(
-                f"mem_fraction_static must be a number in (0, 1), got {mem_fraction_static!r}"
-            )
-        mf = float(mem_fraction_static)
-        is_default = False
+    mf, is_default = _mem_fraction(mem_fraction_static, total, chunk, max_bs, tp)
 
     usable = total * mf
     slack = total - usable
@@ -422,27 +387,7 @@ def budget_memory(
     pool_scale = drafter.kv_pool_reduction_scale if drafter else 0.0
     draft_weights = pool_scale * drafter.weight_bytes_for(model.name) / tp / GIB if drafter else 0.0
     static_reserve = pool_scale * drafter.static_reserve_gib if drafter else 0.0
-    has_draft_model = drafter is not None and drafter.has_model
-
-    tiers: list[tuple[int, float]] = []
-    for k in steps:
-        if drafter is None or k == 0:
-            verify = 1
-        elif topk == 1 or num_draft_tokens is None:
-            verify = k + 1
-        else:
-            verify = min(num_draft_tokens, 1 + k * topk)
-        draft_tokens = 0
-        if has_draft_model:
-            draft_tokens = verify  # draft-extend graph
-            if k > 0:
-                draft_tokens += 1 + (k - 1) * topk
-        mib = max_bs * (
-            GRAPH_BASE_MIB
-            + GRAPH_PER_VERIFY_TOKEN_MIB * verify
-            + GRAPH_PER_DRAFT_TOKEN_MIB * draft_tokens
-        )
-        tiers.append((k, mib / MIB_PER_GIB))
+    tiers = _graph_tiers(steps, drafter, topk, num_draft_tokens, max_bs)
     graphs_total = sum(g for _, g in tiers)
     graph_room = max(0.0, slack - activations)
     graphs_in_static = max(0.0, graphs_total - graph_room)
@@ -474,6 +419,84 @@ def budget_memory(
         draft_kv_bytes_per_token=draft_kv,
         kv_token_capacity=capacity,
     )
+
+
+def _checked_steps(
+    candidate_steps: Sequence[int], drafter: DrafterSpec | None, model: ModelSpec
+) -> list[int]:
+    """The candidate steps, sorted and checked against the drafter ([0] without one)."""
+    if isinstance(candidate_steps, str | bytes) or not isinstance(candidate_steps, Sequence):
+        raise MemoryPlanError(
+            f"candidate_steps must be a sequence of integers, got {candidate_steps!r}"
+        )
+    steps = sorted({_check_int("candidate_steps entry", s, 0) for s in candidate_steps})
+    if any(s > MAX_STEPS for s in steps):
+        raise MemoryPlanError(f"candidate_steps entries must be <= {MAX_STEPS}, got {steps}")
+    if drafter is None:
+        if any(s > 0 for s in steps):
+            raise MemoryPlanError(
+                f"candidate_steps {steps} need a drafter; without one use [] or [0]"
+            )
+        steps = [0]
+    elif not steps:
+        raise MemoryPlanError("candidate_steps must not be empty when a drafter is configured")
+    if drafter is not None and not drafter.supports(model.name):
+        raise MemoryPlanError(
+            f"drafter '{drafter.name}' cannot draft for '{model.name}'; "
+            f"it supports: {', '.join(drafter.targets)}"
+        )
+    return steps
+
+
+def _mem_fraction(
+    mem_fraction_static: float | None, total_gib: float, chunk: int, max_bs: int, tp: int
+) -> tuple[float, bool]:
+    """(mem_fraction_static, whether it is SGLang's default heuristic)."""
+    if mem_fraction_static is None:
+        mf = sglang_default_mem_fraction_static(
+            total_gib, chunked_prefill_size=chunk, cuda_graph_max_bs=max_bs, tp_size=tp
+        )
+        return mf, True
+    if (
+        isinstance(mem_fraction_static, bool)
+        or not isinstance(mem_fraction_static, int | float)
+        or not 0.0 < mem_fraction_static < 1.0
+    ):
+        raise MemoryPlanError(
+            f"mem_fraction_static must be a number in (0, 1), got {mem_fraction_static!r}"
+        )
+    return float(mem_fraction_static), False
+
+
+def _graph_tiers(
+    steps: Sequence[int],
+    drafter: DrafterSpec | None,
+    topk: int,
+    num_draft_tokens: int | None,
+    max_bs: int,
+) -> list[tuple[int, float]]:
+    """(steps, GiB) of the CUDA graphs each candidate step count captures."""
+    has_draft_model = drafter is not None and drafter.has_model
+    tiers: list[tuple[int, float]] = []
+    for k in steps:
+        if drafter is None or k == 0:
+            verify = 1
+        elif topk == 1 or num_draft_tokens is None:
+            verify = k + 1
+        else:
+            verify = min(num_draft_tokens, 1 + k * topk)
+        draft_tokens = 0
+        if has_draft_model:
+            draft_tokens = verify  # draft-extend graph
+            if k > 0:
+                draft_tokens += 1 + (k - 1) * topk
+        mib = max_bs * (
+            GRAPH_BASE_MIB
+            + GRAPH_PER_VERIFY_TOKEN_MIB * verify
+            + GRAPH_PER_DRAFT_TOKEN_MIB * draft_tokens
+        )
+        tiers.append((k, mib / MIB_PER_GIB))
+    return tiers
 
 
 def plan_memory(

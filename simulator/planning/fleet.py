@@ -256,6 +256,31 @@ def plan_fleet(
         trace, scale = scale_to_rps(trace, target_rps)
     built = resolve(server)
     plain = _kind(server, built, PLAIN, cfg)
+    spec_kinds = _spec_kinds(server, built, cfg)
+    tables = {name: _tables(kind, plain, trace) for name, kind in spec_kinds.items()}
+    runs = _FleetRuns(trace, server, built, cfg, plain, spec_kinds, tables, progress, {})
+    rows: list[dict[str, Any]] = []
+    for fleet in cfg.fleets:
+        policy_names: list[str | None] = list(spec_kinds) if fleet.speculative else [None]
+        for pname in policy_names:
+            for router in cfg.routers:
+                rows.append(runs.row(fleet, pname, router))
+    doc = _plan_document(runs, rows, scale=scale, target_rps=target_rps)
+    gpu = built.gpu.name
+    doc.update(
+        choose(
+            rows,
+            priced=cfg.prices is not None and gpu in cfg.prices.gpu_hour,
+            currency=cfg.prices.currency if cfg.prices is not None else None,
+            slo=doc["slo"],
+        )
+    )
+    doc["recommendation"] = recommendation_text(doc)
+    return doc
+
+
+def _spec_kinds(server: ServerSpec, built: BuiltServer, cfg: FleetPlanConfig) -> dict[str, _Kind]:
+    """The speculative replica kinds of *cfg*, by policy name (each speculative, once)."""
     spec_kinds: dict[str, _Kind] = {}
     for name in cfg.policies:
         kind = _kind(server, built, name, cfg)
@@ -267,94 +292,112 @@ def plan_fleet(
         if kind.policy.name in spec_kinds:
             raise FleetSpecError(f"policy given twice: {kind.policy.name}")
         spec_kinds[kind.policy.name] = kind
-    tables = {name: _tables(kind, plain, trace) for name, kind in spec_kinds.items()}
-    gpu = built.gpu.name
+    return spec_kinds
 
-    rows: list[dict[str, Any]] = []
-    cache: dict[tuple[str, str | None, str], dict[str, Any]] = {}
-    for fleet in cfg.fleets:
-        policy_names: list[str | None] = list(spec_kinds) if fleet.speculative else [None]
-        for pname in policy_names:
-            spec = spec_kinds[pname] if pname is not None else None
-            for router in cfg.routers:
-                table = tables.get(pname) if pname is not None else None
-                effective = _effective_router(router, fleet)
-                routes_as = effective.name
-                row: dict[str, Any] = {
-                    "fleet": fleet.name,
-                    "kind": fleet.kind,
-                    "speculative_replicas": fleet.speculative,
-                    "plain_replicas": fleet.plain,
-                    "replicas": fleet.replicas,
-                    "gpus": fleet.replicas * 1,  # tp_size 1 per replica
-                    "gpu": gpu,
-                    "policy": pname,
-                    "router": router.name,
-                    "routes_as": routes_as,
-                }
-                kinds = ([spec] if spec is not None else []) + ([plain] if fleet.plain else [])
-                failed = next((k for k in kinds if k.error is not None), None)
-                if failed is not None:
-                    row.update(fits=False, reason=f"{failed.policy.name}: {failed.error}")
-                    row.update(meets_slo=False)
-                    rows.append(row)
-                    continue
-                if (
-                    router.kind == "spec-aware"
-                    and router.max_batch is None
-                    and fleet.kind == "mixed"
-                    and table is None
-                ):
-                    row.update(
-                        fits=True,
-                        meets_slo=False,
-                        reason="spec-aware: no per-token model for this drafter (its "
-                        "acceptance comes from a trace); give spec-aware:B",
-                    )
-                    rows.append(row)
-                    continue
-                key = (fleet.name, pname, routes_as)
-                if key not in cache:
-                    cb = None
-                    if progress is not None:
-                        label = f"{fleet.name} {pname or 'plain'} {router.name}"
 
-                        def cb(done: int, total: int, _label: str = label) -> None:
-                            progress(_label, done, total)
+@dataclass
+class _FleetRuns:
+    """One plan's trace, deployment and replica kinds; each (fleet, policy, routing)
+    simulated once (``cache``)."""
 
-                    cache[key] = _simulate(
-                        trace,
-                        fleet,
-                        spec,
-                        plain,
-                        effective,
-                        table,
-                        server=server,
-                        built=built,
-                        cfg=cfg,
-                        progress=cb,
-                    )
-                measured = dict(cache[key])
-                row.update(fits=True, reason=None)
-                row.update(measured)
-                row.update(
-                    _cost(
-                        row["gpus"],
-                        gpu,
-                        cfg.prices,
-                        float(measured["throughput_tok_s"]),
-                        float(measured["goodput_tok_s"]),
-                    )
-                )
-                rows.append(row)
+    trace: Trace
+    server: ServerSpec
+    built: BuiltServer
+    cfg: FleetPlanConfig
+    plain: _Kind
+    spec_kinds: dict[str, _Kind]
+    tables: dict[str, PerTokenTables | None]
+    progress: Callable[[str, int, int], None] | None
+    cache: dict[tuple[str, str | None, str], dict[str, Any]]
 
-    doc: dict[str, Any] = {
+    def row(self, fleet: FleetShape, pname: str | None, router: RouterSpec) -> dict[str, Any]:
+        """The plan's row for *fleet* with policy *pname* behind *router*."""
+        plain, progress = self.plain, self.progress
+        gpu = self.built.gpu.name
+        spec = self.spec_kinds[pname] if pname is not None else None
+        table = self.tables.get(pname) if pname is not None else None
+        effective = _effective_router(router, fleet)
+        routes_as = effective.name
+        row: dict[str, Any] = {
+            "fleet": fleet.name,
+            "kind": fleet.kind,
+            "speculative_replicas": fleet.speculative,
+            "plain_replicas": fleet.plain,
+            "replicas": fleet.replicas,
+            "gpus": fleet.replicas * 1,  # tp_size 1 per replica
+            "gpu": gpu,
+            "policy": pname,
+            "router": router.name,
+            "routes_as": routes_as,
+        }
+        kinds = ([spec] if spec is not None else []) + ([plain] if fleet.plain else [])
+        failed = next((k for k in kinds if k.error is not None), None)
+        if failed is not None:
+            row.update(fits=False, reason=f"{failed.policy.name}: {failed.error}")
+            row.update(meets_slo=False)
+            return row
+        if (
+            router.kind == "spec-aware"
+            and router.max_batch is None
+            and fleet.kind == "mixed"
+            and table is None
+        ):
+            row.update(
+                fits=True,
+                meets_slo=False,
+                reason="spec-aware: no per-token model for this drafter (its "
+                "acceptance comes from a trace); give spec-aware:B",
+            )
+            return row
+        key = (fleet.name, pname, routes_as)
+        if key not in self.cache:
+            cb = None
+            if progress is not None:
+                label = f"{fleet.name} {pname or 'plain'} {router.name}"
+
+                def cb(done: int, total: int, _label: str = label) -> None:
+                    progress(_label, done, total)
+
+            self.cache[key] = _simulate(
+                self.trace,
+                fleet,
+                spec,
+                plain,
+                effective,
+                table,
+                server=self.server,
+                built=self.built,
+                cfg=self.cfg,
+                progress=cb,
+            )
+        measured = dict(self.cache[key])
+        row.update(fits=True, reason=None)
+        row.update(measured)
+        row.update(
+            _cost(
+                row["gpus"],
+                gpu,
+                self.cfg.prices,
+                float(measured["throughput_tok_s"]),
+                float(measured["goodput_tok_s"]),
+            )
+        )
+        return row
+
+
+def _plan_document(
+    runs: _FleetRuns, rows: list[dict[str, Any]], *, scale: float | None, target_rps: float | None
+) -> dict[str, Any]:
+    """The plan's JSON document around its *rows* (the choice not yet made)."""
+    trace, server, built, cfg = runs.trace, runs.server, runs.built, runs.cfg
+    tables = runs.tables
+    return {
         "trace": {**trace.summary(), "load": trace_load(trace)},
         "rate_scale": scale,
         "target_rps": target_rps,
         "offered_rps": offered_rps(trace),
         "server": {
-            "gpu": gpu,
+            "gpu": built.gpu.name,
             "model": built.model.name,
             "drafter": built.drafter.name,
             "algorithm": built.drafter.algorithm,
@@ -390,20 +433,10 @@ def plan_fleet(
                 "vram": _vram(kind, server),
                 "launch_args": kind.launch,
             }
-            for name, kind in [(PLAIN, plain), *spec_kinds.items()]
+            for name, kind in [(PLAIN, runs.plain), *runs.spec_kinds.items()]
         },
         "fleets": rows,
     }
-    doc.update(
-        choose(
-            rows,
-            priced=cfg.prices is not None and gpu in cfg.prices.gpu_hour,
-            currency=cfg.prices.currency if cfg.prices is not None else None,
-            slo=doc["slo"],
-        )
-    )
-    doc["recommendation"] = recommendation_text(doc)
-    return doc
 
 
 def _vram(kind: _Kind, server: ServerSpec) -> dict[str, Any] | None:

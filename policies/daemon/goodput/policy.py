@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -47,6 +47,7 @@ from specgov.policies.daemon.goodput.config import (
     GoodputConfig,
     GoodputConfigError,
 )
+from specgov.policies.daemon.goodput.decision import goodput_decision
 from specgov.policies.daemon.goodput.model import (
     Eval,
     Restart,
@@ -54,10 +55,8 @@ from specgov.policies.daemon.goodput.model import (
     SlotPlan,
     SlotWork,
     accept_moments,
-    describe,
     dominant_steps,
     drafter_share,
-    expected_gain_of,
     flat_past_evidence,
     kv_per_request,
     normalise_slots,
@@ -66,7 +65,6 @@ from specgov.policies.daemon.goodput.model import (
 )
 from specgov.policies.daemon.goodput.rules import (
     RuleEval,
-    rule_cuts,
     scaled_rates,
     slot_rule,
 )
@@ -75,6 +73,16 @@ from specgov.policies.daemon.goodput.state import (
     generator,
     rng_state_of,
 )
+
+
+class _Weighing(NamedTuple):
+    """What a plan weighs every candidate with: the step-cost model, KV tokens per
+    request, the TPOT SLO and the SLO model."""
+
+    cost: StepCostModel
+    ctx: float
+    slo_ms: float | None
+    slo: SloModel | None
 
 
 class GoodputPolicy:
@@ -214,7 +222,9 @@ class GoodputPolicy:
             observation, state, budget, current, observation.slot_candidates
         )
         state, restart = self._restart(observation, state, plans)
-        decision, state = self._decision(observation, state, current, plans, gains, restart)
+        decision, state = goodput_decision(
+            observation, state, current, plans, gains, restart, ttl_s=self._config.ttl_s
+        )
         return replace(decision, predictions=predictions), state
 
     def plan(
@@ -522,11 +532,29 @@ class GoodputPolicy:
         tuple[GoodputPrediction, ...],
     ]:
         cfg = self._config
-        now = observation.time_s
         slo_ms = cfg.slo_tpot_ms if cfg.slo_tpot_ms is not None else budget.slo_tpot_ms
         ctx = kv_per_request(observation)
         if ctx is None:
             ctx = cfg.default_kv_tokens_per_request
+        cost = step_cost_model(state.step_cost, self._cost_cfg)
+        ws = _Weighing(cost, ctx, slo_ms, self._slo_model(state, slo_ms))
+        work = self._slot_work(observation, state, budget, current, slot_candidates, ws)
+        probes, state = self._probes(work, state, observation.time_s, ws)
+        weights = {slot: v for slot, _, v in state.batch}
+        plans, gains, predicted = self._slot_plans(work, probes, current, weights, ws)
+        return plans, gains, state, predicted
+
+    def _slot_work(
+        self,
+        observation: Observation,
+        state: GoodputState,
+        budget: Budget,
+        current: StepTable | None,
+        slot_candidates: SlotLayout,
+        ws: _Weighing,
+    ) -> list[SlotWork]:
+        """Per slot: the allowed and eligible steps, their evaluations and the best."""
+        cost, ctx, slo_ms, slo = ws
         batch_of = {slot: (b / v if v > 1e-9 else None) for slot, b, v in state.batch}
         snap = observation.tier_stats
         if snap is not None:
@@ -534,9 +562,6 @@ class GoodputPolicy:
         running_steps = dominant_steps(snap)
         weights = {slot: v for slot, _, v in state.batch}
         total_w = sum(weights.values())
-        cost = step_cost_model(state.step_cost, self._cost_cfg)
-        slo = self._slo_model(state, slo_ms)
-
         work: list[SlotWork] = []
         for bound, cands in slot_candidates:
             allowed = tuple(
@@ -569,7 +594,15 @@ class GoodputPolicy:
                     bound, allowed, budget_limited, est, batch, cur, evals, best, slo_limited, share
                 )
             )
+        return work
 
+    def _probes(
+        self, work: Sequence[SlotWork], state: GoodputState, now: float, ws: _Weighing
+    ) -> tuple[dict[int, int], GoodputState]:
+        """{slot: steps} of this decision's probe, if any (loss-bounded optimistic, else
+        cost, else now and then a random one), and the state with the random draw."""
+        cfg = self._config
+        cost, ctx, slo_ms, slo = ws
         probes: dict[int, int] = {}
         if cfg.probe_max_loss > 0:
             found = self._optimistic_probe(work, cost, ctx, slo_ms, slo)
@@ -586,29 +619,55 @@ class GoodputPolicy:
         )
         rng = generator(state.rng_state) if probe_open else None
         if rng is not None:
-            # Random probe: an uncertain candidate predicted near the best, now and then.
-            for w in work:
-                if w.share <= 0 or w.share < cfg.busy_share:
-                    continue  # a probe of an idle slot learns nothing
-                uncertain_from = w.est.uncertain_from(cfg.min_trials)
-                options = []
-                for k, e in w.evals.items():
-                    if k == w.best or k < uncertain_from:
-                        continue
-                    if e.score < w.evals[w.best].score * (1.0 - cfg.explore_margin):
-                        continue
-                    low = self._evaluate(w.est.lower, cost, w.batch, ctx, k, slo)
-                    if slo_ms is not None and (
-                        low.tpot_ms > slo_ms if slo is None else low.slo_fraction < 0.5
-                    ):
-                        continue
-                    options.append(k)
-                if options and rng.random() < cfg.explore:
-                    probes[w.bound] = max(options, key=lambda k: (w.evals[k].score, -k))
-                    break
+            self._random_probe(work, rng, probes, ws)
             last_probe_s = now if probes else state.last_probe_s
             state = replace(state, rng_state=rng_state_of(rng), last_probe_s=last_probe_s)
+        return probes, state
 
+    def _random_probe(
+        self,
+        work: Sequence[SlotWork],
+        rng: np.random.Generator,
+        probes: dict[int, int],
+        ws: _Weighing,
+    ) -> None:
+        """Random probe (into *probes*): an uncertain candidate predicted near the best,
+        now and then."""
+        cfg = self._config
+        cost, ctx, slo_ms, slo = ws
+        for w in work:
+            if w.share <= 0 or w.share < cfg.busy_share:
+                continue  # a probe of an idle slot learns nothing
+            uncertain_from = w.est.uncertain_from(cfg.min_trials)
+            options = []
+            for k, e in w.evals.items():
+                if k == w.best or k < uncertain_from:
+                    continue
+                if e.score < w.evals[w.best].score * (1.0 - cfg.explore_margin):
+                    continue
+                low = self._evaluate(w.est.lower, cost, w.batch, ctx, k, slo)
+                if slo_ms is not None and (
+                    low.tpot_ms > slo_ms if slo is None else low.slo_fraction < 0.5
+                ):
+                    continue
+                options.append(k)
+            if options and rng.random() < cfg.explore:
+                probes[w.bound] = max(options, key=lambda k: (w.evals[k].score, -k))
+                break
+
+    def _slot_plans(
+        self,
+        work: Sequence[SlotWork],
+        probes: Mapping[int, int],
+        current: StepTable | None,
+        weights: Mapping[int, float],
+        ws: _Weighing,
+    ) -> tuple[
+        tuple[SlotPlan, ...], list[tuple[float, float, float]], tuple[GoodputPrediction, ...]
+    ]:
+        """Per slot its plan (a probe's steps, else the best), the table's gain terms and
+        the goodput predicted for every step evaluated."""
+        cost, ctx, slo_ms, slo = ws
         plans: list[SlotPlan] = []
         gains: list[tuple[float, float, float]] = []  # (weight, new score, current score)
         busiest = max(work, key=lambda w: (w.share, -w.bound), default=None)
@@ -653,7 +712,7 @@ class GoodputPolicy:
                 predicted[(w.bound, w.cur)] = GoodputPrediction(
                     w.bound, w.cur, cur_eval.goodput, w.share
                 )
-        return tuple(plans), gains, state, tuple(predicted.values())
+        return tuple(plans), gains, tuple(predicted.values())
 
     # --------------------------------------------------------------- restart
 
@@ -728,87 +787,3 @@ class GoodputPolicy:
         tpot_ms = 1e3 * step_s
         fraction = 1.0 if slo is None else slo.fraction(tpot_ms, 1.0, 0.0)
         return batch / step_s * fraction
-
-    def _decision(
-        self,
-        observation: Observation,
-        state: GoodputState,
-        current: StepTable | None,
-        plans: Sequence[SlotPlan],
-        gains: Sequence[tuple[float, float, float]],
-        restart: Restart | None = None,
-    ) -> tuple[Decision, GoodputState]:
-        # A table starts at bound 1; batches below the engine's first slot bound use its
-        # first slot anyway (StepTable and SGLang route them there alike).
-        slots = tuple((1 if i == 0 else p.slot, p.steps) for i, p in enumerate(plans))
-        rules = tuple(
-            (1 if i == 0 else p.slot, p.rule) for i, p in enumerate(plans) if p.rule is not None
-        )
-        # Also "changed" when the table in force is what we want but our last proposal
-        # was not (the guardrails held it): say so, or that proposal stays pending.
-        # Rules count by their cuts and steps (the prior moves with every window).
-        last = state.last_table
-        changed = any(
-            t is None or t.slots != slots or rule_cuts(t.rules) != rule_cuts(rules)
-            for t in ((current,) if last is None else (current, last))
-        )
-        limited: list[str] = []
-        if any(p.slo_limited for p in plans):
-            limited.append("slo_tpot_ms")
-        if any(p.budget_limited for p in plans):
-            limited.append("allowed_steps")
-        # A probe is an experiment, not a prediction: its slot is named in
-        # ``experiment_slots`` (the guardrails' tolerance band lets it pass; their rollback
-        # still judges it) and the expected gain is that of the other slots' moves.
-        experiments = tuple(b for (b, _), p in zip(slots, plans, strict=True) if p.probe)
-        predicted_moves = any(new != cur for _, new, cur in gains)
-        expected_gain = expected_gain_of(gains) if predicted_moves else None
-        summary = "; ".join(describe(p) for p in plans)
-        recommendation = None
-        if restart is not None:
-            recommendation = restart.recommendation()
-            summary += "; " + restart.describe()
-        if "slo_tpot_ms" in limited:
-            reason = ReasonCode.LIMITED_BY_SLO
-        elif "allowed_steps" in limited:
-            reason = ReasonCode.LIMITED_BY_BUDGET
-        elif changed:
-            reason = ReasonCode.CHANGED_PREDICTED_GAIN
-        else:
-            reason = ReasonCode.HELD_NO_CHANGE
-        if not changed:
-            return (
-                Decision(
-                    table=None,
-                    reason=reason,
-                    message=f"goodput: table unchanged ({summary})",
-                    expected_gain=expected_gain,
-                    limited_by=tuple(limited),
-                    restart_recommendation=recommendation,
-                ),
-                state,
-            )
-        versions = [t.version for t in (observation.table, state.last_table) if t is not None]
-        table = StepTable(
-            slots=slots,
-            version=max(versions, default=0) + 1,
-            produced_at_s=observation.time_s,
-            ttl_s=self._config.ttl_s,
-            reason=reason.value,
-            rules=rules,
-        )
-        gain_text = "" if expected_gain is None else f", predicted gain {expected_gain:+.1%}"
-        if experiments:
-            gain_text += f", probing slot(s) {list(experiments)}"
-        return (
-            Decision(
-                table=table,
-                reason=reason,
-                message=f"goodput: new table{gain_text} ({summary})",
-                expected_gain=expected_gain,
-                limited_by=tuple(limited),
-                restart_recommendation=recommendation,
-                experiment_slots=experiments,
-            ),
-            replace(state, last_table=table),
-        )
