@@ -55,6 +55,12 @@ def test_sim_restart_refuses_what_it_cannot_do(run_dir: Path, free_port: Callabl
     broken = runner.invoke(main, [*args, "--", "--gpu", "nope"])
     assert broken.exit_code == 1 and "exited 1 before it was healthy" in broken.output
     assert "nope" in broken.output and not (run_dir / "r0.pid").exists()
+    # --timeout-s: a server not healthy in time is stopped, and the command fails.
+    slow = runner.invoke(main, [*args, "--timeout-s", "0.01"])
+    assert slow.exit_code == 1 and "not healthy after 0.01 s; stopped it" in slow.output
+    assert not (run_dir / "r0.pid").exists()
+    with pytest.raises(httpx.ConnectError):  # the stopped server no longer listens
+        httpx.get(f"{url}/health", timeout=5)
     # A server this command did not start is never stopped: an error instead.
     with SimServer([]) as other:
         other.wait_ready()
