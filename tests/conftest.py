@@ -7,9 +7,10 @@ so that a missing one fails instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -77,19 +78,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture()
-def smg_fleet(smg_binary: Path) -> Iterator[tuple[SmgGateway, list[SimServer]]]:
-    """Two sim-servers (no trace, speed 2) behind a real smg gateway (round robin), and
-    the governor's client of that gateway."""
+@contextlib.contextmanager
+def smg_gateway(smg_binary: Path, worker_urls: list[str]) -> Iterator[SmgGateway]:
+    """A real smg gateway (round robin) over ``worker_urls``, each healthy in it, and the
+    governor's client of it; the gateway is stopped on exit."""
     import subprocess
 
     from specgov.controller.fleet.gateway import SmgGateway
-    from specgov.simulator.server.core import SimServer
 
-    servers = [SimServer([], speed=2.0, seed=i) for i in range(2)]
-    for s in servers:
-        s.start()
-        s.wait_ready()
     port = _free_port()
     proc = subprocess.Popen(
         [
@@ -100,7 +96,7 @@ def smg_fleet(smg_binary: Path) -> Iterator[tuple[SmgGateway, list[SimServer]]]:
             "--port",
             str(port),
             "--worker-urls",
-            *[s.url for s in servers],
+            *worker_urls,
             "--policy",
             "round_robin",
             "--prometheus-host",
@@ -113,12 +109,42 @@ def smg_fleet(smg_binary: Path) -> Iterator[tuple[SmgGateway, list[SimServer]]]:
     )
     gw = SmgGateway(f"http://127.0.0.1:{port}", poll_s=0.1)
     try:
-        for s in servers:
-            gw.wait_healthy(s.url, SMG_DEADLINE_S)
-        yield gw, servers
+        for url in worker_urls:
+            gw.wait_healthy(url, SMG_DEADLINE_S)
+        yield gw
     finally:
         gw.close()
         proc.kill()
         proc.wait(30)
+
+
+@pytest.fixture()
+def smg_launch(
+    smg_binary: Path,
+) -> Callable[[list[str]], contextlib.AbstractContextManager[SmgGateway]]:
+    """:func:`smg_gateway` on the installed binary: ``with smg_launch(urls) as gw``."""
+    return lambda urls: smg_gateway(smg_binary, urls)
+
+
+@pytest.fixture()
+def free_port() -> Callable[[], int]:
+    """A free loopback port (for a server the test starts)."""
+    return _free_port
+
+
+@pytest.fixture()
+def smg_fleet(smg_binary: Path) -> Iterator[tuple[SmgGateway, list[SimServer]]]:
+    """Two sim-servers (no trace, speed 2) behind a real smg gateway (round robin), and
+    the governor's client of that gateway."""
+    from specgov.simulator.server.core import SimServer
+
+    servers = [SimServer([], speed=2.0, seed=i) for i in range(2)]
+    try:
+        for s in servers:
+            s.start()
+            s.wait_ready()
+        with smg_gateway(smg_binary, [s.url for s in servers]) as gw:
+            yield gw, servers
+    finally:
         for s in servers:
             s.stop()

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from specgov.controller.daemon.config import load_config
 from specgov.controller.daemon.runtime import Daemon
+from specgov.controller.fleet.metrics import FleetMetrics
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "deploy/grafana/specgov-dashboard.json"
@@ -166,8 +167,10 @@ def specgov_exported() -> set[str]:
     """Every series name the daemon's registry serves (derived families included)."""
     registry = CollectorRegistry()
     Daemon(load_config(None, env={}), store=None, registry=registry)
+    # The fleet governor's (specgov fleet run --metrics-addr), on its own registry.
+    fleet = FleetMetrics().registry
     names: set[str] = set()
-    for family in registry.collect():
+    for family in [*registry.collect(), *fleet.collect()]:
         names |= _series_names(family.name, family.type)
     return names
 
@@ -275,6 +278,12 @@ def test_dashboard_shows_what_an_operator_watches() -> None:
         "specgov_scrape_errors_total",
         "specgov_store_failures_total",
         "specgov_spool_failures_total",
+        "specgov_fleet_replicas",
+        "specgov_fleet_target_spec_replicas",
+        "specgov_fleet_replica_serving",
+        "specgov_fleet_load_requests",
+        "specgov_fleet_decisions_total",
+        "specgov_fleet_moves_total",
     ):
         assert needed in names, needed
     dashboard = _dashboard()

@@ -29,6 +29,7 @@ from click.testing import CliRunner
 from specgov.adapters.telemetry import METRICS_READ
 from specgov.controller.cli.doctor_cmd import ESSENTIAL_METRICS
 from specgov.controller.cli.main import main
+from specgov.controller.fleet.gateway import SmgGateway
 from specgov.simulator.replay.runner import ServerSpec
 from specgov.simulator.server.cli import load_trace_arg
 from specgov.simulator.server.core import SimServer
@@ -442,3 +443,41 @@ def test_timeout_applies_to_each_request(
     assert code == 1
     assert checks["server_info"]["status"] == "fail"
     assert "no answer within 0.5 s" in checks["server_info"]["detail"]
+
+
+def test_doctor_checks_the_fleets_gateway(
+    good: tuple[SimServer, Path],
+    smg_fleet: tuple[SmgGateway, list[SimServer]],
+    tmp_path: Path,
+) -> None:
+    sim, spool = good
+    gw, (a, b) = smg_fleet
+
+    def gateway_check(gateway: str, urls: list[str]) -> tuple[int, dict[str, Any], str]:
+        fleet = tmp_path / "fleet.yaml"
+        replicas = [{"name": f"r{i}", "url": u, "mode": "spec"} for i, u in enumerate(urls)]
+        doc = {"gateway": gateway, "restart_command": "true {name}", "replicas": replicas}
+        fleet.write_text(json.dumps(doc))
+        args = ("--server", sim.url, "--spool-dir", str(spool), "--fleet", str(fleet))
+        code, checks, table = doctor(*args)
+        return code, checks["gateway"], table
+
+    code, check, _ = gateway_check(gw.url, [a.url, b.url])
+    assert check["status"] == "ok" and "lists all 2 replicas, healthy and ready" in check["detail"]
+    assert code == 0
+    # A worker the file does not name: the governor never moves it.
+    _, check, _ = gateway_check(gw.url, [a.url])
+    assert check["status"] == "warn" and b.url in check["detail"]
+    # A replica the gateway does not list fails, named.
+    absent = "http://127.0.0.1:9"
+    code, check, table = gateway_check(gw.url, [a.url, b.url, absent])
+    assert (code, check["status"]) == (1, "fail") and "does not list r2" in check["detail"]
+    assert table.strip().splitlines()[-1] == "not ready: 1 failed (gateway)"
+    # The gateway unreachable.
+    _, check, _ = gateway_check(absent, [a.url])
+    assert check["status"] == "fail" and "start smg" in check["fix"]
+    # A broken fleet file is bad configuration (exit 2), naming the file and key.
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gateway: smg\n")
+    result = CliRunner().invoke(main, ["doctor", "--server", sim.url, "--fleet", str(bad)])
+    assert result.exit_code == 2 and f"{bad}: gateway: expected an http(s) URL" in result.output

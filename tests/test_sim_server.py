@@ -627,6 +627,39 @@ def test_sim_server_defaults_and_drafter(
     assert sim.stop() == 0
 
 
+def test_a_plain_sim_server_runs_without_speculation(
+    sim_process: Callable[[list[str]], _SimServerProcess], running: Callable[..., SimServer]
+) -> None:
+    # --speculative-algorithm NONE: SGLang launched without the flag. No drafter in
+    # memory (a larger KV pool than the speculative server's), no verify steps, and it
+    # still serves generation.
+    spec = running([])
+    sim = sim_process(["--port", "0", "--trace", "none", "--speculative-algorithm", "none"])
+    url = sim.wait_ready()
+    with httpx.Client(base_url=url, timeout=30.0) as client:
+        info = client.get("/server_info").json()
+        state = client.get("/specgov-sim/state").json()
+        r = client.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 40}})
+        metrics = client.get("/metrics").text
+    with httpx.Client(base_url=spec.url, timeout=30.0) as client:
+        spec_info = client.get("/server_info").json()
+    assert info["speculative_algorithm"] is None and info["speculative_num_steps"] is None
+    assert info["speculative_draft_model_path"] is None
+    assert spec_info["speculative_algorithm"] == "EAGLE3"
+    assert info["max_total_num_tokens"] > spec_info["max_total_num_tokens"]
+    assert "--speculative-algorithm NONE" in info["launch_command"]
+    assert state["policy"] == "none" and state["server"]["speculative"] is False
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 40
+    assert _counter(metrics, "sglang:spec_verify_calls_total") == 0.0
+    assert sim.stop() == 0
+    # Any other name must be the drafter's own algorithm.
+    result = CliRunner().invoke(
+        sim_server_cmd, ["--trace", "none", "--speculative-algorithm", "NGRAM"]
+    )
+    assert result.exit_code == 1, result.output
+    assert "the drafter 'eagle3' runs EAGLE3; give NONE" in result.output
+
+
 def test_sim_server_option_defaults_are_the_server_specs() -> None:
     defaults = {p.name: p.default for p in sim_server_cmd.params}
     spec = ServerSpec()

@@ -34,6 +34,10 @@ What each check reads (SGLang 0.5.23):
   carry an absolute expiry that the plugin judges by its own clock, so a server clock
   ahead by the TTL sees every table expired on arrival. It fails past
   ``min(10 s, TTL x (1 - keepalive_fraction))``.
+* ``gateway`` (with ``--fleet FILE``, the fleet governor's file): ``GET /workers`` on the
+  file's smg gateway answers, and lists every replica of the file, healthy and ``ready``.
+  Unreachable, or a replica missing, fails; one unhealthy or draining, or a worker the
+  file does not name (the governor never moves it), warns.
 
 In ``--mode observe`` (the daemon decides and records, publishes nothing) the plugin,
 adaptive and spool checks warn instead of failing: observe mode needs none of them.
@@ -56,6 +60,8 @@ import click
 if TYPE_CHECKING:
     import httpx
 
+    from specgov.controller.fleet.gateway import GatewayWorker
+    from specgov.controller.fleet.move import FleetFile
     from specgov.policies.engine.adaptive_config import AdaptiveConfig
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -111,6 +117,7 @@ class DoctorOptions:
     # guardrails.table_ttl_s and keepalive_fraction: how much clock skew the tables bear.
     table_ttl_s: float = 30.0
     keepalive_fraction: float = 0.5
+    fleet: FleetFile | None = None  # --fleet: also check its gateway
 
 
 class _Answer:
@@ -188,6 +195,8 @@ class Doctor:
         self.spool()
         self.plugin(adaptive)
         self.clock_check()
+        if self.o.fleet is not None:
+            self.gateway(self.o.fleet)
         return self.checks
 
     def reachable(self) -> bool:
@@ -580,6 +589,58 @@ class Doctor:
         else:
             self.add("clock", "fail", detail, fix)
 
+    def gateway(self, fleet: FleetFile) -> None:
+        from specgov.controller.fleet.gateway import GatewayError, SmgGateway
+
+        gw = SmgGateway(fleet.gateway, timeout_s=self.o.timeout_s)
+        try:
+            workers = gw.workers()
+        except GatewayError as exc:
+            self.add(
+                "gateway",
+                "fail",
+                f"smg at {fleet.gateway}: {exc}",
+                "start smg (smg launch --worker-urls ...) or correct gateway: in the fleet file",
+            )
+            return
+        finally:
+            gw.close()
+        self.add("gateway", *judge_gateway(fleet, workers))
+
+
+def judge_gateway(fleet: FleetFile, workers: list[GatewayWorker]) -> tuple[Status, str, str | None]:
+    """The ``gateway`` check's verdict on the workers smg lists for ``fleet``."""
+    by_url = {w.url: w for w in workers}
+    missing = [r.name for r in fleet.replicas if r.url not in by_url]
+    if missing:
+        return (
+            "fail",
+            f"smg at {fleet.gateway} does not list {', '.join(missing)} "
+            f"({len(workers)} worker(s) registered)",
+            'register them (smg launch --worker-urls, or POST /workers {"url": ...})',
+        )
+    unwell = [
+        f"{r.name} ({by_url[r.url].status}{'' if by_url[r.url].healthy else ', unhealthy'})"
+        for r in fleet.replicas
+        if not by_url[r.url].healthy or by_url[r.url].status != "ready"
+    ]
+    known = {r.url for r in fleet.replicas}
+    strangers = sorted(w.url for w in workers if w.url not in known)
+    n = len(fleet.replicas)
+    if unwell:
+        return (
+            "warn",
+            f"smg lists all {n} replicas, not all serving: {', '.join(unwell)}",
+            ("wait for the replica's health check, or see its server log"),
+        )
+    if strangers:
+        return (
+            "warn",
+            f"smg lists all {n} replicas and {', '.join(strangers)}",
+            ("add them to the fleet file's replicas, or the governor never moves them"),
+        )
+    return "ok", f"smg at {fleet.gateway} lists all {n} replicas, healthy and ready", None
+
 
 def _slots(config: AdaptiveConfig) -> str:
     steps = sorted({k for s in config.slots for k in s.candidate_steps})
@@ -652,6 +713,10 @@ class _Invalid(click.ClickException):
     "--timeout-s", type=click.FloatRange(min=0, min_open=True), default=5.0,
     show_default=True, help="Timeout of each request (the health check gets 30 s).",
 )  # fmt: skip
+@click.option(
+    "--fleet", "fleet_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="A fleet file (specgov fleet): also check that its smg gateway lists its replicas.",
+)  # fmt: skip
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def doctor_cmd(
     server: str | None,
@@ -659,6 +724,7 @@ def doctor_cmd(
     spool_dir: Path | None,
     mode: Literal["observe", "plugin"],
     timeout_s: float,
+    fleet_file: Path | None,
     output: str,
 ) -> None:
     """Check an SGLang server before putting specgov next to it.
@@ -669,14 +735,16 @@ def doctor_cmd(
     """
     from specgov.adapters.spool import SPOOL_GROUP_ENV, SpoolError, resolve_gid
     from specgov.controller.daemon.config import ConfigError, load_config
+    from specgov.controller.fleet.move import FleetFileError, load_fleet_file
 
     try:
+        fleet = None if fleet_file is None else load_fleet_file(fleet_file)
         config = load_config(config_file)
         group = resolve_gid(
             getattr(config.spool, "group", None) or os.environ.get(SPOOL_GROUP_ENV) or None,
             where=f"spool.group or env {SPOOL_GROUP_ENV}",
         )
-    except (ConfigError, SpoolError, ValueError) as exc:
+    except (ConfigError, SpoolError, FleetFileError, ValueError) as exc:
         raise _Invalid(str(exc)) from None
     url = server if server is not None else config.server.url
     if not url.startswith(("http://", "https://")) or not math.isfinite(timeout_s):
@@ -692,6 +760,7 @@ def doctor_cmd(
         health_timeout_s=max(30.0, timeout_s),
         table_ttl_s=float(config.guardrails["table_ttl_s"]),
         keepalive_fraction=float(config.guardrails["keepalive_fraction"]),
+        fleet=fleet,
     )
     checks = run_doctor(options)
     ready = not any(c.status == "fail" for c in checks)

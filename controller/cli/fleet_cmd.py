@@ -3,7 +3,10 @@
 ``specgov fleet status --fleet FILE`` shows the replicas (mode, serving, requests in
 flight), the load and the next planned move; ``specgov fleet run --fleet FILE`` observes,
 decides and carries out moves, one replica at a time, until stopped (or for
-``--duration-s``). The decision is :func:`specgov.policies.control.fleet_mix.decide_mix`; its
+``--duration-s``); ``specgov fleet sim-restart NAME MODE URL --run-dir DIR`` is the restart
+command the project ships for fleets of sim-servers
+(:mod:`specgov.simulator.server.replica`). The decision is
+:func:`specgov.policies.control.fleet_mix.decide_mix`; its
 crossover and per-replica capacity come from ``--pays-up-to`` / ``--replica-capacity``, or
 are computed from a trace and the deployment with the same per-token tables ``specgov
 plan fleet`` uses (:func:`specgov.simulator.planning.fleet.mix_crossover`). A move is
@@ -321,3 +324,41 @@ def run_cmd(
     finally:
         gw.close()
         _save_state(state_path, modes, last)
+
+
+@fleet_group.command("sim-restart")
+@click.argument("name")
+@click.argument("mode", type=click.Choice(["spec", "plain"]))
+@click.argument("url")
+@click.option(
+    "--run-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Where each replica's pid file (NAME.pid) and log (NAME.log) live.",
+)
+@click.option(
+    "--timeout-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=100.0,
+    show_default=True,
+    help="Give up (and stop it) when the new server is not healthy by then.",
+)
+@click.argument("sim_args", nargs=-1, type=click.UNPROCESSED)
+def sim_restart_cmd(
+    name: str, mode: str, url: str, run_dir: Path, timeout_s: float, sim_args: tuple[str, ...]
+) -> None:
+    """Restart sim-server replica NAME in MODE (spec or plain) on URL's port; returns once
+    it is healthy. The restart command for a fleet of sim-servers, e.g. in the fleet file
+    ``restart_command: "specgov fleet sim-restart {name} {mode} {url} --run-dir /run/fleet
+    -- --speed 1"``; arguments after ``--`` go to ``specgov sim-server`` (default
+    ``--trace none``)."""
+    from specgov.simulator.server.replica import ReplicaError, restart_replica
+
+    try:
+        started = restart_replica(name, mode, url, run_dir, sim_args=sim_args, timeout_s=timeout_s)
+    except ReplicaError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(
+        f"{name}: sim-server pid {started.pid} serves {url} as {mode} "
+        f"(healthy after {started.startup_s:.1f} s)"
+    )

@@ -285,6 +285,7 @@ def dashboard() -> dict[str, Any]:
         ],
         unit="reqps",
     )
+    fleet_row(d)
     return {
         "title": "specgov: speculation governor",
         "uid": "specgov-overview",
@@ -311,6 +312,56 @@ def dashboard() -> dict[str, Any]:
         "annotations": {"list": []},
         "panels": d.panels,
     }
+
+
+def fleet_row(d: Layout) -> None:
+    """The fleet governor (``specgov fleet run --metrics-addr``, controller/fleet/metrics.py):
+    the mode mix against its target, who serves, the load it decides on, its decisions
+    and moves."""
+    d.row("Fleet (specgov fleet)")
+    d.panel(
+        "Replicas by mode",
+        "Replicas running speculative and plain, and how many the last decision wants "
+        "speculative: the two meet after the governor's moves (one replica at a time, "
+        "after the dwell time).",
+        [
+            ("max by (mode) (specgov_fleet_replicas)", "{{mode}}"),
+            ("max(specgov_fleet_target_spec_replicas)", "target spec"),
+        ],
+        width=6,
+    )
+    d.panel(
+        "Replicas serving",
+        "1 while a replica is in the gateway and healthy; 0 while it drains, restarts, or "
+        "did not come back (the mix then holds).",
+        [("min by (replica) (specgov_fleet_replica_serving)", "{{replica}}")],
+        width=6,
+    )
+    d.panel(
+        "Fleet load",
+        "Requests in flight across the fleet (running + waiting of each replica's "
+        "/v1/loads): what the mix is decided on; a gap is load unknown.",
+        [("sum(specgov_fleet_load_requests)", "requests in flight")],
+        width=4,
+    )
+    d.panel(
+        "Fleet decisions and moves",
+        "Decisions by reason (move_to_spec, move_to_plain, held_*) and moves by outcome "
+        "(move_done, rolled_back, replica_lost, drain_failed, drain_timeout); "
+        "docs/operations.md section 11 says what each means.",
+        [
+            (
+                "sum by (reason) (increase(specgov_fleet_decisions_total[$__rate_interval]))",
+                "decision: {{reason}}",
+            ),
+            (
+                "sum by (outcome) (increase(specgov_fleet_moves_total[$__rate_interval]))",
+                "move: {{outcome}}",
+            ),
+        ],
+        width=8,
+        draw_style="bars",
+    )
 
 
 def main() -> None:

@@ -68,6 +68,9 @@ _HICACHE_OPTIONS = [
     ),
 ]
 NO_TRACE: Final = "none"  # --trace none: the engine serves only clients' requests
+# --speculative-algorithm NONE: SGLang's own name (SpeculativeAlgorithm.from_string) for
+# the plain server it runs when the flag is left out.
+PLAIN_ALGORITHM: Final = "NONE"
 
 
 def serve(
@@ -151,6 +154,14 @@ def load_trace_arg(text: str, *, seed: int = 0) -> Trace:
     "--drafter", default="eagle3", show_default=True, help="Draft model or method of the catalog."
 )
 @click.option(
+    "--speculative-algorithm",
+    default=None,
+    metavar="NAME",
+    help="SGLang's --speculative-algorithm: NONE runs a plain server (no drafter, no "
+    "draft-extend or verify, a larger KV pool), as SGLang launched without the flag; "
+    "otherwise it must be the drafter's (default: the drafter's, speculative).",
+)
+@click.option(
     "--spec-steps",
     type=click.IntRange(min=1),
     default=3,
@@ -184,6 +195,7 @@ def sim_server_cmd(
     gpu: str,
     model: str,
     drafter: str,
+    speculative_algorithm: str | None,
     spec_steps: int,
     acceptance_profile: str | None,
     seed: int,
@@ -197,6 +209,7 @@ def sim_server_cmd(
     from specgov.simulator.replay.runner import ServerSpec
     from specgov.simulator.server.core import SimServer
 
+    asked = None if speculative_algorithm is None else speculative_algorithm.strip().upper()
     try:
         loaded: Trace | list[Request] = (
             [] if trace == NO_TRACE else load_trace_arg(trace, seed=seed)
@@ -220,9 +233,16 @@ def sim_server_cmd(
             port=port,
             seed=seed,
             loop_trace=loop_trace,
+            speculative=asked != PLAIN_ALGORITHM,
         )
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
+    if asked not in (None, PLAIN_ALGORITHM, sim.speculative_algorithm):
+        raise click.ClickException(
+            f"--speculative-algorithm {speculative_algorithm}: the drafter {drafter!r} runs "
+            f"{sim.speculative_algorithm}; give {PLAIN_ALGORITHM} for a plain server or "
+            "leave the flag out"
+        )
 
     def ready(s: SimServer) -> None:
         click.echo(f"simulated SGLang server on {s.url} ({s.policy_name}); Ctrl-C to stop")

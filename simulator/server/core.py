@@ -97,6 +97,7 @@ class SimServer:
         api_key: str | None = None,
         admin_routes: bool = True,
         stats_interval_s: float = 1.0,
+        speculative: bool = True,
     ) -> None:
         if (
             isinstance(speed, bool)
@@ -150,6 +151,7 @@ class SimServer:
             seed=seed,
             speed=self.speed,
             stats_interval_s=self.stats_interval_s,
+            speculative=speculative,
         )
         # What the launch runs (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND applied).
         self.server = self._launch.server
@@ -189,6 +191,11 @@ class SimServer:
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+    @property
+    def speculative_algorithm(self) -> str | None:
+        """SGLang's ``--speculative-algorithm`` of this launch (the drafter's); None: plain."""
+        return self._launch.algorithm
 
     @property
     def adaptive_config_path(self) -> Path | None:

@@ -22,6 +22,11 @@ runs SGLang's own controller (:class:`~specgov.policies.engine.ema.EmaPolicy`, n
 SGLang's default config unless ``adaptive_config`` is given: the baseline. Drafters
 SGLang cannot adapt (not EAGLE/EAGLE3, or topk > 1) run the static ``spec_steps``, and a
 spool is then unused.
+
+Plain. ``speculative=False`` is SGLang launched without ``--speculative-algorithm``: no
+drafter in memory (a larger KV pool), no draft-extend or verify, the replay's ``none``
+policy; ``/server_info`` reports ``speculative_algorithm`` null and a spool is unused. A
+fleet restarts a replica this way "in the other mode" (``specgov fleet sim-restart``).
 """
 
 from __future__ import annotations
@@ -103,7 +108,7 @@ def apply_launch_env(server: ServerSpec, environ: Mapping[str, str]) -> ServerSp
 
 class Launch:
     """One launch's fixed settings (module docstring). ``policy_name`` is
-    ``specgov-plugin``, ``sglang-ema`` or ``static:K``."""
+    ``specgov-plugin``, ``sglang-ema``, ``static:K`` or ``none`` (plain)."""
 
     def __init__(
         self,
@@ -115,6 +120,7 @@ class Launch:
         speed: float,
         stats_interval_s: float,
         environ: Mapping[str, str] | None = None,
+        speculative: bool = True,
     ) -> None:
         # The simulated SGLang process reads its environment like SGLang does.
         env = os.environ if environ is None else environ
@@ -134,8 +140,9 @@ class Launch:
         self.stats_interval_s = stats_interval_s
         self._built = resolve(server)
         algorithm = self._built.drafter.algorithm.upper()
-        self.algorithm = algorithm
-        self.adaptive = algorithm in ADAPTIVE_ALGORITHMS and server.topk == 1
+        self.speculative = speculative
+        self.algorithm = algorithm if speculative else None
+        self.adaptive = speculative and algorithm in ADAPTIVE_ALGORITHMS and server.topk == 1
         self._adaptive_cfg: AdaptiveConfig | None = None
         self._adaptive_raw: dict[str, Any] | None = None
         if self.adaptive:
@@ -151,6 +158,12 @@ class Launch:
                 self._adaptive_cfg = parse_adaptive_config(
                     DEFAULT_ADAPTIVE_CONFIG, source="SGLang's default adaptive config"
                 )
+        elif spool_dir is not None and not speculative:
+            logger.warning(
+                "specgov sim-server: a plain server (no --speculative-algorithm) has no "
+                "speculation to steer; the spool %s is not used",
+                spool_dir,
+            )
         elif spool_dir is not None:
             logger.warning(
                 "specgov sim-server: %s with topk=%d has no adaptive speculation in SGLang; "
@@ -164,6 +177,8 @@ class Launch:
             self.policy_name = "specgov-plugin"
         elif self.adaptive:
             self.policy_name = "sglang-ema"
+        elif not speculative:
+            self.policy_name = "none"
         else:
             self.policy_name = f"static:{server.spec_steps}"
         self._tmpdir: tempfile.TemporaryDirectory[str] | None = None
@@ -177,6 +192,7 @@ class Launch:
             "model": built.model.name,
             "drafter": built.drafter.name,
             "algorithm": self.algorithm,
+            "speculative": self.speculative,
             "spec_steps": self.server.spec_steps,
             "topk": self.server.topk,
             "acceptance_profile": (
@@ -284,6 +300,7 @@ class Launch:
         cfg = gen.engine.config
         graph_bs = gen.engine.cuda_graph_bs
         spool = "" if self.spool_dir is None else f" --spool-dir {self.spool_dir}"
+        spec = self.speculative
         return ep.LaunchInfo(
             model=self._built.model.name,
             gpu=self._built.gpu.name,
@@ -297,15 +314,15 @@ class Launch:
             kv_cache_gib=mem.kv_pool_gib,
             graph_gib=mem.cuda_graph_total_gib,
             total_gib=mem.total_gib,
-            drafter=self._built.drafter.name,
+            drafter=self._built.drafter.name if spec else None,
             speculative_algorithm=self.algorithm,
-            speculative_num_steps=self.server.spec_steps,
+            speculative_num_steps=self.server.spec_steps if spec else None,
             disable_radix_cache=not self.server.prefix_cache,
             enable_hierarchical_cache=self.server.hierarchical_cache,
             hicache_ratio=self.server.hicache_ratio,
             hicache_size=self.server.hicache_size_gb,
-            speculative_eagle_topk=self.server.topk,
-            speculative_num_draft_tokens=self._num_draft_tokens(),
+            speculative_eagle_topk=self.server.topk if spec else None,
+            speculative_num_draft_tokens=self._num_draft_tokens() if spec else None,
             speculative_adaptive=self.adaptive,
             speculative_adaptive_config=(
                 None if self.config_path is None else str(self.config_path)
@@ -315,6 +332,7 @@ class Launch:
             decode_cuda_graph_bs=None if graph_bs is None else tuple(graph_bs),
             launch_command=(
                 f"specgov sim-server --port {port} --speed {self.speed:g}{spool}"
+                + ("" if spec else " --speculative-algorithm NONE")
                 + ("" if self.server.prefix_cache else " --disable-radix-cache")
                 + self._hicache_flags()
             ),

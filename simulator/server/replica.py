@@ -1,0 +1,182 @@
+"""A sim-server as a fleet replica: (re)start one in a mode on its URL's port.
+
+The restart command the project ships for fleets of sim-servers (``specgov fleet
+sim-restart NAME MODE URL --run-dir DIR``, a fleet file's ``restart_command``, see
+docs/operations.md §11) is :func:`restart_replica`: stop the sim-server this command
+started for ``NAME`` before (its pid file in ``DIR``), start ``specgov sim-server`` on the
+URL's host and port in ``MODE`` (``spec``: the drafter's algorithm; ``plain``:
+``--speculative-algorithm NONE``), and return once it answers ``/health`` 200 and
+``/server_info`` says the mode asked for. The new server is its own session (it outlives
+the command); its output goes to ``DIR/NAME.log``.
+
+Only a process this module started is ever signalled: the pid file names it, and its
+command line must still be a sim-server's (a pid reused by another program is left
+alone). Something else answering on the port is an error, not a kill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+from urllib.parse import urlsplit
+
+import httpx
+
+from specgov.simulator.server.cli import PLAIN_ALGORITHM
+
+MODES: Final = ("spec", "plain")
+# sim-restart sets these itself; the pass-through arguments may not.
+RESERVED_FLAGS: Final = ("--host", "--port", "--speculative-algorithm")
+STOP_TIMEOUT_S: Final = 30.0
+POLL_S: Final = 0.1
+
+
+class ReplicaError(RuntimeError):
+    """A replica that could not be (re)started; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Started:
+    pid: int
+    url: str
+    mode: str
+    startup_s: float  # wall seconds from the start until healthy
+
+
+def _host_port(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    if parts.scheme != "http" or parts.hostname is None or parts.port is None:
+        raise ReplicaError(f"url {url!r}: expected http://HOST:PORT")
+    return parts.hostname, parts.port
+
+
+def _is_sim_server(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"specgov.simulator.server.cli" in cmdline
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie (exited, not yet reaped by its parent) has no cmdline left.
+    return _is_sim_server(pid)
+
+
+def stop_replica(pid_file: Path, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+    """Stop the sim-server ``pid_file`` names (SIGTERM, SIGKILL after ``timeout_s``);
+    the pid stopped, or None when there was none running."""
+    try:
+        pid = int(pid_file.read_text().strip())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ReplicaError(f"{pid_file}: not a pid file ({exc})") from None
+    if not _is_sim_server(pid):
+        pid_file.unlink(missing_ok=True)  # that server is gone; the pid may be reused
+        return None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(pid):
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(POLL_S)
+    pid_file.unlink(missing_ok=True)
+    return pid
+
+
+def _answers(url: str) -> httpx.Response | None:
+    try:
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            return client.get(f"{url}/health")
+    except httpx.HTTPError:
+        return None
+
+
+def _log_tail(path: Path, chars: int = 600) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:].strip()
+    except OSError:
+        return ""
+
+
+def restart_replica(
+    name: str,
+    mode: str,
+    url: str,
+    run_dir: Path,
+    *,
+    sim_args: Sequence[str] = (),
+    timeout_s: float = 100.0,
+) -> Started:
+    """(Re)start replica ``name`` as a sim-server in ``mode`` on ``url`` (module docstring)."""
+    if mode not in MODES:
+        raise ReplicaError(f"mode {mode!r}: expected spec or plain")
+    if not name or "/" in name or name.startswith("."):
+        raise ReplicaError(f"name {name!r}: expected a plain file name (no '/')")
+    for arg in sim_args:
+        if arg.split("=", 1)[0] in RESERVED_FLAGS:
+            raise ReplicaError(f"{arg}: sim-restart sets {', '.join(RESERVED_FLAGS)} itself")
+    host, port = _host_port(url)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pid_file = run_dir / f"{name}.pid"
+    stop_replica(pid_file)
+    if _answers(url) is not None:
+        raise ReplicaError(
+            f"{url} answers but no sim-server started by sim-restart for {name!r} runs "
+            f"(no live pid in {pid_file}); stop that server first"
+        )
+    argv = [sys.executable, "-m", "specgov.simulator.server.cli", "--host", host]
+    argv += [
+        "--port",
+        str(port),
+        *(["--speculative-algorithm", PLAIN_ALGORITHM] * (mode == "plain")),
+    ]
+    has_trace = any(a.split("=", 1)[0] == "--trace" for a in sim_args)
+    argv += list(sim_args) if has_trace else ["--trace", "none", *sim_args]
+    log_path = run_dir / f"{name}.log"
+    started_s = time.monotonic()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True
+        )
+    tmp = pid_file.with_name(pid_file.name + ".tmp")
+    tmp.write_text(f"{proc.pid}\n")
+    os.replace(tmp, pid_file)
+    deadline = started_s + timeout_s
+    while True:
+        if proc.poll() is not None:
+            pid_file.unlink(missing_ok=True)
+            raise ReplicaError(
+                f"the sim-server for {name!r} exited {proc.returncode} before it was healthy: "
+                f"{_log_tail(log_path)}"
+            )
+        answer = _answers(url)
+        if answer is not None and answer.status_code == 200:
+            break
+        if time.monotonic() >= deadline:
+            stop_replica(pid_file)
+            raise ReplicaError(f"{name!r} on {url} not healthy after {timeout_s:g} s; stopped it")
+        time.sleep(POLL_S)
+    with httpx.Client(timeout=5.0, trust_env=False) as client:
+        algorithm = client.get(f"{url}/server_info").json().get("speculative_algorithm")
+    if (algorithm is None) != (mode == "plain"):
+        stop_replica(pid_file)
+        raise ReplicaError(f"{name!r} came up with speculative_algorithm {algorithm!r}, not {mode}")
+    return Started(proc.pid, url, mode, time.monotonic() - started_s)
