@@ -294,9 +294,17 @@ def test_config_loader_gives_a_config_or_a_config_error_naming_where() -> None:
             try:
                 config = load_config(path, env=env)
             except ConfigError as exc:
-                message = str(exc)
-                assert message.isprintable() and len(message) < 2200
-                assert message.startswith((str(path), "env SPECGOV_", DEFAULTS_LABEL)), message
+                # One printable line per error found, each naming where; the message is
+                # that line, or "N errors:" and the lines indented.
+                problems = exc.problems
+                assert problems, str(exc)
+                for line in problems:
+                    assert line.isprintable() and len(line) < 2200, line
+                    assert line.startswith(
+                        (str(path), "env SPECGOV_", DEFAULTS_LABEL, "... and ")
+                    ), line
+                lines = str(exc).split("\n")
+                assert lines == [problems[0]] or lines[1:] == [f"  {p}" for p in problems]
             else:
                 assert isinstance(config, SpecgovConfig)
 

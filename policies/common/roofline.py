@@ -2,7 +2,7 @@
 
 The simulator charges this for every decode step (``simulator/engine/cost.py``: ``CostModel``
 is a :class:`Roofline` plus prefill) and the policies' step-cost estimator predicts
-with it (``policies/estimators/step_cost.py``: ``StepCostPrior`` holds a
+with it (``policies/daemon/estimators/step_cost.py``: ``StepCostPrior`` holds a
 :class:`RooflineCoefficients` and predicts with :meth:`Roofline.decode_step_s`), so the
 prior and the simulated GPU cannot drift apart. It lives here because ``policies/`` may
 not import the simulator; the simulator imports it. Calibration notes (where the
