@@ -160,6 +160,18 @@ def steps_for(table: Mapping[str, Any], batch_size: int) -> int:
     return chosen
 
 
+def reachable_steps(table: Mapping[str, Any], batch_size: int) -> set[int]:
+    """Every step the engine may run for ``batch_size`` under ``table``: its slot's live
+    rule's steps when the table carries one (format 2: the plugin picks among them by the
+    live acceptance signal), else the slot's one step."""
+    slots = sorted(int(b) for b, _ in table["slots"])
+    slot = max((b for b in slots if b <= batch_size), default=slots[0])
+    for bound, rule in table.get("rules") or ():
+        if int(bound) == slot:
+            return {int(k) for k in rule["steps"]}
+    return {steps_for(table, batch_size)}
+
+
 def slot_steps(table: Mapping[str, Any]) -> dict[int, int]:
     return {int(b): int(k) for b, k in table["slots"]}
 
