@@ -52,26 +52,10 @@ class OperatorOverrides:
         self.by_id = {k: o for k, o in self.by_id.items() if o.is_active(now)}
         return expired
 
-    def add(
-        self,
-        slot: int | None,
-        steps: int | None,
-        disable: bool,
-        pin_policy: str | None,
-        ttl_s: float,
-        reason: str,
-    ) -> dict[str, Any]:
-        """Record an override the daemon validated; audit it and what it supersedes."""
-        now = self._clock()
-        override = Override(
-            slot=slot,
-            steps=steps,
-            disable_speculation=disable,
-            pin_policy=pin_policy,
-            created_at_s=now,
-            expires_at_s=now + ttl_s,
-            reason=reason,
-        )
+    def add(self, override: Override) -> dict[str, Any]:
+        """Record an override the daemon validated and built (created now); audit it and
+        what it supersedes."""
+        now = override.created_at_s
         # The daemon names the override, so it has an id even while the store is down.
         self._seq += 1
         override_id = f"ov-{int(now * 1000)}-{self._seq}"

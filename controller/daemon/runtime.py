@@ -78,6 +78,7 @@ from specgov.policies.guardrails import (
     GuardedPolicy,
     GuardedState,
     GuardrailConfig,
+    Override,
     active_overrides,
 )
 
@@ -525,7 +526,17 @@ class Daemon:
             self.core.policy(pin_policy)  # fail early, naming the bad part
         else:
             self._check_override_target(slot, 0 if disable else steps)
-        return self.overrides.add(slot, steps, disable, pin_policy, ttl_s, reason)
+        now = self._clock()
+        override = Override(
+            slot=slot,
+            steps=steps,
+            disable_speculation=disable,
+            pin_policy=pin_policy,
+            created_at_s=now,
+            expires_at_s=now + ttl_s,
+            reason=reason,
+        )
+        return self.overrides.add(override)
 
     def clear_override(self, override_id: str | None, slot: int | None) -> int:
         return self.overrides.clear(override_id, slot)
