@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from test_control_api import TOKEN, FakeService, good_override, run_requests
 
 from specgov.controller.cli import daemon_cmds
+from specgov.controller.daemon import serve
 from specgov.controller.daemon.config import load_config
 from specgov.controller.daemon.control_api import make_app
 from specgov.controller.daemon.control_token import (
@@ -120,12 +121,12 @@ def test_the_daemon_says_where_its_token_is_and_warns_about_the_opt_out(
     db = tmp_path / "state.db"
     caplog.set_level(logging.INFO, logger="specgov.daemon")
     cfg = load_config(None, env={}, overrides={"state.db_path": str(db)})
-    token = daemon_cmds._daemon_token(cfg)
+    token = serve.control_api_token(cfg)
     assert token == read_token_file(tmp_path / "control.token")
     assert f"need the token in {tmp_path / 'control.token'}" in caplog.text
     caplog.clear()
     off = load_config(None, env={}, overrides={"control.token_file": None})
-    assert daemon_cmds._daemon_token(off) is None
+    assert serve.control_api_token(off) is None
     assert "ANY local user may steer this daemon" in caplog.text
 
 

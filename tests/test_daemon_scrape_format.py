@@ -23,17 +23,15 @@ def _scrape_once_answered_by(tmp_path: Path, respond: Callable[[], httpx.Respons
     """A daemon whose server answers every request with a fresh ``respond()``, after one
     scrape (which must yield no telemetry)."""
     config = load_config(None, env={}, overrides={"state.db_path": str(tmp_path / "s.db")})
-    daemon = Daemon(config, store=None)
     transport = httpx.MockTransport(lambda r: respond())
-    daemon._client = SGLangClient(
-        config.server.url, rng=random.Random(0), transport=transport, retries=0
-    )
+    client = SGLangClient(config.server.url, rng=random.Random(0), transport=transport, retries=0)
+    daemon = Daemon(config, store=None, client=client)
 
     async def go() -> None:
         try:
             assert await daemon.scrape_once() is None
         finally:
-            await daemon._client.aclose()
+            await client.aclose()
 
     asyncio.run(go())
     return daemon
