@@ -9,7 +9,7 @@ SGLANG_VERSION := 0.5.23
 SGLANG_SRC ?= .cache/sglang-$(SGLANG_VERSION)/x
 SHARED_DATA ?= ../shared/data
 
-.PHONY: setup demo test extras lint typecheck importlint bench clean sglang-src wheel dashboard
+.PHONY: setup demo test test-fast extras lint typecheck importlint bench clean sglang-src wheel dashboard
 
 setup: $(VENV)/.installed
 
@@ -54,6 +54,11 @@ $(VENV)/.ray: pyproject.toml | setup
 
 test: setup sglang-src
 	SPECGOV_SGLANG_SRC=$(SGLANG_SRC) SPECGOV_SHARED_DATA=$(SHARED_DATA) $(BIN)/pytest -q
+
+# The inner loop: unit tests only (no end-to-end processes, wheel build, property tests or
+# replay-heavy modules; tests/conftest.py marks those `integration`). CI runs `make test`.
+test-fast: setup sglang-src
+	SPECGOV_SGLANG_SRC=$(SGLANG_SRC) SPECGOV_SHARED_DATA=$(SHARED_DATA) $(BIN)/pytest -q -m "not slow and not integration"
 
 lint: setup importlint typecheck
 	$(BIN)/ruff check .

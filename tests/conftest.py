@@ -148,3 +148,41 @@ def smg_fleet(smg_binary: Path) -> Iterator[tuple[SmgGateway, list[SimServer]]]:
     finally:
         for s in servers:
             s.stop()
+
+
+# The fast tier (`make test-fast`, the inner loop) leaves these out: end-to-end runs of the
+# real processes, the wheel build, property tests and the replay-heavy modules (chosen from
+# `pytest --durations` on the 2-core machine). `make test` (CI) runs everything.
+INTEGRATION_MODULES = frozenset(
+    {
+        "test_wheel.py",
+        "test_fit_acceptance.py",
+        "test_policy_benchmark.py",
+        "test_recommend.py",
+        "test_replay_cli.py",
+        "test_replay_prior.py",
+        "test_plan_sweep.py",
+        "test_plan_report.py",
+        "test_plan_ray.py",
+        "test_acceptance_runs.py",
+        "test_daemon.py",
+        "test_control_api.py",
+        "test_sim_server.py",
+        "test_sim_generate.py",
+        "test_tp_broadcast.py",
+        "test_measure_step_cost.py",
+        "test_spool_security.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        path = Path(str(item.fspath))
+        if (
+            "e2e" in path.parts
+            or path.name in INTEGRATION_MODULES
+            or path.name.endswith("_properties.py")
+            or path.name.startswith("test_fleet_")
+        ):
+            item.add_marker(pytest.mark.integration)
