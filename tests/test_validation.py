@@ -234,7 +234,7 @@ def test_callers_refuse_non_finite_with_their_own_error_and_message(
 def test_spool_reader_rejects_a_timestamp_beyond_float_range(tmp_path: Path) -> None:
     # A JSON integer of 400 digits is a well-formed but invalid document; it used to
     # escape parse_step_table_document as an OverflowError (counted as internal_error).
-    from specgov.adapters.spool import SpoolTableReader, write_step_table
+    from specgov.adapters.spool_table import SpoolTableReader, write_step_table
     from specgov.policies.common.types import StepTable
 
     steps = [0, 1, 3, 5]

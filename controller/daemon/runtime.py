@@ -45,7 +45,8 @@ from specgov.adapters.errors import (
 from specgov.adapters.log_throttle import MAX_LOGGED_CHARS, LogThrottle
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.sglang_http import SGLangClient
-from specgov.adapters.spool import read_published_table, read_tier_stats, write_step_table
+from specgov.adapters.spool_stats import read_tier_stats
+from specgov.adapters.spool_table import read_published_table, write_step_table
 from specgov.controller.daemon.config import SpecgovConfig, config_changes
 from specgov.controller.daemon.health import (
     CLOCK_SKEW,
