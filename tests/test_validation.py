@@ -163,7 +163,7 @@ _BAD_REALS = [math.nan, math.inf, -math.inf, 10**400, True]
 
 def _callers() -> list[tuple[str, Callable[[object], object], type[Exception], str]]:
     # Imported here: the helpers above are tested without the rest of specgov.
-    from specgov.controller.daemon.config import ConfigError, parse_duration
+    from specgov.controller.daemon.config_values import ConfigError, parse_duration
     from specgov.policies.common.types import PolicyTypeError
     from specgov.policies.daemon.bandit import BanditConfig
     from specgov.policies.daemon.goodput import GoodputConfig, GoodputConfigError
