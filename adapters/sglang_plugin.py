@@ -37,7 +37,7 @@ everywhere it was imported (``EAGLEWorkerV2`` builds it as
   other TP ranks; no IO on the other batches. ``TablePolicy`` polls at the very same
   calls and judges expiry against rank 0's broadcast clock, so ranks never diverge.
 * Statistics: ``TablePolicy`` hands a per-tier snapshot about once a second to the
-  spool's :class:`~specgov.adapters.spool.BackgroundStatsWriter` (TP rank 0 only), which
+  spool's :class:`~specgov.adapters.spool_stats.BackgroundStatsWriter` (TP rank 0 only), which
   writes it on a background thread; a full queue drops, never blocks.
 * Nothing specgov does raises into SGLang: any failure in specgov's parts degrades to
   the fallback and is counted in ``errors``. (Exceptions raised by SGLang's own class in
@@ -74,12 +74,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
-from specgov.adapters.spool import (
-    BackgroundStatsWriter,
-    SpoolSettings,
-    SpoolTableReader,
-    check_spool_dir,
-)
+from specgov.adapters.spool import SpoolSettings, check_spool_dir
+from specgov.adapters.spool_stats import BackgroundStatsWriter
+from specgov.adapters.spool_table import SpoolTableReader
 from specgov.adapters.tp_sync import TableSync, TpChannel, default_channel
 from specgov.policies.common.types import StepTable, TierStatsSnapshot
 from specgov.policies.engine.adaptive_config import (

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
-from specgov.adapters.spool import write_step_table
+from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.tp_sync import LocalChannel
 from specgov.policies.common.types import SlotRule, StepTable
 from specgov.policies.engine.ema import EmaPolicy

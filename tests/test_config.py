@@ -15,21 +15,25 @@ from click.testing import CliRunner
 from specgov.adapters.spool import default_spool_dir
 from specgov.controller.cli.config_cmd import config_group
 from specgov.controller.daemon.config import (
-    DEFAULTS_LABEL,
-    MAX_PROBLEMS,
-    NO_BUDGET_LIMITS,
-    ConfigError,
-    ListenAddress,
     SpecgovConfig,
-    StateConfig,
     check_secrets,
-    config_keys,
-    default_groups,
     effective_config_dict,
     load_config,
+    secret_status,
+)
+from specgov.controller.daemon.config_layers import DEFAULTS_LABEL
+from specgov.controller.daemon.config_schema import (
+    NO_BUDGET_LIMITS,
+    StateConfig,
+    config_keys,
+    default_groups,
+)
+from specgov.controller.daemon.config_values import (
+    MAX_PROBLEMS,
+    ConfigError,
+    ListenAddress,
     parse_duration,
     parse_listen_address,
-    secret_status,
 )
 from specgov.policies.common.types import Budget
 from specgov.policies.daemon.spec import parse_policy_spec
@@ -85,7 +89,7 @@ def test_defaults_load_with_the_documented_values() -> None:
 
 
 def test_config_yaml_is_exactly_the_built_in_defaults() -> None:
-    # The defaults are the typed groups' (controller/daemon/config.py); config.yaml is their
+    # The defaults are the typed groups' (controller/daemon/config_schema.py); config.yaml is their
     # commented copy: every key, no other, and the same value for each.
     raw = yaml.safe_load(CONFIG_YAML.read_text(encoding="utf-8"))
     assert {group: tuple(keys) for group, keys in raw.items()} == config_keys()

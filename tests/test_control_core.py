@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from specgov.adapters.sglang_http import SGLangClient
-from specgov.adapters.spool import write_tier_stats
+from specgov.adapters.spool_stats import write_tier_stats
 from specgov.adapters.telemetry import METRICS_READ
 from specgov.controller.daemon.config import load_config
 from specgov.controller.daemon.runtime import Daemon

@@ -66,7 +66,7 @@ def test_a_restart_continues_from_a_spool_table_newer_than_the_store(tmp_path: P
     # table behind the engine. The restarted daemon must take the spool's table as the
     # one in force, so its next version is newer than what the engine follows (an e2e
     # run under load published a second, different v9).
-    from specgov.adapters.spool import write_step_table
+    from specgov.adapters.spool_table import write_step_table
     from specgov.policies.common.types import StepTable
 
     spool = tmp_path / "spool"

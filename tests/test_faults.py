@@ -36,7 +36,8 @@ from prometheus_client import CollectorRegistry
 
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
-from specgov.adapters.spool import SpoolTableReader, write_step_table, write_tier_stats
+from specgov.adapters.spool_stats import write_tier_stats
+from specgov.adapters.spool_table import SpoolTableReader, write_step_table
 from specgov.adapters.telemetry import METRICS_READ
 from specgov.adapters.tp_sync import LocalChannel
 from specgov.controller.daemon.config import load_config

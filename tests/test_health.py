@@ -390,7 +390,7 @@ def test_blind_is_not_healthy_503_with_the_reason_a_metric_and_one_log_line(
     """The plugin is not loaded (nothing writes statistics) while the server is busy:
     every decision holds on unknown telemetry and no table is published. Before issue 23
     health answered 200 throughout and nothing was logged."""
-    from specgov.adapters.spool import write_tier_stats
+    from specgov.adapters.spool_stats import write_tier_stats
 
     wall, mono = Clock(1_000_000.0), Clock(50.0)
     daemon = _busy_daemon(tmp_path, wall, mono)
@@ -448,7 +448,7 @@ def test_a_server_clock_ahead_by_the_table_ttl_is_clock_skew(
 ) -> None:
     """The server's clock runs ``ahead_s`` ahead of the daemon's: with the default
     30 s table TTL every table has expired when the plugin reads it (from 30 s on)."""
-    from specgov.adapters.spool import write_tier_stats
+    from specgov.adapters.spool_stats import write_tier_stats
 
     wall, mono = Clock(1_000_000.0), Clock(50.0)
     daemon = _busy_daemon(tmp_path, wall, mono)

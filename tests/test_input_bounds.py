@@ -17,14 +17,13 @@ from pathlib import Path
 import pytest
 
 from specgov.adapters.errors import bounded_repr, escape_upstream
-from specgov.controller.daemon.config import (
+from specgov.controller.daemon.config import load_config
+from specgov.controller.daemon.config_layers import (
     CONFIG_MAX_BYTES,
     ENV_VALUE_MAX_CHARS,
-    MESSAGE_MAX_CHARS,
     YAML_MAX_DEPTH,
-    ConfigError,
-    load_config,
 )
+from specgov.controller.daemon.config_values import MESSAGE_MAX_CHARS, ConfigError
 from specgov.simulator.workload.traces import (
     MAX_FIELD_CHARS,
     MAX_LINE_BYTES,

@@ -13,7 +13,7 @@ import pytest
 
 import specgov.policies.engine.table as table_mod
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
-from specgov.adapters.spool import SpoolTableReader, write_step_table
+from specgov.adapters.spool_table import SpoolTableReader, write_step_table
 from specgov.adapters.tp_sync import LocalChannel
 from specgov.policies.common.types import SlotRule, StepTable, TierStatsSnapshot
 from specgov.policies.daemon.goodput.rules import GRID, RuleEval, slot_rule

@@ -27,13 +27,10 @@ from hypothesis import strategies as st
 
 from specgov.adapters.errors import ResponseFormatError, escape_upstream
 from specgov.adapters.prometheus_text import MetricsSnapshot, parse_metrics, restrict
-from specgov.controller.daemon.config import (
-    DEFAULTS_LABEL,
-    ConfigError,
-    SpecgovConfig,
-    config_keys,
-    load_config,
-)
+from specgov.controller.daemon.config import SpecgovConfig, load_config
+from specgov.controller.daemon.config_layers import DEFAULTS_LABEL
+from specgov.controller.daemon.config_schema import config_keys
+from specgov.controller.daemon.config_values import ConfigError
 from specgov.policies.daemon.spec import (
     KNOWN_KINDS,
     PolicySpec,

@@ -17,7 +17,8 @@ from contract.sglang_loader import load_adaptive_spec_params
 
 import specgov.adapters.sglang_plugin as plugin_mod
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams, load_adaptive_config
-from specgov.adapters.spool import read_tier_stats, write_step_table
+from specgov.adapters.spool_stats import read_tier_stats
+from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.tp_sync import LocalChannel, encode_payload
 from specgov.policies.common.types import StepTable, TierStatsSnapshot
 from specgov.policies.engine.adaptive_config import AdaptiveConfigError

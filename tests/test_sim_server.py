@@ -28,7 +28,8 @@ from specgov.adapters.observation_builder import (
     parse_server_info,
 )
 from specgov.adapters.prometheus_text import counter_by_dp, gauge_by_dp, parse_metrics
-from specgov.adapters.spool import TierStatsRecord, read_tier_stats, write_step_table
+from specgov.adapters.spool_stats import TierStatsRecord, read_tier_stats
+from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.telemetry import REALTIME_DECODE_MODE, REALTIME_TOKENS
 from specgov.policies.common.types import Observation, StepTable
 from specgov.policies.engine.adaptive_config import AdaptiveConfigError, candidate_steps_union

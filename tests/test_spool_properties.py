@@ -24,34 +24,30 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
-from specgov.adapters import spool
-from specgov.adapters.spool import (
-    DEFAULT_MAX_TABLE_TTL_S,
-    SpoolTableReader,
-    TierStatsRecord,
-    read_tier_stats,
-    write_tier_stats,
-)
+from specgov.adapters import spool, spool_table
+from specgov.adapters.spool import DEFAULT_MAX_TABLE_TTL_S
+from specgov.adapters.spool_stats import TierStatsRecord, read_tier_stats, write_tier_stats
+from specgov.adapters.spool_table import SpoolTableReader
 from specgov.policies.common.types import StepTable, TierStat, TierStatsSnapshot
 
 CANDIDATES = [0, 1, 3, 5, 7]
 NOW = 1_700_000_000.0
 EXAMPLES = 200
 TYPED_REASONS = {
-    spool.MISSING,
-    spool.UNREADABLE,
-    spool.TOO_LARGE,
-    spool.TORN,
-    spool.WRONG_KIND,
-    spool.FUTURE_VERSION,
-    spool.INVALID,
-    spool.CANDIDATE_MISMATCH,
-    spool.EXPIRED,
-    spool.WRONG_OWNER,
-    spool.INSECURE_DIR,
-    spool.FUTURE_DATED,
+    spool_table.MISSING,
+    spool_table.UNREADABLE,
+    spool_table.TOO_LARGE,
+    spool_table.TORN,
+    spool_table.WRONG_KIND,
+    spool_table.FUTURE_VERSION,
+    spool_table.INVALID,
+    spool_table.CANDIDATE_MISMATCH,
+    spool_table.EXPIRED,
+    spool_table.WRONG_OWNER,
+    spool_table.INSECURE_DIR,
+    spool_table.FUTURE_DATED,
 }
-assert spool.INTERNAL_ERROR not in TYPED_REASONS
+assert spool_table.INTERNAL_ERROR not in TYPED_REASONS
 
 JSON_LEAVES = st.one_of(
     st.none(),
@@ -169,7 +165,7 @@ def _check_table_outcome(reader: SpoolTableReader, got: StepTable | None, log: _
 
 
 def _read_table(spool_dir: Path, raw: bytes, log: _Records) -> None:
-    (spool_dir / spool.TABLE_FILENAME).write_bytes(raw)
+    (spool_dir / spool_table.TABLE_FILENAME).write_bytes(raw)
     log.messages.clear()
     reader = SpoolTableReader(spool_dir, CANDIDATES, lambda: NOW)
     got = reader()

@@ -42,16 +42,14 @@ from specgov.adapters.spool import (
     SpoolError,
     SpoolSecurityError,
     SpoolSettings,
-    SpoolTableReader,
     check_spool_dir,
     default_spool_dir,
     ensure_spool_dir,
-    read_tier_stats,
     spool_dir_problem,
     table_owner_problem,
-    write_step_table,
-    write_tier_stats,
 )
+from specgov.adapters.spool_stats import read_tier_stats, write_tier_stats
+from specgov.adapters.spool_table import SpoolTableReader, write_step_table
 from specgov.adapters.tp_sync import LocalChannel
 from specgov.policies.common.types import StepTable, TierStat, TierStatsSnapshot
 from specgov.policies.engine.ema import EmaPolicy
@@ -517,7 +515,7 @@ def test_unreadable_statistics_are_logged_once_with_the_fix(
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr("specgov.adapters.spool.os.open", denied)
-    monkeypatch.setattr("specgov.adapters.spool._read_log._kinds", {})
+    monkeypatch.setattr("specgov.adapters.spool_stats._read_log._kinds", {})
     caplog.set_level(logging.ERROR, logger="specgov.adapters.spool")
     batch = read_tier_stats(tmp_path)
     assert batch.records == () and batch.unreadable == 3 and batch.skipped == 3
@@ -538,7 +536,7 @@ def test_a_symlinked_statistics_window_is_refused_with_a_clear_error(
     elsewhere = tmp_path / "elsewhere.json"
     os.replace(second, elsewhere)
     second.symlink_to(elsewhere)
-    monkeypatch.setattr("specgov.adapters.spool._read_log._kinds", {})
+    monkeypatch.setattr("specgov.adapters.spool_stats._read_log._kinds", {})
     caplog.set_level(logging.ERROR, logger="specgov.adapters.spool")
     batch = read_tier_stats(spool)
     assert [(r.writer_id, r.seq) for r in batch.records] == [("w", 0)]
@@ -567,7 +565,7 @@ def test_a_fifo_in_place_of_a_window_is_refused_without_blocking(tmp_path: Path)
 def test_a_symlinked_step_table_is_not_followed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from specgov.adapters.spool import read_published_table
+    from specgov.adapters.spool_table import read_published_table
 
     spool = tmp_path / "spool"
     path = write_step_table(spool, table(steps=5), CANDIDATES)
@@ -588,7 +586,7 @@ DAEMON_UID, SERVER_UID = 40001, 40002
 
 _DAEMON_PUBLISH = """
 import json, sys
-from specgov.adapters.spool import write_step_table
+from specgov.adapters.spool_table import write_step_table
 from specgov.policies.common.types import StepTable
 spool, gid = sys.argv[1], int(sys.argv[2])
 t = StepTable(((1, 5),), version=7, produced_at_s=float(sys.argv[3]), ttl_s=30.0)
@@ -597,7 +595,9 @@ write_step_table(spool, t, [0, 1, 3, 5, 7], group_gid=gid)
 
 _SERVER_ROUND = """
 import json, sys
-from specgov.adapters.spool import SpoolSettings, SpoolTableReader, write_tier_stats
+from specgov.adapters.spool import SpoolSettings
+from specgov.adapters.spool_table import SpoolTableReader
+from specgov.adapters.spool_stats import write_tier_stats
 from specgov.policies.common.types import TierStat, TierStatsSnapshot
 spool, now = sys.argv[1], float(sys.argv[2])
 settings = SpoolSettings.from_env()
@@ -614,7 +614,7 @@ print(json.dumps({"version": None if table is None else table.version,
 _DAEMON_READ = """
 import json, logging, sys
 logging.basicConfig(level=logging.ERROR, format="%(message)s")
-from specgov.adapters.spool import read_tier_stats
+from specgov.adapters.spool_stats import read_tier_stats
 batch = read_tier_stats(sys.argv[1], group_gid=int(sys.argv[2]))
 print(json.dumps({"writers": sorted(r.writer_id for r in batch.records),
                   "unreadable": batch.unreadable}))

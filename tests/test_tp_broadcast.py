@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
-from specgov.adapters.spool import write_step_table
+from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.tp_sync import (
     LocalChannel,
     TableSync,

@@ -163,7 +163,7 @@ _BAD_REALS = [math.nan, math.inf, -math.inf, 10**400, True]
 
 def _callers() -> list[tuple[str, Callable[[object], object], type[Exception], str]]:
     # Imported here: the helpers above are tested without the rest of specgov.
-    from specgov.controller.daemon.config import ConfigError, parse_duration
+    from specgov.controller.daemon.config_values import ConfigError, parse_duration
     from specgov.policies.common.types import PolicyTypeError
     from specgov.policies.daemon.bandit import BanditConfig
     from specgov.policies.daemon.goodput import GoodputConfig, GoodputConfigError
@@ -234,7 +234,7 @@ def test_callers_refuse_non_finite_with_their_own_error_and_message(
 def test_spool_reader_rejects_a_timestamp_beyond_float_range(tmp_path: Path) -> None:
     # A JSON integer of 400 digits is a well-formed but invalid document; it used to
     # escape parse_step_table_document as an OverflowError (counted as internal_error).
-    from specgov.adapters.spool import SpoolTableReader, write_step_table
+    from specgov.adapters.spool_table import SpoolTableReader, write_step_table
     from specgov.policies.common.types import StepTable
 
     steps = [0, 1, 3, 5]

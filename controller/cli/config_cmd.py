@@ -29,7 +29,8 @@ class ConfigInvalid(click.ClickException):
 
 
 def _load(path: Path | None) -> SpecgovConfig:
-    from specgov.controller.daemon.config import ConfigError, load_config
+    from specgov.controller.daemon.config import load_config
+    from specgov.controller.daemon.config_values import ConfigError
 
     try:
         return load_config(path)
@@ -60,7 +61,8 @@ def validate(file: Path | None) -> None:
     required secret whose variable is unset is a warning here, not an error, so a file
     can be checked away from the machine that holds the secrets; `specgov run` refuses it.
     """
-    from specgov.controller.daemon.config import ConfigError, check_secrets
+    from specgov.controller.daemon.config import check_secrets
+    from specgov.controller.daemon.config_values import ConfigError
 
     cfg = _load(file)
     overrides = sorted({origin for origin in cfg.sources.values() if origin.startswith("env ")})

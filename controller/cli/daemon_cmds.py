@@ -37,7 +37,8 @@ def _fail(message: str, code: int) -> NoReturn:
 
 
 def _load(config_file: Path | None, overrides: dict[str, Any]) -> Any:
-    from specgov.controller.daemon.config import ConfigError, load_config
+    from specgov.controller.daemon.config import load_config
+    from specgov.controller.daemon.config_values import ConfigError
 
     try:
         return load_config(config_file, overrides=overrides)
@@ -437,7 +438,7 @@ def decisions_cmd(
     """
     since_s = None
     if since is not None:
-        from specgov.controller.daemon.config import ConfigError, parse_duration
+        from specgov.controller.daemon.config_values import ConfigError, parse_duration
 
         try:
             since_s = time.time() - parse_duration(since, where="--since")

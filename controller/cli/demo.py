@@ -347,7 +347,7 @@ def demo_cmd(
 ) -> None:
     """Live demo: a simulated SGLang server with a content- and load-shifting trace,
     the specgov daemon driving it, and a side-by-side summary against SGLang's EMA."""
-    from specgov.controller.daemon.config import ConfigError, parse_listen_address
+    from specgov.controller.daemon.config_values import ConfigError, parse_listen_address
     from specgov.policies.daemon.spec import PolicySpecError, parse_policy_spec
 
     # Bad options fail before anything starts (exit 2, the README's code for bad usage).

@@ -734,7 +734,8 @@ def doctor_cmd(
     as the daemon's user: the spool and adaptive-config checks read the files from here.
     """
     from specgov.adapters.spool import SPOOL_GROUP_ENV, SpoolError, resolve_gid
-    from specgov.controller.daemon.config import ConfigError, load_config
+    from specgov.controller.daemon.config import load_config
+    from specgov.controller.daemon.config_values import ConfigError
     from specgov.controller.fleet.move import FleetFileError, load_fleet_file
 
     try:

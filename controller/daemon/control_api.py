@@ -214,7 +214,7 @@ def _token_matches(header: str, expected_digest: bytes) -> bool:
 def parse_ttl(value: object, *, field: str = "ttl", max_s: float = MAX_TTL_S) -> float:
     """A TTL from JSON: a duration string or a number of seconds, in (0, max_s]; read
     like every other duration (config.parse_duration), so a refusal says why."""
-    from specgov.controller.daemon.config import ConfigError, parse_duration
+    from specgov.controller.daemon.config_values import ConfigError, parse_duration
 
     if isinstance(value, bool) or not isinstance(value, int | float | str):
         raise RequestError(f"{field}: expected {TTL_FORM}, got {value!r}")

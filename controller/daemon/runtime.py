@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry
 from specgov.adapters.errors import escape_upstream
 from specgov.adapters.log_throttle import MAX_LOGGED_CHARS, LogThrottle
 from specgov.adapters.sglang_http import SGLangClient
-from specgov.adapters.spool import read_published_table, write_step_table
+from specgov.adapters.spool_table import read_published_table, write_step_table
 from specgov.controller.daemon.config import SpecgovConfig, config_changes
 from specgov.controller.daemon.health import (
     CLOCK_SKEW,

@@ -26,7 +26,7 @@ from specgov.adapters.errors import (
 from specgov.adapters.log_throttle import LogThrottle
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.sglang_http import SGLangClient
-from specgov.adapters.spool import read_tier_stats
+from specgov.adapters.spool_stats import read_tier_stats
 from specgov.controller.daemon.config import SpecgovConfig
 from specgov.controller.daemon.health import FailureClock
 from specgov.controller.daemon.own_metrics import DaemonMetrics

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
-from specgov.adapters.spool import BackgroundStatsWriter
+from specgov.adapters.spool_stats import BackgroundStatsWriter
 from specgov.simulator.engine.core import EngineResult
 from specgov.simulator.replay.runner import PreparedRun
 from specgov.simulator.server import endpoints as ep

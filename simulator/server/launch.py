@@ -13,7 +13,7 @@ construct it (``initial_steps``, ``cfg_path`` of an adaptive config written into
 spool, ``sglang_adaptive_config.json``, as a real launch with
 ``--speculative-adaptive-config`` would have one), on the spool protocol: it follows
 ``step_table.json`` and falls back to SGLang's EMA; it writes tier statistics with the
-spool's :class:`~specgov.adapters.spool.BackgroundStatsWriter` about once per wall
+spool's :class:`~specgov.adapters.spool_stats.BackgroundStatsWriter` about once per wall
 second (``stats_interval_s``, the plugin's flush interval, on the wall-mapped clock: a
 daemon polls in wall time, and one window per simulated second at speed 100 would flood
 the spool). The adaptive config defaults to
@@ -42,13 +42,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
-from specgov.adapters.spool import (
-    BackgroundStatsWriter,
-    SpoolError,
-    SpoolSettings,
-    atomic_write_bytes,
-    default_writer_id,
-)
+from specgov.adapters.spool import SpoolError, SpoolSettings, atomic_write_bytes
+from specgov.adapters.spool_stats import BackgroundStatsWriter, default_writer_id
 from specgov.adapters.tp_sync import LocalChannel
 from specgov.policies.common.types import TierStatsSnapshot
 from specgov.policies.engine.adaptive_config import (

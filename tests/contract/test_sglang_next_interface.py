@@ -36,7 +36,7 @@ import pytest
 from click.testing import CliRunner
 
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
-from specgov.adapters.spool import write_step_table
+from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.tp_sync import LocalChannel
 from specgov.policies.common.types import StepTable
 

@@ -41,7 +41,7 @@ import pytest
 
 import specgov.adapters.sglang_plugin as plugin_mod
 from specgov.adapters.sglang_plugin import HOOK_TARGET, SpecgovAdaptiveParams
-from specgov.adapters.spool import write_step_table
+from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.tp_sync import LocalChannel
 from specgov.policies.common.types import StepTable
 
