@@ -21,13 +21,8 @@ from specgov.simulator.replay.runner import ServerSpec, replay
 from specgov.simulator.server import cli as sim_cli
 from specgov.simulator.server.core import SimServer
 from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
-from specgov.simulator.workload.traces import (
-    PREFIX_BLOCK_TOKENS,
-    Request,
-    Trace,
-    TraceFormatError,
-    load_trace,
-)
+from specgov.simulator.workload.trace_files import TraceFormatError, load_trace
+from specgov.simulator.workload.traces import PREFIX_BLOCK_TOKENS, Request, Trace
 
 B = PREFIX_BLOCK_TOKENS
 MULTI_TURN = (

@@ -21,7 +21,8 @@ from specgov.simulator.workload.synthetic import (
     generate_trace,
     parse_synthetic_spec,
 )
-from specgov.simulator.workload.traces import Trace, load_trace, write_trace_jsonl
+from specgov.simulator.workload.trace_files import load_trace, write_trace_jsonl
+from specgov.simulator.workload.traces import Trace
 
 
 def _arrivals(trace: Trace) -> NDArray[np.float64]:

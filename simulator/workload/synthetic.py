@@ -802,7 +802,8 @@ def open_trace(
     max-requests options applied either way. The one place every command opens a trace."""
     from pathlib import Path
 
-    from specgov.simulator.workload.traces import load_trace, transform_trace
+    from specgov.simulator.workload.trace_files import load_trace
+    from specgov.simulator.workload.traces import transform_trace
 
     options: dict[str, Any] = {
         "window_start_s": window_start_s,
