@@ -18,7 +18,8 @@ from specgov.controller.daemon.runtime import Daemon
 from specgov.controller.daemon.state_store import StateStore, StoreUnavailable
 from specgov.simulator.replay.runner import ServerSpec
 from specgov.simulator.server.core import SimServer
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ from specgov.simulator.engine.sglang_metrics import SimMetrics
 from specgov.simulator.replay.runner import ServerSpec, replay
 from specgov.simulator.server import cli as sim_cli
 from specgov.simulator.server.core import SimServer
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 from specgov.simulator.workload.trace_files import TraceFormatError, load_trace
 from specgov.simulator.workload.traces import PREFIX_BLOCK_TOKENS, Request, Trace
 
