@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from specgov.controller.cli.main import main
-from specgov.simulator.engine.core import Engine, EngineConfig, EngineConfigError, EngineResult
+from specgov.simulator.engine.core import Engine
+from specgov.simulator.engine.interface import EngineConfig, EngineConfigError, EngineResult
 from specgov.simulator.engine.prefix_cache import (
     CacheNode,
     HicacheError,

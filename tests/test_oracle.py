@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from specgov.simulator.engine.acceptance import AcceptanceModel
-from specgov.simulator.engine.core import EngineConfig, EngineResult
+from specgov.simulator.engine.interface import EngineConfig, EngineResult
 from specgov.simulator.engine.sglang_metrics import SimMetrics
 from specgov.simulator.replay.oracle import (
     ClairvoyantOracle,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from specgov.simulator.engine.core import EngineResult
+from specgov.simulator.engine.interface import EngineResult
 from specgov.simulator.planning.fleet import plan_fleet
 from specgov.simulator.planning.fleet_engine import (
     FleetSimulationError,

@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from specgov.adapters.prometheus_text import gauge_by_dp, parse_metrics
-from specgov.simulator.engine.core import Engine, EngineConfig, EngineResult
+from specgov.simulator.engine.core import Engine
+from specgov.simulator.engine.interface import EngineConfig, EngineResult
 from specgov.simulator.engine.prefix_cache import PrefixCache, block_tokens
 from specgov.simulator.engine.sglang_metrics import SimMetrics
 from specgov.simulator.replay.runner import ServerSpec, replay
