@@ -310,13 +310,19 @@ class Run:
         live: LiveSource | None = None,
         start_s: float | None = None,
     ) -> None:
-        cfg = engine.config
         self.engine = engine
         self.requests = requests
         self.metrics = metrics
         self.on_tick = on_tick
         self.tick_interval_s = tick_interval_s
         self.concurrency = concurrency
+        self._bind_models(engine)
+        self._init_timeline(requests, tick_interval_s, concurrency, live, start_s)
+        self._init_counters(engine, requests)
+
+    def _bind_models(self, engine: Engine) -> None:
+        """The engine's collaborators and settings, bound to attributes the loop reads."""
+        cfg = engine.config
         self.policy = engine.policy
         self.oracle = engine.oracle
         self.acceptance = engine.acceptance
@@ -343,6 +349,15 @@ class Run:
         self.record = cfg.record_events
         self.events: list[tuple[float, str, int, int]] = []
 
+    def _init_timeline(
+        self,
+        requests: Sequence[Request],
+        tick_interval_s: float,
+        concurrency: int | None,
+        live: LiveSource | None,
+        start_s: float | None,
+    ) -> None:
+        """Arrivals (open or closed loop), the queues, and the run's start time."""
         n_total = len(requests)
         if concurrency is not None:
             # Closed loop: arrival times are assigned as users get their answers.
@@ -372,6 +387,9 @@ class Run:
         self.live_states: dict[int, RequestState] = {}  # live index -> state, in flight
         self.next_tick = self.now + tick_interval_s
 
+    def _init_counters(self, engine: Engine, requests: Sequence[Request]) -> None:
+        """The scheduler's estimates, the run's counters, the sampler and the cache."""
+        cfg = engine.config
         init_ratio = INIT_NEW_TOKEN_RATIO
         self.min_ratio = init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
         self.ratio_decay = (init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
@@ -716,40 +734,9 @@ class Run:
     def run_prefill(self, batch: list[tuple[RequestState, int]]) -> None:
         """One prefill forward; decoding requests stall meanwhile. Requests whose
         prefill completes emit their next token and join the running batch."""
-        new_tokens = 0
-        prefix = 0
-        for r, take in batch:
-            new_tokens += take
-            prefix += r.prefilled
-        dt = self.prefill_s(new_tokens, prefix)
-        if self.batch_load_tokens:
-            # Load-back copies overlap the forward layer by layer (module docstring).
-            load_s = self.batch_load_tokens * self.engine.config.hicache_load_s_per_token
-            self.hicache_load_s += load_s
-            self.batch_load_tokens = 0
-            if load_s > dt:
-                dt = load_s
-        now = self.now + dt
-        self.now = now
-        self.prefill_time += dt
-        self.prefill_tokens += new_tokens
+        now, dt = self._prefill_forward(batch)
         metrics = self.metrics
-        if metrics is not None:
-            metrics.on_prefill(new_tokens, dt)
         cache = self.cache
-        if cache is not None:
-            # Room for the new tokens: evict unpinned cached blocks, LRU first (admission
-            # counted them as free).
-            free = self.capacity - self.kv_used - cache.total_tokens
-            if new_tokens > free:
-                cache.evict(new_tokens - free)
-            if metrics is not None:
-                # SGLang's per-prefill-batch gauge: hits / (hits + computed), first
-                # attempts only.
-                first = sum(take for r, take in batch if r.retracted == 0)
-                metrics.on_prefix_cache(self.batch_cache_hit, first)
-            self.batch_cache_hit = 0
-        self.prefill_batches += 1
         chunked = None
         running = self.running
         record = self.record
@@ -808,6 +795,45 @@ class Run:
             self.kv_peak = used
         if now >= self.sampler.next_sample_s:
             self._flush_samples(now)
+
+    def _prefill_forward(self, batch: list[tuple[RequestState, int]]) -> tuple[float, float]:
+        """The prefill forward's time (compute or load-back copies, the longer) and the
+        cache room it needs; returns the time it ends and its duration."""
+        new_tokens = 0
+        prefix = 0
+        for r, take in batch:
+            new_tokens += take
+            prefix += r.prefilled
+        dt = self.prefill_s(new_tokens, prefix)
+        if self.batch_load_tokens:
+            # Load-back copies overlap the forward layer by layer (module docstring).
+            load_s = self.batch_load_tokens * self.engine.config.hicache_load_s_per_token
+            self.hicache_load_s += load_s
+            self.batch_load_tokens = 0
+            if load_s > dt:
+                dt = load_s
+        now = self.now + dt
+        self.now = now
+        self.prefill_time += dt
+        self.prefill_tokens += new_tokens
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.on_prefill(new_tokens, dt)
+        cache = self.cache
+        if cache is not None:
+            # Room for the new tokens: evict unpinned cached blocks, LRU first (admission
+            # counted them as free).
+            free = self.capacity - self.kv_used - cache.total_tokens
+            if new_tokens > free:
+                cache.evict(new_tokens - free)
+            if metrics is not None:
+                # SGLang's per-prefill-batch gauge: hits / (hits + computed), first
+                # attempts only.
+                first = sum(take for r, take in batch if r.retracted == 0)
+                metrics.on_prefix_cache(self.batch_cache_hit, first)
+            self.batch_cache_hit = 0
+        self.prefill_batches += 1
+        return now, dt
 
     # ---- decode ----
 
@@ -883,23 +909,8 @@ class Run:
     def decode(self) -> None:
         """One decode forward over every running request, retracting first when the
         KV pool cannot hold the step's verified tokens."""
-        bsz = len(self.running)
-        self.vclock.now_s = self.now
-        k = self._choose_steps(bsz)
-        per_req = self.verify_tokens(k)
+        bsz, k = self._fit_step()
         cache = self.cache
-        if cache is not None:
-            # check_decode_mem: evict unpinned cached blocks before retracting anyone.
-            short = bsz * per_req - (self.capacity - self.kv_used - cache.total_tokens)
-            if short > 0:
-                cache.evict(short)
-            room = self.capacity - self.kv_used - cache.total_tokens
-        else:
-            room = self.capacity - self.kv_used
-        if room < bsz * per_req and bsz > 1:
-            self._retract(per_req)
-            bsz = len(self.running)
-            k = self._choose_steps(bsz)
         kv_used = self.kv_used
         dt = self.decode_step_s(bsz, k, kv_used)
         if self.switch_stall_s:
@@ -924,14 +935,7 @@ class Run:
         if used > self.kv_peak:
             self.kv_peak = used
         sampler.tokens += emitted_total
-        slot = self.slot_of_bsz.get(bsz)
-        if slot is None:
-            slot = self.slot_of_bsz[bsz] = report_slot(bsz, self.graph_bs, sampler.slots)
-        key = (slot, k)
-        steps_hist = self.steps_hist
-        steps_hist[key] = steps_hist.get(key, 0) + 1
-        sampler.steps_sum[slot] += k
-        sampler.steps_n[slot] += 1
+        self._count_steps(bsz, k)
         if self.record:
             self.events.append((start, "decode", bsz, k))
         policy = self.policy
@@ -965,6 +969,42 @@ class Run:
         self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
         if now >= sampler.next_sample_s:
             self._flush_samples(now)
+
+    def _fit_step(self) -> tuple[int, int]:
+        """The batch size and step of the next decode forward: the policy's step, and
+        when the pool cannot hold its verified tokens, cached blocks evicted first
+        (check_decode_mem), then requests retracted and the step chosen again."""
+        bsz = len(self.running)
+        self.vclock.now_s = self.now
+        k = self._choose_steps(bsz)
+        per_req = self.verify_tokens(k)
+        cache = self.cache
+        if cache is not None:
+            # check_decode_mem: evict unpinned cached blocks before retracting anyone.
+            short = bsz * per_req - (self.capacity - self.kv_used - cache.total_tokens)
+            if short > 0:
+                cache.evict(short)
+            room = self.capacity - self.kv_used - cache.total_tokens
+        else:
+            room = self.capacity - self.kv_used
+        if room < bsz * per_req and bsz > 1:
+            self._retract(per_req)
+            bsz = len(self.running)
+            k = self._choose_steps(bsz)
+        return bsz, k
+
+    def _count_steps(self, bsz: int, k: int) -> None:
+        """Count a step-*k* forward of *bsz* requests in the histogram and the sampler,
+        per slot of the policy's layout."""
+        sampler = self.sampler
+        slot = self.slot_of_bsz.get(bsz)
+        if slot is None:
+            slot = self.slot_of_bsz[bsz] = report_slot(bsz, self.graph_bs, sampler.slots)
+        key = (slot, k)
+        steps_hist = self.steps_hist
+        steps_hist[key] = steps_hist.get(key, 0) + 1
+        sampler.steps_sum[slot] += k
+        sampler.steps_n[slot] += 1
 
     def _verify(self, k: int, now: float) -> tuple[list[int], int, list[RequestState]]:
         """Acceptance draws and token emission for a step-*k* forward ending at *now*.
