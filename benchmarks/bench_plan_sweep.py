@@ -34,7 +34,8 @@ from specgov.simulator.planning.sweep import (
     build_document,
     enumerate_jobs,
 )
-from specgov.simulator.workload.traces import Trace, load_trace
+from specgov.simulator.workload.trace_files import load_trace
+from specgov.simulator.workload.traces import Trace
 
 GPUS = ["h100", "a100-80g", "h200", "l40s"]
 EAGLE_POLICIES = [

@@ -35,7 +35,8 @@ from pathlib import Path
 CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from specgov.simulator.workload.traces import Request, load_trace
+from specgov.simulator.workload.traces import Request
+from specgov.simulator.workload.trace_files import load_trace
 from specgov.simulator.replay.runner import ServerSpec, build_engine, parse_policy
 
 path, copies = Path(sys.argv[1]), int(sys.argv[2])
@@ -65,7 +66,7 @@ from pathlib import Path
 from specgov.adapters import observation_builder
 from specgov.simulator.replay import runner as rp
 from specgov.simulator.engine import sglang_metrics as sim_metrics
-from specgov.simulator.workload.traces import load_trace
+from specgov.simulator.workload.trace_files import load_trace
 
 path, window_s, policy = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 if sys.argv[4] == "1":

@@ -35,8 +35,8 @@ import statistics
 import pytest
 
 from specgov.simulator.catalog import Catalog
-from specgov.simulator.engine.core import EngineResult
 from specgov.simulator.engine.cost import CostModel
+from specgov.simulator.engine.interface import EngineResult
 from specgov.simulator.replay.runner import ServerSpec, build_engine, parse_policy
 from specgov.simulator.workload.traces import Request
 

@@ -396,7 +396,8 @@ def real_daemon(tmp_path: Path) -> Iterator[Any]:
     from specgov.controller.daemon.runtime import Daemon
     from specgov.simulator.replay.runner import ServerSpec
     from specgov.simulator.server.core import SimServer
-    from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+    from specgov.simulator.workload.synthetic import generate_trace
+    from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
     trace = generate_trace(parse_synthetic_spec("synthetic:duration=120,rate=5,seed=4"))
     sim = SimServer(trace, ServerSpec(), speed=10, spool_dir=tmp_path / "spool", loop_trace=True)

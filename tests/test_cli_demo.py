@@ -190,7 +190,8 @@ def test_the_summary_ends_with_the_headline_from_real_runs(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     from specgov.simulator.replay.runner import ServerSpec, replay
-    from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+    from specgov.simulator.workload.synthetic import generate_trace
+    from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
     spec = parse_synthetic_spec("synthetic:duration=40,rate=2,out=64,phases=code@20+chat@20,seed=2")
     trace = generate_trace(spec)

@@ -60,7 +60,8 @@ from specgov.simulator.replay.runner import (
     specgov_adaptive_config,
     specgov_server_info,
 )
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 INTERVAL_S = 5.0
 GAPS = {8, 9}  # telemetry unavailable (HTTP 503 for the daemon)

@@ -19,7 +19,8 @@ from specgov.controller.daemon.state_store import StateStore
 from specgov.controller.daemon.store_errors import StoreUnavailable
 from specgov.simulator.replay.runner import ServerSpec
 from specgov.simulator.server.core import SimServer
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 import pytest
 
 from specgov.simulator.engine import core as engine_module
-from specgov.simulator.engine.core import (
-    Engine,
+from specgov.simulator.engine.core import Engine
+from specgov.simulator.engine.interface import (
     EngineConfig,
     EngineConfigError,
     sglang_decode_cuda_graph_bs,

@@ -64,7 +64,8 @@ from specgov.simulator.replay.runner import (
     specgov_adaptive_config,
     specgov_server_info,
 )
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 GUARD = GuardrailConfig()  # the daemon runs with the defaults
 HOLDS = {ReasonCode.HELD_STALE_TELEMETRY.value, ReasonCode.HELD_UNKNOWN_TELEMETRY.value}

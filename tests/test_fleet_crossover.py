@@ -9,7 +9,8 @@ from specgov.simulator.planning.fleet_spec import FleetPlanConfig, enumerate_fle
 from specgov.simulator.planning.router import parse_routers
 from specgov.simulator.replay.metrics import Slo
 from specgov.simulator.replay.runner import ServerSpec
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 TRACE = generate_trace(parse_synthetic_spec("synthetic:duration=10,rate=4,seed=3"))
 

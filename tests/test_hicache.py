@@ -14,7 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from specgov.controller.cli.main import main
-from specgov.simulator.engine.core import Engine, EngineConfig, EngineConfigError, EngineResult
+from specgov.simulator.engine.core import Engine
+from specgov.simulator.engine.interface import EngineConfig, EngineConfigError, EngineResult
 from specgov.simulator.engine.prefix_cache import (
     CacheNode,
     HicacheError,
@@ -25,7 +26,8 @@ from specgov.simulator.engine.prefix_cache import (
 from specgov.simulator.replay.runner import ServerSpec, parse_policy, prepare_run, replay
 from specgov.simulator.server import cli as sim_cli
 from specgov.simulator.server.core import SimServer
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 from specgov.simulator.workload.traces import PREFIX_BLOCK_TOKENS, Request
 
 B = PREFIX_BLOCK_TOKENS

@@ -24,16 +24,15 @@ from specgov.controller.daemon.config_layers import (
     YAML_MAX_DEPTH,
 )
 from specgov.controller.daemon.config_values import MESSAGE_MAX_CHARS, ConfigError
-from specgov.simulator.workload.traces import (
+from specgov.simulator.workload.trace_files import (
     MAX_FIELD_CHARS,
     MAX_LINE_BYTES,
-    MAX_SPAN_S,
     MAX_TIMESTAMP_S,
     MAX_TOKENS,
-    TraceError,
     TraceFormatError,
     load_trace,
 )
+from specgov.simulator.workload.traces import MAX_SPAN_S, TraceError
 
 # A message quoting upstream or user text stays one short printable line.
 SHORT = MESSAGE_MAX_CHARS + 100

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from specgov.simulator.engine.acceptance import AcceptanceModel
-from specgov.simulator.engine.core import EngineConfig, EngineResult
+from specgov.simulator.engine.interface import EngineConfig, EngineResult
 from specgov.simulator.engine.sglang_metrics import SimMetrics
 from specgov.simulator.replay.oracle import (
     ClairvoyantOracle,
@@ -26,7 +26,8 @@ from specgov.simulator.replay.runner import (
     prepare_run,
     replay,
 )
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 from specgov.simulator.workload.traces import Request, Trace
 
 EAGLE = "eagle3-llama3.1-8b"

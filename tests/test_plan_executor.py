@@ -17,7 +17,8 @@ from specgov.simulator.planning import executor as executor_mod
 from specgov.simulator.planning.executor import ExecutorError, JobFailedError, run_jobs
 from specgov.simulator.planning.search import SearchSettings
 from specgov.simulator.planning.sweep import JobSpec, SweepSettings, enumerate_jobs, run_job
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 TRACE_SPEC = "synthetic:duration=10,rate=2,seed=3"
 TRACE = generate_trace(parse_synthetic_spec(TRACE_SPEC))

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from specgov.simulator.engine.core import EngineResult
+from specgov.simulator.engine.interface import EngineResult
 from specgov.simulator.planning.fleet import plan_fleet
 from specgov.simulator.planning.fleet_engine import (
     FleetSimulationError,
@@ -42,7 +42,8 @@ from specgov.simulator.planning.router import (
 )
 from specgov.simulator.replay.metrics import Slo
 from specgov.simulator.replay.runner import ServerSpec, parse_policy, prepare_run
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 from specgov.simulator.workload.traces import Request, Trace
 
 TRACE = generate_trace(parse_synthetic_spec("synthetic:duration=20,rate=6,seed=3"))

@@ -18,7 +18,8 @@ import pytest
 from specgov.simulator.planning.executor import JobFailedError, run_jobs
 from specgov.simulator.planning.search import SearchSettings
 from specgov.simulator.planning.sweep import SweepSettings, enumerate_jobs
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 TRACE = generate_trace(parse_synthetic_spec("synthetic:duration=20,rate=4,seed=1"))
 SETTINGS = SweepSettings(slo_tpot_ms=12.0, slo_ttft_ms=1000.0, search=SearchSettings(rel_tol=0.2))

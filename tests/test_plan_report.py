@@ -31,7 +31,8 @@ from specgov.simulator.planning.sweep import SweepSettings, build_document, enum
 from specgov.simulator.planning.vram import vram_document, vram_plan
 from specgov.simulator.replay.metrics import Slo
 from specgov.simulator.replay.runner import ServerSpec
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 TRACE = generate_trace(parse_synthetic_spec("synthetic:duration=20,rate=4,seed=1"))
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

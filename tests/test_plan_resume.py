@@ -17,7 +17,8 @@ from specgov.simulator.planning.atomic import is_partial_write, write_atomic
 from specgov.simulator.planning.executor import run_jobs
 from specgov.simulator.planning.search import SearchSettings
 from specgov.simulator.planning.sweep import JobSpec, SweepSettings, enumerate_jobs
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 TRACE = generate_trace(parse_synthetic_spec("synthetic:duration=10,rate=2,seed=3"))
 SETTINGS = SweepSettings(slo_tpot_ms=12.0, slo_ttft_ms=1000.0, search=SearchSettings(rel_tol=0.3))

@@ -9,7 +9,8 @@ from typing import Any
 from specgov.simulator.planning.fleet_judge import choose, recommendation_text
 from specgov.simulator.planning.simplicity import complexity, speculation_verdict
 from specgov.simulator.planning.sweep import SweepSettings, build_document
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 TRACE = generate_trace(parse_synthetic_spec("synthetic:duration=20,rate=4,seed=1"))
 SETTINGS = SweepSettings()

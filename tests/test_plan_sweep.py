@@ -30,7 +30,8 @@ from specgov.simulator.replay.runner import (
     prepare_run,
     specgov_adaptive_config,
 )
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 TRACE_SPEC = "synthetic:duration=20,rate=4,seed=1"
 TRACE = generate_trace(parse_synthetic_spec(TRACE_SPEC))

@@ -146,7 +146,8 @@ def test_an_activation_shortfall_does_not_fit_and_says_how_to_fix_it() -> None:
 
 def test_the_sweep_agrees_with_plan_vram_on_what_can_run() -> None:
     from specgov.simulator.planning.sweep import SweepSettings, enumerate_jobs, run_job
-    from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+    from specgov.simulator.workload.synthetic import generate_trace
+    from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
     trace = generate_trace(parse_synthetic_spec("synthetic:duration=10,rate=2,seed=1"))
     settings = SweepSettings(mem_fraction_static=0.9)  # 8 GiB of slack on an H100

@@ -13,7 +13,8 @@ from matplotlib.collections import QuadMesh
 
 from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.engine.table import TablePolicy
-from specgov.simulator.engine.core import TimeSeries, sglang_decode_cuda_graph_bs
+from specgov.simulator.engine.core import TimeSeries
+from specgov.simulator.engine.interface import sglang_decode_cuda_graph_bs
 from specgov.simulator.engine.series import (
     REPORT_SLOTS,
     IntervalSampler,

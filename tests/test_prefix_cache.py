@@ -14,20 +14,17 @@ import pytest
 from click.testing import CliRunner
 
 from specgov.adapters.prometheus_text import gauge_by_dp, parse_metrics
-from specgov.simulator.engine.core import Engine, EngineConfig, EngineResult
+from specgov.simulator.engine.core import Engine
+from specgov.simulator.engine.interface import EngineConfig, EngineResult
 from specgov.simulator.engine.prefix_cache import PrefixCache, block_tokens
 from specgov.simulator.engine.sglang_metrics import SimMetrics
 from specgov.simulator.replay.runner import ServerSpec, replay
 from specgov.simulator.server import cli as sim_cli
 from specgov.simulator.server.core import SimServer
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
-from specgov.simulator.workload.traces import (
-    PREFIX_BLOCK_TOKENS,
-    Request,
-    Trace,
-    TraceFormatError,
-    load_trace,
-)
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
+from specgov.simulator.workload.trace_files import TraceFormatError, load_trace
+from specgov.simulator.workload.traces import PREFIX_BLOCK_TOKENS, Request, Trace
 
 B = PREFIX_BLOCK_TOKENS
 MULTI_TURN = (

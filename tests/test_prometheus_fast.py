@@ -28,7 +28,8 @@ from specgov.adapters.prometheus_text import MetricsSnapshot, parse_metrics, res
 from specgov.adapters.telemetry import METRICS_READ, parse_read_metrics
 from specgov.simulator.engine.sglang_metrics import SimMetrics
 from specgov.simulator.replay.runner import ServerSpec, build_engine, parse_policy
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 INDEX = json.loads((FIXTURES / "scrapes.json").read_text())

@@ -39,7 +39,8 @@ from specgov.policies.daemon.spec import (
     format_policy_spec,
     parse_policy_spec,
 )
-from specgov.simulator.workload.traces import Trace, TraceError, TraceFormatError, load_trace
+from specgov.simulator.workload.trace_files import TraceFormatError, load_trace
+from specgov.simulator.workload.traces import Trace, TraceError
 
 METRICS_EXAMPLES = 400
 TRACE_EXAMPLES = 300

@@ -41,7 +41,8 @@ from specgov.simulator.replay.runner import (
 from specgov.simulator.server import endpoints as ep
 from specgov.simulator.server.cli import serve, sim_server_cmd
 from specgov.simulator.server.core import SimServer, SimServerError
-from specgov.simulator.workload.synthetic import SyntheticSpec, generate_trace, parse_synthetic_spec
+from specgov.simulator.workload.synthetic import SyntheticSpec, generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 from specgov.simulator.workload.traces import Request, Trace
 
 LOADS_INCLUDE = {"include": "core,memory,spec,queues"}

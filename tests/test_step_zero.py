@@ -14,8 +14,8 @@ import pytest
 
 from specgov.simulator.catalog import Catalog
 from specgov.simulator.engine.acceptance import AcceptanceError, AcceptanceModel
-from specgov.simulator.engine.core import EngineConfig, EngineConfigError, EngineResult
 from specgov.simulator.engine.cost import CostModel
+from specgov.simulator.engine.interface import EngineConfig, EngineConfigError, EngineResult
 from specgov.simulator.replay.runner import ServerSpec, build_engine, parse_policy, prepare_run
 from specgov.simulator.server.controls import SimServerError
 from specgov.simulator.server.launch import (

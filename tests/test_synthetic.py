@@ -19,9 +19,10 @@ from specgov.simulator.workload.synthetic import (
     expected_rate_rps,
     format_synthetic_spec,
     generate_trace,
-    parse_synthetic_spec,
 )
-from specgov.simulator.workload.traces import Trace, load_trace, write_trace_jsonl
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
+from specgov.simulator.workload.trace_files import load_trace, write_trace_jsonl
+from specgov.simulator.workload.traces import Trace
 
 
 def _arrivals(trace: Trace) -> NDArray[np.float64]:

@@ -10,16 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from specgov.simulator.workload.traces import (
+from specgov.simulator.workload.trace_files import (
     TRACE_FORMATS,
-    Request,
-    Trace,
-    TraceError,
     TraceFormatError,
     load_trace,
-    transform_trace,
     write_trace_jsonl,
 )
+from specgov.simulator.workload.traces import Request, Trace, TraceError, transform_trace
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
 

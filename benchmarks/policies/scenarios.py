@@ -34,8 +34,10 @@ from pathlib import Path
 
 from specgov.simulator.replay.oracle import CLAIRVOYANT, INFORMED
 from specgov.simulator.replay.runner import ServerSpec
-from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
-from specgov.simulator.workload.traces import Request, Trace, load_trace, transform_trace
+from specgov.simulator.workload.synthetic import generate_trace
+from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
+from specgov.simulator.workload.trace_files import load_trace
+from specgov.simulator.workload.traces import Request, Trace, transform_trace
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 AZURE_SUBDIR = "traces/azure-llm-2023"

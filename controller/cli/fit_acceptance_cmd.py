@@ -1,6 +1,6 @@
 """`specgov fit-acceptance`: fit the simulator's acceptance model to a per-token trace.
 
-The trace is the ``acceptance`` JSONL format (``specgov.simulator.workload.traces``): one
+The trace is the ``acceptance`` JSONL format (``specgov.simulator.workload.trace_files``): one
 request per line with ``acc_len``, the tokens a verify starting at each output position would
 emit. The fit (``specgov.simulator.engine.acceptance_fit``) measures the all-position rates per
 domain and fits the per-token correlation so that the model's accept length matches the trace's
@@ -42,7 +42,8 @@ def fit_acceptance_cmd(trace: Path, output: Path | None, name: str | None, seed:
 
     from specgov.simulator.engine.acceptance_fit import AcceptanceFitError, profile_document
     from specgov.simulator.engine.acceptance_fit import fit_trace_domains as fit
-    from specgov.simulator.workload.traces import TraceError, load_trace
+    from specgov.simulator.workload.trace_files import load_trace
+    from specgov.simulator.workload.traces import TraceError
 
     try:
         loaded = load_trace(trace, "acceptance")

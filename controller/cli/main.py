@@ -409,7 +409,7 @@ def replay(
 ) -> None:
     """Replay TRACE (a file, or `synthetic[:key=value,...]`) once per --policy."""
     with _user_errors():
-        from specgov.simulator.workload.synthetic import open_trace
+        from specgov.simulator.workload.synthetic_text import open_trace
 
         loaded = open_trace(
             trace,

@@ -415,7 +415,7 @@ def sweep_cmd(
     from specgov.simulator.planning.prices import load_prices
     from specgov.simulator.planning.search import SearchSettings
     from specgov.simulator.planning.sweep import SweepSettings, build_document, enumerate_jobs
-    from specgov.simulator.workload.synthetic import open_trace
+    from specgov.simulator.workload.synthetic_text import open_trace
 
     if ray_address is not None and executor != "ray":
         raise click.UsageError("--ray-address needs --executor ray")

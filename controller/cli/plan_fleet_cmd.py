@@ -300,7 +300,7 @@ def fleet_cmd(
             mem_fraction_static=mem_fraction_static,
             catalog_files=tuple(catalog),
         )
-        from specgov.simulator.workload.synthetic import open_trace
+        from specgov.simulator.workload.synthetic_text import open_trace
 
         trace = open_trace(
             trace_source,

@@ -1,7 +1,7 @@
 """Fitting the per-token acceptance model to per-token traces (``specgov fit-acceptance``).
 
 A per-token acceptance trace (the ``acceptance`` JSONL format of
-``specgov.simulator.workload.traces``) gives, for each output position ``p`` of a request,
+``specgov.simulator.workload.trace_files``) gives, for each output position ``p`` of a request,
 ``acc_len[p]``: the tokens a verify starting at ``p`` would emit (accepted drafts + the
 bonus token). *Replaying* it at ``k`` drafts walks the positions a verify actually
 visits: ``n = min(acc_len[p] - 1, k)``, ``p += n + 1``. Its accept length (tokens per

@@ -44,21 +44,31 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
+from specgov.simulator.engine import decode, prefill
+from specgov.simulator.engine.interface import (
+    BatchOracle,
+    EngineConfig,
+    EngineConfigError,
+    EngineResult,
+    PeekableSampler,
+    SamplerFactory,
+    SkipZeroStepCost,
+    StaleableSampler,
+    StepCost,
+    VirtualClock,
+    sglang_decode_cuda_graph_bs,
+)
 from specgov.simulator.engine.live import LIVE_INDEX_BASE
 from specgov.simulator.engine.prefix_cache import PrefixCache
 from specgov.simulator.engine.requests import (
-    ITL_BINS,
-    ITL_LOG_STEP,
-    ITL_MIN_S,
     RequestLedger,
     RequestState,
 )
 from specgov.simulator.engine.requests import itl_bin_value as itl_bin_value
 from specgov.simulator.engine.series import REPORT_SLOTS as REPORT_SLOTS
-from specgov.simulator.engine.series import IntervalSampler, report_slot, slot_layout
+from specgov.simulator.engine.series import IntervalSampler, slot_layout
 from specgov.simulator.engine.series import TimeSeries as TimeSeries
 
 if TYPE_CHECKING:
@@ -67,274 +77,11 @@ if TYPE_CHECKING:
     from specgov.simulator.engine.sglang_metrics import SimMetrics
     from specgov.simulator.workload.traces import Request
 
-# SGLang constants (environ.py / schedule_policy.py, 0.5.23).
-CLIP_MAX_NEW_TOKENS = 4096
+# SGLang constants (environ.py / schedule_policy.py, 0.5.23); the admission clip and the
+# retraction constant live with their users (engine/prefill.py, engine/decode.py).
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14
 NEW_TOKEN_RATIO_DECAY_STEPS = 600
-RETRACT_DECODE_STEPS = 20
-
-# ITL histogram binning: bin = int(log(gap / ITL_MIN_S) * _ITL_SCALE), capped at _ITL_TOP.
-_ITL_SCALE = 1.0 / ITL_LOG_STEP
-_ITL_TOP = ITL_BINS - 1
-
-
-class StepCost(Protocol):
-    """What the engine needs from a cost model (seconds)."""
-
-    def decode_step_s(self, batch_size: int, steps: int, kv_tokens: int) -> float: ...
-
-    def prefill_s(self, new_tokens: int, prefix_kv_tokens: int) -> float: ...
-
-
-class Sampler(Protocol):
-    def draw(self, steps: int) -> int: ...
-
-
-@runtime_checkable
-class SkipZeroStepCost(Protocol):
-    """A cost model that can say what the step-0 draft-extend pass costs (the part
-    ``SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND`` saves)."""
-
-    def draft_extend_pass_s(self, batch_size: float, steps: int, kv_tokens: float) -> float: ...
-
-
-@runtime_checkable
-class StaleableSampler(Protocol):
-    """A sampler whose drafter state can go stale (see ``acceptance_cold.ColdDrafter``)."""
-
-    def draw(self, steps: int) -> int: ...
-
-    def go_stale(self, penalty: float, verifies: int) -> None: ...
-
-
-@runtime_checkable
-class PeekableSampler(Protocol):
-    """A sampler that can tell its next draw without consuming it (for the oracle)."""
-
-    def draw(self, steps: int) -> int: ...
-
-    def peek(self, steps: int) -> int: ...
-
-
-@runtime_checkable
-class BatchOracle(Protocol):
-    """An in-engine policy allowed to see each running request's true next acceptance.
-
-    Benchmarks only (``specgov.simulator.replay.oracle``): the engine binds its cost model,
-    config and acceptance model once, then before every ``get_steps_for_batch`` hands
-    over, per running request, ``peek(steps)`` (the accepted drafts its next verify would
-    get), the output tokens it still has to generate and its domain, plus the KV tokens
-    in use.
-    """
-
-    def bind_engine(self, cost: StepCost, config: EngineConfig, acceptance: object) -> None: ...
-
-    def observe_batch(
-        self,
-        peeks: Sequence[Callable[[int], int]],
-        remaining_tokens: Sequence[int],
-        kv_used_tokens: int,
-        domains: Sequence[str | None],
-    ) -> None: ...
-
-
-class SamplerFactory(Protocol):
-    def sampler(
-        self, request_index: int, domain: str | None, acc_len: Sequence[int] | None = None
-    ) -> Sampler: ...
-
-
-def sglang_decode_cuda_graph_bs(max_bs: int, speculative: bool) -> list[int]:
-    """SGLang's default decode CUDA-graph batch sizes (cuda_graph_hook.py, 0.5.23)."""
-    if speculative:
-        capture = (
-            list(range(1, 9))
-            + list(range(10, 33, 2))
-            + list(range(40, 65, 4))
-            + list(range(72, 257, 8))
-            + list(range(272, max_bs + 1, 16))
-        )
-    else:
-        capture = (
-            [1, 2, 4, 8, 12]
-            + list(range(16, 257, 8))
-            + list(range(272, 512, 16))
-            + list(range(512, max_bs + 1, 32))
-        )
-    capture = [bs for bs in capture if bs <= max_bs]
-    if max_bs not in capture:
-        capture.append(max_bs)
-    return capture
-
-
-class VirtualClock:
-    """The engine's virtual time, readable by in-engine collaborators (TablePolicy's clock)."""
-
-    __slots__ = ("now_s",)
-
-    def __init__(self, now_s: float = 0.0) -> None:
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
-class EngineConfigError(ValueError):
-    """An engine setting is out of range; the message names it."""
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """Scheduler settings of the simulated server (SGLang server-arg names)."""
-
-    kv_token_capacity: int
-    max_running_requests: int | None = None  # None: SGLang's default, from the KV pool
-    chunked_prefill_size: int = 8192
-    cuda_graph_max_bs: int | None = 256  # None: CUDA graphs disabled (no padding)
-    # Tree shapes (topk > 1) verify min(num_draft_tokens, 1 + steps * topk)
-    # tokens per request; chains (topk == 1) verify steps + 1.
-    topk: int = 1
-    num_draft_tokens: int | None = None
-    sample_interval_s: float = 1.0
-    record_events: bool = False
-    # SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND (0.5.23, experimental): step-0 verifies skip
-    # the draft-extend pass (cheaper), and requests that went through them draft cold
-    # after an upshift: the first drafted verify accepts nothing (zeroed stubs), then
-    # accepted drafts are cut by cold_penalty, recovering linearly over
-    # cold_recovery_verifies verifies. 0.146: vLLM #53426's measured 14.6 % lower
-    # acceptance after resuming with stale drafter state (DFlash drafter; assumed to
-    # carry over to EAGLE-3 in SGLang); 16 verifies: assumed (no public figure).
-    skip_zero_step_draft_extend: bool = False
-    cold_penalty: float = 0.146
-    cold_recovery_verifies: int = 16
-    # SGLang's radix cache; False is its --disable-radix-cache (module docstring).
-    prefix_cache: bool = True
-    # Host tier (HiCache) tokens; 0: none. Load-back seconds per token (PCIe).
-    hicache_token_capacity: int = 0
-    hicache_load_s_per_token: float = 0.0
-    # GPU time one tier switch (a change of the runtime state's step count) stalls the
-    # next decode forward (the drafter catalog's tier_switch_ms; default 0: free).
-    tier_switch_s: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.kv_token_capacity < 1:
-            raise EngineConfigError(
-                f"kv_token_capacity must be a positive token count, got {self.kv_token_capacity}"
-            )
-        if self.max_running_requests is not None and self.max_running_requests < 1:
-            raise EngineConfigError(
-                f"max_running_requests must be >= 1, got {self.max_running_requests}"
-            )
-        if self.chunked_prefill_size < 1:
-            raise EngineConfigError(
-                f"chunked_prefill_size must be >= 1, got {self.chunked_prefill_size}"
-            )
-        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
-            raise EngineConfigError(
-                f"cuda_graph_max_bs must be >= 1 or None, got {self.cuda_graph_max_bs}"
-            )
-        if self.topk < 1:
-            raise EngineConfigError(f"topk must be >= 1, got {self.topk}")
-        if self.topk > 1 and (self.num_draft_tokens is None or self.num_draft_tokens < 2):
-            raise EngineConfigError(
-                f"num_draft_tokens must be >= 2 with topk={self.topk}, got {self.num_draft_tokens}"
-            )
-        if self.sample_interval_s <= 0:
-            raise EngineConfigError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")
-        if not 0.0 <= self.cold_penalty <= 1.0:
-            raise EngineConfigError(f"cold_penalty must be in [0, 1], got {self.cold_penalty}")
-        if self.cold_recovery_verifies < 1:
-            raise EngineConfigError(
-                f"cold_recovery_verifies must be >= 1, got {self.cold_recovery_verifies}"
-            )
-        if self.hicache_token_capacity < 0 or self.hicache_load_s_per_token < 0:
-            raise EngineConfigError(
-                "hicache_token_capacity and hicache_load_s_per_token must be >= 0, got "
-                f"{self.hicache_token_capacity}, {self.hicache_load_s_per_token}"
-            )
-        if self.hicache_token_capacity and not self.prefix_cache:
-            raise EngineConfigError(
-                "a hierarchical cache needs the radix cache (prefix_cache=True), as SGLang's "
-                "--enable-hierarchical-cache does"
-            )
-        if not self.tier_switch_s >= 0.0 or math.isinf(self.tier_switch_s):
-            raise EngineConfigError(
-                f"tier_switch_s must be a finite number >= 0 seconds, got {self.tier_switch_s}"
-            )
-
-    def verify_tokens_per_request(self, steps: int) -> int:
-        if self.topk == 1 or steps == 0 or self.num_draft_tokens is None:
-            return steps + 1
-        return min(self.num_draft_tokens, 1 + steps * self.topk)
-
-    @property
-    def running_cap(self) -> int:
-        # SGLang derives the default from the token pool (model_runner): at
-        # most half the pool's tokens, never more than 4096 requests.
-        if self.max_running_requests is not None:
-            return self.max_running_requests
-        return max(1, min(4096, self.kv_token_capacity // 2))
-
-
-@dataclass
-class EngineResult:
-    """Everything one simulated run measured; metrics.py summarises it."""
-
-    completed: int
-    aborted: int
-    output_tokens: int
-    first_arrival_s: float
-    end_s: float
-    ttft_s: list[float]
-    tpot_s: list[float]  # per completed request; NaN for single-token requests
-    e2e_s: list[float]
-    queue_s: list[float]
-    req_output_tokens: list[int]
-    req_arrival_s: list[float]
-    itl_hist: list[int]  # token-weighted, log bins (see itl_bin_edges)
-    decode_batches: int
-    prefill_batches: int
-    decode_time_s: float  # GPU time spent in decode forwards
-    prefill_time_s: float  # GPU time spent in prefill forwards
-    verify_calls: int
-    accepted_drafts: int
-    verified_requests: int
-    retractions: int
-    tier_switches: int
-    kv_peak_tokens: int
-    kv_token_capacity: int
-    steps_hist: dict[tuple[int, int], int]  # (policy's slot, steps) -> decode batches
-    batch_size_hist: dict[int, int]
-    series: TimeSeries
-    events: list[tuple[float, str, int, int]]
-    prefill_tokens: int = 0  # tokens prefill forwards computed (cached prefixes excluded)
-    # Prefix cache, first admissions only (re-prefills after a retraction excluded, as
-    # SGLang's hit rate excludes them): prompt tokens reused / looked up.
-    cache_hit_tokens: int = 0
-    cache_lookup_tokens: int = 0
-    cache_evicted_tokens: int = 0
-    # Host tier (HiCache): hits served from it (loaded back), its capacity, its
-    # evictions and the PCIe seconds spent loading back.
-    cache_hit_host_tokens: int = 0
-    hicache_token_capacity: int = 0
-    cache_host_evicted_tokens: int = 0
-    hicache_load_s: float = 0.0
-
-    @property
-    def prefix_cache_hit_rate_host(self) -> float:
-        """Reused prompt tokens that came from the host tier / looked-up tokens."""
-        if self.cache_lookup_tokens <= 0:
-            return 0.0
-        return self.cache_hit_host_tokens / self.cache_lookup_tokens
-
-    @property
-    def prefix_cache_hit_rate(self) -> float:
-        """Reused / looked-up prompt tokens (SGLang's cache_hit_rate, whole run, both
-        tiers); 0 when nothing was looked up (no cache, or no request with block ids)."""
-        if self.cache_lookup_tokens <= 0:
-            return 0.0
-        return self.cache_hit_tokens / self.cache_lookup_tokens
 
 
 class Engine:
@@ -389,12 +136,12 @@ class Engine:
             # AdaptiveController.init_states: graphs first, then the initial state.
             policy.set_cuda_graph_bs(self.cuda_graph_bs)
             start = policy.get_steps_for_batch(1) if initial_steps is None else initial_steps
-            self._check_step(start)
+            self.check_step(start)
             self.initial_steps = start
         else:
             self.initial_steps = 0
 
-    def _check_step(self, step: int) -> None:
+    def check_step(self, step: int) -> None:
         if step not in self.candidates:
             # Same failure as AdaptiveController._activate.
             raise ValueError(f"Missing adaptive runtime state for steps={step}")
@@ -475,8 +222,10 @@ class Run:
 
     One method per concern of SGLang's loop: admission (arrivals, closed-loop
     users), ticks, prefill batch formation, prefill, decode (step choice,
-    retraction, verify and token emission), finishing. Methods work at batch
-    granularity; the per-request loops inside them bind what they use to locals.
+    retraction, verify and token emission), finishing. Prefill and decode are
+    functions of the run in ``engine/prefill.py`` and ``engine/decode.py`` (the
+    methods here call them). Methods work at batch granularity; the per-request
+    loops inside them bind what they use to locals.
     """
 
     __slots__ = (
@@ -556,13 +305,19 @@ class Run:
         live: LiveSource | None = None,
         start_s: float | None = None,
     ) -> None:
-        cfg = engine.config
         self.engine = engine
         self.requests = requests
         self.metrics = metrics
         self.on_tick = on_tick
         self.tick_interval_s = tick_interval_s
         self.concurrency = concurrency
+        self._bind_models(engine)
+        self._init_timeline(requests, tick_interval_s, concurrency, live, start_s)
+        self._init_counters(engine, requests)
+
+    def _bind_models(self, engine: Engine) -> None:
+        """The engine's collaborators and settings, bound to attributes the loop reads."""
+        cfg = engine.config
         self.policy = engine.policy
         self.oracle = engine.oracle
         self.acceptance = engine.acceptance
@@ -589,6 +344,15 @@ class Run:
         self.record = cfg.record_events
         self.events: list[tuple[float, str, int, int]] = []
 
+    def _init_timeline(
+        self,
+        requests: Sequence[Request],
+        tick_interval_s: float,
+        concurrency: int | None,
+        live: LiveSource | None,
+        start_s: float | None,
+    ) -> None:
+        """Arrivals (open or closed loop), the queues, and the run's start time."""
         n_total = len(requests)
         if concurrency is not None:
             # Closed loop: arrival times are assigned as users get their answers.
@@ -618,6 +382,9 @@ class Run:
         self.live_states: dict[int, RequestState] = {}  # live index -> state, in flight
         self.next_tick = self.now + tick_interval_s
 
+    def _init_counters(self, engine: Engine, requests: Sequence[Request]) -> None:
+        """The scheduler's estimates, the run's counters, the sampler and the cache."""
+        cfg = engine.config
         init_ratio = INIT_NEW_TOKEN_RATIO
         self.min_ratio = init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR
         self.ratio_decay = (init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
@@ -731,7 +498,7 @@ class Run:
         if r.cache_nodes:
             self.cache.unpin(r.cache_nodes, self.now)  # type: ignore[union-attr]
             r.cache_nodes = []
-        self._abort(r)
+        self.abort(r)
 
     def _next_user_request(self, t: float) -> None:
         """Closed loop: a user got its answer (or an abort) at *t* and sends its next request."""
@@ -764,7 +531,7 @@ class Run:
                 on_tick(self.next_tick)
                 self.next_tick += self.tick_interval_s
         self.now = target
-        self._flush_samples(target)
+        self.flush_samples(target)
         return True
 
     def _idle_live(self) -> bool:
@@ -779,15 +546,15 @@ class Run:
         if pending and self.arrivals[self.next_arrival] < until:
             until = self.arrivals[self.next_arrival]
         self.now = max(self.now, min(live.idle(self.now, until), until))
-        self._flush_samples(self.now)
+        self.flush_samples(self.now)
         return True
 
-    def _flush_samples(self, upto_s: float) -> None:
+    def flush_samples(self, upto_s: float) -> None:
         self.sampler.flush(
-            upto_s, len(self.waiting), len(self.running), self._in_use(), self.capacity
+            upto_s, len(self.waiting), len(self.running), self.in_use_tokens(), self.capacity
         )
 
-    def _in_use(self) -> int:
+    def in_use_tokens(self) -> int:
         """KV tokens in use: requests' own plus the cached blocks they pin (evictable
         cached blocks count as free, as SGLang's num_used_tokens counts them)."""
         cache = self.cache
@@ -795,7 +562,7 @@ class Run:
 
     # ---- request ends ----
 
-    def _abort(self, r: RequestState) -> None:
+    def abort(self, r: RequestState) -> None:
         self.ledger.aborted += 1
         if self.live is not None and self.live_states.pop(r.index, None) is not None:
             self.live.rejected(r.index - LIVE_INDEX_BASE, "the request can never fit the KV pool")
@@ -809,9 +576,9 @@ class Run:
         never be admitted (the abort rule of prefill formation covers the usual case;
         this guards against a stuck loop)."""
         if self.waiting:
-            self._abort(self.waiting.popleft())
+            self.abort(self.waiting.popleft())
 
-    def _finish(self, r: RequestState, t: float) -> int:
+    def finish(self, r: RequestState, t: float) -> int:
         """*r* produced its last token at *t*; returns the KV tokens it releases
         (the caller takes them off its ``kv_used``)."""
         if self.concurrency is not None:
@@ -840,446 +607,29 @@ class Run:
             self.live_states.pop(r.index, None)
         return kv
 
-    # ---- prefill (has priority, as in get_next_batch_to_run) ----
+    # ---- prefill (has priority, as in get_next_batch_to_run): engine/prefill.py ----
 
     def form_prefill_batch(self) -> list[tuple[RequestState, int]]:
-        """get_new_batch_prefill: (request, tokens to prefill now) pairs.
-
-        The chunked request's next chunk first, then FCFS admission bounded by the
-        running cap, the chunk token budget and the KV left once running requests'
-        reservations (``min(remaining, 4096) * new_token_ratio``) are set aside. A
-        request that can never fit, even alone, is aborted.
-        """
-        batch: list[tuple[RequestState, int]] = []
-        budget = self.chunk_budget
-        chunked = self.chunked
-        running = self.running
-        waiting = self.waiting
-        running_cap = self.running_cap
-        if chunked is not None:
-            take = min(chunked.prefill_target - chunked.prefilled, budget)
-            batch.append((chunked, take))
-            budget -= take
-        if waiting and budget > 0 and len(running) + len(batch) < running_cap:
-            if self.cache is not None:
-                self._admit_cached(batch, budget)
-                return batch
-            new_token_ratio = self.new_token_ratio
-            kv_used = self.kv_used
-            rem_total = self.capacity - kv_used - self._reserved_decode_tokens()
-            if chunked is not None:
-                rem_total -= chunked.prefill_target - chunked.prefilled
-            while waiting and budget > 0 and len(running) + len(batch) < running_cap:
-                r = waiting[0]
-                need = r.prefill_target - r.prefilled
-                rem_out = r.output_tokens - r.generated
-                total = need + min(rem_out, CLIP_MAX_NEW_TOKENS) * new_token_ratio
-                if total > rem_total:
-                    if not running and not batch and chunked is None and kv_used == 0:
-                        # Can never fit, even alone: SGLang rejects it.
-                        waiting.popleft()
-                        self._abort(r)
-                        continue
-                    break
-                waiting.popleft()
-                take = need if need < budget else budget
-                batch.append((r, take))
-                budget -= take
-                rem_total -= total
-        return batch
-
-    def _reserved_decode_tokens(self) -> float:
-        """KV the running requests may still need: their remaining outputs (each clipped
-        at CLIP_MAX_NEW_TOKENS) times the new-token ratio (SGLang's admission estimate)."""
-        reserved = 0.0
-        for r in self.running:
-            rem = r.output_tokens - r.generated
-            reserved += rem if rem < CLIP_MAX_NEW_TOKENS else CLIP_MAX_NEW_TOKENS
-        return reserved * self.new_token_ratio
-
-    def _admit_cached(self, batch: list[tuple[RequestState, int]], budget: int) -> None:
-        """FCFS admission with the prefix cache (``form_prefill_batch``'s loop): each
-        request reuses its longest cached prefix, pins it and needs KV for the rest.
-
-        Evictable cached blocks count as free (SGLang's ``rem_total_tokens`` adds
-        ``evictable_size``); pinning a reused block takes it out of that pool.
-        """
-        cache = self.cache
-        assert cache is not None
-        chunked = self.chunked
-        running = self.running
-        waiting = self.waiting
-        running_cap = self.running_cap
-        new_token_ratio = self.new_token_ratio
-        kv_used = self.kv_used
-        rem_total = self.capacity - kv_used - cache.pinned_tokens - self._reserved_decode_tokens()
-        if chunked is not None:
-            rem_total -= chunked.prefill_target - chunked.prefilled
-        now = self.now
-        while waiting and budget > 0 and len(running) + len(batch) < running_cap:
-            r = waiting[0]
-            path = []
-            cached = 0
-            if r.hash_ids and r.prefilled == 0:
-                path = cache.match(r.hash_ids, r.input_tokens, now)
-                # The last prompt token is always computed (its logits).
-                cached = min(cache.path_tokens(path), r.prefill_target - 1)
-                if cached <= 0:
-                    path, cached = [], 0
-            need = r.prefill_target - r.prefilled - cached
-            rem_out = r.output_tokens - r.generated
-            total = need + min(rem_out, CLIP_MAX_NEW_TOKENS) * new_token_ratio
-            pin_cost = cache.unpinned_tokens(path)  # host-only blocks: loaded back
-            if total + pin_cost > rem_total:
-                if not running and not batch and chunked is None and kv_used == 0:
-                    waiting.popleft()  # can never fit, even alone: SGLang rejects it
-                    self._abort(r)
-                    continue
-                break
-            waiting.popleft()
-            if path:
-                host = cache.host_only_tokens(path)
-                if host:
-                    self.batch_load_tokens += host
-                    # Reused tokens past the device part came from the host tier.
-                    host_hit = cached - (cache.path_tokens(path) - host)
-                    if host_hit > 0 and r.retracted == 0:
-                        self.cache_hit_host += host_hit
-                cache.pin(path)
-                r.cache_nodes = list(path)
-            r.cached = cached
-            r.prefilled += cached  # reused: counts as prefilled, charged as prefix
-            if r.retracted == 0:
-                # SGLang's hit rate: first attempts only (re-prefills are "reprocessed").
-                self.cache_hit += cached
-                self.cache_lookup += r.input_tokens
-                self.batch_cache_hit += cached
-            take = need if need < budget else budget
-            batch.append((r, take))
-            budget -= take
-            rem_total -= total + pin_cost
+        """get_new_batch_prefill: (request, tokens to prefill now) pairs
+        (``specgov.simulator.engine.prefill.form_prefill_batch``)."""
+        return prefill.form_prefill_batch(self)
 
     def run_prefill(self, batch: list[tuple[RequestState, int]]) -> None:
-        """One prefill forward; decoding requests stall meanwhile. Requests whose
-        prefill completes emit their next token and join the running batch."""
-        new_tokens = 0
-        prefix = 0
-        for r, take in batch:
-            new_tokens += take
-            prefix += r.prefilled
-        dt = self.prefill_s(new_tokens, prefix)
-        if self.batch_load_tokens:
-            # Load-back copies overlap the forward layer by layer (module docstring).
-            load_s = self.batch_load_tokens * self.engine.config.hicache_load_s_per_token
-            self.hicache_load_s += load_s
-            self.batch_load_tokens = 0
-            if load_s > dt:
-                dt = load_s
-        now = self.now + dt
-        self.now = now
-        self.prefill_time += dt
-        self.prefill_tokens += new_tokens
-        metrics = self.metrics
-        if metrics is not None:
-            metrics.on_prefill(new_tokens, dt)
-        cache = self.cache
-        if cache is not None:
-            # Room for the new tokens: evict unpinned cached blocks, LRU first (admission
-            # counted them as free).
-            free = self.capacity - self.kv_used - cache.total_tokens
-            if new_tokens > free:
-                cache.evict(new_tokens - free)
-            if metrics is not None:
-                # SGLang's per-prefill-batch gauge: hits / (hits + computed), first
-                # attempts only.
-                first = sum(take for r, take in batch if r.retracted == 0)
-                metrics.on_prefix_cache(self.batch_cache_hit, first)
-            self.batch_cache_hit = 0
-        self.prefill_batches += 1
-        chunked = None
-        running = self.running
-        record = self.record
-        events = self.events
-        queue = self.ledger.queue_s
-        itl_hist = self.ledger.itl_hist
-        log = math.log
-        itl_min = ITL_MIN_S
-        itl_scale = _ITL_SCALE
-        itl_top = _ITL_TOP
-        kv_used = self.kv_used
-        tokens = 0
-        for r, take in batch:
-            r.prefilled += take
-            r.kv_tokens += take
-            kv_used += take
-            if r.prefilled < r.prefill_target:
-                chunked = r
-                continue
-            if cache is not None and r.hash_ids:
-                # The prompt's blocks enter the cache (cache_unfinished_req); blocks
-                # another request cached meanwhile replace this one's copy.
-                added, moved, dup = cache.insert(r.hash_ids, r.input_tokens, r.cache_nodes, now)
-                if added:
-                    r.cache_nodes.extend(added)
-                    r.kv_tokens -= moved + dup
-                    kv_used -= moved + dup
-            # Prefill done: it produces the next token.
-            r.generated += 1
-            tokens += 1
-            if r.first_token_s < 0:
-                r.first_token_s = now
-                queue.append(now - dt - r.arrival_s)
-                if metrics is not None:
-                    metrics.on_first_token(now - r.arrival_s, now - dt - r.arrival_s)
-            else:
-                gap = now - r.last_token_s
-                b = int(log(gap / itl_min) * itl_scale) if gap > itl_min else 0
-                itl_hist[b if b < itl_top else itl_top] += 1
-                if metrics is not None:
-                    metrics.on_tokens(gap, 1)
-            r.last_token_s = now
-            if record:
-                events.append((now, "prefill", r.index, r.prefilled))
-            if r.generated >= r.output_tokens:
-                kv_used -= self._finish(r, now)
-            else:
-                running.append(r)
-        self.chunked = chunked
-        self.sampler.tokens += tokens
-        self.kv_used = kv_used
-        if self.live is not None:
-            self.live.emitted(now, [r for r, _ in batch])
-        used = kv_used if cache is None else kv_used + cache.pinned_tokens
-        if used > self.kv_peak:
-            self.kv_peak = used
-        if now >= self.sampler.next_sample_s:
-            self._flush_samples(now)
+        """One prefill forward (``specgov.simulator.engine.prefill.run_prefill``)."""
+        prefill.run_prefill(self, batch)
 
-    # ---- decode ----
-
-    def _switch_steps(self, step: int) -> None:
-        self.engine._check_step(step)
-        self.current_steps = step
-        self.tier_switches += 1
-        self.switch_stall_s += self.switch_s
-
-    def _choose_steps(self, bsz: int) -> int:
-        """activate_step_by_batch: the oracle sees the batch, the policy picks its step."""
-        oracle = self.oracle
-        if oracle is not None:
-            running = self.running
-            oracle.observe_batch(
-                [r.peek for r in running],  # type: ignore[misc]
-                [r.output_tokens - r.generated for r in running],
-                self._in_use(),
-                [r.domain for r in running],
-            )
-        policy = self.policy
-        if policy is not None:
-            target = policy.get_steps_for_batch(bsz)
-            if target != self.current_steps:
-                self._switch_steps(target)
-        return self.current_steps
-
-    def _retract(self, per_req: int) -> None:
-        """retract_decode: keep the longest-decoded; pop fewest outputs, then longest
-        input, until the step fits (keep at least one); re-estimate new_token_ratio."""
-        running = self.running
-        running.sort(key=lambda q: (q.generated, -q.input_tokens), reverse=True)
-        retracted_now: list[RequestState] = []
-        capacity = self.capacity
-        kv_used = self.kv_used
-        record = self.record
-        cache = self.cache
-        # With the cache, only pinned blocks are in the way: the rest is evicted below.
-        pinned = 0 if cache is None else cache.pinned_tokens
-        while len(running) > 1 and capacity - kv_used - pinned < len(running) * per_req:
-            q = running.pop()
-            kv_used -= q.kv_tokens
-            q.kv_tokens = 0
-            if q.cache_nodes:
-                cache.unpin(q.cache_nodes, self.now)  # type: ignore[union-attr]
-                q.cache_nodes = []
-                pinned = cache.pinned_tokens  # type: ignore[union-attr]
-            q.prefilled = 0
-            q.prefill_target = q.input_tokens + q.generated
-            q.retracted += 1
-            retracted_now.append(q)
-            if record:
-                self.events.append((self.now, "retract", q.index, q.generated))
-        self.kv_used = kv_used
-        if cache is not None:
-            short = len(running) * per_req - (capacity - kv_used - cache.total_tokens)
-            if short > 0:
-                cache.evict(short)
-        self.retractions += len(retracted_now)
-        if self.metrics is not None:
-            self.metrics.on_retract(len(retracted_now))
-        # Re-queued at the front, in their original order.
-        waiting = self.waiting
-        for q in sorted(retracted_now, key=lambda q: q.index, reverse=True):
-            waiting.appendleft(q)
-        dec = 0
-        mx = 0
-        for q in running:
-            dec += q.generated
-            mx += q.output_tokens
-        self.new_token_ratio = min(1.0, (dec + RETRACT_DECODE_STEPS * len(running)) / (mx + 1))
+    # ---- decode: engine/decode.py ----
 
     def decode(self) -> None:
-        """One decode forward over every running request, retracting first when the
-        KV pool cannot hold the step's verified tokens."""
-        bsz = len(self.running)
-        self.vclock.now_s = self.now
-        k = self._choose_steps(bsz)
-        per_req = self.verify_tokens(k)
-        cache = self.cache
-        if cache is not None:
-            # check_decode_mem: evict unpinned cached blocks before retracting anyone.
-            short = bsz * per_req - (self.capacity - self.kv_used - cache.total_tokens)
-            if short > 0:
-                cache.evict(short)
-            room = self.capacity - self.kv_used - cache.total_tokens
-        else:
-            room = self.capacity - self.kv_used
-        if room < bsz * per_req and bsz > 1:
-            self._retract(per_req)
-            bsz = len(self.running)
-            k = self._choose_steps(bsz)
-        kv_used = self.kv_used
-        dt = self.decode_step_s(bsz, k, kv_used)
-        if self.switch_stall_s:
-            # The switches since the last forward stall this one (decode GPU time).
-            dt += self.switch_stall_s
-            self.switch_stall_s = 0.0
-        start = self.now
-        now = start + dt
-        self.now = now
-        self.vclock.now_s = now
-        self.decode_time += dt
-        self.decode_batches += 1
-        bs_hist = self.bs_hist
-        bs_hist[bsz] = bs_hist.get(bsz, 0) + 1
-        sampler = self.sampler
-        sampler.bs_time += bsz * dt
-        sampler.busy_s += dt
-        accepted, emitted_total, done = self._verify(k, now)
-        kv_used += emitted_total
-        self.kv_used = kv_used
-        used = kv_used if cache is None else kv_used + cache.pinned_tokens
-        if used > self.kv_peak:
-            self.kv_peak = used
-        sampler.tokens += emitted_total
-        slot = self.slot_of_bsz.get(bsz)
-        if slot is None:
-            slot = self.slot_of_bsz[bsz] = report_slot(bsz, self.graph_bs, sampler.slots)
-        key = (slot, k)
-        steps_hist = self.steps_hist
-        steps_hist[key] = steps_hist.get(key, 0) + 1
-        sampler.steps_sum[slot] += k
-        sampler.steps_n[slot] += 1
-        if self.record:
-            self.events.append((start, "decode", bsz, k))
-        policy = self.policy
-        if policy is not None:
-            self.verify_calls += 1
-            self.verified_requests += bsz
-            ret = policy.on_verify_complete(accepted, bsz)
-            if ret is not None and ret != self.current_steps:
-                self._switch_steps(ret)
-        if self.metrics is not None:
-            self.metrics.on_decode(
-                now_s=now,
-                running=bsz,
-                queued=len(self.waiting),
-                used_tokens=used,
-                capacity_tokens=self.capacity,
-                steps=k,
-                emitted_tokens=emitted_total,
-                verified_requests=bsz if policy is not None else 0,
-                step_s=dt,
-            )
-        stepped = self.running
-        if done:
-            for r in done:
-                kv_used -= self._finish(r, now)
-            self.kv_used = kv_used
-            done_set = set(map(id, done))
-            self.running = [r for r in self.running if id(r) not in done_set]
-        if self.live is not None:
-            self.live.emitted(now, stepped)
-        self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
-        if now >= sampler.next_sample_s:
-            self._flush_samples(now)
-
-    def _verify(self, k: int, now: float) -> tuple[list[int], int, list[RequestState]]:
-        """Acceptance draws and token emission for a step-*k* forward ending at *now*.
-
-        Returns the accepted drafts per request (what on_verify_complete gets), the
-        tokens emitted and the requests that finished. The per-request loops.
-        """
-        running = self.running
-        metrics = self.metrics
-        itl_hist = self.ledger.itl_hist
-        log = math.log
-        itl_min = ITL_MIN_S
-        itl_scale = _ITL_SCALE
-        itl_top = _ITL_TOP
-        done: list[RequestState] = []
-        emitted_total = 0
-        if k > 0:
-            accepted: list[int] = []
-            acc_sum = 0
-            for r in running:
-                a = r.draw(k)  # type: ignore[misc]
-                accepted.append(a)
-                acc_sum += a
-                rem = r.output_tokens - r.generated
-                e = a + 1 if a < rem else rem
-                gap = now - r.last_token_s
-                v = gap / e
-                b = int(log(v / itl_min) * itl_scale) if v > itl_min else 0
-                itl_hist[b if b < itl_top else itl_top] += e
-                r.verifies += 1
-                if metrics is not None:
-                    metrics.on_tokens(gap, e)
-                r.generated += e
-                r.kv_tokens += e
-                r.last_token_s = now
-                emitted_total += e
-                if e == rem:
-                    done.append(r)
-            self.accepted_total += acc_sum
-        else:
-            accepted = [0] * len(running) if self.policy is not None else []
-            for r in running:
-                if r.draw is not None:
-                    # Step 0 still verifies one token: a per-token
-                    # acceptance replay must advance its position too.
-                    r.draw(0)
-                    r.verifies += 1
-                gap = now - r.last_token_s
-                b = int(log(gap / itl_min) * itl_scale) if gap > itl_min else 0
-                itl_hist[b if b < itl_top else itl_top] += 1
-                if metrics is not None:
-                    metrics.on_tokens(gap, 1)
-                r.generated += 1
-                r.kv_tokens += 1
-                r.last_token_s = now
-                if r.generated >= r.output_tokens:
-                    done.append(r)
-            emitted_total = len(running)
-            if self.skip_zero:
-                cfg = self.engine.config
-                for r in running:
-                    r.go_stale(cfg.cold_penalty, cfg.cold_recovery_verifies)  # type: ignore[misc]
-        return accepted, emitted_total, done
+        """One decode forward over every running request
+        (``specgov.simulator.engine.decode.decode``)."""
+        decode.decode(self)
 
     # ---- the result ----
 
     def close_series(self) -> None:
         """Sample the last, partial interval."""
-        self._flush_samples(self.now + self.sampler.interval_s)
+        self.flush_samples(self.now + self.sampler.interval_s)
 
     def result(self) -> EngineResult:
         ledger = self.ledger

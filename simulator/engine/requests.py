@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 ITL_MIN_S = 1e-6
 ITL_LOG_STEP = math.log(1.01)
 ITL_BINS = int(math.log(1e9) / ITL_LOG_STEP) + 2
+# Binning a gap: bin = int(log(gap / ITL_MIN_S) * ITL_SCALE), capped at ITL_TOP.
+ITL_SCALE = 1.0 / ITL_LOG_STEP
+ITL_TOP = ITL_BINS - 1
 
 
 def itl_bin_value(index: int) -> float:

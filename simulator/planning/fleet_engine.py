@@ -39,7 +39,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specgov.simulator.engine.core import Engine, EngineResult, Run, Sampler, SamplerFactory
+from specgov.simulator.engine.core import Engine, Run
+from specgov.simulator.engine.interface import EngineResult, Sampler, SamplerFactory
 from specgov.simulator.planning.router import ReplicaLoad, Router
 from specgov.simulator.workload.traces import Request
 

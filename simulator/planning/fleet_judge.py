@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from specgov.simulator.engine.core import EngineResult
+from specgov.simulator.engine.interface import EngineResult
 from specgov.simulator.engine.memory import MemoryPlan
 from specgov.simulator.planning.simplicity import complexity
 from specgov.simulator.replay.metrics import Slo

@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from specgov.simulator.engine.core import EngineResult, itl_bin_value
+from specgov.simulator.engine.core import itl_bin_value
+from specgov.simulator.engine.interface import EngineResult
 
 
 class SloError(ValueError):

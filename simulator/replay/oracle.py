@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
-    from specgov.simulator.engine.core import EngineConfig, StepCost
+    from specgov.simulator.engine.interface import EngineConfig, StepCost
 
 __all__ = [
     "CLAIRVOYANT",

@@ -40,8 +40,9 @@ from specgov.simulator.catalog import (
     ModelSpec,
 )
 from specgov.simulator.engine.acceptance import AcceptanceModel
-from specgov.simulator.engine.core import Engine, EngineConfig, EngineResult, VirtualClock
+from specgov.simulator.engine.core import Engine
 from specgov.simulator.engine.cost import CostModel
+from specgov.simulator.engine.interface import EngineConfig, EngineResult, VirtualClock
 from specgov.simulator.engine.memory import MemoryPlan, plan_memory
 from specgov.simulator.engine.prefix_cache import HicacheError, hicache_token_capacity
 from specgov.simulator.engine.sglang_metrics import SimMetrics

@@ -107,9 +107,10 @@ def serve(
 
 
 def load_trace_arg(text: str, *, seed: int = 0) -> Trace:
-    """``synthetic[:...]`` (see specgov.simulator.workload.synthetic) or a trace file path."""
-    from specgov.simulator.workload.synthetic import generate_trace, parse_synthetic_spec
-    from specgov.simulator.workload.traces import load_trace
+    """``synthetic[:...]`` (see specgov.simulator.workload.synthetic_text) or a trace file path."""
+    from specgov.simulator.workload.synthetic import generate_trace
+    from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
+    from specgov.simulator.workload.trace_files import load_trace
 
     if text == "synthetic" or text.startswith("synthetic:"):
         return generate_trace(parse_synthetic_spec(text))

@@ -56,7 +56,7 @@ from typing import Any
 
 from aiohttp import web
 
-from specgov.simulator.engine.core import EngineResult
+from specgov.simulator.engine.interface import EngineResult
 from specgov.simulator.replay.runner import ServerSpec
 from specgov.simulator.server import endpoints as ep
 from specgov.simulator.server.controls import (

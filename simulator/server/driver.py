@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool_stats import BackgroundStatsWriter
-from specgov.simulator.engine.core import EngineResult
+from specgov.simulator.engine.interface import EngineResult
 from specgov.simulator.replay.runner import PreparedRun
 from specgov.simulator.server import endpoints as ep
 from specgov.simulator.server.served_metrics import ServedMetrics

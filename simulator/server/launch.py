@@ -52,7 +52,7 @@ from specgov.policies.engine.adaptive_config import (
     parse_adaptive_config,
 )
 from specgov.policies.engine.ema import EmaPolicy
-from specgov.simulator.engine.core import VirtualClock
+from specgov.simulator.engine.interface import VirtualClock
 from specgov.simulator.replay.runner import (
     ADAPTIVE_ALGORITHMS,
     InEnginePolicy,
