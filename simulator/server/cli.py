@@ -238,7 +238,8 @@ def sim_server_cmd(
         )
     except (ValueError, OSError) as exc:
         raise click.ClickException(str(exc)) from None
-    if asked not in (None, PLAIN_ALGORITHM, sim.speculative_algorithm):
+    # The drafter's algorithm is asked of the server only when a flag names one to check.
+    if asked not in (None, PLAIN_ALGORITHM) and asked != sim.speculative_algorithm:
         raise click.ClickException(
             f"--speculative-algorithm {speculative_algorithm}: the drafter {drafter!r} runs "
             f"{sim.speculative_algorithm}; give {PLAIN_ALGORITHM} for a plain server or "
