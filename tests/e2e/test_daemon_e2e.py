@@ -344,7 +344,9 @@ def test_override_applies_next_decision_expires_on_time_and_clears(e2e: E2E) -> 
     cleared_at = daemon.override_cleared_at(second["id"])
     assert cleared_at is not None and cleared_at > second["created_at_s"], cleared_at
     reverted = daemon.first_decision_after(cleared_at, what="the first decision after the clear")
-    assert reverted["published"] and slot_steps(reverted["table_after"])[1] > 0, (
+    # Slot 1 is the policy's again: its published step, or (table format 2) the live rule
+    # the plugin follows from there, speculates.
+    assert reverted["published"] and max(reachable_steps(reverted["table_after"], 1)) > 0, (
         f"cleared at {cleared_at:.3f}\n" + briefs(daemon.decisions_after(applied["time_s"]))
     )
     assert daemon.cli_json("override", "list") == []
