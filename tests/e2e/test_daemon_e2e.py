@@ -371,7 +371,8 @@ def test_override_applies_next_decision_expires_on_time_and_clears(e2e: E2E) -> 
     assert status["decisions"] >= len(rows) and status["tables_published"] >= 3
     assert status["permanent_error"] is None and status["store_error"] is None
     assert status["spool_error"] is None and status["last_scrape_error"] is None
-    assert status["table"] is not None and slot_steps(status["table"])[1] > 0
+    # Slot 1 speculates again (its step, or the live rule the plugin follows from it).
+    assert status["table"] is not None and max(reachable_steps(status["table"], 1)) > 0
     assert status["overrides"] == []
     assert status["observation"]["running"] is not None
     decided = 'specgov_decisions_total{policy="goodput",reason="%s"}'
