@@ -10,6 +10,8 @@ import random
 from pathlib import Path
 
 import pytest
+from verify_stubs import Clock
+from verify_stubs import draw_accepted as draw
 
 import specgov.policies.engine.table as table_mod
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
@@ -28,25 +30,6 @@ CANDIDATES = [0, 1, 3, 5, 7]
 # CUDA graphs off: SGLang's default config captures no step 0 for small batches.
 GRAPHS = None
 BATCH_S = 0.01  # simulated seconds per decode batch
-
-
-class Clock:
-    def __init__(self, now_s: float = 1_700_000_000.0) -> None:
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
-def draw(rng: random.Random, steps: int, n: int, p: float) -> list[int]:
-    """Accepted drafts per request: each position accepted with probability ``p``."""
-    out = []
-    for _ in range(n):
-        k = 0
-        while k < steps and rng.random() < p:
-            k += 1
-        out.append(k)
-    return out
 
 
 def rule_table(rule: SlotRule, at_s: float, *, steps: int | None = None) -> StepTable:

@@ -38,6 +38,7 @@ from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
+from verify_stubs import Clock, draw_accepted
 
 import specgov.adapters.sglang_plugin as plugin_mod
 from specgov.adapters.sglang_plugin import HOOK_TARGET, SpecgovAdaptiveParams
@@ -62,24 +63,6 @@ def asp(sglang_src: Path) -> ModuleType:
 @pytest.fixture(scope="module")
 def ars(sglang_src: Path) -> ModuleType:
     return load_adaptive_runtime_state(sglang_src)
-
-
-class Clock:
-    def __init__(self, now_s: float = 1_700_000_000.0) -> None:
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
-def draw_accepted(rng: random.Random, steps: int, n: int, p: float) -> list[int]:
-    out = []
-    for _ in range(n):
-        k = 0
-        while k < steps and rng.random() < p:
-            k += 1
-        out.append(k)
-    return out
 
 
 def pad(batch_size: int, graphs: list[int] | None) -> int:
