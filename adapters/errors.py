@@ -28,6 +28,8 @@ from __future__ import annotations
 import reprlib
 from typing import ClassVar, Final
 
+from specgov.policies.common.errors import PermanentError, SpecgovError, TemporaryError
+
 # Bounds of the parts of a message (characters, after escaping). A detail quotes at most
 # a line or a value; a URL or an expected form longer than this is not one we built.
 DETAIL_MAX_CHARS: Final = 512
@@ -91,7 +93,7 @@ def bounded_repr(value: object, limit: int = DETAIL_MAX_CHARS) -> str:
     return escape_upstream(_REPR.repr(value), limit)
 
 
-class ScrapeError(Exception):
+class ScrapeError(SpecgovError):
     """Talking to an SGLang server failed; ``url`` and ``expected`` say where and what.
 
     ``url``, ``expected`` and ``detail`` are stored escaped and bounded
@@ -119,13 +121,13 @@ class ScrapeError(Exception):
         super().__init__(f"{self.url}{status}{tries}: {self.detail}; expected {self.expected}")
 
 
-class TemporaryScrapeError(ScrapeError):
+class TemporaryScrapeError(ScrapeError, TemporaryError):
     """A failure that may clear by itself (timeout, connection refused, 503, 5xx, 429)."""
 
     kind: ClassVar[str] = "temporary"
 
 
-class PermanentScrapeError(ScrapeError):
+class PermanentScrapeError(ScrapeError, PermanentError):
     """A failure retrying cannot fix (401/403 bad key, 404 wrong server, other 4xx)."""
 
     kind: ClassVar[str] = "permanent"

@@ -63,6 +63,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import ALGORITHMS, PolicyTypeError, SpecShape
 from specgov.policies.common.validation import is_int, is_real
 from specgov.policies.engine.adaptive_config import (
@@ -100,7 +101,7 @@ DIGITS = re.compile(r"[0-9]+")
 _INT = re.compile(r"[+-]?[0-9]+")
 
 
-class LaunchConfigError(ValueError):
+class LaunchConfigError(SpecgovError, ValueError):
     """A launch configuration SGLang would reject, rewrite or ignore; says why."""
 
 

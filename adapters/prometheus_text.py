@@ -40,6 +40,7 @@ from functools import lru_cache
 from typing import Any, Final, TypeVar
 
 from specgov.adapters.errors import ResponseFormatError
+from specgov.policies.common.errors import SpecgovError
 
 DP_LABEL: Final = "dp_rank"
 # Labels naming the process that exported a series inside one DP group (its replica).
@@ -378,7 +379,7 @@ def restrict(snapshot: MetricsSnapshot, families: Families) -> MetricsSnapshot:
 # with the line (SGLang writes none of it).
 
 
-class _Unmodelled(Exception):
+class _Unmodelled(SpecgovError):
     """The lexer met something it does not model (or that is malformed): an error."""
 
 

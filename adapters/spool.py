@@ -36,12 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Final, Protocol
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import is_int, is_real
 
 STATS_DIRNAME: Final = "stats"
 
 
-class SpoolError(ValueError):
+class SpoolError(SpecgovError, ValueError):
     """A value handed to a spool writer or reader is malformed; the message names it."""
 
 
@@ -75,7 +76,7 @@ _PRIVATE_FILE_MODE: Final = 0o600
 _GROUP_FILE_MODE: Final = 0o640
 
 
-class SpoolSecurityError(PermissionError):
+class SpoolSecurityError(SpecgovError, PermissionError):
     """The spool directory is not safe to use; the message names the path and the fix.
 
     A ``PermissionError`` (an ``OSError``), so every caller that already handles an

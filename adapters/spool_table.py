@@ -47,6 +47,7 @@ from specgov.adapters.spool import (
     read_bounded,
     table_owner_problem,
 )
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import (
     TABLE_SCHEMA,
     TABLE_SCHEMAS_READ,
@@ -144,7 +145,7 @@ def write_step_table(
     return path
 
 
-class _Rejected(Exception):
+class _Rejected(SpecgovError):
     """Internal: the table file cannot be followed, for ``reason``."""
 
     def __init__(self, reason: str, detail: str) -> None:

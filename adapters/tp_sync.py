@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import PolicyTypeError, StepTable
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ PAYLOAD_VERSION: Final = 1
 MAX_PAYLOAD_BYTES: Final = 1 << 16
 
 
-class TpSyncError(ValueError):
+class TpSyncError(SpecgovError, ValueError):
     """A TP-sync setting or payload is malformed; the message names it."""
 
 

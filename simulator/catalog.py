@@ -43,6 +43,7 @@ from typing import Any
 
 import yaml
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import is_int, is_real
 from specgov.simulator.engine.acceptance import DomainAcceptance
 
@@ -64,7 +65,7 @@ _SECTIONS = ("gpus", "models", "drafters", "acceptance_profiles")
 _BUILTIN_FILES = ("gpus.yaml", "models.yaml", "drafters.yaml")
 
 
-class CatalogError(ValueError):
+class CatalogError(SpecgovError, ValueError):
     """An unknown catalog name or a malformed catalog file; the message says which."""
 
 

@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.roofline import scaled_coefficients
 from specgov.policies.daemon.estimators.step_cost import StepCostPrior
 from specgov.simulator.catalog import Catalog, CatalogError
@@ -32,7 +33,7 @@ __all__ = [
 ]
 
 
-class PriorOptionError(ValueError):
+class PriorOptionError(SpecgovError, ValueError):
     """A wrong-prior option (``prior_scale`` / ``prior_gpu``) is invalid; names the option."""
 
 

@@ -15,17 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from specgov.controller.cli.format import BadInput
+
 if TYPE_CHECKING:
     from specgov.controller.daemon.config import SpecgovConfig
 
 EXIT_OK = 0
-EXIT_INVALID = 2
-
-
-class ConfigInvalid(click.ClickException):
-    """An invalid configuration: exit code 2, like a usage error."""
-
-    exit_code = EXIT_INVALID
 
 
 def _load(path: Path | None) -> SpecgovConfig:
@@ -35,7 +30,7 @@ def _load(path: Path | None) -> SpecgovConfig:
     try:
         return load_config(path)
     except ConfigError as exc:
-        raise ConfigInvalid(str(exc)) from None
+        raise BadInput(str(exc)) from None
 
 
 def _display(value: Any) -> str:

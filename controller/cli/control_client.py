@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from specgov.policies.common.errors import PermanentError, SpecgovError, TemporaryError
 from specgov.policies.common.validation import is_real
 
 DEFAULT_CONTROL_URL: Final = "http://127.0.0.1:9465"
@@ -36,11 +37,11 @@ _USER_AGENT: Final = "specgov-cli/0.1"
 _HOST_PORT_RE: Final = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):([0-9]{1,5})$")
 
 
-class ControlAddressError(ValueError):
+class ControlAddressError(SpecgovError, ValueError):
     """A control address is not ``HOST:PORT`` or an ``http(s)://`` URL."""
 
 
-class ControlClientError(Exception):
+class ControlClientError(SpecgovError):
     """A control API call failed; ``url`` and ``status_code`` (None: no answer) say where."""
 
     def __init__(self, message: str, *, url: str, status_code: int | None = None) -> None:
@@ -53,11 +54,11 @@ class ControlClientError(Exception):
         return self.message
 
 
-class DaemonUnreachableError(ControlClientError, ConnectionError):
+class DaemonUnreachableError(ControlClientError, ConnectionError, TemporaryError):
     """Nothing answered at the control address (refused, timed out, name unknown)."""
 
 
-class ControlRequestError(ControlClientError, ValueError):
+class ControlRequestError(ControlClientError, ValueError, PermanentError):
     """The daemon refused the request (4xx); the message is the daemon's."""
 
 
@@ -65,7 +66,7 @@ class ControlAuthError(ControlRequestError):
     """401/403: the daemon needs a token and did not get the right one."""
 
 
-class ControlServerError(ControlClientError):
+class ControlServerError(ControlClientError, TemporaryError):
     """A 5xx, or an answer that is not the control API's JSON."""
 
 

@@ -57,6 +57,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import click
 
+from specgov.controller.cli.format import BadInput
+
 if TYPE_CHECKING:
     import httpx
 
@@ -91,7 +93,6 @@ ESSENTIAL_METRICS: Final = frozenset(
 )
 EXIT_READY: Final = 0
 EXIT_NOT_READY: Final = 1
-EXIT_INVALID: Final = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -691,10 +692,6 @@ def run_doctor(options: DoctorOptions, *, clock: Callable[[], float] = time.time
         return Doctor(options, client, clock=clock).run()
 
 
-class _Invalid(click.ClickException):
-    exit_code = EXIT_INVALID
-
-
 @click.command(name="doctor")
 @click.option("--server", default=None, help="SGLang base URL (default: server.url).")
 @click.option(
@@ -746,7 +743,7 @@ def doctor_cmd(
             where=f"spool.group or env {SPOOL_GROUP_ENV}",
         )
     except (ConfigError, SpoolError, FleetFileError, ValueError) as exc:
-        raise _Invalid(str(exc)) from None
+        raise BadInput(str(exc)) from None
     url = server if server is not None else config.server.url
     if not url.startswith(("http://", "https://")) or not math.isfinite(timeout_s):
         raise click.UsageError(f"--server: expected an http(s) URL, got {url!r}")

@@ -18,6 +18,8 @@ from typing import Any, Final, TypeGuard
 
 import click
 
+from specgov.policies.common.errors import SpecgovError
+
 UNKNOWN: Final = "unknown"
 
 # Below this share of requests meeting the SLO, the server is overloaded at the replayed
@@ -287,7 +289,7 @@ __all__ = [
 EXIT_USAGE = 2  # the README's code for bad usage, input or configuration
 
 
-class BadInput(click.ClickException):
+class BadInput(SpecgovError, click.ClickException):
     """A bad option value, policy spec, catalog name or trace file: one line, exit 2."""
 
     exit_code = EXIT_USAGE

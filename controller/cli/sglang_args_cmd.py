@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from specgov.controller.cli.format import BadInput
+
 if TYPE_CHECKING:
     from specgov.adapters.launch_config import LaunchConfig
 
@@ -34,13 +36,6 @@ Examples:
   specgov sglang-args --algorithm EAGLE3 --slots '1=1,3,5;8=0,1,3' --config-out a.json
   specgov sglang-args --from-replay report.json --config-out a.json
 """
-
-
-class BadInput(click.ClickException):
-    """A combination SGLang would refuse, a bad flag value or an unreadable report:
-    exit 2, the README's code for bad usage (a failed write exits 1)."""
-
-    exit_code = 2
 
 
 def _read_report(path: Path) -> Any:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Final, cast
 
 from specgov.adapters.errors import escape_upstream
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import is_real
 
 # Bounds on what an error message shows (the config module's docstring).
@@ -24,7 +25,7 @@ MESSAGE_MAX_CHARS: Final = 2000
 MAX_PROBLEMS: Final = 50  # errors listed by one failed load (the rest are counted)
 
 
-class ConfigError(ValueError):
+class ConfigError(SpecgovError, ValueError):
     """Bad configuration; the message names the source, key path, value and expected form.
 
     ``problems``: one printable line per error found (at most about

@@ -72,6 +72,8 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 from aiohttp import web
 
+from specgov.policies.common.errors import SpecgovError
+
 logger = logging.getLogger(__name__)
 
 API_PREFIX: Final = "/v1"
@@ -101,11 +103,11 @@ _TOKEN_RE: Final = re.compile(r"^[\x21-\x7e]+$")  # visible ASCII: sendable in a
 _JSON_TOKEN_RE: Final = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.DOTALL)
 
 
-class ControlApiConfigError(ValueError):
+class ControlApiConfigError(SpecgovError, ValueError):
     """make_app was given an unsafe or invalid configuration; the message says which."""
 
 
-class RequestError(ValueError):
+class RequestError(SpecgovError, ValueError):
     """A request the API refuses with 400; the message names the field and expected form."""
 
 

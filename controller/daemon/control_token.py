@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
 
+from specgov.policies.common.errors import SpecgovError
+
 __all__ = [
     "TOKEN_FILENAME",
     "TokenFileError",
@@ -43,7 +45,7 @@ TOKEN_BYTES: Final = 32
 MAX_TOKEN_FILE_BYTES: Final = 1024
 
 
-class TokenFileError(ValueError):
+class TokenFileError(SpecgovError, ValueError):
     """The token file cannot be trusted or used; the message names the file and the fix."""
 
 

@@ -42,6 +42,7 @@ from specgov.adapters.launch_config import (
     default_slots,
     recommend_skip_zero_step,
 )
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import RestartRecommendation, SpecShape
 from specgov.policies.common.validation import is_real
 from specgov.policies.daemon.estimators.step_cost import StepCostPrior
@@ -68,7 +69,7 @@ EQUAL_GOODPUT = 0.01
 SATURATED_SHARE = 0.5
 
 
-class RecommendError(ValueError):
+class RecommendError(SpecgovError, ValueError):
     """Not enough telemetry, or the deployment is unknown to the catalog."""
 
 

@@ -11,6 +11,8 @@ import sqlite3
 from pathlib import Path
 from typing import Final
 
+from specgov.policies.common.errors import PermanentError, SpecgovError, TemporaryError
+
 __all__ = [
     "STORE_LOG_NAME",
     "StoreCorrupt",
@@ -27,7 +29,7 @@ __all__ = [
 STORE_LOG_NAME: Final = "specgov.controller.daemon.state_store"
 
 
-class StoreError(ValueError):
+class StoreError(SpecgovError, ValueError):
     """Bad input to the store, or a file that is not a usable specgov state database."""
 
 
@@ -35,7 +37,7 @@ class StoreSchemaError(StoreError):
     """The file's schema is newer than this specgov (or not a specgov state database)."""
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(TemporaryError):
     """The database cannot be used right now (read-only, disk full, cannot open, busy, I/O).
 
     The daemon keeps controlling from memory and reports it; the store retries on the
@@ -84,7 +86,7 @@ class StoreReplaced(StoreUnavailable):
         return str(self.args[0])
 
 
-class StoreRefused(StoreError):
+class StoreRefused(StoreError, PermanentError):
     """The file cannot be trusted at start (corrupt, or a path another user could steer):
     the daemon must not start on it."""
 

@@ -17,6 +17,7 @@ from typing import Any, Final
 import msgspec
 
 from specgov.controller.daemon.store_errors import StoreError
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import check_int, check_opt_real, check_real
 from specgov.policies.guardrails import Override
 
@@ -167,7 +168,7 @@ def check_mapping(where: str, value: object) -> Mapping[str, Any]:
     return value
 
 
-class BadRow(ValueError):
+class BadRow(SpecgovError, ValueError):
     """A stored row that cannot be decoded; the reader skips it with a warning."""
 
 

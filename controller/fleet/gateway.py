@@ -34,11 +34,13 @@ from typing import Any, Final
 
 import httpx
 
+from specgov.policies.common.errors import SpecgovError
+
 DEFAULT_TIMEOUT_S: Final = 5.0
 DEFAULT_POLL_S: Final = 0.25
 
 
-class GatewayError(Exception):
+class GatewayError(SpecgovError):
     """A gateway call that failed; ``temporary``: it may succeed if retried later."""
 
     def __init__(self, message: str, *, temporary: bool) -> None:

@@ -42,6 +42,7 @@ import httpx
 import yaml
 
 from specgov.controller.fleet.gateway import GatewayError
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.control.fleet_mix import MODES, Mode, Move
 
 DEFAULT_STARTUP_TIMEOUT_S: Final = 600.0
@@ -50,7 +51,7 @@ RESTART_COMMAND_TIMEOUT_S: Final = 120.0
 _PLACEHOLDERS: Final = ("name", "mode", "url")
 
 
-class FleetFileError(ValueError):
+class FleetFileError(SpecgovError, ValueError):
     """A fleet file that cannot be used; the message names the file and key."""
 
 

@@ -24,6 +24,7 @@ from specgov.policies.common.codec import (
     to_data,
     to_versioned,
 )
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import (
     check_int,
     check_opt_int,
@@ -55,7 +56,7 @@ ALGORITHMS: Final = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"
 _EAGLE_FAMILY: Final = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"})
 
 
-class PolicyTypeError(ValueError):
+class PolicyTypeError(SpecgovError, ValueError):
     """A value handed to a specgov core type is malformed; the message names the field."""
 
 

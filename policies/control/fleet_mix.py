@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from specgov.policies.common.errors import SpecgovError
+
 Mode = Literal["spec", "plain"]
 MODES: Final = ("spec", "plain")
 
@@ -38,7 +40,7 @@ MOVE_TO_PLAIN: Final = "move_to_plain"
 MOVE_TO_SPEC: Final = "move_to_spec"
 
 
-class FleetMixError(ValueError):
+class FleetMixError(SpecgovError, ValueError):
     """A fleet description or model the decision cannot use."""
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from specgov.policies.common.codec import from_versioned, to_versioned
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import (
     Budget,
     Decision,
@@ -178,7 +179,7 @@ def hold_unknown(
 # ------------------------------------------------------------------------- state
 
 
-class PolicyStateError(ValueError):
+class PolicyStateError(SpecgovError, ValueError):
     """A serialised policy state is malformed; the message names the key."""
 
 

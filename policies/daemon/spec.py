@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import is_int, is_real
 from specgov.policies.daemon.bandit import BanditConfig, BanditPolicy
 from specgov.policies.daemon.protocol import DaemonPolicy
@@ -71,7 +72,7 @@ _QUOTE_MAX: Final = 160
 MAX_SPEC_CHARS: Final = 4096
 
 
-class PolicySpecError(ValueError):
+class PolicySpecError(SpecgovError, ValueError):
     """A policy spec is malformed; the message names the bad part and the valid forms."""
 
 

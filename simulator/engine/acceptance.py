@@ -96,6 +96,7 @@ import numpy as np
 from scipy.signal import lfilter
 from scipy.special import ndtr
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import is_real
 from specgov.simulator.engine.acceptance_cold import ColdDrafter
 from specgov.simulator.engine.acceptance_runs import RunProcess, run_acc_len, run_process
@@ -131,7 +132,7 @@ BUILTIN_RUN_REQUEST_CORRELATION = 0.3
 _INV_SQRT2 = 1.0 / math.sqrt(2.0)
 
 
-class AcceptanceError(ValueError):
+class AcceptanceError(SpecgovError, ValueError):
     """Unknown profile or domain, or an invalid acceptance setting."""
 
 

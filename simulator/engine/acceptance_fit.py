@@ -44,6 +44,7 @@ import numpy as np
 from scipy.signal import lfilter
 from scipy.special import ndtr
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.engine.acceptance import DomainAcceptance, expected_accept_length_from_rates
 from specgov.simulator.engine.acceptance_runs import run_acc_len, run_process
 
@@ -73,7 +74,7 @@ _H_GRID = tuple(round(0.025 * i, 3) for i in range(37))
 _H_GRID_RUNS = tuple(round(0.05 * i, 2) for i in range(19))
 
 
-class AcceptanceFitError(ValueError):
+class AcceptanceFitError(SpecgovError, ValueError):
     """A trace the fit cannot use (no tokens, bad values); the message says why."""
 
 

@@ -37,6 +37,8 @@ import numpy as np
 from scipy.optimize import brentq
 from scipy.special import ndtr, ndtri
 
+from specgov.policies.common.errors import SpecgovError
+
 __all__ = [
     "RUN_LENGTH_CAP",
     "RunProcess",
@@ -53,7 +55,7 @@ _MAX_RATE = 0.999
 _HERMITE_NODES = 48
 
 
-class RunsError(ValueError):
+class RunsError(SpecgovError, ValueError):
     """Rates or a heterogeneity the run model cannot use; the message says why."""
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.engine.series import TimeSeries
 
 __all__ = [
@@ -130,7 +131,7 @@ class VirtualClock:
         return self.now_s
 
 
-class EngineConfigError(ValueError):
+class EngineConfigError(SpecgovError, ValueError):
     """An engine setting is out of range; the message names it."""
 
 

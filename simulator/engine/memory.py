@@ -49,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.catalog import DrafterSpec, GpuSpec, ModelSpec
 
 __all__ = [
@@ -101,7 +102,7 @@ VRAM_ASSUMPTIONS: tuple[str, ...] = (
 )
 
 
-class MemoryPlanError(ValueError):
+class MemoryPlanError(SpecgovError, ValueError):
     """An invalid planner argument; the message names it and the valid form."""
 
 

@@ -67,6 +67,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.workload.traces import PREFIX_BLOCK_TOKENS
 
 __all__ = ["CacheNode", "HicacheError", "PrefixCache", "block_tokens", "hicache_token_capacity"]
@@ -76,7 +77,7 @@ __all__ = ["CacheNode", "HicacheError", "PrefixCache", "block_tokens", "hicache_
 HICACHE_DEFAULT_RATIO = 2.0
 
 
-class HicacheError(ValueError):
+class HicacheError(SpecgovError, ValueError):
     """An invalid hierarchical-cache setting; the message names the flag and its form."""
 
 

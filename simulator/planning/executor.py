@@ -43,6 +43,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from pathlib import Path
 from typing import Any
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.planning.atomic import remove_partial_writes, write_atomic
 from specgov.simulator.planning.sweep import JobSpec, run_job
 from specgov.simulator.workload.traces import Trace
@@ -54,7 +55,7 @@ EXECUTORS = ("local", "ray")
 _WORKER_TRACE: Trace | None = None
 
 
-class ExecutorError(RuntimeError):
+class ExecutorError(SpecgovError, RuntimeError):
     """The executor cannot run (Ray missing or unreachable, bad results directory), or a
     job failed (``JobFailedError``). The message is one line for the operator."""
 

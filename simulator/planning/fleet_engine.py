@@ -39,13 +39,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.engine.core import Engine, Run
 from specgov.simulator.engine.interface import EngineResult, Sampler, SamplerFactory
 from specgov.simulator.planning.router import ReplicaLoad, Router
 from specgov.simulator.workload.traces import Request
 
 
-class FleetSimulationError(ValueError):
+class FleetSimulationError(SpecgovError, ValueError):
     """The fleet cannot be simulated as given; the message says why."""
 
 

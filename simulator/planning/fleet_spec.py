@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.planning.prices import Prices
 from specgov.simulator.planning.router import RouterSpec
 from specgov.simulator.replay.metrics import Slo
@@ -17,7 +18,7 @@ REPLICAS_FORM = "a comma-separated list of replica counts or ranges, e.g. 4 or 2
 MAX_REPLICAS = 64  # a guard against typos (1-400); raise it when a plan needs more
 
 
-class FleetSpecError(ValueError):
+class FleetSpecError(SpecgovError, ValueError):
     """A fleet option could not be understood; the message gives the expected form."""
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.catalog import Catalog, CatalogError
 
 __all__ = ["PriceError", "Prices", "load_prices"]
@@ -26,7 +27,7 @@ __all__ = ["PriceError", "Prices", "load_prices"]
 FORM = "a mapping with 'gpu_hour: {<gpu>: <price per GPU-hour>}' and optional 'currency: <text>'"
 
 
-class PriceError(ValueError):
+class PriceError(SpecgovError, ValueError):
     """The prices file is unreadable or malformed; the message names the file and key."""
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.planning import report_figures as figs
 from specgov.simulator.planning.atomic import remove_partial_writes, write_atomic
 from specgov.simulator.planning.simplicity import (
@@ -66,7 +67,7 @@ SWEEP_HINT = "run specgov plan sweep --report DIR"
 FLEET_HINT = "run specgov plan fleet --report DIR"
 
 
-class ReportError(ValueError):
+class ReportError(SpecgovError, ValueError):
     """The report cannot be written (bad documents or an unwritable folder)."""
 
 

@@ -32,11 +32,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from specgov.policies.common.errors import SpecgovError
+
 ROUTER_NAMES = ("round-robin", "least-loaded", "spec-aware")
 ROUTER_FORMS = "round-robin, least-loaded, spec-aware or spec-aware:B (B an integer >= 1)"
 
 
-class RouterSpecError(ValueError):
+class RouterSpecError(SpecgovError, ValueError):
     """A router name could not be understood; the message gives the valid forms."""
 
 

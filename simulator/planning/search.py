@@ -25,10 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from specgov.policies.common.errors import SpecgovError
+
 __all__ = ["SearchError", "SearchResult", "SearchSettings", "find_max_multiplier"]
 
 
-class SearchError(ValueError):
+class SearchError(SpecgovError, ValueError):
     """Invalid search settings; the message names the setting and the valid range."""
 
 

@@ -119,6 +119,7 @@ from typing import Any
 
 import numpy as np
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.catalog import Catalog
 from specgov.simulator.engine.memory import MemoryPlanError
 from specgov.simulator.planning.host_cache import host_cache_answer
@@ -157,11 +158,11 @@ __all__ = [
 DEFAULT_POLICIES = ("none", "static:3", "sglang-ema", "goodput")
 
 
-class SweepError(ValueError):
+class SweepError(SpecgovError, ValueError):
     """A bad sweep argument; the message names it and the valid form."""
 
 
-class WorkerMismatchError(RuntimeError):
+class WorkerMismatchError(SpecgovError, RuntimeError):
     """The process running a job is not the one the sweep was planned for: another
     specgov version, or another catalog (a file edited since, or missing or different
     on a cluster node). Its rows would be keyed by data they were not computed from,

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import (
     Observation,
     RestartRecommendation,
@@ -44,7 +45,7 @@ from specgov.policies.control.core import (
 from specgov.policies.guardrails import GuardedPolicy, Override
 
 
-class ClosedLoopConfigError(ValueError):
+class ClosedLoopConfigError(SpecgovError, ValueError):
     """A control-loop setting is out of range; the message names it."""
 
 

@@ -21,11 +21,12 @@ from typing import Any
 
 import numpy as np
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.engine.core import itl_bin_value
 from specgov.simulator.engine.interface import EngineResult
 
 
-class SloError(ValueError):
+class SloError(SpecgovError, ValueError):
     """An SLO value is not a positive number of milliseconds."""
 
 

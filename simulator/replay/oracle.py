@@ -41,6 +41,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from specgov.policies.common.errors import SpecgovError
+
 if TYPE_CHECKING:
     from specgov.simulator.engine.interface import EngineConfig, StepCost
 
@@ -65,7 +67,7 @@ ORACLE_NAMES = (CLAIRVOYANT, INFORMED)
 MIN_ORACLE_GAIN = 0.01
 
 
-class OracleError(ValueError):
+class OracleError(SpecgovError, ValueError):
     """The oracle was set up wrongly (bad candidates, used outside an engine)."""
 
 

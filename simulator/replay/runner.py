@@ -26,7 +26,9 @@ from specgov.policies.daemon.spec import (
     format_policy_spec,
     parse_policy_spec,
 )
-from specgov.policies.daemon.spec import PolicySpecError as DaemonSpecError
+
+# One class for a bad policy spec, daemon's and replay's: re-exported for replay's callers.
+from specgov.policies.daemon.spec import PolicySpecError as PolicySpecError
 from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.engine.fixed import FixedStepPolicy
 from specgov.policies.engine.protocol import AdaptiveSpecPolicy
@@ -79,10 +81,6 @@ SPECGOV_ADAPTIVE_CONFIG_NAME = "specgov-adaptive.json"
 def specgov_adaptive_config() -> dict[str, Any]:
     """SPECGOV_SLOT_CANDIDATES as a --speculative-adaptive-config JSON object."""
     return {str(slot): {"candidate_steps": list(steps)} for slot, steps in SPECGOV_SLOT_CANDIDATES}
-
-
-class PolicySpecError(ValueError):
-    """A --policy value could not be understood; the message says which part."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +162,7 @@ def parse_policy(text: str) -> InEnginePolicy:
         )
     try:
         spec = parse_policy_spec(raw)
-    except DaemonSpecError as exc:
+    except PolicySpecError as exc:  # name replay's own kinds too
         raise PolicySpecError(f"{exc} (replay policies: {KNOWN_POLICIES})") from None
     union = tuple(sorted({k for _, steps in SPECGOV_SLOT_CANDIDATES for k in steps}))
     return InEnginePolicy(

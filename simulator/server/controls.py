@@ -22,13 +22,15 @@ from typing import Any, Final, Literal, Protocol
 
 from aiohttp import web
 
+from specgov.policies.common.errors import SpecgovError
+
 ADMIN_PREFIX: Final = "/specgov-sim"
 
 OutageMode = Literal["refuse", "503"]
 OUTAGE_MODES: Final = ("refuse", "503")
 
 
-class SimServerError(ValueError):
+class SimServerError(SpecgovError, ValueError):
     """A sim-server setting or control request is invalid; the message names it."""
 
 

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool_stats import BackgroundStatsWriter
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.engine.interface import EngineResult
 from specgov.simulator.replay.runner import PreparedRun
 from specgov.simulator.server import endpoints as ep
@@ -59,7 +60,7 @@ MAX_LAG_S: Final = 0.5
 ENGINE_JOIN_TIMEOUT_S: Final = 10.0
 
 
-class Stopped(Exception):
+class Stopped(SpecgovError):
     """Raised from the engine's tick hook to end a run (stop or restart)."""
 
 

@@ -55,6 +55,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from specgov.policies.common.errors import SpecgovError
+
 SGLANG_VERSION: Final = "0.5.23"
 # model_path prefix of the simulator: the one place where it says what it is.
 SIM_MODEL_PREFIX: Final = "specgov-sim:"
@@ -88,11 +90,11 @@ _DECODE_GRAPH_PHASES: Final = ("decode", "target_verify", "draft_decode", "draft
 PROMETHEUS_CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 
-class InvalidIncludeError(ValueError):
+class InvalidIncludeError(SpecgovError, ValueError):
     """``/v1/loads?include=`` named a section SGLang does not know (it answers 500)."""
 
 
-class RequestBodyError(ValueError):
+class RequestBodyError(SpecgovError, ValueError):
     """A request body does not have the form SGLang's endpoint validates (it answers 400)."""
 
 

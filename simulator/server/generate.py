@@ -29,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from specgov.policies.common.errors import SpecgovError
+
 CHARS_PER_TOKEN: Final = 4
 CHAT_TOKENS_PER_MESSAGE: Final = 4
 # SGLang 0.5.23's defaults: SamplingParams.max_new_tokens (/generate) and
@@ -44,7 +46,7 @@ _FILLER_WORDS: Final = ("sim", " filler", " text", " from", " a", " simulated", 
 Endpoint = Literal["generate", "completion", "chat"]
 
 
-class GenRequestError(ValueError):
+class GenRequestError(SpecgovError, ValueError):
     """A generation request the simulated server (like SGLang) refuses; ``status`` is
     the HTTP status, ``param`` the offending field (OpenAI's ``param``)."""
 

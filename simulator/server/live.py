@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.engine.live import LIVE_INDEX_BASE
 from specgov.simulator.workload.traces import Request
 
@@ -39,11 +40,11 @@ if TYPE_CHECKING:
 DEFAULT_MAX_OPEN: Final = 4096
 
 
-class LiveFeedClosed(RuntimeError):
+class LiveFeedClosed(SpecgovError, RuntimeError):
     """The engine this feed served has stopped (the server stops or restarts)."""
 
 
-class LiveFeedFull(RuntimeError):
+class LiveFeedFull(SpecgovError, RuntimeError):
     """Too many requests are open."""
 
 

@@ -30,6 +30,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.simulator.server.cli import PLAIN_ALGORITHM
 
 MODES: Final = ("spec", "plain")
@@ -39,7 +40,7 @@ STOP_TIMEOUT_S: Final = 30.0
 POLL_S: Final = 0.1
 
 
-class ReplicaError(RuntimeError):
+class ReplicaError(SpecgovError, RuntimeError):
     """A replica that could not be (re)started; the message says why and what to do."""
 
 

@@ -53,6 +53,7 @@ from types import MappingProxyType
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import is_int, is_real
 from specgov.simulator.workload.traces import MAX_SPAN_S, PREFIX_BLOCK_TOKENS, Request, Trace
 
@@ -83,7 +84,7 @@ DOMAIN_LABEL_RE = re.compile(r"[A-Za-z0-9_-]+")
 _DEFAULT_DOMAINS = ("code", "chat", "rag")
 
 
-class SyntheticSpecError(ValueError):
+class SyntheticSpecError(SpecgovError, ValueError):
     """An invalid synthetic spec; ``field`` names the offending field (or CLI key)."""
 
     def __init__(self, field_name: str, message: str) -> None:

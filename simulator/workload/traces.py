@@ -25,6 +25,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import is_int, is_real
 
 __all__ = [
@@ -45,7 +46,7 @@ PREFIX_BLOCK_TOKENS: Final = 512
 MAX_HASH_ID: Final = (1 << 63) - 1
 
 
-class TraceError(ValueError):
+class TraceError(SpecgovError, ValueError):
     """A trace could not be loaded or built (bad option, missing file, empty result)."""
 
 

@@ -10,6 +10,7 @@ from typing import Any, Final
 
 import numpy as np
 
+from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import is_int, is_real
 from specgov.policies.daemon.estimators.acceptance import (
     AcceptanceConfig,
@@ -39,7 +40,7 @@ GAUSS_HERMITE: Final = tuple(
 )
 
 
-class GoodputConfigError(ValueError):
+class GoodputConfigError(SpecgovError, ValueError):
     """A goodput parameter is invalid; the message names the key and the valid form."""
 
 
