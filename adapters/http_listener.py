@@ -34,6 +34,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from specgov.adapters.log_throttle import LogThrottle
+from specgov.policies.common.validation import is_int
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT_S",
@@ -216,7 +217,7 @@ class BoundedSite(web.BaseSite):
         backlog: int = 128,
     ) -> None:
         super().__init__(runner, backlog=backlog)
-        if isinstance(max_connections, bool) or not isinstance(max_connections, int):
+        if not is_int(max_connections):
             raise TypeError(f"max_connections: expected an int >= 1, got {max_connections!r}")
         if max_connections < 1:
             raise ValueError(f"max_connections: expected an int >= 1, got {max_connections}")

@@ -65,7 +65,7 @@ from typing import Any, Final
 
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import ALGORITHMS, PolicyTypeError, SpecShape
-from specgov.policies.common.validation import is_int, is_real
+from specgov.policies.common.validation import check_bool, is_int, is_real
 from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveConfigError,
@@ -300,11 +300,11 @@ class LaunchConfig:
         ):
             if value is not None and (not is_int(value) or value < 1):
                 raise LaunchConfigError(f"{flag}: expected an int >= 1, got {value!r}")
-        if not isinstance(self.skip_zero_step_draft_extend, bool):
-            raise LaunchConfigError(
-                "LaunchConfig.skip_zero_step_draft_extend: expected a bool, got "
-                f"{self.skip_zero_step_draft_extend!r}"
-            )
+        check_bool(
+            "LaunchConfig.skip_zero_step_draft_extend",
+            self.skip_zero_step_draft_extend,
+            error=LaunchConfigError,
+        )
         if self.skip_zero_step_draft_extend and not any(
             0 in slot.candidate_steps for slot in self.slots
         ):

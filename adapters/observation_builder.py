@@ -70,6 +70,7 @@ from specgov.policies.common.types import (
     SlotLayout,
     SpecShape,
 )
+from specgov.policies.common.validation import is_int, is_real
 from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveConfig,
@@ -121,7 +122,7 @@ def _opt_int(source: str, where: str, value: object, *, minimum: int = 0) -> int
     # JSON numbers may arrive as 3.0 from some encoders; accept integral floats.
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise _fail(source, where, f"an int >= {minimum} or null", value)
     return value
 
@@ -129,12 +130,7 @@ def _opt_int(source: str, where: str, value: object, *, minimum: int = 0) -> int
 def _opt_real(source: str, where: str, value: object) -> float | None:
     if value is None:
         return None
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
+    if not is_real(value) or value < 0:
         raise _fail(source, where, "a finite number >= 0 or null", value)
     return float(value)
 
@@ -487,7 +483,7 @@ class ObservationBuilder:
             )
         if not min_window_s >= 0:
             raise ValueError(f"ObservationBuilder: min_window_s must be >= 0, got {min_window_s!r}")
-        if isinstance(max_history, bool) or not isinstance(max_history, int) or max_history < 2:
+        if not is_int(max_history) or max_history < 2:
             raise ValueError(
                 f"ObservationBuilder: max_history must be an int >= 2, got {max_history!r}"
             )
@@ -571,11 +567,7 @@ class ObservationBuilder:
         return observation
 
     def _check_time(self, time_s: float) -> None:
-        if (
-            isinstance(time_s, bool)
-            or not isinstance(time_s, int | float)
-            or not math.isfinite(time_s)
-        ):
+        if not is_real(time_s):
             raise ValueError(
                 f"ObservationBuilder.feed: time_s must be a finite number, got {time_s!r}"
             )

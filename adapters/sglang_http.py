@@ -47,7 +47,7 @@ from specgov.adapters.errors import (
 )
 from specgov.adapters.prometheus_text import EXPECTED_FORMAT, MetricsSnapshot, parse_metrics
 from specgov.adapters.telemetry import METRICS_READ
-from specgov.policies.common.validation import is_real
+from specgov.policies.common.validation import is_int, is_real
 
 METRICS_PATH: Final = "/metrics"
 HEALTH_PATH: Final = "/health"
@@ -140,18 +140,18 @@ class SGLangClient:
         _check_positive("timeout_s", timeout_s)
         # The default health generation waits up to SGLANG_HEALTH_CHECK_TIMEOUT (20 s).
         _check_positive("health_timeout_s", health_timeout_s)
-        if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        if not is_int(retries) or retries < 0:
             raise ValueError(f"SGLangClient: retries must be an int >= 0, got {retries!r}")
-        if not isinstance(backoff_base_s, int | float) or backoff_base_s < 0:
+        if not is_real(backoff_base_s) or backoff_base_s < 0:
             raise ValueError(
                 f"SGLangClient: backoff_base_s must be a number >= 0, got {backoff_base_s!r}"
             )
-        if not isinstance(backoff_max_s, int | float) or backoff_max_s < backoff_base_s:
+        if not is_real(backoff_max_s) or backoff_max_s < backoff_base_s:
             raise ValueError(
                 f"SGLangClient: backoff_max_s must be a number >= backoff_base_s "
                 f"({backoff_base_s!r}), got {backoff_max_s!r}"
             )
-        if isinstance(max_body_bytes, bool) or not isinstance(max_body_bytes, int):
+        if not is_int(max_body_bytes):
             raise ValueError(
                 f"SGLangClient: max_body_bytes must be an int >= 1, got {max_body_bytes!r}"
             )

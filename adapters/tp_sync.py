@@ -35,13 +35,13 @@ from __future__ import annotations
 import importlib
 import json
 import logging
-import math
 import time
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import PolicyTypeError, StepTable
+from specgov.policies.common.validation import is_int, is_real
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class TorchCpuGroupChannel:
             ("world_size", world_size, 1),
             ("src_global_rank", src_global_rank, 0),
         ):
-            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            if not is_int(value) or value < minimum:
                 raise TpSyncError(
                     f"TorchCpuGroupChannel.{name}: expected an int >= {minimum}, got {value!r}"
                 )
@@ -203,7 +203,7 @@ def decode_payload(payload: bytes) -> tuple[bool, float, StepTable | None]:
     enabled, now_s, raw_table = document["enabled"], document["now_s"], document["table"]
     if not isinstance(enabled, bool):
         raise TpSyncError(f"TP sync payload: 'enabled' must be a bool, got {enabled!r}")
-    if not isinstance(now_s, int | float) or isinstance(now_s, bool) or not math.isfinite(now_s):
+    if not is_real(now_s):
         raise TpSyncError(f"TP sync payload: 'now_s' must be a finite number, got {now_s!r}")
     if raw_table is None:
         return enabled, float(now_s), None
@@ -238,11 +238,7 @@ class TableSync:
         every_batches: int,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if (
-            not isinstance(every_batches, int)
-            or isinstance(every_batches, bool)
-            or every_batches < 1
-        ):
+        if not is_int(every_batches) or every_batches < 1:
             raise TpSyncError(
                 f"TableSync.every_batches: expected an int >= 1, got {every_batches!r}"
             )

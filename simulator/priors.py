@@ -15,12 +15,12 @@ GPU of the catalog (``--prior-gpu``: a wrong knee, not only a wrong scale).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.roofline import scaled_coefficients
+from specgov.policies.common.validation import is_real
 from specgov.policies.daemon.estimators.step_cost import StepCostPrior
 from specgov.simulator.catalog import Catalog, CatalogError
 from specgov.simulator.engine.cost import CostModel, CostModelError
@@ -64,12 +64,7 @@ def check_prior_options(
     ``prior_scale`` must be a finite number > 0; ``prior_gpu`` None or a GPU name of
     the catalog (with ``catalog_files``), the message lists the valid names.
     """
-    if (
-        isinstance(prior_scale, bool)
-        or not isinstance(prior_scale, int | float)
-        or not math.isfinite(prior_scale)
-        or prior_scale <= 0
-    ):
+    if not is_real(prior_scale) or prior_scale <= 0:
         raise PriorOptionError(
             f"prior_scale (--prior-scale): expected a finite number > 0, got {prior_scale!r}"
         )

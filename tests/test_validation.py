@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -142,6 +143,8 @@ def test_check_bool_refuses_ints_and_strings() -> None:
     for bad in (0, 1, "true", None):
         with pytest.raises(_Err, match=r"^b: expected a bool, got "):
             check_bool("b", bad, error=_Err)
+    with pytest.raises(_Err, match=r"^disable: expected true or false, got 1$"):
+        check_bool("disable", 1, error=_Err, form="true or false")
 
 
 def test_error_factory_may_be_a_function() -> None:
@@ -163,6 +166,7 @@ _BAD_REALS = [math.nan, math.inf, -math.inf, 10**400, True]
 
 def _callers() -> list[tuple[str, Callable[[object], object], type[Exception], str]]:
     # Imported here: the helpers above are tested without the rest of specgov.
+    from specgov.adapters.sglang_http import SGLangClient
     from specgov.controller.daemon.config_values import ConfigError, parse_duration
     from specgov.policies.common.types import PolicyTypeError
     from specgov.policies.daemon.bandit import BanditConfig
@@ -170,6 +174,7 @@ def _callers() -> list[tuple[str, Callable[[object], object], type[Exception], s
     from specgov.policies.daemon.schedules import NonePolicy
     from specgov.policies.engine.adaptive_config import AdaptiveConfigError, parse_adaptive_config
     from specgov.policies.guardrails import GuardrailConfig, GuardrailError
+    from specgov.simulator.planning.search import SearchError, SearchSettings
     from specgov.simulator.workload.traces import Request, TraceError
 
     steps = {"1": {"candidate_steps": [0, 1]}}
@@ -215,6 +220,26 @@ def _callers() -> list[tuple[str, Callable[[object], object], type[Exception], s
             lambda v: Request(arrival_s=v, input_tokens=1, output_tokens=1),  # type: ignore[arg-type]
             TraceError,
             "Request.arrival_s must be finite and >= 0, got ",
+        ),
+        # These three let NaN and True through (and inf, which is no backoff or bound)
+        # before their checks went through is_real.
+        (
+            "sglang_http.backoff_base_s",
+            lambda v: SGLangClient("http://x", rng=random.Random(0), backoff_base_s=v),  # type: ignore[arg-type]
+            ValueError,
+            "SGLangClient: backoff_base_s must be a number >= 0, got ",
+        ),
+        (
+            "sglang_http.backoff_max_s",
+            lambda v: SGLangClient("http://x", rng=random.Random(0), backoff_max_s=v),  # type: ignore[arg-type]
+            ValueError,
+            "SGLangClient: backoff_max_s must be a number >= backoff_base_s",
+        ),
+        (
+            "plan.search",
+            lambda v: SearchSettings(start=v),  # type: ignore[arg-type]
+            SearchError,
+            "search start must be a positive number, got ",
         ),
     ]
 

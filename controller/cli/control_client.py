@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from specgov.policies.common.errors import PermanentError, SpecgovError, TemporaryError
-from specgov.policies.common.validation import is_real
+from specgov.policies.common.validation import is_int, is_real
 
 DEFAULT_CONTROL_URL: Final = "http://127.0.0.1:9465"
 _API: Final = "/v1"
@@ -212,7 +212,7 @@ class ControlClient:
         response = self._request("DELETE", "/overrides", params=dict(chosen))
         body = self._object(response, "clear")
         cleared = body.get("cleared")
-        if isinstance(cleared, bool) or not isinstance(cleared, int):
+        if not is_int(cleared):
             raise self._bad_answer(response, "an object with an integer 'cleared'")
         return cleared
 

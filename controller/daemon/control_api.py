@@ -73,6 +73,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 from aiohttp import web
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import check_bool, is_int
 
 logger = logging.getLogger(__name__)
 
@@ -242,7 +243,7 @@ def _opt_int(
     value = body.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
+    if not is_int(value) or not minimum <= value <= maximum:
         raise RequestError(
             f"{key}: expected an integer from {minimum} to {maximum} ({what}), got {value!r}"
         )
@@ -348,9 +349,9 @@ def _validate_override(body: Mapping[str, Any]) -> dict[str, Any]:
     _check_keys(body, _OVERRIDE_KEYS, "override")
     slot = _opt_int(body, "slot", 1, MAX_SLOT, "a batch-size slot lower bound")
     steps = _opt_int(body, "steps", 0, MAX_STEPS, "draft steps")
-    disable = body.get("disable", False)
-    if not isinstance(disable, bool):
-        raise RequestError(f"disable: expected true or false, got {disable!r}")
+    disable = check_bool(
+        "disable", body.get("disable", False), error=RequestError, form="true or false"
+    )
     pin = body.get("pin_policy")
     if pin is not None:
         pin = _text(pin, "pin_policy", MAX_SPEC_CHARS, 'a policy spec such as "goodput"')
@@ -622,7 +623,7 @@ async def _delete_overrides(request: web.Request) -> web.Response:
     if "all" in params and params["all"].strip().lower() != "true":
         raise RequestError(f"all: expected 'true' (to clear every override), got {params['all']!r}")
     cleared = _service_call(_service(request).clear_override, override_id=override_id, slot=slot)
-    if isinstance(cleared, bool) or not isinstance(cleared, int):
+    if not is_int(cleared):
         raise TypeError(f"ControlService.clear_override returned {cleared!r}, not an int")
     if cleared == 0 and override_id is not None:
         return _error(404, f"no override in force with id {override_id}")
@@ -678,11 +679,7 @@ def make_app(
     token is given, when the token is not sendable in a header, or when
     ``max_body_bytes`` is not a positive int.
     """
-    if (
-        isinstance(max_body_bytes, bool)
-        or not isinstance(max_body_bytes, int)
-        or max_body_bytes < 1
-    ):
+    if not is_int(max_body_bytes) or max_body_bytes < 1:
         raise ControlApiConfigError(
             f"control API max_body_bytes: expected an int >= 1, got {max_body_bytes!r}"
         )

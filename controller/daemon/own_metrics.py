@@ -64,6 +64,7 @@ from prometheus_client.registry import Collector
 
 from specgov.controller.daemon.health import READINESS_CODES
 from specgov.policies.common.types import StepTable
+from specgov.policies.common.validation import is_real
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +126,7 @@ class DaemonSnapshot:
 
 
 def _finite_or_none(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_real(value):
         return None
     return float(value) if math.isfinite(value) else None
 

@@ -7,9 +7,10 @@ server's time; the CLI reads it back from the status.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any, Final
+
+from specgov.policies.common.validation import is_real
 
 # /server_info key of the specgov simulator's speed (simulator.server.endpoints.SIM_SPEED_KEY;
 # the controller does not import the simulator; tests/test_sim_server.py checks the two agree).
@@ -21,6 +22,6 @@ def sim_speed(status: Mapping[str, Any]) -> float | None:
     (``sim_speed``: the specgov simulator says it in ``/server_info``); None for a real
     SGLang, whose ``/server_info`` has no such key, or a value that is not a speed."""
     speed = status.get("sim_speed")
-    if not isinstance(speed, int | float) or isinstance(speed, bool):
+    if not is_real(speed):
         return None
-    return float(speed) if math.isfinite(speed) and speed > 0 else None
+    return float(speed) if speed > 0 else None

@@ -28,6 +28,7 @@ from typing import Any, Final, Literal
 
 from specgov.controller.daemon.state_store import StateStore
 from specgov.controller.daemon.store_errors import StoreUnavailable
+from specgov.policies.common.validation import is_int
 
 __all__ = [
     "DEFAULT_MAX_ENTRIES",
@@ -78,7 +79,7 @@ class StoreJournal:
     def __init__(
         self, max_entries: int = DEFAULT_MAX_ENTRIES, on_rejected: OnRejected | None = None
     ) -> None:
-        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+        if not is_int(max_entries) or max_entries < 1:
             raise ValueError(f"StoreJournal.max_entries: expected an int >= 1, got {max_entries!r}")
         self.max_entries = max_entries
         self._entries: deque[PendingWrite] = deque()

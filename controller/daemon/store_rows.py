@@ -20,7 +20,7 @@ from specgov.controller.daemon.store_records import (
     check_text,
     dumps,
 )
-from specgov.policies.common.validation import check_opt_int
+from specgov.policies.common.validation import check_bool, check_opt_int
 from specgov.policies.guardrails import OVERRIDE_VERSION, Override
 
 __all__ = [
@@ -60,8 +60,7 @@ def decision_row(
     for i, item in enumerate(limited_by):
         check_text(f"{where}.limited_by[{i}]", item)
     gain = check_opt_finite(f"{where}.expected_gain", expected_gain)
-    if not isinstance(published, bool):
-        raise StoreError(f"{where}.published: expected a bool, got {published!r}")
+    check_bool(f"{where}.published", published, error=StoreError)
     summary = check_mapping(f"{where}.inputs_summary", inputs_summary or {})
     before = None if table_before is None else check_mapping(f"{where}.table_before", table_before)
     after = None if table_after is None else check_mapping(f"{where}.table_after", table_after)

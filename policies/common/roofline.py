@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from specgov.policies.common.types import PolicyTypeError
+from specgov.policies.common.validation import is_int
 
 __all__ = [
     "DEFAULT_ROOFLINE_EXPONENT",
@@ -193,18 +194,14 @@ class Roofline:
             )
         if not isinstance(speculative, bool):
             raise RooflineError(f"speculative must be a bool, got {speculative!r}")
-        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        if not is_int(topk) or topk < 1:
             raise RooflineError(f"topk must be an integer >= 1, got {topk!r}")
         if topk > 1:
             if num_draft_tokens is None:
                 raise RooflineError(
                     f"a tree (topk={topk}) needs num_draft_tokens (an integer >= 2)"
                 )
-            if (
-                isinstance(num_draft_tokens, bool)
-                or not isinstance(num_draft_tokens, int)
-                or num_draft_tokens < 2
-            ):
+            if not is_int(num_draft_tokens) or num_draft_tokens < 2:
                 raise RooflineError(
                     f"num_draft_tokens must be an integer >= 2, got {num_draft_tokens!r}"
                 )
@@ -252,7 +249,7 @@ class Roofline:
         return self._vtok[steps]
 
     def _check_steps(self, steps: int) -> None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_STEPS:
+        if not is_int(steps) or not 0 <= steps <= MAX_STEPS:
             raise RooflineError(f"steps must be in 0..{MAX_STEPS}, got {steps!r}")
 
     # ------------------------------------------------------------------ hot path

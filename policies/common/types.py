@@ -586,7 +586,7 @@ class Observation:
         if self.slot_candidates is not None:
             bounds = [b for b, _ in self.slot_candidates]
             if bounds != sorted(set(bounds)) or any(
-                not steps or any(not isinstance(k, int) or k < 0 for k in steps)
+                not steps or any(not is_int(k) or k < 0 for k in steps)
                 for _, steps in self.slot_candidates
             ):
                 raise _fail(

@@ -194,8 +194,11 @@ def check_opt_real(
     )
 
 
-def check_bool(where: str, value: object, *, error: ErrorFactory) -> bool:
-    """``value`` if it is a real ``bool`` (not 0/1, not ``"true"``), else raise ``error``."""
+def check_bool(where: str, value: object, *, error: ErrorFactory, form: str = "a bool") -> bool:
+    """``value`` if it is a real ``bool`` (not 0/1, not ``"true"``), else raise ``error``.
+
+    ``form`` names what was expected (``"true or false"`` where the input is JSON or YAML).
+    """
     if not isinstance(value, bool):
-        raise error(f"{where}: expected a bool, got {value!r}")
+        raise error(f"{where}: expected {form}, got {value!r}")
     return value

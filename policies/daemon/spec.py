@@ -288,7 +288,7 @@ def _check_semantics(
         steps = params.get("steps")
         if steps is None:
             raise PolicySpecError(f"{where}: static needs a step count, e.g. static:3")
-        if not isinstance(steps, int) or steps < 0:
+        if not is_int(steps) or steps < 0:
             raise PolicySpecError(f"{where}: static steps must be an int >= 0, got {_show(steps)}")
     if kind == "batch-table":
         if not schedule:

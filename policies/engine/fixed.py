@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from specgov.policies.common.types import PolicyTypeError
+from specgov.policies.common.validation import is_int
 
 
 class FixedStepPolicy:
@@ -15,7 +16,7 @@ class FixedStepPolicy:
     __slots__ = ("_cuda_graph_bs", "_steps")
 
     def __init__(self, steps: int) -> None:
-        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        if not is_int(steps) or steps < 0:
             raise PolicyTypeError(f"FixedStepPolicy.steps: expected an int >= 0, got {steps!r}")
         self._steps = steps
         self._cuda_graph_bs: list[int] | None = None

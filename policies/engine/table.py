@@ -68,6 +68,7 @@ from specgov.policies.common.types import (
     TierStat,
     TierStatsSnapshot,
 )
+from specgov.policies.common.validation import is_int, is_real
 from specgov.policies.engine.ema import EmaPolicy
 
 logger = logging.getLogger(__name__)
@@ -248,21 +249,12 @@ class TablePolicy:
             raise PolicyTypeError(
                 f"TablePolicy.fallback: expected an EmaPolicy, got {type(fallback).__name__}"
             )
-        if (
-            not isinstance(flush_interval_s, int | float)
-            or isinstance(flush_interval_s, bool)
-            or not math.isfinite(flush_interval_s)
-            or flush_interval_s <= 0
-        ):
+        if not is_real(flush_interval_s) or flush_interval_s <= 0:
             raise PolicyTypeError(
                 f"TablePolicy.flush_interval_s: expected a finite number > 0, "
                 f"got {flush_interval_s!r}"
             )
-        if (
-            not isinstance(poll_every_batches, int)
-            or isinstance(poll_every_batches, bool)
-            or poll_every_batches < 1
-        ):
+        if not is_int(poll_every_batches) or poll_every_batches < 1:
             raise PolicyTypeError(
                 f"TablePolicy.poll_every_batches: expected an int >= 1, got {poll_every_batches!r}"
             )

@@ -97,7 +97,7 @@ from scipy.signal import lfilter
 from scipy.special import ndtr
 
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.validation import is_real
+from specgov.policies.common.validation import is_int, is_real
 from specgov.simulator.engine.acceptance_cold import ColdDrafter
 from specgov.simulator.engine.acceptance_runs import RunProcess, run_acc_len, run_process
 
@@ -268,7 +268,7 @@ def _check_rates(profile: str, domain: str, rates: object) -> tuple[float, ...]:
         raise AcceptanceError(f"profile '{profile}' domain '{domain}': expected {form}")
     out = []
     for i, a in enumerate(rates):
-        if isinstance(a, bool) or not isinstance(a, int | float) or not 0.0 <= a <= 1.0:
+        if not is_real(a) or not 0.0 <= a <= 1.0:
             raise AcceptanceError(
                 f"profile '{profile}' domain '{domain}' position {i + 1}: expected {form}, "
                 f"got {a!r}"
@@ -421,9 +421,9 @@ class AcceptanceSampler:
 
 
 def _check_stale(penalty: float, verifies: int) -> None:
-    if isinstance(penalty, bool) or not isinstance(penalty, int | float) or not 0 <= penalty <= 1:
+    if not is_real(penalty) or not 0 <= penalty <= 1:
         raise AcceptanceError(f"cold penalty must be a fraction in [0, 1], got {penalty!r}")
-    if isinstance(verifies, bool) or not isinstance(verifies, int) or verifies < 1:
+    if not is_int(verifies) or verifies < 1:
         raise AcceptanceError(f"cold recovery verifies must be an integer >= 1, got {verifies!r}")
 
 
@@ -629,13 +629,9 @@ class AcceptanceModel:
                 f"default_domain {default_domain!r} is not a domain of profile '{key}'; "
                 f"valid: {', '.join(sorted(self._rates))}"
             )
-        if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        if not is_int(topk) or topk < 1:
             raise AcceptanceError(f"topk must be an integer >= 1, got {topk!r}")
-        if topk > 1 and (
-            isinstance(num_draft_tokens, bool)
-            or not isinstance(num_draft_tokens, int)
-            or num_draft_tokens < 2
-        ):
+        if topk > 1 and (not is_int(num_draft_tokens) or num_draft_tokens < 2):
             raise AcceptanceError(
                 f"a tree (topk={topk}) needs num_draft_tokens, an integer >= 2; "
                 f"got {num_draft_tokens!r}"
@@ -644,7 +640,7 @@ class AcceptanceModel:
             raise AcceptanceError(f"burstiness must be a number in [0, 1), got {burstiness!r}")
         if not 0.0 <= burstiness < 1.0:
             raise AcceptanceError(f"burstiness must be in [0, 1), got {burstiness!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
+        if not is_int(seed):
             raise AcceptanceError(f"seed must be an integer, got {seed!r}")
         if not 0.0 <= sibling_discount <= 1.0:
             raise AcceptanceError(f"sibling_discount must be in [0, 1], got {sibling_discount!r}")
@@ -735,7 +731,7 @@ class AcceptanceModel:
         self, request_index: int, domain: str | None, acc_len: Sequence[int] | None = None
     ) -> AcceptanceSampler | TokenAcceptanceSampler:
         """The deterministic accepted-draft stream of request *request_index*."""
-        if isinstance(request_index, bool) or not isinstance(request_index, int):
+        if not is_int(request_index):
             raise AcceptanceError(f"request_index must be an integer, got {request_index!r}")
         key = self.resolve_domain(domain)
         tables = self._tables_for(key)
@@ -743,7 +739,7 @@ class AcceptanceModel:
         if acc_len is not None:
             replay = list(acc_len)
             for i, v in enumerate(replay):
-                if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                if not is_int(v) or v < 1:
                     raise AcceptanceError(
                         f"acc_len[{i}] of request {request_index} must be an integer >= 1 "
                         f"(tokens per verify, bonus included), got {v!r}"
@@ -766,7 +762,7 @@ class AcceptanceModel:
 
     @staticmethod
     def _check_steps(steps: int) -> None:
-        if isinstance(steps, bool) or not isinstance(steps, int) or not 0 <= steps <= MAX_STEPS:
+        if not is_int(steps) or not 0 <= steps <= MAX_STEPS:
             raise AcceptanceError(f"steps must be an integer in 0..{MAX_STEPS}, got {steps!r}")
 
     def _tables_for(self, domain: str) -> list[list[float]]:

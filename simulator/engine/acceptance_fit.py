@@ -45,6 +45,7 @@ from scipy.signal import lfilter
 from scipy.special import ndtr
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import is_int
 from specgov.simulator.engine.acceptance import DomainAcceptance, expected_accept_length_from_rates
 from specgov.simulator.engine.acceptance_runs import run_acc_len, run_process
 
@@ -96,7 +97,7 @@ def replay_accept_length(sequences: Sequence[Sequence[int]], steps: int) -> floa
     Pooled over requests (total tokens / total verifies); the last verify of a request
     emits at most the tokens left.
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+    if not is_int(steps) or steps < 0:
         raise AcceptanceFitError(f"steps must be an integer >= 0, got {steps!r}")
     tokens = 0
     verifies = 0

@@ -71,6 +71,7 @@ from specgov.policies.common.roofline import (
     RooflineCoefficients,
     RooflineError,
 )
+from specgov.policies.common.validation import is_int
 from specgov.simulator.catalog import DrafterSpec, GpuSpec, ModelSpec
 
 __all__ = [
@@ -139,7 +140,7 @@ class CostModel(Roofline):
         tp_size: int = 1,
     ) -> CostModel:
         """Coefficients derived from catalog figures, then *overrides* by field name."""
-        if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
+        if not is_int(tp_size) or tp_size < 1:
             raise CostModelError(f"tp_size must be an integer >= 1, got {tp_size!r}")
         if drafter is not None and not drafter.supports(model.name):
             raise CostModelError(

@@ -50,6 +50,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import is_int, is_real
 from specgov.simulator.catalog import DrafterSpec, GpuSpec, ModelSpec
 
 __all__ = [
@@ -336,7 +337,7 @@ class MemoryPlan:
 
 
 def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    if not is_int(value) or value < minimum:
         raise MemoryPlanError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
 
@@ -458,11 +459,7 @@ def _mem_fraction(
             total_gib, chunked_prefill_size=chunk, cuda_graph_max_bs=max_bs, tp_size=tp
         )
         return mf, True
-    if (
-        isinstance(mem_fraction_static, bool)
-        or not isinstance(mem_fraction_static, int | float)
-        or not 0.0 < mem_fraction_static < 1.0
-    ):
+    if not is_real(mem_fraction_static) or not 0.0 < mem_fraction_static < 1.0:
         raise MemoryPlanError(
             f"mem_fraction_static must be a number in (0, 1), got {mem_fraction_static!r}"
         )

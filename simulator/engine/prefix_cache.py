@@ -68,6 +68,7 @@ import math
 from collections.abc import Sequence
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import is_int
 from specgov.simulator.workload.traces import PREFIX_BLOCK_TOKENS
 
 __all__ = ["CacheNode", "HicacheError", "PrefixCache", "block_tokens", "hicache_token_capacity"]
@@ -97,7 +98,7 @@ def hicache_token_capacity(
     """
     if hicache_ratio is not None and not (hicache_ratio > 0 and math.isfinite(hicache_ratio)):
         raise HicacheError(f"--hicache-ratio must be a number > 0, got {hicache_ratio!r}")
-    if isinstance(hicache_size_gb, bool) or not isinstance(hicache_size_gb, int):
+    if not is_int(hicache_size_gb):
         raise HicacheError(f"--hicache-size must be a whole number of GB, got {hicache_size_gb!r}")
     if hicache_size_gb < 0:
         raise HicacheError(f"--hicache-size must be >= 0 GB, got {hicache_size_gb}")

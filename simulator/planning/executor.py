@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import is_int
 from specgov.simulator.planning.atomic import remove_partial_writes, write_atomic
 from specgov.simulator.planning.sweep import JobSpec, run_job
 from specgov.simulator.workload.traces import Trace
@@ -204,7 +205,7 @@ def run_jobs(
     """
     if executor not in EXECUTORS:
         raise ExecutorError(f"unknown executor {executor!r}; valid: {', '.join(EXECUTORS)}")
-    if workers is not None and (isinstance(workers, bool) or workers < 1):
+    if workers is not None and (not is_int(workers) or workers < 1):
         raise ExecutorError(f"workers must be an integer >= 1, got {workers!r}")
     if ray_address is not None and executor != "ray":
         raise ExecutorError("a Ray address needs executor 'ray'")

@@ -12,7 +12,6 @@ GPU names are the catalog's (aliases resolve). Every error names the file and ke
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import is_real
 from specgov.simulator.catalog import Catalog, CatalogError
 
 __all__ = ["PriceError", "Prices", "load_prices"]
@@ -80,12 +80,7 @@ def load_prices(path: Path, catalog: Catalog) -> Prices:
             name = catalog.gpu(str(key)).name
         except CatalogError as exc:
             raise PriceError(f"{where}: gpu_hour.{key}: {exc}") from None
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value <= 0
-        ):
+        if not is_real(value) or value <= 0:
             raise PriceError(
                 f"{where}: gpu_hour.{key} must be a positive number (price per GPU-hour), "
                 f"got {value!r}"

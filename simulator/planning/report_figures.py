@@ -19,6 +19,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from specgov.policies.common.validation import is_real
 from specgov.simulator.planning.atomic import write_atomic
 
 SLO_COLOUR = "#c0392b"
@@ -39,7 +40,7 @@ ITEM_COLOURS = {
 
 
 def _num(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_real(value):
         return None
     v = float(value)
     return v if math.isfinite(v) else None

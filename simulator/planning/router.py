@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import is_int
 
 ROUTER_NAMES = ("round-robin", "least-loaded", "spec-aware")
 ROUTER_FORMS = "round-robin, least-loaded, spec-aware or spec-aware:B (B an integer >= 1)"
@@ -91,7 +92,7 @@ class SpecAwareBound:
     """``spec-aware:B``: fill speculative replicas up to B active requests each."""
 
     def __init__(self, max_batch: int) -> None:
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        if not is_int(max_batch) or max_batch < 1:
             raise RouterSpecError(f"spec-aware: the batch bound must be >= 1, got {max_batch!r}")
         self.max_batch = max_batch
         self.name = f"spec-aware:{max_batch}"

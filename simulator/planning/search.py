@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import is_int, is_real
 
 __all__ = ["SearchError", "SearchResult", "SearchSettings", "find_max_multiplier"]
 
@@ -45,7 +46,7 @@ class SearchSettings:
     def __post_init__(self) -> None:
         for name in ("start", "min_multiplier", "max_multiplier", "rel_tol"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            if not is_real(value) or not value > 0:
                 raise SearchError(f"search {name} must be a positive number, got {value!r}")
         if not self.min_multiplier <= self.start <= self.max_multiplier:
             raise SearchError(
@@ -54,7 +55,7 @@ class SearchSettings:
             )
         if self.rel_tol >= 1:
             raise SearchError(f"search rel_tol must be < 1, got {self.rel_tol}")
-        if isinstance(self.max_evals, bool) or not isinstance(self.max_evals, int):
+        if not is_int(self.max_evals):
             raise SearchError(f"search max_evals must be an integer, got {self.max_evals!r}")
         if self.max_evals < 2:
             raise SearchError(f"search max_evals must be >= 2, got {self.max_evals}")

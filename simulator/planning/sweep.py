@@ -120,6 +120,7 @@ from typing import Any
 import numpy as np
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import is_int, is_real
 from specgov.simulator.catalog import Catalog
 from specgov.simulator.engine.memory import MemoryPlanError
 from specgov.simulator.planning.host_cache import host_cache_answer
@@ -366,7 +367,7 @@ def enumerate_jobs(
     cid = catalog_fingerprint(catalog)
     version = specgov_version()
     sizes = list(dict.fromkeys(hicache_sizes_gb))
-    if not sizes or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in sizes):
+    if not sizes or any(not is_int(g) or g < 0 for g in sizes):
         raise SweepError(
             f"--hicache-sizes: expected whole GB >= 0 (0: no host cache), got {hicache_sizes_gb!r}"
         )
@@ -651,7 +652,7 @@ def build_document(
 ) -> dict[str, Any]:
     """Replicas, costs, savings against the plain server, launch flags and the best
     configurations (module docstring: document shape)."""
-    if not (isinstance(target_rps, int | float) and math.isfinite(target_rps) and target_rps > 0):
+    if not (is_real(target_rps) and target_rps > 0):
         raise SweepError(f"target_rps must be a positive number of requests/s, got {target_rps!r}")
     catalog = Catalog.load([Path(p) for p in settings.catalog_files])
     summary = trace.summary()

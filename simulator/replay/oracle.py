@@ -42,6 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import is_int
 
 if TYPE_CHECKING:
     from specgov.simulator.engine.interface import EngineConfig, StepCost
@@ -102,7 +103,7 @@ class _PerBatchOracle:
 
     def __init__(self, candidate_steps: Sequence[int], initial_steps: int | None = None) -> None:
         steps = sorted(set(candidate_steps))
-        if not steps or any(isinstance(k, bool) or not isinstance(k, int) or k < 0 for k in steps):
+        if not steps or any(not is_int(k) or k < 0 for k in steps):
             raise OracleError(
                 f"oracle candidate_steps: expected non-negative ints, got {list(candidate_steps)!r}"
             )

@@ -9,7 +9,6 @@ stream under every policy.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.telemetry import METRICS_READ
 from specgov.policies.common.types import Budget, Observation, SlotLayout
+from specgov.policies.common.validation import is_real
 from specgov.policies.control.core import ControlCore, policy_builder
 from specgov.policies.daemon.estimators.step_cost import StepCostPrior
 from specgov.policies.daemon.spec import (
@@ -248,7 +248,7 @@ class ServerSpec:
             1, 1.0, hicache_ratio=self.hicache_ratio, hicache_size_gb=self.hicache_size_gb
         )
         ms = self.tier_switch_ms
-        if ms is not None and (not isinstance(ms, int | float) or not 0.0 <= ms < math.inf):
+        if ms is not None and (not is_real(ms) or ms < 0):
             raise PolicySpecError(f"tier_switch_ms: expected a number >= 0 (ms), got {ms!r}")
 
     def switch_ms(self, drafter: DrafterSpec) -> float:

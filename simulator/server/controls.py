@@ -17,12 +17,12 @@ SGLang's own routes.
 
 from __future__ import annotations
 
-import math
 from typing import Any, Final, Literal, Protocol
 
 from aiohttp import web
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import is_real
 
 ADMIN_PREFIX: Final = "/specgov-sim"
 
@@ -36,12 +36,7 @@ class SimServerError(SpecgovError, ValueError):
 
 def check_seconds(name: str, value: object) -> float:
     """``value`` as seconds; :class:`SimServerError` unless a finite number >= 0."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or value < 0
-    ):
+    if not is_real(value) or value < 0:
         raise SimServerError(f"{name}: expected a finite number of seconds >= 0, got {value!r}")
     return float(value)
 

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import math
 import os
 import threading
 import time
@@ -56,6 +55,7 @@ from typing import Any
 
 from aiohttp import web
 
+from specgov.policies.common.validation import is_int, is_real
 from specgov.simulator.engine.interface import EngineResult
 from specgov.simulator.replay.runner import ServerSpec
 from specgov.simulator.server import endpoints as ep
@@ -99,24 +99,14 @@ class SimServer:
         stats_interval_s: float = 1.0,
         speculative: bool = True,
     ) -> None:
-        if (
-            isinstance(speed, bool)
-            or not isinstance(speed, int | float)
-            or not math.isfinite(speed)
-            or speed <= 0
-        ):
+        if not is_real(speed) or speed <= 0:
             raise SimServerError(f"speed: expected a finite number > 0, got {speed!r}")
-        if (
-            isinstance(stats_interval_s, bool)
-            or not isinstance(stats_interval_s, int | float)
-            or not math.isfinite(stats_interval_s)
-            or stats_interval_s <= 0
-        ):
+        if not is_real(stats_interval_s) or stats_interval_s <= 0:
             raise SimServerError(
                 f"stats_interval_s: expected a finite number of seconds > 0, "
                 f"got {stats_interval_s!r}"
             )
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        if not is_int(port) or not 0 <= port <= 65535:
             raise SimServerError(f"port: expected an int in [0, 65535], got {port!r}")
         if not isinstance(host, str) or not host:
             raise SimServerError(f"host: expected a host name or address, got {host!r}")

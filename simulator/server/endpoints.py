@@ -49,13 +49,13 @@ released wheel (``sglang/srt/...``):
 from __future__ import annotations
 
 import hmac
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import is_real
 
 SGLANG_VERSION: Final = "0.5.23"
 # model_path prefix of the simulator: the one place where it says what it is.
@@ -512,11 +512,7 @@ def parse_set_internal_state(body: object) -> dict[str, int | float]:
         raise RequestBodyError(f"body.server_args: expected an object of key: number, got {raw!r}")
     out: dict[str, int | float] = {}
     for key, value in raw.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or (isinstance(value, float) and not math.isfinite(value))
-        ):
+        if not is_real(value):
             raise RequestBodyError(
                 f"body.server_args.{key}: expected a finite number (int or float), got {value!r}"
             )

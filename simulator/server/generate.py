@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import check_bool, is_int
 
 CHARS_PER_TOKEN: Final = 4
 CHAT_TOKENS_PER_MESSAGE: Final = 4
@@ -97,15 +98,15 @@ def _bool(body: Mapping[str, Any], key: str, default: bool = False) -> bool:
     value = body.get(key, default)
     if value is None:
         return default
-    if not isinstance(value, bool):
-        raise GenRequestError(f"{key}: expected true or false, got {value!r}", param=key)
-    return value
+    return check_bool(
+        key, value, error=lambda message: GenRequestError(message, param=key), form="true or false"
+    )
 
 
 def _limit(value: object, key: str, *, default: int, minimum: int) -> int:
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise GenRequestError(f"{key}: expected an integer, got {value!r}", param=key)
     if value < minimum:
         raise GenRequestError(
@@ -119,7 +120,7 @@ def _token_ids(value: object, key: str) -> int:
     if not isinstance(value, list) or not value:
         raise GenRequestError(f"{key}: expected a non-empty list of token ids", param=key)
     for i, tok in enumerate(value):
-        if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+        if not is_int(tok) or tok < 0:
             raise GenRequestError(
                 f"{key}[{i}]: expected a non-negative integer token id, got {tok!r}", param=key
             )

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from specgov.policies.common.roofline import Roofline, RooflineCoefficients, RooflineError
 from specgov.policies.common.types import PolicyTypeError
+from specgov.policies.common.validation import check_bool
 from specgov.policies.daemon.estimators._common import check_keys, is_int, is_real
 
 __all__ = [
@@ -73,10 +74,7 @@ class StepCostPrior:
             raise PolicyTypeError(
                 "StepCostPrior.weight_read_s/compute_per_token_s: expected at least one > 0"
             )
-        if not isinstance(self.speculative, bool):
-            raise PolicyTypeError(
-                f"StepCostPrior.speculative: expected a bool, got {self.speculative!r}"
-            )
+        check_bool("StepCostPrior.speculative", self.speculative, error=PolicyTypeError)
         if not is_int(self.topk) or self.topk < 1:
             raise PolicyTypeError(f"StepCostPrior.topk: expected an int >= 1, got {self.topk!r}")
         if self.topk > 1:
