@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
+from specgov.policies.common.codec import to_data
 from specgov.policies.common.types import PolicyTypeError, TierStat, TierStatsSnapshot
 from specgov.policies.daemon.estimators.acceptance import (
     AcceptanceConfig,
@@ -245,14 +246,14 @@ def test_new_slots_are_added_and_max_steps_is_respected() -> None:
 def test_state_round_trips_through_json() -> None:
     rng = np.random.default_rng(9)
     state = run(initial_acceptance_state([1, 8], CFG), CFG, rng, 5, 0.0, [(1, 3, 100, CODE)])
-    data = json.loads(json.dumps(state.to_dict()))
+    data = json.loads(json.dumps(to_data(state)))
     restored = AcceptanceState.from_dict(data)
     assert restored == state
     assert acceptance_estimate(restored, 1, CFG) == acceptance_estimate(state, 1, CFG)
 
 
 def test_from_dict_rejects_unknown_version_and_bad_keys() -> None:
-    good = initial_acceptance_state([1], CFG).to_dict()
+    good = to_data(initial_acceptance_state([1], CFG))
     with pytest.raises(PolicyTypeError, match="version"):
         AcceptanceState.from_dict({**good, "version": 99})
     with pytest.raises(PolicyTypeError, match=r"unknown key\(s\) \['extra'\]"):
@@ -373,13 +374,13 @@ def test_pooled_counts_are_the_slots_sums_computed_once_and_never_saved() -> Non
         0.0,
         [(1, 3, 100, CODE), (8, 5, 50, CODE)],
     )
-    saved = state.to_dict()
+    saved = to_data(state)
     reached, passed = state.pooled()
     assert reached == tuple(sum(s.reached[i] for s in state.slots) for i in range(CFG.max_steps))
     assert passed == tuple(sum(s.passed[i] for s in state.slots) for i in range(CFG.max_steps))
     assert state.pooled() is state.pooled()
     assert acceptance_estimate(state, 8, CFG).pooled_trials == reached
-    assert state.to_dict() == saved  # a derived cache: not part of the saved state
+    assert to_data(state) == saved  # a derived cache: not part of the saved state
     assert AcceptanceState.from_dict(saved) == state
 
 
@@ -418,7 +419,7 @@ def test_the_slots_shared_prior_is_kept_per_config() -> None:
     other = AcceptanceConfig(prior_mean=0.3, pool_strength=5.0)
     first = acceptance_estimate(state, 8, CFG)
     with_other = acceptance_estimate(state, 8, other)
-    fresh = AcceptanceState.from_dict(state.to_dict())
+    fresh = AcceptanceState.from_dict(to_data(state))
     assert with_other == acceptance_estimate(fresh, 8, other)
     assert with_other != first
     assert acceptance_estimate(state, 8, CFG) == first == acceptance_estimate(fresh, 8, CFG)

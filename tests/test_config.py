@@ -35,6 +35,7 @@ from specgov.controller.daemon.config_values import (
     parse_duration,
     parse_listen_address,
 )
+from specgov.policies.common.codec import to_data
 from specgov.policies.common.types import Budget
 from specgov.policies.daemon.spec import parse_policy_spec
 from specgov.policies.guardrails import GuardrailConfig
@@ -156,7 +157,7 @@ def test_config_yaml_guardrails_are_the_policy_layer_defaults() -> None:
     cfg = load_config(None, env=NO_ENV)
     assert cfg.guardrail_config() == GuardrailConfig()
     assert dict(cfg.guardrails) == {
-        **GuardrailConfig().to_dict(),
+        **to_data(GuardrailConfig()),
         "required_fields": GuardrailConfig().required_fields,
     }
 

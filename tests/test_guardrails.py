@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from specgov.policies.common.codec import to_data
 from specgov.policies.common.types import (
     Budget,
     Decision,
@@ -226,7 +227,7 @@ FAST = GuardrailConfig(min_dwell_s=0.0, rollback_enabled=False, max_changes_per_
 def test_config_defaults_are_valid_and_round_trip() -> None:
     config = GuardrailConfig()
     assert config.min_gain == 0.02 and config.table_ttl_s == 30.0
-    data = json.loads(json.dumps(config.to_dict()))
+    data = json.loads(json.dumps(to_data(config)))
     assert GuardrailConfig.from_dict(data) == config
     assert GuardrailConfig.from_dict({}) == config
     assert GuardrailConfig.from_dict({"min_gain": 0.05}).min_gain == 0.05

@@ -93,6 +93,7 @@ from specgov.controller.daemon.config_values import (
     show_value,
 )
 from specgov.controller.daemon.control_token import TOKEN_FILENAME
+from specgov.policies.common.codec import to_data
 from specgov.policies.common.types import Budget, PolicyTypeError
 from specgov.policies.guardrails import GuardrailConfig, GuardrailError
 
@@ -241,7 +242,7 @@ def _build_group(group: str, values: dict[str, Any], raw: Mapping[str, RawValue]
 
 def _build_guardrails(values: Mapping[str, Any], raw: Mapping[str, RawValue]) -> Mapping[str, Any]:
     try:
-        checked = GuardrailConfig.from_dict(values, where="guardrails").to_dict()
+        checked = to_data(GuardrailConfig.from_dict(values, where="guardrails"))
         checked["required_fields"] = tuple(checked["required_fields"])  # immutable
         return types.MappingProxyType(checked)
     except (GuardrailError, TypeError) as exc:

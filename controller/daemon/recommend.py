@@ -42,6 +42,7 @@ from specgov.adapters.launch_config import (
     default_slots,
     recommend_skip_zero_step,
 )
+from specgov.policies.common.codec import to_data
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import RestartRecommendation, SpecShape
 from specgov.policies.common.validation import is_real
@@ -89,18 +90,6 @@ class WorkloadSummary:
     # The step table in force ((slot bound, steps), ...) when a daemon policy drives the
     # server: the baseline the candidates are compared with.
     table: tuple[tuple[int, int], ...] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "window_s": self.window_s,
-            "request_rate_rps": self.request_rate_rps,
-            "mean_input_tokens": self.mean_input_tokens,
-            "mean_output_tokens": self.mean_output_tokens,
-            "accept_length": self.accept_length,
-            "current_steps": self.current_steps,
-            "concurrency": self.concurrency,
-            "table": None if self.table is None else [list(e) for e in self.table],
-        }
 
 
 def saturated_concurrency(samples: Sequence[tuple[int | None, int | None]]) -> float | None:
@@ -159,6 +148,7 @@ class Recommendation:
             evidence=tuple((k, float(v)) for k, v in evidence if math.isfinite(v)),
         )
 
+    # The report's key names (recommendation, current) are not the field names.
     def to_dict(self) -> dict[str, Any]:
         return {
             "recommendation": self.label,
@@ -172,7 +162,7 @@ class Recommendation:
             # Launch flags are not here: recommendation_document derives them once, from
             # the structured recommendation's shape (its "launch" key).
             "candidates": list(self.candidates),
-            "workload": self.workload.to_dict(),
+            "workload": to_data(self.workload),
             "notes": list(self.notes),
         }
 

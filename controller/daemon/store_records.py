@@ -100,6 +100,7 @@ class OverrideRecord:
     def is_active(self, now_s: float) -> bool:
         return self.cleared_at_s is None and self.override.is_active(now_s)
 
+    # The API's flat shape: the override's own fields plus id and cleared_at_s.
     def to_dict(self) -> dict[str, Any]:
         """``Override.to_dict()`` plus ``id`` and ``cleared_at_s``."""
         return {"id": self.id, **self.override.to_dict(), "cleared_at_s": self.cleared_at_s}

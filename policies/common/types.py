@@ -155,6 +155,7 @@ class SpecShape:
                 self.num_draft_tokens,
             )
 
+    # Versioned under "schema", as launch documents and recommendations carry it.
     def to_dict(self) -> dict[str, Any]:
         return to_versioned(self, SCHEMA_VERSION, key="schema")
 
@@ -493,6 +494,7 @@ class TierStatsSnapshot:
                 return t
         return None
 
+    # Versioned under "schema": the spool's stats file, read by another process.
     def to_dict(self) -> dict[str, Any]:
         return to_versioned(self, SCHEMA_VERSION, key="schema")
 
@@ -685,6 +687,7 @@ class RestartRecommendation:
                 raise _fail(f"RestartRecommendation.evidence[{i}]", "a (name, number) pair", item)
             _check_real(f"RestartRecommendation.evidence[{i}]", item[1])
 
+    # A legacy shape: evidence as a name -> number map, as operators read it.
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = to_data(self)
         data["shape"] = self.shape.to_dict()

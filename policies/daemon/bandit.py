@@ -295,6 +295,7 @@ class BanditState:
     def arm(self, slot: int, steps: int) -> ArmStat | None:
         return self._arm_index.get((slot, steps))
 
+    # Its own encoding (codec docstring): arms as rows, 128-bit RNG words as strings.
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,

@@ -189,6 +189,7 @@ class TableState:
 
     table: StepTable | None = None
 
+    # The PolicyState protocol's pair (the daemon saves any policy's state), versioned.
     def to_dict(self) -> dict[str, Any]:
         return to_versioned(self, STATE_VERSION)
 

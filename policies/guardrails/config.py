@@ -87,11 +87,8 @@ class GuardrailConfig:
         """A policy change is admitted only while the rate window holds fewer changes."""
         return self.max_changes_per_window - (1 if self.rollback_enabled else 0)
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["required_fields"] = list(self.required_fields)
-        return out
-
+    # Its own loader, not the codec's from_data: the errors name the config key
+    # (guardrails.min_gain). The other way is the codec's to_data.
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], *, where: str = "guardrails") -> GuardrailConfig:
         """Build from a (YAML/JSON) mapping; missing keys take their defaults.

@@ -103,6 +103,7 @@ class Override:
             what = f"{where} -> {self.steps}"
         return f"{what} ({self.reason!r}, until {self.expires_at_s:.1f} s)"
 
+    # Versioned: a stored override outlives the build that wrote it.
     def to_dict(self) -> dict[str, Any]:
         return to_versioned(self, OVERRIDE_VERSION)
 

@@ -247,6 +247,7 @@ class GuardedState(Generic[S]):
             self.override_slots,
         )
 
+    # Versioned, with the inner policy's own state inside (and version 1 still read).
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = to_data(replace(self, inner=None))  # type: ignore[arg-type]
         data["version"] = GUARD_STATE_VERSION

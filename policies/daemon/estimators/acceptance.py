@@ -62,7 +62,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
-from specgov.policies.common.codec import from_data, to_data
+from specgov.policies.common.codec import from_data
 from specgov.policies.common.types import PolicyTypeError, TierStatsSnapshot
 from specgov.policies.common.validation import all_real
 from specgov.policies.daemon.estimators._common import is_int, is_real
@@ -288,10 +288,8 @@ class AcceptanceState:
         """Shifts detected so far (per slot plus pooled), for diagnostics."""
         return self.pooled_changes + sum(s.changes for s in self.slots)
 
-    def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = to_data(self)
-        return data
-
+    # The codec's from_data after a version check that names the version this build reads;
+    # the other way is the codec's to_data.
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AcceptanceState:
         if isinstance(data, Mapping):

@@ -168,6 +168,7 @@ class StepCostState:
         assert cols is not None  # set by __post_init__
         return cols
 
+    # Its own encoding (codec docstring): hundreds of samples saved as rows of numbers.
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": self.version,

@@ -157,6 +157,7 @@ class StepCostPrior:
 
     # -------------------------------------------------------------- serialise
 
+    # Its own flat shape (coefficients beside the shape keys); from_dict fills old keys.
     def to_dict(self) -> dict[str, Any]:
         """Flat: the coefficient fields, then ``speculative``, ``topk``, ``num_draft_tokens``."""
         out: dict[str, Any] = {

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from specgov.policies.common.codec import to_data
 from specgov.policies.common.types import (
     PolicyTypeError,
     StepTable,
@@ -130,10 +131,11 @@ class GoodputState:
                 f"GoodputState.version: expected {GOODPUT_STATE_VERSION}, got {self.version!r}"
             )
 
+    # Its own encoding (codec docstring): 128-bit RNG words as hex strings, rows as lists.
     def to_dict(self) -> dict[str, Any]:
         return {
             "version": self.version,
-            "acceptance": self.acceptance.to_dict(),
+            "acceptance": to_data(self.acceptance),
             "step_cost": self.step_cost.to_dict(),
             "last_table": None if self.last_table is None else self.last_table.to_dict(),
             # 128-bit integers as hex strings: not every JSON reader keeps them exact.
