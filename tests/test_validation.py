@@ -168,6 +168,7 @@ def _callers() -> list[tuple[str, Callable[[object], object], type[Exception], s
     # Imported here: the helpers above are tested without the rest of specgov.
     from specgov.adapters.sglang_http import SGLangClient
     from specgov.controller.daemon.config_values import ConfigError, parse_duration
+    from specgov.policies.common.roofline import RooflineCoefficients, RooflineError
     from specgov.policies.common.types import PolicyTypeError
     from specgov.policies.daemon.bandit import BanditConfig
     from specgov.policies.daemon.goodput import GoodputConfig, GoodputConfigError
@@ -234,6 +235,12 @@ def _callers() -> list[tuple[str, Callable[[object], object], type[Exception], s
             lambda v: SGLangClient("http://x", rng=random.Random(0), backoff_max_s=v),  # type: ignore[arg-type]
             ValueError,
             "SGLangClient: backoff_max_s must be a number >= backoff_base_s",
+        ),
+        (
+            "roofline",
+            lambda v: RooflineCoefficients(v, 1e-3, 1e-6, 1e-7),  # type: ignore[arg-type]
+            RooflineError,
+            "cost coefficient fixed_overhead_s must be ",
         ),
         (
             "plan.search",

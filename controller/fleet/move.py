@@ -28,7 +28,6 @@ that does not come back in either mode is reported lost (the governor then holds
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -43,6 +42,7 @@ import yaml
 
 from specgov.controller.fleet.gateway import GatewayError
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import is_real
 from specgov.policies.control.fleet_mix import MODES, Mode, Move
 
 DEFAULT_STARTUP_TIMEOUT_S: Final = 600.0
@@ -87,7 +87,7 @@ def _seconds(raw: Mapping[str, Any], key: str, default: float, where: str) -> fl
     value = raw.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise FleetFileError(f"{where}: {key}: expected seconds (a number), got {value!r}")
-    if not math.isfinite(value) or value <= 0:
+    if not is_real(value) or value <= 0:
         raise FleetFileError(f"{where}: {key}: expected seconds > 0, got {value!r}")
     return float(value)
 

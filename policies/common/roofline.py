@@ -37,13 +37,12 @@ correction over; tests hold ``decode_step_s`` equal to that sum.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
 from specgov.policies.common.types import PolicyTypeError
-from specgov.policies.common.validation import is_int
+from specgov.policies.common.validation import is_int, is_real
 
 __all__ = [
     "DEFAULT_ROOFLINE_EXPONENT",
@@ -94,7 +93,7 @@ class RooflineCoefficients:
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise RooflineError(f"cost coefficient {f.name} must be a number, got {value!r}")
-            if not math.isfinite(value) or value < 0:
+            if not is_real(value) or value < 0:  # also an int beyond float range
                 raise RooflineError(
                     f"cost coefficient {f.name} must be finite and >= 0, got {value!r}"
                 )
@@ -129,7 +128,7 @@ def scaled_coefficients(coefficients: RooflineCoefficients, scale: float) -> Roo
     """
     if isinstance(scale, bool) or not isinstance(scale, int | float):
         raise RooflineError(f"scale must be a number > 0, got {scale!r}")
-    if not math.isfinite(scale) or scale <= 0:
+    if not is_real(scale) or scale <= 0:
         raise RooflineError(f"scale must be a finite number > 0, got {scale!r}")
     if scale == 1.0:
         return coefficients
