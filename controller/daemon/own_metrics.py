@@ -45,7 +45,6 @@ control loop, so it reads the daemon's state without locks.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -126,9 +125,7 @@ class DaemonSnapshot:
 
 
 def _finite_or_none(value: object) -> float | None:
-    if not is_real(value):
-        return None
-    return float(value) if math.isfinite(value) else None
+    return float(value) if is_real(value) else None
 
 
 class _DerivedStateCollector(Collector):

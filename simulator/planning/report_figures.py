@@ -10,7 +10,6 @@ state, no display). Every rate and latency axis starts at 0.
 from __future__ import annotations
 
 import io
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,10 +39,7 @@ ITEM_COLOURS = {
 
 
 def _num(value: object) -> float | None:
-    if not is_real(value):
-        return None
-    v = float(value)
-    return v if math.isfinite(v) else None
+    return float(value) if is_real(value) else None
 
 
 def _save(fig: Figure, path: Path) -> Path:
