@@ -244,17 +244,21 @@ def headline(goodput: dict[str, float], by_phase: dict[str, dict[str, int]], liv
     return line + "."
 
 
+_DEMO_COLUMNS = (
+    "tok/s",
+    "goodput tok/s",
+    "vs ema",
+    "SLO %",
+    "TPOT p50 ms",
+    "TPOT p99 ms",
+    "TTFT p99 ms",
+)
+
+
 def _summary(live_results: list[Any], trace: Any, spec: Any = None) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    from specgov.controller.cli.format import (
-        goodput_legend,
-        number,
-        overload_note,
-        percent,
-        vs_baseline,
-    )
+    from specgov.controller.cli.format import goodput_legend, overload_note, summary_table
     from specgov.simulator.replay.metrics import Slo, good_tokens_by_window, summarise
     from specgov.simulator.replay.runner import ServerSpec, replay
 
@@ -275,34 +279,14 @@ def _summary(live_results: list[Any], trace: Any, spec: Any = None) -> None:
     caption += (
         " Means over the whole trace, in simulated time (the live view shows the last seconds)."
     )
-    table = Table(
+    table = summary_table(
+        rows,
+        base,
+        name_header="run",
+        columns=_DEMO_COLUMNS,
         title=f"same trace, side by side (SLO TPOT {slo.tpot_ms:g} ms)",
-        title_justify="left",
         caption=caption,
-        caption_justify="left",
     )
-    for col in (
-        "run",
-        "tok/s",
-        "goodput tok/s",
-        "vs ema",
-        "SLO %",
-        "TPOT p50 ms",
-        "TPOT p99 ms",
-        "TTFT p99 ms",
-    ):
-        table.add_column(col, justify="left" if col == "run" else "right")
-    for r in rows:
-        table.add_row(
-            r["name"],
-            number(r["throughput_tok_s"], 0),
-            number(r["goodput_tok_s"], 0),
-            vs_baseline(r, base),
-            percent(r["slo_attainment"], 1),
-            number(r["tpot_ms"]["p50"], 2),
-            number(r["tpot_ms"]["p99"], 2),
-            number(r["ttft_ms"]["p99"], 0),
-        )
     console = Console(width=max(Console().width, 110))
     overload = overload_note(rows)
     if overload is not None:

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,19 +37,7 @@ DEFAULT_REPLAY_POLICIES = ("none", "static:1", "static:3", "static:5", "static:7
 _REPLAY_KINDS = kinds_help(replay=True)
 
 
-from specgov.controller.cli.format import BadInput  # noqa: E402
-
-
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    """Turn input errors (all ValueError/OSError subclasses here) into one clean line
-    and the README's exit code 2 (bad usage or configuration)."""
-    try:
-        yield
-    except click.ClickException:
-        raise
-    except (ValueError, OSError) as exc:
-        raise BadInput(str(exc)) from None
+from specgov.controller.cli.format import user_errors  # noqa: E402
 
 
 @click.group(
@@ -96,16 +83,26 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return number(value, digits)
 
 
+_REPLAY_COLUMNS = (
+    "tok/s",
+    "goodput tok/s",
+    "vs ema",
+    "SLO %",
+    "TTFT p99 ms",
+    "TPOT p50 ms",
+    "TPOT p99 ms",
+    "ITL p99 ms",
+    "acc len",
+    "retract",
+    "KV peak",
+    "switches",
+)
+
+
 def render_table(report: ReplayReport) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    from specgov.controller.cli.format import (
-        goodput_legend,
-        overload_note,
-        percent,
-        vs_baseline,
-    )
+    from specgov.controller.cli.format import goodput_legend, overload_note, summary_table
 
     data = report.to_json()
     trace = data["trace"]
@@ -120,39 +117,14 @@ def render_table(report: ReplayReport) -> None:
     overload = overload_note(data["policies"])
     caption = goodput_legend(data["slo"], baseline=None if base is None else "sglang-ema")
     caption += " Rates and latencies are in simulated time."
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for col in (
-        "policy",
-        "tok/s",
-        "goodput tok/s",
-        "vs ema",
-        "SLO %",
-        "TTFT p99 ms",
-        "TPOT p50 ms",
-        "TPOT p99 ms",
-        "ITL p99 ms",
-        "acc len",
-        "retract",
-        "KV peak",
-        "switches",
-    ):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    for p in data["policies"]:
-        table.add_row(
-            p["name"],
-            _fmt(p["throughput_tok_s"], 0),
-            _fmt(p["goodput_tok_s"], 0),
-            vs_baseline(p, base),
-            percent(p["slo_attainment"], 1),
-            _fmt(p["ttft_ms"]["p99"]),
-            _fmt(p["tpot_ms"]["p50"], 2),
-            _fmt(p["tpot_ms"]["p99"], 2),
-            _fmt(p["itl_ms"]["p99"], 2),
-            _fmt(p["mean_accept_length"], 2),
-            str(p["retractions"]),
-            percent(p["kv_peak_fraction"]),
-            str(p["tier_switches"]),
-        )
+    table = summary_table(
+        data["policies"],
+        base,
+        name_header="policy",
+        columns=_REPLAY_COLUMNS,
+        title=title,
+        caption=caption,
+    )
     # Never squeeze the columns into ellipses: a narrow terminal wraps instead,
     # and piped output (no width) gets a wide line.
     console = (
@@ -408,7 +380,7 @@ def replay(
     **server: Any,
 ) -> None:
     """Replay TRACE (a file, or `synthetic[:key=value,...]`) once per --policy."""
-    with _user_errors():
+    with user_errors():
         from specgov.simulator.workload.synthetic_text import open_trace
 
         loaded = open_trace(

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from specgov.controller.cli.format import BadInput, cell
+from specgov.controller.cli.format import cell, user_errors
 from specgov.controller.cli.options import (
     DEFAULT_PLAN_SLO_TTFT_MS,
     acceptance_profile_option,
@@ -36,17 +35,6 @@ if TYPE_CHECKING:
     pass
 
 DEFAULT_ROUTERS = "round-robin,least-loaded,spec-aware"
-
-
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    """Input errors (ValueError/OSError subclasses) become one clean line, exit 1."""
-    try:
-        yield
-    except click.ClickException:
-        raise
-    except (ValueError, OSError) as exc:
-        raise BadInput(str(exc)) from None
 
 
 def _split(values: Sequence[str]) -> list[str]:
@@ -268,7 +256,7 @@ def fleet_cmd(
     from specgov.simulator.replay.metrics import Slo
     from specgov.simulator.replay.runner import ServerSpec
 
-    with _user_errors():
+    with user_errors():
         sizes = parse_replicas(replicas_text) if replicas_text is not None else ()
         mix_list = _split(mixes)
         if not mix_list and sizes:
