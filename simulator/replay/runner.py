@@ -43,7 +43,7 @@ from specgov.simulator.engine.acceptance import AcceptanceModel
 from specgov.simulator.engine.core import Engine
 from specgov.simulator.engine.cost import CostModel
 from specgov.simulator.engine.interface import EngineConfig, EngineResult, VirtualClock
-from specgov.simulator.engine.memory import MemoryPlan, plan_memory
+from specgov.simulator.engine.memory import MemoryPlan, budget_memory
 from specgov.simulator.engine.prefix_cache import HicacheError, hicache_token_capacity
 from specgov.simulator.engine.sglang_metrics import SimMetrics
 from specgov.simulator.priors import check_prior_options, replay_step_cost_prior
@@ -431,7 +431,7 @@ def prepare_run(
     if server.max_running_requests is not None:
         graph_max_bs = min(graph_max_bs, server.max_running_requests)
     ndt = server.num_draft_tokens if server.topk > 1 else None
-    memory = plan_memory(
+    memory = budget_memory(
         b.gpu,
         b.model,
         drafter,
@@ -441,7 +441,7 @@ def prepare_run(
         topk=server.topk,
         num_draft_tokens=ndt,
         chunked_prefill_size=chunk,
-    )
+    ).require_fit()
     cost = CostModel.from_catalog(b.gpu, b.model, drafter, topk=server.topk, num_draft_tokens=ndt)
     acceptance = None
     if policy.speculative:
