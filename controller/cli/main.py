@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,7 +30,8 @@ from specgov.controller.cli.policy_help import kinds_help
 from specgov.simulator.server.cli import hicache_options  # click only at load
 
 if TYPE_CHECKING:
-    from specgov.simulator.replay.runner import ReplayReport
+    from specgov.simulator.replay.metrics import Slo
+    from specgov.simulator.replay.runner import ReplayReport, ServerSpec
     from specgov.simulator.workload.traces import Trace
 
 DEFAULT_REPLAY_POLICIES = ("none", "static:1", "static:3", "static:5", "static:7", "sglang-ema")
@@ -150,70 +151,49 @@ def _progress_factory() -> tuple[Callable[[str, int, int], None] | None, Callabl
     )
 
 
-def _run_replay(
-    trace: Trace,
-    policies: Sequence[str],
-    *,
-    gpu: str,
-    model: str,
-    drafter: str,
-    spec_steps: int,
-    topk: int,
-    num_draft_tokens: int | None,
-    acceptance_profile: str | None,
-    burstiness: float | None,
-    max_running_requests: int | None,
-    mem_fraction_static: float | None,
-    catalog: Sequence[Path],
-    slo_tpot_ms: float | None,
-    slo_ttft_ms: float | None,
-    seed: int,
-    output: str,
-    plot: Path | None,
-    concurrency: int | None,
-    prior_scale: float = 1.0,
-    prior_gpu: str | None = None,
-    skip_zero_step_draft_extend: bool = False,
-    no_prefix_cache: bool = False,
-    enable_hierarchical_cache: bool = False,
-    hicache_ratio: float | None = None,
-    hicache_size: int = 0,
-) -> None:
+# Replay's server options that are ServerSpec fields under another name (SGLang's flags).
+_SPEC_FIELD = {
+    "catalog": "catalog_files",
+    "enable_hierarchical_cache": "hierarchical_cache",
+    "hicache_size": "hicache_size_gb",
+}
+
+
+def _server_spec(options: Mapping[str, Any]) -> ServerSpec:
+    """The simulated server replay's options describe; a bad value is a usage error."""
     from specgov.simulator.engine.prefix_cache import HicacheError
     from specgov.simulator.priors import PriorOptionError
-    from specgov.simulator.replay.metrics import Slo
-    from specgov.simulator.replay.runner import ServerSpec, replay
+    from specgov.simulator.replay.runner import ServerSpec
 
+    fields = {_SPEC_FIELD.get(k, k): v for k, v in options.items() if k != "no_prefix_cache"}
+    fields["catalog_files"] = tuple(fields["catalog_files"])
+    fields["prefix_cache"] = not options["no_prefix_cache"]
     try:
-        server = ServerSpec(
-            gpu=gpu,
-            model=model,
-            drafter=drafter,
-            spec_steps=spec_steps,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-            acceptance_profile=acceptance_profile,
-            burstiness=burstiness,
-            max_running_requests=max_running_requests,
-            mem_fraction_static=mem_fraction_static,
-            catalog_files=tuple(catalog),
-            prior_scale=prior_scale,
-            prior_gpu=prior_gpu,
-            skip_zero_step_draft_extend=skip_zero_step_draft_extend,
-            prefix_cache=not no_prefix_cache,
-            hierarchical_cache=enable_hierarchical_cache,
-            hicache_ratio=hicache_ratio,
-            hicache_size_gb=hicache_size,
-        )
+        return ServerSpec(**fields)
     except (PriorOptionError, HicacheError) as exc:  # a bad option value: usage error (exit 2)
         raise click.UsageError(str(exc)) from None
+
+
+def _run_replay(
+    trace: Trace,
+    server: ServerSpec,
+    policies: Sequence[str],
+    *,
+    slo: Slo,
+    seed: int,
+    concurrency: int | None,
+) -> ReplayReport:
+    """Every policy on *trace*, with a progress bar, and each daemon policy's restart
+    recommendation from what its daemon saw (the restart loop's replay)."""
+    from specgov.simulator.replay.runner import replay
+
     progress, stop = _progress_factory()
     try:
         report = replay(
             trace,
             server,
             list(policies),
-            slo=Slo(tpot_ms=slo_tpot_ms, ttft_ms=slo_ttft_ms),
+            slo=slo,
             seed=seed,
             progress=progress,
             concurrency=concurrency,
@@ -221,41 +201,39 @@ def _run_replay(
     finally:
         stop()
     if any(run.policy.daemon_spec is not None for run in report.runs):
-        # Each daemon policy's restart recommendation, from what its daemon saw (the
-        # restart loop's replay; controller.recommend), into the summaries and the JSON.
+        # Into the summaries and the JSON (controller.recommend).
         from specgov.controller.daemon.recommend import replay_restart_check
 
         replay_restart_check(
             report.runs,
             trace.requests,
-            gpu=gpu,
-            model=model,
-            drafter=drafter,
+            gpu=server.gpu,
+            model=server.model,
+            drafter=server.drafter,
             slo_tpot_ms=report.slo.tpot_ms,
             seed=seed,
         )
-    if plot is not None:
-        from specgov.simulator.replay.plots import write_plots
+    return report
 
-        server_info = report.server
-        context = (
-            f"{server_info['gpu']} {server_info['model']} + {server_info['drafter']}, "
-            f"{report.trace.get('requests')} requests of {report.trace.get('name', 'trace')}"
+
+def _write_plots(report: ReplayReport, plot: Path, slo_tpot_ms: float | None) -> None:
+    from specgov.simulator.replay.plots import write_plots
+
+    server_info = report.server
+    context = (
+        f"{server_info['gpu']} {server_info['model']} + {server_info['drafter']}, "
+        f"{report.trace.get('requests')} requests of {report.trace.get('name', 'trace')}"
+    )
+    try:
+        written = write_plots(
+            [(r.policy.name, r.result.series) for r in report.runs],
+            plot,
+            slo_tpot_ms=slo_tpot_ms,
+            context=context,
         )
-        try:
-            written = write_plots(
-                [(r.policy.name, r.result.series) for r in report.runs],
-                plot,
-                slo_tpot_ms=slo_tpot_ms,
-                context=context,
-            )
-        except OSError as exc:  # the replay ran; the folder is the problem
-            raise click.ClickException(f"--plot {plot}: cannot write: {exc}") from None
-        click.echo(f"plots: {', '.join(str(p) for p in written)}", err=True)
-    if output == "json":
-        click.echo(json.dumps(report.to_json(), indent=2, allow_nan=False))
-    else:
-        render_table(report)
+    except OSError as exc:  # the replay ran; the folder is the problem
+        raise click.ClickException(f"--plot {plot}: cannot write: {exc}") from None
+    click.echo(f"plots: {', '.join(str(p) for p in written)}", err=True)
 
 
 _server_options = [
@@ -375,11 +353,16 @@ def replay(
     sample: float | None,
     max_requests: int | None,
     concurrency: int | None,
-    prior_scale: float,
-    prior_gpu: str | None,
-    **server: Any,
+    slo_tpot_ms: float,
+    slo_ttft_ms: float | None,
+    seed: int,
+    output: str,
+    plot: Path | None,
+    **server_options: Any,
 ) -> None:
     """Replay TRACE (a file, or `synthetic[:key=value,...]`) once per --policy."""
+    from specgov.simulator.replay.metrics import Slo
+
     with user_errors():
         from specgov.simulator.workload.synthetic_text import open_trace
 
@@ -391,16 +374,22 @@ def replay(
             window_end_s=window_end_s,
             sample=sample,
             max_requests=max_requests,
-            seed=server["seed"],
+            seed=seed,
         )
-        _run_replay(
+        report = _run_replay(
             loaded,
+            _server_spec(server_options),
             policies or DEFAULT_REPLAY_POLICIES,
+            slo=Slo(tpot_ms=slo_tpot_ms, ttft_ms=slo_ttft_ms),
+            seed=seed,
             concurrency=concurrency,
-            prior_scale=prior_scale,
-            prior_gpu=prior_gpu,
-            **server,
         )
+        if plot is not None:
+            _write_plots(report, plot, slo_tpot_ms)
+        if output == "json":
+            click.echo(json.dumps(report.to_json(), indent=2, allow_nan=False))
+        else:
+            render_table(report)
 
 
 if __name__ == "__main__":  # pragma: no cover
