@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from specgov.controller.cli.options import (
     model_option,
     output_option,
     seed_option,
+    server_spec,
     slo_options,
     trace_selection_options,
 )
@@ -149,29 +150,6 @@ def _progress_factory() -> tuple[Callable[[str, int, int], None] | None, Callabl
     return stderr_progress(
         "replaying {task.description}", "requests", enabled=_stderr_is_terminal()
     )
-
-
-# Replay's server options that are ServerSpec fields under another name (SGLang's flags).
-_SPEC_FIELD = {
-    "catalog": "catalog_files",
-    "enable_hierarchical_cache": "hierarchical_cache",
-    "hicache_size": "hicache_size_gb",
-}
-
-
-def _server_spec(options: Mapping[str, Any]) -> ServerSpec:
-    """The simulated server replay's options describe; a bad value is a usage error."""
-    from specgov.simulator.engine.prefix_cache import HicacheError
-    from specgov.simulator.priors import PriorOptionError
-    from specgov.simulator.replay.runner import ServerSpec
-
-    fields = {_SPEC_FIELD.get(k, k): v for k, v in options.items() if k != "no_prefix_cache"}
-    fields["catalog_files"] = tuple(fields["catalog_files"])
-    fields["prefix_cache"] = not options["no_prefix_cache"]
-    try:
-        return ServerSpec(**fields)
-    except (PriorOptionError, HicacheError) as exc:  # a bad option value: usage error (exit 2)
-        raise click.UsageError(str(exc)) from None
 
 
 def _run_replay(
@@ -378,7 +356,7 @@ def replay(
         )
         report = _run_replay(
             loaded,
-            _server_spec(server_options),
+            server_spec(server_options),
             policies or DEFAULT_REPLAY_POLICIES,
             slo=Slo(tpot_ms=slo_tpot_ms, ttft_ms=slo_ttft_ms),
             seed=seed,

@@ -26,13 +26,15 @@ from specgov.controller.cli.options import (
     output_option,
     prices_option,
     seed_option,
+    server_spec,
     slo_options,
     trace_selection_options,
     trace_source_option,
 )
 
 if TYPE_CHECKING:
-    pass
+    from specgov.simulator.planning.fleet_spec import FleetPlanConfig
+    from specgov.simulator.replay.metrics import Slo
 
 DEFAULT_ROUTERS = "round-robin,least-loaded,spec-aware"
 
@@ -209,14 +211,6 @@ def fleet_cmd(
     max_requests: int | None,
     rate_scale: float | None,
     target_rps: float | None,
-    gpu: str,
-    model: str,
-    drafter: str,
-    spec_steps: int,
-    acceptance_profile: str | None,
-    max_running_requests: int | None,
-    mem_fraction_static: float | None,
-    catalog: tuple[Path, ...],
     replicas_text: str | None,
     mixes: tuple[str, ...],
     policies: tuple[str, ...],
@@ -228,6 +222,7 @@ def fleet_cmd(
     seed: int,
     report_dir: Path | None,
     output: str,
+    **server_options: Any,
 ) -> None:
     """Simulate fleets of speculative and plain replicas behind routers on one trace.
 
@@ -244,52 +239,23 @@ def fleet_cmd(
         raise click.UsageError("--rate-scale and --target-rps both set the rate: give one")
     if replicas_text is None and not _split(mixes):
         raise click.UsageError("give --replicas (e.g. 4 or 1-6) and/or --mix n+m")
-    from specgov.simulator.catalog import Catalog
     from specgov.simulator.planning.fleet import plan_fleet
-    from specgov.simulator.planning.fleet_spec import (
-        FleetPlanConfig,
-        enumerate_fleets,
-        parse_replicas,
-    )
-    from specgov.simulator.planning.prices import load_prices
-    from specgov.simulator.planning.router import parse_routers
     from specgov.simulator.replay.metrics import Slo
-    from specgov.simulator.replay.runner import ServerSpec
+    from specgov.simulator.workload.synthetic_text import open_trace
 
     with user_errors():
-        sizes = parse_replicas(replicas_text) if replicas_text is not None else ()
-        mix_list = _split(mixes)
-        if not mix_list and sizes:
-            mix_list = ["all"]
-        mix_list = [m for m in mix_list if m.lower() != "none"]
-        fleets = enumerate_fleets(sizes, mix_list)
-        routers = parse_routers(routers_text)
-        price_table = None
-        if prices is not None:
-            cat = Catalog.load(catalog)
-            price_table = load_prices(prices, cat)
-            price_table.require([cat.gpu(gpu).name])  # fail before any simulation
-        cfg = FleetPlanConfig(
-            fleets=fleets,
-            routers=routers,
-            policies=tuple(_split(policies)) or ("sglang-ema",),
+        cfg = _plan_config(
+            replicas_text,
+            mixes,
+            policies,
+            routers_text,
+            prices,
+            server_options,
             slo=Slo(tpot_ms=slo_tpot_ms, ttft_ms=slo_ttft_ms),
             slo_percentile=slo_percentile,
             seed=seed,
-            prices=price_table,
         )
-        server = ServerSpec(
-            gpu=gpu,
-            model=model,
-            drafter=drafter,
-            spec_steps=spec_steps,
-            acceptance_profile=acceptance_profile,
-            max_running_requests=max_running_requests,
-            mem_fraction_static=mem_fraction_static,
-            catalog_files=tuple(catalog),
-        )
-        from specgov.simulator.workload.synthetic_text import open_trace
-
+        server = server_spec(server_options)
         trace = open_trace(
             trace_source,
             fmt,
@@ -316,3 +282,49 @@ def fleet_cmd(
         click.echo(json.dumps(doc, indent=2, allow_nan=False))
     else:
         render_table(doc)
+
+
+def _plan_config(
+    replicas_text: str | None,
+    mixes: Sequence[str],
+    policies: Sequence[str],
+    routers_text: str,
+    prices: Path | None,
+    server_options: Mapping[str, Any],
+    *,
+    slo: Slo,
+    slo_percentile: float,
+    seed: int,
+) -> FleetPlanConfig:
+    """The fleets, routers, policies and prices to plan with (prices checked against
+    --gpu before any simulation)."""
+    from specgov.simulator.catalog import Catalog
+    from specgov.simulator.planning.fleet_spec import (
+        FleetPlanConfig,
+        enumerate_fleets,
+        parse_replicas,
+    )
+    from specgov.simulator.planning.prices import load_prices
+    from specgov.simulator.planning.router import parse_routers
+
+    sizes = parse_replicas(replicas_text) if replicas_text is not None else ()
+    mix_list = _split(mixes)
+    if not mix_list and sizes:
+        mix_list = ["all"]
+    mix_list = [m for m in mix_list if m.lower() != "none"]
+    price_table = None
+    fleets = enumerate_fleets(sizes, mix_list)
+    routers = parse_routers(routers_text)
+    if prices is not None:
+        cat = Catalog.load(server_options["catalog"])
+        price_table = load_prices(prices, cat)
+        price_table.require([cat.gpu(server_options["gpu"]).name])
+    return FleetPlanConfig(
+        fleets=fleets,
+        routers=routers,
+        policies=tuple(_split(policies)) or ("sglang-ema",),
+        slo=slo,
+        slo_percentile=slo_percentile,
+        seed=seed,
+        prices=price_table,
+    )
