@@ -14,19 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from specgov.controller.cli.options import (
-    acceptance_profile_option,
-    catalog_option,
-    gpu_option,
-    max_running_requests_option,
-    mem_fraction_static_option,
-    model_option,
-    output_option,
-    seed_option,
-    server_spec,
-    slo_options,
-    trace_selection_options,
-)
+from specgov.controller.cli import options as opt
 from specgov.controller.cli.policy_help import kinds_help
 from specgov.simulator.server.cli import hicache_options  # click only at load
 
@@ -215,8 +203,8 @@ def _write_plots(report: ReplayReport, plot: Path, slo_tpot_ms: float | None) ->
 
 
 _server_options = [
-    gpu_option,
-    model_option,
+    opt.gpu_option,
+    opt.model_option,
     click.option("--drafter", default="eagle3", show_default=True, help="Drafter."),
     click.option(
         "--spec-steps",
@@ -238,7 +226,7 @@ _server_options = [
         default=None,
         help="Tree verify width (topk > 1); chains use steps + 1.",
     ),
-    acceptance_profile_option,
+    opt.acceptance_profile_option,
     click.option(
         "--burstiness",
         type=click.FloatRange(min=0.0, max=1.0),
@@ -260,12 +248,12 @@ _server_options = [
         help="SGLang's --disable-radix-cache: no prefix reuse. By default requests whose "
         "trace gives hash_ids (prefix block ids) reuse cached prompt prefixes.",
     ),
-    max_running_requests_option,
-    mem_fraction_static_option,
-    catalog_option,
-    slo_options(ttft_default_ms=None),
-    seed_option,
-    output_option,
+    opt.max_running_requests_option,
+    opt.mem_fraction_static_option,
+    opt.catalog_option,
+    opt.slo_options(ttft_default_ms=None),
+    opt.seed_option,
+    opt.output_option,
     click.option(
         "--plot",
         type=click.Path(file_okay=False, path_type=Path),
@@ -284,7 +272,7 @@ def _with_server_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @main.command()
 @click.argument("trace")
-@trace_selection_options
+@opt.trace_selection_options
 @click.option(
     "--policy",
     "policies",
@@ -356,7 +344,7 @@ def replay(
         )
         report = _run_replay(
             loaded,
-            server_spec(server_options),
+            opt.server_spec(server_options),
             policies or DEFAULT_REPLAY_POLICIES,
             slo=Slo(tpot_ms=slo_tpot_ms, ttft_ms=slo_ttft_ms),
             seed=seed,

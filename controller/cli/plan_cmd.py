@@ -14,20 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from specgov.controller.cli import options as opt
 from specgov.controller.cli.format import BadInput, cell
-from specgov.controller.cli.options import (
-    DEFAULT_PLAN_SLO_TTFT_MS,
-    catalog_option,
-    max_running_requests_option,
-    mem_fraction_static_option,
-    model_option,
-    output_option,
-    prices_option,
-    seed_option,
-    slo_options,
-    trace_selection_options,
-    trace_source_option,
-)
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -77,7 +65,7 @@ def _write_report(out_dir: Path, **documents: Any) -> Path:
 
 @plan_group.command(name="vram")
 @click.option("--gpu", "gpus", default="h100", show_default=True, help="GPU(s), comma-separated.")
-@model_option
+@opt.model_option
 @click.option("--tp-size", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--drafter", default="eagle3", show_default=True, help="Drafter, or 'none'.")
 @click.option("--steps", type=click.IntRange(min=0), default=3, show_default=True)
@@ -100,10 +88,10 @@ def _write_report(out_dir: Path, **documents: Any) -> Path:
     default=None,
     help="Default: SGLang's heuristic.",
 )
-@max_running_requests_option
+@opt.max_running_requests_option
 @click.option("--cuda-graph-max-bs", type=click.IntRange(min=1), default=None)
-@catalog_option
-@output_option
+@opt.catalog_option
+@opt.output_option
 @click.option(
     "--report",
     type=click.Path(file_okay=False, path_type=Path),
@@ -303,10 +291,10 @@ def _print_best_on(console: Console, gpu: str, best: dict[str, Any], doc: dict[s
 
 
 @plan_group.command(name="sweep")
-@trace_source_option
-@trace_selection_options
+@opt.trace_source_option
+@opt.trace_selection_options
 @click.option("--gpus", default="h100", show_default=True, help="Comma-separated GPUs.")
-@model_option
+@opt.model_option
 @click.option(
     "--drafters",
     default="eagle3,ngram,none",
@@ -332,7 +320,7 @@ def _print_best_on(console: Console, gpu: str, best: dict[str, Any], doc: dict[s
     show_default=True,
     help="--speculative-num-steps of adaptive policies (their initial step).",
 )
-@slo_options(ttft_default_ms=DEFAULT_PLAN_SLO_TTFT_MS)
+@opt.slo_options(ttft_default_ms=opt.DEFAULT_PLAN_SLO_TTFT_MS)
 @click.option(
     "--tpot-percentile",
     type=click.FloatRange(min=0.0, max=100.0, min_open=True),
@@ -367,10 +355,10 @@ def _print_best_on(console: Console, gpu: str, best: dict[str, Any], doc: dict[s
     "--hicache-size N; 0: none). With sizes > 0 every configuration is swept once per size "
     "and the plan says, per GPU, whether to add host cache or GPUs.",
 )
-@prices_option
-@mem_fraction_static_option
-@max_running_requests_option
-@catalog_option
+@opt.prices_option
+@opt.mem_fraction_static_option
+@opt.max_running_requests_option
+@opt.catalog_option
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option(
     "--workers",
@@ -396,8 +384,8 @@ def _print_best_on(console: Console, gpu: str, best: dict[str, Any], doc: dict[s
     default=None,
     help="Write the HTML report into this folder.",
 )
-@seed_option
-@output_option
+@opt.seed_option
+@opt.output_option
 def sweep_cmd(
     trace_source: str,
     fmt: str | None,

@@ -14,23 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from specgov.controller.cli import options as opt
 from specgov.controller.cli.format import cell, user_errors
-from specgov.controller.cli.options import (
-    DEFAULT_PLAN_SLO_TTFT_MS,
-    acceptance_profile_option,
-    catalog_option,
-    gpu_option,
-    max_running_requests_option,
-    mem_fraction_static_option,
-    model_option,
-    output_option,
-    prices_option,
-    seed_option,
-    server_spec,
-    slo_options,
-    trace_selection_options,
-    trace_source_option,
-)
 
 if TYPE_CHECKING:
     from specgov.simulator.planning.fleet_spec import FleetPlanConfig
@@ -125,8 +110,8 @@ def render_table(doc: Mapping[str, Any]) -> None:
 
 
 @click.command(name="fleet")
-@trace_source_option
-@trace_selection_options
+@opt.trace_source_option
+@opt.trace_selection_options
 @click.option(
     "--rate-scale",
     type=click.FloatRange(min=0.0, min_open=True),
@@ -139,8 +124,8 @@ def render_table(doc: Mapping[str, Any]) -> None:
     default=None,
     help="Scale the trace so the fleet receives this many requests per second on average.",
 )
-@gpu_option
-@model_option
+@opt.gpu_option
+@opt.model_option
 @click.option(
     "--drafter", default="eagle3", show_default=True, help="Speculative replicas' drafter."
 )
@@ -151,10 +136,10 @@ def render_table(doc: Mapping[str, Any]) -> None:
     show_default=True,
     help="--speculative-num-steps of speculative replicas (adaptive policies start there).",
 )
-@acceptance_profile_option
-@max_running_requests_option
-@mem_fraction_static_option
-@catalog_option
+@opt.acceptance_profile_option
+@opt.max_running_requests_option
+@opt.mem_fraction_static_option
+@opt.catalog_option
 @click.option(
     "--replicas",
     "replicas_text",
@@ -184,7 +169,7 @@ def render_table(doc: Mapping[str, Any]) -> None:
     help="Comma-separated: round-robin, least-loaded, spec-aware[:B] (B: speculative "
     "replicas' active-request bound; default computed from the cost model).",
 )
-@slo_options(ttft_default_ms=DEFAULT_PLAN_SLO_TTFT_MS)
+@opt.slo_options(ttft_default_ms=opt.DEFAULT_PLAN_SLO_TTFT_MS)
 @click.option(
     "--slo-percentile",
     type=click.FloatRange(min=0.0, max=100.0, min_open=True),
@@ -192,8 +177,8 @@ def render_table(doc: Mapping[str, Any]) -> None:
     show_default=True,
     help="A fleet holds the SLO when this percentile of TPOT and of TTFT are within it.",
 )
-@prices_option
-@seed_option
+@opt.prices_option
+@opt.seed_option
 @click.option(
     "--report",
     "report_dir",
@@ -201,7 +186,7 @@ def render_table(doc: Mapping[str, Any]) -> None:
     default=None,
     help="Write an offline HTML report (figures as PNG, data as CSV/JSON) into this folder.",
 )
-@output_option
+@opt.output_option
 def fleet_cmd(
     trace_source: str,
     fmt: str | None,
@@ -255,7 +240,7 @@ def fleet_cmd(
             slo_percentile=slo_percentile,
             seed=seed,
         )
-        server = server_spec(server_options)
+        server = opt.server_spec(server_options)
         trace = open_trace(
             trace_source,
             fmt,
