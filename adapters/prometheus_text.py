@@ -499,6 +499,8 @@ def _lex_families(
         raise _refused(source, where[0], where[1]) from None
 
 
+# Over 80 lines on purpose: one pass of the hot parser's state machine (family state in
+# locals, shared with close()), read whole against prometheus_client's; split, it pays calls.
 def _lex(
     text: str, wanted: frozenset[str] | None, where: list[Any]
 ) -> tuple[list[MetricFamily], frozenset[DPRank]]:

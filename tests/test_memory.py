@@ -14,7 +14,6 @@ from specgov.simulator.engine.memory import (
     MemoryPlan,
     MemoryPlanError,
     budget_memory,
-    plan_memory,
     sglang_default_chunked_prefill_size,
     sglang_default_mem_fraction_static,
 )
@@ -70,7 +69,7 @@ def _plan(**kwargs: object) -> MemoryPlan:
     gpu = args.pop("gpu", H100)
     model = args.pop("model", LLAMA8)
     drafter = args.pop("drafter", EAGLE3)
-    return plan_memory(gpu, model, drafter, **args)  # type: ignore[arg-type]
+    return budget_memory(gpu, model, drafter, **args).require_fit()  # type: ignore[arg-type]
 
 
 def test_8b_on_h100_has_hundreds_of_thousands_of_tokens() -> None:
@@ -197,9 +196,11 @@ def test_budget_memory_reports_a_plan_that_does_not_fit_instead_of_raising() -> 
     assert plan.first_overflow == "target weights"
     assert plan.overflow_message().startswith("llama-3.1-70b on l40s: weights 131.5 GiB")
     assert "first item over the budget: target weights" in plan.overflow_message()
-    # plan_memory raises the same arithmetic.
+    # require_fit raises the same arithmetic.
     with pytest.raises(DoesNotFitError, match="first item over the budget: target weights"):
-        plan_memory(L40S, LLAMA70, EAGLE3, candidate_steps=[1, 3], cuda_graph_max_bs=32)
+        budget_memory(
+            L40S, LLAMA70, EAGLE3, candidate_steps=[1, 3], cuda_graph_max_bs=32
+        ).require_fit()
 
 
 def test_first_overflow_names_the_item_that_crosses_the_static_budget() -> None:

@@ -260,19 +260,23 @@ def test_step0_scales_move_only_their_term_and_only_at_step0(
 
 
 def test_kv_pool_reduction_scale_sizes_the_pool() -> None:
-    from specgov.simulator.engine.memory import plan_memory
+    from specgov.simulator.engine.memory import budget_memory
 
     c = Catalog.load()
 
     def pool(scale: float | None) -> int:
         d = None if scale is None else _drafter(kv_pool_reduction_scale=scale)
-        return plan_memory(
-            c.gpu("h100"),
-            c.model("llama-3.1-8b"),
-            d,  # type: ignore[arg-type]
-            candidate_steps=() if d is None else (0, 3),
-            cuda_graph_max_bs=256,
-        ).kv_token_capacity
+        return (
+            budget_memory(
+                c.gpu("h100"),
+                c.model("llama-3.1-8b"),
+                d,  # type: ignore[arg-type]
+                candidate_steps=() if d is None else (0, 3),
+                cuda_graph_max_bs=256,
+            )
+            .require_fit()
+            .kv_token_capacity
+        )
 
     plain_pool, none, today, double = pool(None), pool(0.0), pool(1.0), pool(2.0)
     # At 0 only the extra CUDA graphs of the speculative tiers remain.

@@ -184,7 +184,7 @@ def step_zero_report(
     (the KV-bound batch at *context_tokens* per request, and the throughput ratio)."""
     from specgov.simulator.catalog import Catalog
     from specgov.simulator.engine.cost import CostModel
-    from specgov.simulator.engine.memory import plan_memory
+    from specgov.simulator.engine.memory import budget_memory
     from specgov.simulator.replay.runner import sglang_gpu_defaults
 
     cat = Catalog.load(extra_files)
@@ -194,14 +194,14 @@ def step_zero_report(
     chunk, graph_bs = sglang_gpu_defaults(gpu.memory_gib)
 
     def pool(d: Any, steps: tuple[int, ...]) -> int:
-        plan = plan_memory(
+        plan = budget_memory(
             gpu,
             model,
             d,
             candidate_steps=steps,
             cuda_graph_max_bs=graph_bs,
             chunked_prefill_size=chunk,
-        )
+        ).require_fit()
         return plan.kv_token_capacity
 
     def row(b: int) -> dict[str, Any]:

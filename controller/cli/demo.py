@@ -20,9 +20,16 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+    from specgov.controller.daemon.config import SpecgovConfig
+    from specgov.controller.daemon.runtime import Daemon
+    from specgov.simulator.server.core import SimServer
 
 
 def _free_port(host: str = "127.0.0.1") -> int:
@@ -118,12 +125,10 @@ async def _run_demo(
     refresh_s: float,
     trace: Any,
 ) -> list[Any]:
-    from rich.console import Console
-    from rich.live import Live
+    from prometheus_client import CollectorRegistry
 
     from specgov.controller.cli.daemon_cmds import prior_for
-    from specgov.controller.cli.format import clock, decision_summary
-    from specgov.controller.daemon.config import load_config
+    from specgov.controller.daemon.runtime import Daemon
     from specgov.controller.daemon.state_store import StateStore
     from specgov.simulator.replay.runner import ServerSpec
     from specgov.simulator.server.core import SimServer
@@ -132,10 +137,43 @@ async def _run_demo(
     sim = SimServer(trace, ServerSpec(), speed=speed, spool_dir=spool, port=_free_port())
     sim.start()
     sim.wait_ready(60)
-    config = load_config(
+    config = _demo_config(sim.url, spool, workdir, policy, control_addr, metrics_addr)
+    store = StateStore(config.state.db_path)
+    registry = CollectorRegistry()
+    daemon = Daemon(config, store=store, registry=registry, prior=prior_for(config))
+    service = _DemoStatus(daemon, speed)
+    runners = await _serve_endpoints(config, service, registry)
+    run_task = asyncio.create_task(daemon.run(install_signals=False))
+    try:
+        await _watch(sim, service, daemon, run_task, control_addr, refresh_s)
+    finally:
+        daemon.request_stop()
+        with contextlib.suppress(Exception):
+            await run_task
+        for runner in runners:
+            await runner.cleanup()
+        store.close()
+        sim.stop()
+    results: list[Any] = sim.results()
+    return results
+
+
+def _demo_config(
+    url: str,
+    spool: Path,
+    workdir: Path,
+    policy: str,
+    control_addr: str,
+    metrics_addr: str,
+) -> SpecgovConfig:
+    """The daemon's configuration for the demo: plugin mode on the simulated server,
+    everything it writes in the work folder, quick loops."""
+    from specgov.controller.daemon.config import load_config
+
+    return load_config(
         None,
         overrides={
-            "server.url": sim.url,
+            "server.url": url,
             "spool.dir": str(spool),
             "state.db_path": str(workdir / "state.db"),
             "loop.mode": "plugin",
@@ -146,21 +184,21 @@ async def _run_demo(
             "metrics.listen": metrics_addr,
         },
     )
-    from prometheus_client import CollectorRegistry
 
+
+async def _serve_endpoints(
+    config: SpecgovConfig, service: _DemoStatus, registry: CollectorRegistry
+) -> list[Any]:
+    """The control API and the metrics endpoint, as the daemon serves them."""
     from specgov.adapters.http_listener import serve
+    from specgov.controller.daemon.config import load_config
     from specgov.controller.daemon.control_api import make_app
     from specgov.controller.daemon.control_token import daemon_token
     from specgov.controller.daemon.own_metrics import metrics_app
-    from specgov.controller.daemon.runtime import Daemon
 
-    store = StateStore(config.state.db_path)
-    registry = CollectorRegistry()
-    daemon = Daemon(config, store=store, registry=registry, prior=prior_for(config))
     # The token file where `specgov override set` in another terminal looks for it (the
     # default config's, not the work folder's): steering the demo needs it like a daemon.
     token = daemon_token(config.control.token_env, load_config(None).control_token_path, os.environ)
-    service = _DemoStatus(daemon, speed)
     control = make_app(
         service,
         token=token,
@@ -174,35 +212,40 @@ async def _run_demo(
     ):
         runner, _ = await serve(app, addr.listen.host, addr.listen.port, name=name)
         runners.append(runner)
-    run_task = asyncio.create_task(daemon.run(install_signals=False))
-    console = Console()
+    return runners
+
+
+async def _watch(
+    sim: SimServer,
+    service: _DemoStatus,
+    daemon: Daemon,
+    run_task: asyncio.Task[int],
+    control_addr: str,
+    refresh_s: float,
+) -> None:
+    """The live view (status, server state, the newest decisions) until the trace is
+    done or the daemon stops."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from specgov.controller.cli.format import clock, decision_summary
+
     seen = 0
     recent: list[str] = []
-    try:
-        with Live(console=console, refresh_per_second=4, transient=False) as live:
-            while not run_task.done():
-                state = sim.state()
-                status = service.status()
-                status["_control"] = control_addr
-                rows = daemon.decisions(None, 50)[::-1]
-                for r in rows[seen:] if len(rows) > seen else []:
-                    stamp = clock(r["time_s"], time.time())
-                    recent.append(f"{stamp} {r['reason']}: {decision_summary(r['message'])}")
-                seen = len(rows)
-                live.update(_live_table(status, state, recent))
-                if sim.results():
-                    break
-                await asyncio.sleep(refresh_s)
-    finally:
-        daemon.request_stop()
-        with contextlib.suppress(Exception):
-            await run_task
-        for runner in runners:
-            await runner.cleanup()
-        store.close()
-        sim.stop()
-    results: list[Any] = sim.results()
-    return results
+    with Live(console=Console(), refresh_per_second=4, transient=False) as live:
+        while not run_task.done():
+            state = sim.state()
+            status = service.status()
+            status["_control"] = control_addr
+            rows = daemon.decisions(None, 50)[::-1]
+            for r in rows[seen:] if len(rows) > seen else []:
+                stamp = clock(r["time_s"], time.time())
+                recent.append(f"{stamp} {r['reason']}: {decision_summary(r['message'])}")
+            seen = len(rows)
+            live.update(_live_table(status, state, recent))
+            if sim.results():
+                break
+            await asyncio.sleep(refresh_s)
 
 
 def trace_phases(spec: Any) -> list[tuple[str, float, float]]:
@@ -244,17 +287,21 @@ def headline(goodput: dict[str, float], by_phase: dict[str, dict[str, int]], liv
     return line + "."
 
 
+_DEMO_COLUMNS = (
+    "tok/s",
+    "goodput tok/s",
+    "vs ema",
+    "SLO %",
+    "TPOT p50 ms",
+    "TPOT p99 ms",
+    "TTFT p99 ms",
+)
+
+
 def _summary(live_results: list[Any], trace: Any, spec: Any = None) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    from specgov.controller.cli.format import (
-        goodput_legend,
-        number,
-        overload_note,
-        percent,
-        vs_baseline,
-    )
+    from specgov.controller.cli.format import goodput_legend, overload_note, summary_table
     from specgov.simulator.replay.metrics import Slo, good_tokens_by_window, summarise
     from specgov.simulator.replay.runner import ServerSpec, replay
 
@@ -275,34 +322,14 @@ def _summary(live_results: list[Any], trace: Any, spec: Any = None) -> None:
     caption += (
         " Means over the whole trace, in simulated time (the live view shows the last seconds)."
     )
-    table = Table(
+    table = summary_table(
+        rows,
+        base,
+        name_header="run",
+        columns=_DEMO_COLUMNS,
         title=f"same trace, side by side (SLO TPOT {slo.tpot_ms:g} ms)",
-        title_justify="left",
         caption=caption,
-        caption_justify="left",
     )
-    for col in (
-        "run",
-        "tok/s",
-        "goodput tok/s",
-        "vs ema",
-        "SLO %",
-        "TPOT p50 ms",
-        "TPOT p99 ms",
-        "TTFT p99 ms",
-    ):
-        table.add_column(col, justify="left" if col == "run" else "right")
-    for r in rows:
-        table.add_row(
-            r["name"],
-            number(r["throughput_tok_s"], 0),
-            number(r["goodput_tok_s"], 0),
-            vs_baseline(r, base),
-            percent(r["slo_attainment"], 1),
-            number(r["tpot_ms"]["p50"], 2),
-            number(r["tpot_ms"]["p99"], 2),
-            number(r["ttft_ms"]["p99"], 0),
-        )
     console = Console(width=max(Console().width, 110))
     overload = overload_note(rows)
     if overload is not None:

@@ -12,13 +12,17 @@ from __future__ import annotations
 import math
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
-from typing import Any, Final, TypeGuard
+from typing import TYPE_CHECKING, Any, Final, TypeGuard
 
 import click
 
 from specgov.policies.common.errors import SpecgovError
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 UNKNOWN: Final = "unknown"
 
@@ -259,6 +263,46 @@ def overload_note(rows: Sequence[dict[str, Any]]) -> str | None:
     )
 
 
+# The cells a table of replay summaries (a replay JSON policy row each) can show, by
+# column header: one rounding per quantity, whichever command shows it.
+SUMMARY_CELLS: Final[dict[str, Callable[[dict[str, Any], dict[str, Any] | None], str]]] = {
+    "tok/s": lambda r, base: number(r["throughput_tok_s"], 0),
+    "goodput tok/s": lambda r, base: number(r["goodput_tok_s"], 0),
+    "vs ema": vs_baseline,
+    "SLO %": lambda r, base: percent(r["slo_attainment"], 1),
+    "TTFT p99 ms": lambda r, base: number(r["ttft_ms"]["p99"]),
+    "TPOT p50 ms": lambda r, base: number(r["tpot_ms"]["p50"], 2),
+    "TPOT p99 ms": lambda r, base: number(r["tpot_ms"]["p99"], 2),
+    "ITL p99 ms": lambda r, base: number(r["itl_ms"]["p99"], 2),
+    "acc len": lambda r, base: number(r["mean_accept_length"], 2),
+    "retract": lambda r, base: str(r["retractions"]),
+    "KV peak": lambda r, base: percent(r["kv_peak_fraction"]),
+    "switches": lambda r, base: str(r["tier_switches"]),
+}
+
+
+def summary_table(
+    rows: Sequence[dict[str, Any]],
+    base: dict[str, Any] | None,
+    *,
+    name_header: str,
+    columns: Sequence[str],
+    title: str,
+    caption: str,
+) -> Table:
+    """One row per replay summary: its name, then the *columns* (``SUMMARY_CELLS``
+    headers); "vs ema" compares with *base*."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    table.add_column(name_header, justify="left")
+    for col in columns:
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r["name"], *(SUMMARY_CELLS[col](r, base) for col in columns))
+    return table
+
+
 def table_slots(table: Any) -> str:
     """A step table as "bs>=1: 4, bs>=8: 3"; "none" when there is none."""
     if not isinstance(table, dict) or not table.get("slots"):
@@ -281,8 +325,10 @@ __all__ = [
     "overload_note",
     "percent",
     "relative",
+    "summary_table",
     "table_slots",
     "text",
+    "user_errors",
 ]
 
 
@@ -293,6 +339,19 @@ class BadInput(SpecgovError, click.ClickException):
     """A bad option value, policy spec, catalog name or trace file: one line, exit 2."""
 
     exit_code = EXIT_USAGE
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn input errors (the ValueError/OSError subclasses the simulator raises for a bad
+    option, trace or catalog) into one clean line and exit code 2 (bad usage or
+    configuration); click's own errors pass as they are."""
+    try:
+        yield
+    except click.ClickException:
+        raise
+    except (ValueError, OSError) as exc:
+        raise BadInput(str(exc)) from None
 
 
 def stderr_progress(

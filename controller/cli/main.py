@@ -8,49 +8,26 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from specgov.controller.cli.options import (
-    acceptance_profile_option,
-    catalog_option,
-    gpu_option,
-    max_running_requests_option,
-    mem_fraction_static_option,
-    model_option,
-    output_option,
-    seed_option,
-    slo_options,
-    trace_selection_options,
-)
+from specgov.controller.cli import options as opt
 from specgov.controller.cli.policy_help import kinds_help
 from specgov.simulator.server.cli import hicache_options  # click only at load
 
 if TYPE_CHECKING:
-    from specgov.simulator.replay.runner import ReplayReport
+    from specgov.simulator.replay.metrics import Slo
+    from specgov.simulator.replay.runner import ReplayReport, ServerSpec
     from specgov.simulator.workload.traces import Trace
 
 DEFAULT_REPLAY_POLICIES = ("none", "static:1", "static:3", "static:5", "static:7", "sglang-ema")
 _REPLAY_KINDS = kinds_help(replay=True)
 
 
-from specgov.controller.cli.format import BadInput  # noqa: E402
-
-
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    """Turn input errors (all ValueError/OSError subclasses here) into one clean line
-    and the README's exit code 2 (bad usage or configuration)."""
-    try:
-        yield
-    except click.ClickException:
-        raise
-    except (ValueError, OSError) as exc:
-        raise BadInput(str(exc)) from None
+from specgov.controller.cli.format import user_errors  # noqa: E402
 
 
 @click.group(
@@ -96,16 +73,26 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return number(value, digits)
 
 
+_REPLAY_COLUMNS = (
+    "tok/s",
+    "goodput tok/s",
+    "vs ema",
+    "SLO %",
+    "TTFT p99 ms",
+    "TPOT p50 ms",
+    "TPOT p99 ms",
+    "ITL p99 ms",
+    "acc len",
+    "retract",
+    "KV peak",
+    "switches",
+)
+
+
 def render_table(report: ReplayReport) -> None:
     from rich.console import Console
-    from rich.table import Table
 
-    from specgov.controller.cli.format import (
-        goodput_legend,
-        overload_note,
-        percent,
-        vs_baseline,
-    )
+    from specgov.controller.cli.format import goodput_legend, overload_note, summary_table
 
     data = report.to_json()
     trace = data["trace"]
@@ -120,39 +107,14 @@ def render_table(report: ReplayReport) -> None:
     overload = overload_note(data["policies"])
     caption = goodput_legend(data["slo"], baseline=None if base is None else "sglang-ema")
     caption += " Rates and latencies are in simulated time."
-    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
-    for col in (
-        "policy",
-        "tok/s",
-        "goodput tok/s",
-        "vs ema",
-        "SLO %",
-        "TTFT p99 ms",
-        "TPOT p50 ms",
-        "TPOT p99 ms",
-        "ITL p99 ms",
-        "acc len",
-        "retract",
-        "KV peak",
-        "switches",
-    ):
-        table.add_column(col, justify="left" if col == "policy" else "right")
-    for p in data["policies"]:
-        table.add_row(
-            p["name"],
-            _fmt(p["throughput_tok_s"], 0),
-            _fmt(p["goodput_tok_s"], 0),
-            vs_baseline(p, base),
-            percent(p["slo_attainment"], 1),
-            _fmt(p["ttft_ms"]["p99"]),
-            _fmt(p["tpot_ms"]["p50"], 2),
-            _fmt(p["tpot_ms"]["p99"], 2),
-            _fmt(p["itl_ms"]["p99"], 2),
-            _fmt(p["mean_accept_length"], 2),
-            str(p["retractions"]),
-            percent(p["kv_peak_fraction"]),
-            str(p["tier_switches"]),
-        )
+    table = summary_table(
+        data["policies"],
+        base,
+        name_header="policy",
+        columns=_REPLAY_COLUMNS,
+        title=title,
+        caption=caption,
+    )
     # Never squeeze the columns into ellipses: a narrow terminal wraps instead,
     # and piped output (no width) gets a wide line.
     console = (
@@ -180,68 +142,24 @@ def _progress_factory() -> tuple[Callable[[str, int, int], None] | None, Callabl
 
 def _run_replay(
     trace: Trace,
+    server: ServerSpec,
     policies: Sequence[str],
     *,
-    gpu: str,
-    model: str,
-    drafter: str,
-    spec_steps: int,
-    topk: int,
-    num_draft_tokens: int | None,
-    acceptance_profile: str | None,
-    burstiness: float | None,
-    max_running_requests: int | None,
-    mem_fraction_static: float | None,
-    catalog: Sequence[Path],
-    slo_tpot_ms: float | None,
-    slo_ttft_ms: float | None,
+    slo: Slo,
     seed: int,
-    output: str,
-    plot: Path | None,
     concurrency: int | None,
-    prior_scale: float = 1.0,
-    prior_gpu: str | None = None,
-    skip_zero_step_draft_extend: bool = False,
-    no_prefix_cache: bool = False,
-    enable_hierarchical_cache: bool = False,
-    hicache_ratio: float | None = None,
-    hicache_size: int = 0,
-) -> None:
-    from specgov.simulator.engine.prefix_cache import HicacheError
-    from specgov.simulator.priors import PriorOptionError
-    from specgov.simulator.replay.metrics import Slo
-    from specgov.simulator.replay.runner import ServerSpec, replay
+) -> ReplayReport:
+    """Every policy on *trace*, with a progress bar, and each daemon policy's restart
+    recommendation from what its daemon saw (the restart loop's replay)."""
+    from specgov.simulator.replay.runner import replay
 
-    try:
-        server = ServerSpec(
-            gpu=gpu,
-            model=model,
-            drafter=drafter,
-            spec_steps=spec_steps,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-            acceptance_profile=acceptance_profile,
-            burstiness=burstiness,
-            max_running_requests=max_running_requests,
-            mem_fraction_static=mem_fraction_static,
-            catalog_files=tuple(catalog),
-            prior_scale=prior_scale,
-            prior_gpu=prior_gpu,
-            skip_zero_step_draft_extend=skip_zero_step_draft_extend,
-            prefix_cache=not no_prefix_cache,
-            hierarchical_cache=enable_hierarchical_cache,
-            hicache_ratio=hicache_ratio,
-            hicache_size_gb=hicache_size,
-        )
-    except (PriorOptionError, HicacheError) as exc:  # a bad option value: usage error (exit 2)
-        raise click.UsageError(str(exc)) from None
     progress, stop = _progress_factory()
     try:
         report = replay(
             trace,
             server,
             list(policies),
-            slo=Slo(tpot_ms=slo_tpot_ms, ttft_ms=slo_ttft_ms),
+            slo=slo,
             seed=seed,
             progress=progress,
             concurrency=concurrency,
@@ -249,46 +167,44 @@ def _run_replay(
     finally:
         stop()
     if any(run.policy.daemon_spec is not None for run in report.runs):
-        # Each daemon policy's restart recommendation, from what its daemon saw (the
-        # restart loop's replay; controller.recommend), into the summaries and the JSON.
+        # Into the summaries and the JSON (controller.recommend).
         from specgov.controller.daemon.recommend import replay_restart_check
 
         replay_restart_check(
             report.runs,
             trace.requests,
-            gpu=gpu,
-            model=model,
-            drafter=drafter,
+            gpu=server.gpu,
+            model=server.model,
+            drafter=server.drafter,
             slo_tpot_ms=report.slo.tpot_ms,
             seed=seed,
         )
-    if plot is not None:
-        from specgov.simulator.replay.plots import write_plots
+    return report
 
-        server_info = report.server
-        context = (
-            f"{server_info['gpu']} {server_info['model']} + {server_info['drafter']}, "
-            f"{report.trace.get('requests')} requests of {report.trace.get('name', 'trace')}"
+
+def _write_plots(report: ReplayReport, plot: Path, slo_tpot_ms: float | None) -> None:
+    from specgov.simulator.replay.plots import write_plots
+
+    server_info = report.server
+    context = (
+        f"{server_info['gpu']} {server_info['model']} + {server_info['drafter']}, "
+        f"{report.trace.get('requests')} requests of {report.trace.get('name', 'trace')}"
+    )
+    try:
+        written = write_plots(
+            [(r.policy.name, r.result.series) for r in report.runs],
+            plot,
+            slo_tpot_ms=slo_tpot_ms,
+            context=context,
         )
-        try:
-            written = write_plots(
-                [(r.policy.name, r.result.series) for r in report.runs],
-                plot,
-                slo_tpot_ms=slo_tpot_ms,
-                context=context,
-            )
-        except OSError as exc:  # the replay ran; the folder is the problem
-            raise click.ClickException(f"--plot {plot}: cannot write: {exc}") from None
-        click.echo(f"plots: {', '.join(str(p) for p in written)}", err=True)
-    if output == "json":
-        click.echo(json.dumps(report.to_json(), indent=2, allow_nan=False))
-    else:
-        render_table(report)
+    except OSError as exc:  # the replay ran; the folder is the problem
+        raise click.ClickException(f"--plot {plot}: cannot write: {exc}") from None
+    click.echo(f"plots: {', '.join(str(p) for p in written)}", err=True)
 
 
 _server_options = [
-    gpu_option,
-    model_option,
+    opt.gpu_option,
+    opt.model_option,
     click.option("--drafter", default="eagle3", show_default=True, help="Drafter."),
     click.option(
         "--spec-steps",
@@ -310,7 +226,7 @@ _server_options = [
         default=None,
         help="Tree verify width (topk > 1); chains use steps + 1.",
     ),
-    acceptance_profile_option,
+    opt.acceptance_profile_option,
     click.option(
         "--burstiness",
         type=click.FloatRange(min=0.0, max=1.0),
@@ -332,12 +248,12 @@ _server_options = [
         help="SGLang's --disable-radix-cache: no prefix reuse. By default requests whose "
         "trace gives hash_ids (prefix block ids) reuse cached prompt prefixes.",
     ),
-    max_running_requests_option,
-    mem_fraction_static_option,
-    catalog_option,
-    slo_options(ttft_default_ms=None),
-    seed_option,
-    output_option,
+    opt.max_running_requests_option,
+    opt.mem_fraction_static_option,
+    opt.catalog_option,
+    opt.slo_options(ttft_default_ms=None),
+    opt.seed_option,
+    opt.output_option,
     click.option(
         "--plot",
         type=click.Path(file_okay=False, path_type=Path),
@@ -356,7 +272,7 @@ def _with_server_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 @main.command()
 @click.argument("trace")
-@trace_selection_options
+@opt.trace_selection_options
 @click.option(
     "--policy",
     "policies",
@@ -403,12 +319,17 @@ def replay(
     sample: float | None,
     max_requests: int | None,
     concurrency: int | None,
-    prior_scale: float,
-    prior_gpu: str | None,
-    **server: Any,
+    slo_tpot_ms: float,
+    slo_ttft_ms: float | None,
+    seed: int,
+    output: str,
+    plot: Path | None,
+    **server_options: Any,
 ) -> None:
     """Replay TRACE (a file, or `synthetic[:key=value,...]`) once per --policy."""
-    with _user_errors():
+    from specgov.simulator.replay.metrics import Slo
+
+    with user_errors():
         from specgov.simulator.workload.synthetic_text import open_trace
 
         loaded = open_trace(
@@ -419,16 +340,22 @@ def replay(
             window_end_s=window_end_s,
             sample=sample,
             max_requests=max_requests,
-            seed=server["seed"],
+            seed=seed,
         )
-        _run_replay(
+        report = _run_replay(
             loaded,
+            opt.server_spec(server_options),
             policies or DEFAULT_REPLAY_POLICIES,
+            slo=Slo(tpot_ms=slo_tpot_ms, ttft_ms=slo_ttft_ms),
+            seed=seed,
             concurrency=concurrency,
-            prior_scale=prior_scale,
-            prior_gpu=prior_gpu,
-            **server,
         )
+        if plot is not None:
+            _write_plots(report, plot, slo_tpot_ms)
+        if output == "json":
+            click.echo(json.dumps(report.to_json(), indent=2, allow_nan=False))
+        else:
+            render_table(report)
 
 
 if __name__ == "__main__":  # pragma: no cover

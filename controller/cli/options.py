@@ -7,16 +7,22 @@ exclusive with ``--target-rps``), ``--spec-steps`` (plan fleet's replicas need >
 the plans' SLO percentiles. Only ``--slo-ttft-ms``'s default is the command's to choose:
 replay judges TPOT alone unless asked, the plans size a fleet against both.
 
+``server_spec`` turns the server options a command passes through into the simulated
+server (ServerSpec), naming the fields the flags rename in one place.
+
 Importing this module imports click only (the CLI's start-up stays light).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+
+if TYPE_CHECKING:
+    from specgov.simulator.replay.runner import ServerSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -161,3 +167,31 @@ output_option = click.option(
     show_default=True,
     help="A table for people, or one JSON object for scripts (see the README).",
 )
+
+
+# ----------------------------------------------------- options to a ServerSpec
+
+# Server options that are ServerSpec fields under another name (SGLang's flag names).
+_SPEC_FIELD = {
+    "catalog": "catalog_files",
+    "enable_hierarchical_cache": "hierarchical_cache",
+    "hicache_size": "hicache_size_gb",
+}
+
+
+def server_spec(options: Mapping[str, Any]) -> ServerSpec:
+    """The simulated server a command's server options describe (every other key is a
+    ServerSpec field by its own name); a bad value is a usage error (exit 2)."""
+    from specgov.simulator.engine.prefix_cache import HicacheError
+    from specgov.simulator.priors import PriorOptionError
+    from specgov.simulator.replay.runner import ServerSpec
+
+    fields = {_SPEC_FIELD.get(k, k): v for k, v in options.items() if k != "no_prefix_cache"}
+    if "catalog_files" in fields:
+        fields["catalog_files"] = tuple(fields["catalog_files"])
+    if "no_prefix_cache" in options:
+        fields["prefix_cache"] = not options["no_prefix_cache"]
+    try:
+        return ServerSpec(**fields)
+    except (PriorOptionError, HicacheError) as exc:
+        raise click.UsageError(str(exc)) from None

@@ -8,26 +8,22 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from specgov.controller.cli import options as opt
 from specgov.controller.cli.format import BadInput, cell
-from specgov.controller.cli.options import (
-    DEFAULT_PLAN_SLO_TTFT_MS,
-    catalog_option,
-    max_running_requests_option,
-    mem_fraction_static_option,
-    model_option,
-    output_option,
-    prices_option,
-    seed_option,
-    slo_options,
-    trace_selection_options,
-    trace_source_option,
-)
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
+
+    from specgov.simulator.planning.prices import Prices
+    from specgov.simulator.planning.sweep import JobSpec, SweepSettings
+    from specgov.simulator.workload.traces import Trace
 
 EXIT_DOES_NOT_FIT = 3
 
@@ -69,7 +65,7 @@ def _write_report(out_dir: Path, **documents: Any) -> Path:
 
 @plan_group.command(name="vram")
 @click.option("--gpu", "gpus", default="h100", show_default=True, help="GPU(s), comma-separated.")
-@model_option
+@opt.model_option
 @click.option("--tp-size", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option("--drafter", default="eagle3", show_default=True, help="Drafter, or 'none'.")
 @click.option("--steps", type=click.IntRange(min=0), default=3, show_default=True)
@@ -92,10 +88,10 @@ def _write_report(out_dir: Path, **documents: Any) -> Path:
     default=None,
     help="Default: SGLang's heuristic.",
 )
-@max_running_requests_option
+@opt.max_running_requests_option
 @click.option("--cuda-graph-max-bs", type=click.IntRange(min=1), default=None)
-@catalog_option
-@output_option
+@opt.catalog_option
+@opt.output_option
 @click.option(
     "--report",
     type=click.Path(file_okay=False, path_type=Path),
@@ -178,6 +174,38 @@ def _progress() -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
 
 def _render_sweep(doc: dict[str, Any]) -> None:
     from rich.console import Console
+
+    # highlight=False: no colouring of the numbers and brackets in the plain lines
+    console = (
+        Console(width=max(Console().width, 160), highlight=False)
+        if sys.stdout.isatty()
+        else Console(width=220, highlight=False)
+    )
+    console.print(_sweep_table(doc))
+    trace = doc["trace"]
+    if trace.get("load"):
+        from specgov.simulator.planning.trace_load import trace_load_text
+
+        console.print(trace_load_text(trace["load"], doc["target_rps"]), soft_wrap=True)
+    for gpu, best in doc["best_per_gpu"].items():
+        _print_best_on(console, gpu, best, doc)
+    if doc["best"] is not None:
+        b = doc["best"]
+        console.print(
+            f"best overall (by {doc['best_by']}): {b['gpu']} {b['drafter']} "
+            f"{b['shape']['name']} {b['policy']}"
+            f"{' +host ' + str(b['hicache_size_gb']) + ' GB' if b.get('hicache_size_gb') else ''}"
+            f", {b['replicas']} replica(s)"
+        )
+        if doc.get("recommendation"):
+            console.print(f"  why: {doc['recommendation']}")
+
+
+_SWEEP_LEFT_COLUMNS = ("gpu", "drafter", "policy", "reason", "status", "shape")
+
+
+def _sweep_table(doc: dict[str, Any]) -> Table:
+    """One row per swept configuration (with a host-cache column when sizes were swept)."""
     from rich.table import Table
 
     slo = doc["slo"]
@@ -206,23 +234,9 @@ def _render_sweep(doc: dict[str, Any]) -> None:
         "vs none",
         "reason",
     ):
-        table.add_column(
-            col,
-            justify="left"
-            if col in ("gpu", "drafter", "policy", "reason", "status", "shape")
-            else "right",
-        )
+        table.add_column(col, justify="left" if col in _SWEEP_LEFT_COLUMNS else "right")
     for row in doc["configurations"]:
         at = row["at_max"] or {}
-        saving = row["saving_vs_none"]
-        vs = "-"
-        if saving is not None:
-            vs = f"{saving['capacity_ratio']:.2f}x"
-            if saving["cost_fraction"] is not None:
-                vs += f" ({100 * saving['cost_fraction']:+.0f}% $)"
-        verdict = row.get("speculation")
-        if verdict is not None:
-            vs += f", pays ({verdict['because']})" if verdict["pays"] else ", saves nothing"
         table.add_row(
             row["gpu"],
             row["drafter"],
@@ -236,55 +250,51 @@ def _render_sweep(doc: dict[str, Any]) -> None:
             cell(row["replicas"]),
             cell(row["cost_per_hour"], 2),
             cell(row["cost_per_mtok"], 3),
-            vs,
+            _vs_none(row),
             (row["reason"] or "")[:80],
         )
-    # highlight=False: no colouring of the numbers and brackets in the plain lines
-    console = (
-        Console(width=max(Console().width, 160), highlight=False)
-        if sys.stdout.isatty()
-        else Console(width=220, highlight=False)
-    )
-    console.print(table)
-    if trace.get("load"):
-        from specgov.simulator.planning.trace_load import trace_load_text
+    return table
 
-        console.print(trace_load_text(trace["load"], doc["target_rps"]), soft_wrap=True)
-    for gpu, best in doc["best_per_gpu"].items():
-        host = f" +host {best['hicache_size_gb']} GB" if best.get("hicache_size_gb") else ""
-        console.print(
-            f"best on {gpu}: {best['drafter']} {best['shape']['name']} {best['policy']}{host}, "
-            f"{best['replicas']} replica(s) at {best['max_rps']:.2f} req/s each"
-        )
-        answer = (doc.get("host_cache_or_gpus") or {}).get(gpu)
-        if answer is not None:
-            console.print(f"  host cache or GPUs: {answer['answer']}")
-        if best["launch_shell"] is not None:
-            flags = best["launch_shell"] or "(none: no speculation)"
-            console.print(f"  sglang flags: {flags}", soft_wrap=True)
-        if best["adaptive_config"] is not None:
-            console.print(
-                f"  adaptive config: {json.dumps(best['adaptive_config'])}", soft_wrap=True
-            )
-        if best["daemon_policy"]:
-            console.print(f"  daemon policy: {best['daemon_policy']}")
-    if doc["best"] is not None:
-        b = doc["best"]
-        console.print(
-            f"best overall (by {doc['best_by']}): {b['gpu']} {b['drafter']} "
-            f"{b['shape']['name']} {b['policy']}"
-            f"{' +host ' + str(b['hicache_size_gb']) + ' GB' if b.get('hicache_size_gb') else ''}"
-            f", {b['replicas']} replica(s)"
-        )
-        if doc.get("recommendation"):
-            console.print(f"  why: {doc['recommendation']}")
+
+def _vs_none(row: dict[str, Any]) -> str:
+    """The "vs none" cell: capacity against the plain server, the cost change, and
+    whether speculation pays."""
+    saving = row["saving_vs_none"]
+    vs = "-"
+    if saving is not None:
+        vs = f"{saving['capacity_ratio']:.2f}x"
+        if saving["cost_fraction"] is not None:
+            vs += f" ({100 * saving['cost_fraction']:+.0f}% $)"
+    verdict = row.get("speculation")
+    if verdict is not None:
+        vs += f", pays ({verdict['because']})" if verdict["pays"] else ", saves nothing"
+    return vs
+
+
+def _print_best_on(console: Console, gpu: str, best: dict[str, Any], doc: dict[str, Any]) -> None:
+    """The best configuration on one GPU and how to launch it."""
+    host = f" +host {best['hicache_size_gb']} GB" if best.get("hicache_size_gb") else ""
+    console.print(
+        f"best on {gpu}: {best['drafter']} {best['shape']['name']} {best['policy']}{host}, "
+        f"{best['replicas']} replica(s) at {best['max_rps']:.2f} req/s each"
+    )
+    answer = (doc.get("host_cache_or_gpus") or {}).get(gpu)
+    if answer is not None:
+        console.print(f"  host cache or GPUs: {answer['answer']}")
+    if best["launch_shell"] is not None:
+        flags = best["launch_shell"] or "(none: no speculation)"
+        console.print(f"  sglang flags: {flags}", soft_wrap=True)
+    if best["adaptive_config"] is not None:
+        console.print(f"  adaptive config: {json.dumps(best['adaptive_config'])}", soft_wrap=True)
+    if best["daemon_policy"]:
+        console.print(f"  daemon policy: {best['daemon_policy']}")
 
 
 @plan_group.command(name="sweep")
-@trace_source_option
-@trace_selection_options
+@opt.trace_source_option
+@opt.trace_selection_options
 @click.option("--gpus", default="h100", show_default=True, help="Comma-separated GPUs.")
-@model_option
+@opt.model_option
 @click.option(
     "--drafters",
     default="eagle3,ngram,none",
@@ -310,7 +320,7 @@ def _render_sweep(doc: dict[str, Any]) -> None:
     show_default=True,
     help="--speculative-num-steps of adaptive policies (their initial step).",
 )
-@slo_options(ttft_default_ms=DEFAULT_PLAN_SLO_TTFT_MS)
+@opt.slo_options(ttft_default_ms=opt.DEFAULT_PLAN_SLO_TTFT_MS)
 @click.option(
     "--tpot-percentile",
     type=click.FloatRange(min=0.0, max=100.0, min_open=True),
@@ -345,10 +355,10 @@ def _render_sweep(doc: dict[str, Any]) -> None:
     "--hicache-size N; 0: none). With sizes > 0 every configuration is swept once per size "
     "and the plan says, per GPU, whether to add host cache or GPUs.",
 )
-@prices_option
-@mem_fraction_static_option
-@max_running_requests_option
-@catalog_option
+@opt.prices_option
+@opt.mem_fraction_static_option
+@opt.max_running_requests_option
+@opt.catalog_option
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True)
 @click.option(
     "--workers",
@@ -374,8 +384,8 @@ def _render_sweep(doc: dict[str, Any]) -> None:
     default=None,
     help="Write the HTML report into this folder.",
 )
-@seed_option
-@output_option
+@opt.seed_option
+@opt.output_option
 def sweep_cmd(
     trace_source: str,
     fmt: str | None,
@@ -384,21 +394,13 @@ def sweep_cmd(
     sample: float | None,
     max_requests: int | None,
     gpus: str,
-    model: str,
     drafters: str,
     policies: str,
     shapes: str,
-    spec_steps: int,
-    slo_tpot_ms: float,
-    slo_ttft_ms: float,
-    tpot_percentile: float,
-    ttft_percentile: float,
     target_rps: float,
     rel_tol: float,
     hicache_sizes: str,
     prices: Path | None,
-    mem_fraction_static: float | None,
-    max_running_requests: int | None,
     catalog: tuple[Path, ...],
     executor: str,
     workers: int | None,
@@ -407,14 +409,12 @@ def sweep_cmd(
     report: Path | None,
     seed: int,
     output: str,
+    **settings_options: Any,
 ) -> None:
     """Per configuration: the highest rate one replica sustains under the SLO, replicas
     for --target-rps, cost, and the saving of speculation against the plain server."""
-    from specgov.simulator.catalog import Catalog
-    from specgov.simulator.planning.executor import ExecutorError, run_jobs
-    from specgov.simulator.planning.prices import load_prices
     from specgov.simulator.planning.search import SearchSettings
-    from specgov.simulator.planning.sweep import SweepSettings, build_document, enumerate_jobs
+    from specgov.simulator.planning.sweep import SweepSettings, build_document
     from specgov.simulator.workload.synthetic_text import open_trace
 
     if ray_address is not None and executor != "ray":
@@ -429,38 +429,100 @@ def sweep_cmd(
             max_requests=max_requests,
             seed=seed,
         )
+        # settings_options: the options named as SweepSettings' fields (--model, the SLO, ...).
         settings = SweepSettings(
-            model=model,
-            spec_steps=spec_steps,
-            slo_tpot_ms=slo_tpot_ms,
-            slo_ttft_ms=slo_ttft_ms,
-            tpot_percentile=tpot_percentile,
-            ttft_percentile=ttft_percentile,
+            **settings_options,
             seed=seed,
-            mem_fraction_static=mem_fraction_static,
-            max_running_requests=max_running_requests,
             catalog_files=tuple(str(p) for p in catalog),
             search=SearchSettings(rel_tol=rel_tol),
         )
-        cat = Catalog.load(list(catalog))
-        cat.model(model)
-        jobs = enumerate_jobs(
-            gpus=_csv(gpus),
-            drafters=_csv(drafters),
-            policies=_csv(policies),
-            shapes=_csv(shapes),
-            settings=settings,
-            trace=trace,
-            hicache_sizes_gb=_sizes_gb(hicache_sizes),
+        jobs, price_table = _sweep_jobs(
+            trace,
+            settings,
+            {"gpus": gpus, "drafters": drafters, "policies": policies, "shapes": shapes},
+            hicache_sizes=hicache_sizes,
+            prices=prices,
+            catalog=catalog,
         )
-        price_table = load_prices(prices, cat) if prices is not None else None
-        if price_table is not None:
-            price_table.require(sorted({job.gpu for job in jobs}))
     except ValueError as exc:
         raise BadInput(str(exc)) from None
+    rows, reused = _run_sweep_jobs(
+        jobs,
+        trace,
+        executor=executor,
+        workers=workers,
+        ray_address=ray_address,
+        resume_dir=resume_dir,
+    )
+    doc = build_document(
+        rows,
+        trace=trace,
+        settings=settings,
+        target_rps=target_rps,
+        prices=price_table,
+        executor={"kind": executor, "workers": workers, "jobs": len(jobs), "reused": reused},
+    )
+    _emit_sweep(doc, output, report)
+
+
+def _emit_sweep(doc: dict[str, Any], output: str, report: Path | None) -> None:
+    if output == "json":
+        click.echo(json.dumps(doc, indent=2, allow_nan=False))
+    else:
+        _render_sweep(doc)
+    if report is not None:
+        # The report reads each row's VRAM document from the sweep document itself.
+        path = _write_report(report, vram=None, sweep=doc, fleet=None)
+        click.echo(f"report: {path}", err=True)
+
+
+def _sweep_jobs(
+    trace: Trace,
+    settings: SweepSettings,
+    axes: dict[str, str],
+    *,
+    hicache_sizes: str,
+    prices: Path | None,
+    catalog: tuple[Path, ...],
+) -> tuple[list[JobSpec], Prices | None]:
+    """Every configuration to sweep (*axes*: the comma-separated --gpus, --drafters,
+    --policies and --shapes) and the prices, checked to cover every swept GPU."""
+    from specgov.simulator.catalog import Catalog
+    from specgov.simulator.planning.prices import load_prices
+    from specgov.simulator.planning.sweep import enumerate_jobs
+
+    cat = Catalog.load(list(catalog))
+    cat.model(settings.model)
+    jobs = enumerate_jobs(
+        gpus=_csv(axes["gpus"]),
+        drafters=_csv(axes["drafters"]),
+        policies=_csv(axes["policies"]),
+        shapes=_csv(axes["shapes"]),
+        settings=settings,
+        trace=trace,
+        hicache_sizes_gb=_sizes_gb(hicache_sizes),
+    )
+    price_table = load_prices(prices, cat) if prices is not None else None
+    if price_table is not None:
+        price_table.require(sorted({job.gpu for job in jobs}))
+    return jobs, price_table
+
+
+def _run_sweep_jobs(
+    jobs: Sequence[JobSpec],
+    trace: Trace,
+    *,
+    executor: str,
+    workers: int | None,
+    ray_address: str | None,
+    resume_dir: Path | None,
+) -> tuple[list[dict[str, Any]], int]:
+    """The jobs' rows (and how many were reused from --resume), with a progress bar."""
+    from specgov.simulator.planning.executor import ExecutorError, run_jobs
+
     progress, stop = _progress()
     try:
-        rows, reused = run_jobs(
+        return run_jobs(
             jobs,
             trace,
             executor=executor,
@@ -473,22 +535,6 @@ def sweep_cmd(
         raise click.ClickException(str(exc)) from None
     finally:
         stop()
-    doc = build_document(
-        rows,
-        trace=trace,
-        settings=settings,
-        target_rps=target_rps,
-        prices=price_table,
-        executor={"kind": executor, "workers": workers, "jobs": len(jobs), "reused": reused},
-    )
-    if output == "json":
-        click.echo(json.dumps(doc, indent=2, allow_nan=False))
-    else:
-        _render_sweep(doc)
-    if report is not None:
-        # The report reads each row's VRAM document from the sweep document itself.
-        path = _write_report(report, vram=None, sweep=doc, fleet=None)
-        click.echo(f"report: {path}", err=True)
 
 
 def _register() -> None:

@@ -8,45 +8,20 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from specgov.controller.cli.format import BadInput, cell
-from specgov.controller.cli.options import (
-    DEFAULT_PLAN_SLO_TTFT_MS,
-    acceptance_profile_option,
-    catalog_option,
-    gpu_option,
-    max_running_requests_option,
-    mem_fraction_static_option,
-    model_option,
-    output_option,
-    prices_option,
-    seed_option,
-    slo_options,
-    trace_selection_options,
-    trace_source_option,
-)
+from specgov.controller.cli import options as opt
+from specgov.controller.cli.format import cell, user_errors
 
 if TYPE_CHECKING:
-    pass
+    from specgov.simulator.planning.fleet_spec import FleetPlanConfig
+    from specgov.simulator.replay.metrics import Slo
 
 DEFAULT_ROUTERS = "round-robin,least-loaded,spec-aware"
-
-
-@contextmanager
-def _user_errors() -> Iterator[None]:
-    """Input errors (ValueError/OSError subclasses) become one clean line, exit 1."""
-    try:
-        yield
-    except click.ClickException:
-        raise
-    except (ValueError, OSError) as exc:
-        raise BadInput(str(exc)) from None
 
 
 def _split(values: Sequence[str]) -> list[str]:
@@ -135,8 +110,8 @@ def render_table(doc: Mapping[str, Any]) -> None:
 
 
 @click.command(name="fleet")
-@trace_source_option
-@trace_selection_options
+@opt.trace_source_option
+@opt.trace_selection_options
 @click.option(
     "--rate-scale",
     type=click.FloatRange(min=0.0, min_open=True),
@@ -149,8 +124,8 @@ def render_table(doc: Mapping[str, Any]) -> None:
     default=None,
     help="Scale the trace so the fleet receives this many requests per second on average.",
 )
-@gpu_option
-@model_option
+@opt.gpu_option
+@opt.model_option
 @click.option(
     "--drafter", default="eagle3", show_default=True, help="Speculative replicas' drafter."
 )
@@ -161,10 +136,10 @@ def render_table(doc: Mapping[str, Any]) -> None:
     show_default=True,
     help="--speculative-num-steps of speculative replicas (adaptive policies start there).",
 )
-@acceptance_profile_option
-@max_running_requests_option
-@mem_fraction_static_option
-@catalog_option
+@opt.acceptance_profile_option
+@opt.max_running_requests_option
+@opt.mem_fraction_static_option
+@opt.catalog_option
 @click.option(
     "--replicas",
     "replicas_text",
@@ -194,7 +169,7 @@ def render_table(doc: Mapping[str, Any]) -> None:
     help="Comma-separated: round-robin, least-loaded, spec-aware[:B] (B: speculative "
     "replicas' active-request bound; default computed from the cost model).",
 )
-@slo_options(ttft_default_ms=DEFAULT_PLAN_SLO_TTFT_MS)
+@opt.slo_options(ttft_default_ms=opt.DEFAULT_PLAN_SLO_TTFT_MS)
 @click.option(
     "--slo-percentile",
     type=click.FloatRange(min=0.0, max=100.0, min_open=True),
@@ -202,8 +177,8 @@ def render_table(doc: Mapping[str, Any]) -> None:
     show_default=True,
     help="A fleet holds the SLO when this percentile of TPOT and of TTFT are within it.",
 )
-@prices_option
-@seed_option
+@opt.prices_option
+@opt.seed_option
 @click.option(
     "--report",
     "report_dir",
@@ -211,7 +186,7 @@ def render_table(doc: Mapping[str, Any]) -> None:
     default=None,
     help="Write an offline HTML report (figures as PNG, data as CSV/JSON) into this folder.",
 )
-@output_option
+@opt.output_option
 def fleet_cmd(
     trace_source: str,
     fmt: str | None,
@@ -221,14 +196,6 @@ def fleet_cmd(
     max_requests: int | None,
     rate_scale: float | None,
     target_rps: float | None,
-    gpu: str,
-    model: str,
-    drafter: str,
-    spec_steps: int,
-    acceptance_profile: str | None,
-    max_running_requests: int | None,
-    mem_fraction_static: float | None,
-    catalog: tuple[Path, ...],
     replicas_text: str | None,
     mixes: tuple[str, ...],
     policies: tuple[str, ...],
@@ -240,6 +207,7 @@ def fleet_cmd(
     seed: int,
     report_dir: Path | None,
     output: str,
+    **server_options: Any,
 ) -> None:
     """Simulate fleets of speculative and plain replicas behind routers on one trace.
 
@@ -256,52 +224,23 @@ def fleet_cmd(
         raise click.UsageError("--rate-scale and --target-rps both set the rate: give one")
     if replicas_text is None and not _split(mixes):
         raise click.UsageError("give --replicas (e.g. 4 or 1-6) and/or --mix n+m")
-    from specgov.simulator.catalog import Catalog
     from specgov.simulator.planning.fleet import plan_fleet
-    from specgov.simulator.planning.fleet_spec import (
-        FleetPlanConfig,
-        enumerate_fleets,
-        parse_replicas,
-    )
-    from specgov.simulator.planning.prices import load_prices
-    from specgov.simulator.planning.router import parse_routers
     from specgov.simulator.replay.metrics import Slo
-    from specgov.simulator.replay.runner import ServerSpec
+    from specgov.simulator.workload.synthetic_text import open_trace
 
-    with _user_errors():
-        sizes = parse_replicas(replicas_text) if replicas_text is not None else ()
-        mix_list = _split(mixes)
-        if not mix_list and sizes:
-            mix_list = ["all"]
-        mix_list = [m for m in mix_list if m.lower() != "none"]
-        fleets = enumerate_fleets(sizes, mix_list)
-        routers = parse_routers(routers_text)
-        price_table = None
-        if prices is not None:
-            cat = Catalog.load(catalog)
-            price_table = load_prices(prices, cat)
-            price_table.require([cat.gpu(gpu).name])  # fail before any simulation
-        cfg = FleetPlanConfig(
-            fleets=fleets,
-            routers=routers,
-            policies=tuple(_split(policies)) or ("sglang-ema",),
+    with user_errors():
+        cfg = _plan_config(
+            replicas_text,
+            mixes,
+            policies,
+            routers_text,
+            prices,
+            server_options,
             slo=Slo(tpot_ms=slo_tpot_ms, ttft_ms=slo_ttft_ms),
             slo_percentile=slo_percentile,
             seed=seed,
-            prices=price_table,
         )
-        server = ServerSpec(
-            gpu=gpu,
-            model=model,
-            drafter=drafter,
-            spec_steps=spec_steps,
-            acceptance_profile=acceptance_profile,
-            max_running_requests=max_running_requests,
-            mem_fraction_static=mem_fraction_static,
-            catalog_files=tuple(catalog),
-        )
-        from specgov.simulator.workload.synthetic_text import open_trace
-
+        server = opt.server_spec(server_options)
         trace = open_trace(
             trace_source,
             fmt,
@@ -328,3 +267,49 @@ def fleet_cmd(
         click.echo(json.dumps(doc, indent=2, allow_nan=False))
     else:
         render_table(doc)
+
+
+def _plan_config(
+    replicas_text: str | None,
+    mixes: Sequence[str],
+    policies: Sequence[str],
+    routers_text: str,
+    prices: Path | None,
+    server_options: Mapping[str, Any],
+    *,
+    slo: Slo,
+    slo_percentile: float,
+    seed: int,
+) -> FleetPlanConfig:
+    """The fleets, routers, policies and prices to plan with (prices checked against
+    --gpu before any simulation)."""
+    from specgov.simulator.catalog import Catalog
+    from specgov.simulator.planning.fleet_spec import (
+        FleetPlanConfig,
+        enumerate_fleets,
+        parse_replicas,
+    )
+    from specgov.simulator.planning.prices import load_prices
+    from specgov.simulator.planning.router import parse_routers
+
+    sizes = parse_replicas(replicas_text) if replicas_text is not None else ()
+    mix_list = _split(mixes)
+    if not mix_list and sizes:
+        mix_list = ["all"]
+    mix_list = [m for m in mix_list if m.lower() != "none"]
+    price_table = None
+    fleets = enumerate_fleets(sizes, mix_list)
+    routers = parse_routers(routers_text)
+    if prices is not None:
+        cat = Catalog.load(server_options["catalog"])
+        price_table = load_prices(prices, cat)
+        price_table.require([cat.gpu(server_options["gpu"]).name])
+    return FleetPlanConfig(
+        fleets=fleets,
+        routers=routers,
+        policies=tuple(_split(policies)) or ("sglang-ema",),
+        slo=slo,
+        slo_percentile=slo_percentile,
+        seed=seed,
+        prices=price_table,
+    )

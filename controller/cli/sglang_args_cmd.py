@@ -9,6 +9,7 @@ imported inside the command, so other commands never pay for it.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,8 @@ import click
 from specgov.controller.cli.format import BadInput
 
 if TYPE_CHECKING:
-    from specgov.adapters.launch_config import LaunchConfig
+    from specgov.adapters.launch_config import LaunchConfig, SlotCandidates
+    from specgov.policies.common.types import SpecShape
 
 _EPILOG = """\b
 Shapes (--shape): ALGO:STEPS,TOPK,DRAFT_TOKENS (EAGLE3:3,1,4; EAGLE:5,4,8 for a
@@ -67,13 +69,7 @@ def _build(
     max_running_requests: int | None,
     cuda_graph_max_bs_decode: int | None,
 ) -> LaunchConfig:
-    from specgov.adapters.launch_config import (
-        build_launch_config,
-        parse_shape,
-        parse_slots,
-        shape_from_flags,
-    )
-    from specgov.controller.daemon.recommend_replay import recommend_from_replay
+    from specgov.adapters.launch_config import build_launch_config, parse_slots
 
     extras: dict[str, Any] = {
         "mem_fraction_static": mem_fraction_static,
@@ -95,22 +91,64 @@ def _build(
             raise BadInput(
                 f"--from-replay chooses the shape and slots itself; drop {', '.join(clash)}"
             )
-        rec = recommend_from_replay(
-            _read_report(from_replay),
+        return _from_replay(
+            from_replay,
             algorithm=algorithm,
             draft_model_path=draft_model_path,
-            adaptive_config_path=config_path,
-        )
-        return build_launch_config(
-            rec.shape,
-            rec.slots,
-            defaults=dict(rec.defaults),
-            draft_model_path=rec.draft_model_path,
-            adaptive_config_path=config_path,
-            rationale=rec.rationale,
-            **extras,
+            config_path=config_path,
+            extras=extras,
         )
     slots, defaults = parse_slots(slots_text) if slots_text is not None else ((), {})
+    shape = _flag_shape(shape_text, algorithm, numbers, slots)
+    return build_launch_config(
+        shape,
+        slots,
+        defaults=defaults,
+        draft_model_path=draft_model_path,
+        adaptive_config_path=config_path,
+        **extras,
+    )
+
+
+def _from_replay(
+    report: Path,
+    *,
+    algorithm: str | None,
+    draft_model_path: str | None,
+    config_path: str,
+    extras: dict[str, Any],
+) -> LaunchConfig:
+    """``--from-replay``: the shape, slots and defaults the replay report recommends."""
+    from specgov.adapters.launch_config import build_launch_config
+    from specgov.controller.daemon.recommend_replay import recommend_from_replay
+
+    rec = recommend_from_replay(
+        _read_report(report),
+        algorithm=algorithm,
+        draft_model_path=draft_model_path,
+        adaptive_config_path=config_path,
+    )
+    return build_launch_config(
+        rec.shape,
+        rec.slots,
+        defaults=dict(rec.defaults),
+        draft_model_path=rec.draft_model_path,
+        adaptive_config_path=config_path,
+        rationale=rec.rationale,
+        **extras,
+    )
+
+
+def _flag_shape(
+    shape_text: str | None,
+    algorithm: str | None,
+    numbers: dict[str, int | None],
+    slots: Sequence[SlotCandidates],
+) -> SpecShape:
+    """The speculative shape from ``--shape``, or from ``--algorithm`` and the numbers
+    (the slots' candidate steps as the adaptive candidates); exactly one of the two."""
+    from specgov.adapters.launch_config import parse_shape, shape_from_flags
+
     if shape_text is not None:
         clash = [flag for flag, value in numbers.items() if value is not None]
         if algorithm is not None:
@@ -120,24 +158,19 @@ def _build(
                 f"--shape already gives algorithm, steps, topk and draft tokens; "
                 f"drop {', '.join(clash)}"
             )
-        shape = parse_shape(shape_text)
-    elif algorithm is not None:
-        union = sorted({s for slot in slots for s in slot.candidate_steps}) if slots else None
-        shape = shape_from_flags(
-            algorithm, num_steps, topk, num_draft_tokens, adaptive_candidates=union
-        )
-    else:
+        return parse_shape(shape_text)
+    if algorithm is None:
         raise BadInput(
             "nothing to configure: give --shape, --algorithm with --num-steps/--topk/"
             "--num-draft-tokens or with --slots, or --from-replay REPORT.json"
         )
-    return build_launch_config(
-        shape,
-        slots,
-        defaults=defaults,
-        draft_model_path=draft_model_path,
-        adaptive_config_path=config_path,
-        **extras,
+    union = sorted({s for slot in slots for s in slot.candidate_steps}) if slots else None
+    return shape_from_flags(
+        algorithm,
+        numbers["--num-steps"],
+        numbers["--topk"],
+        numbers["--num-draft-tokens"],
+        adaptive_candidates=union,
     )
 
 
@@ -173,21 +206,7 @@ def _build(
     show_default=True,
     help="Text: the flags on one shell line, then the JSON. JSON: one object.",
 )
-def sglang_args(
-    algorithm: str | None,
-    draft_model_path: str | None,
-    num_steps: int | None,
-    topk: int | None,
-    num_draft_tokens: int | None,
-    shape_text: str | None,
-    slots_text: str | None,
-    from_replay: Path | None,
-    config_out: Path | None,
-    mem_fraction_static: float | None,
-    max_running_requests: int | None,
-    cuda_graph_max_bs_decode: int | None,
-    output: str,
-) -> None:
+def sglang_args(config_out: Path | None, output: str, **flags: Any) -> None:
     """Print SGLang 0.5.23 launch flags (and the --speculative-adaptive-config JSON).
 
     Every combination SGLang would reject, silently rewrite or silently ignore is
@@ -199,20 +218,7 @@ def sglang_args(
     # from another directory.
     config_path = str(config_out.resolve()) if config_out else DEFAULT_ADAPTIVE_CONFIG_PATH
     try:
-        cfg = _build(
-            algorithm=algorithm,
-            draft_model_path=draft_model_path,
-            num_steps=num_steps,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-            slots_text=slots_text,
-            shape_text=shape_text,
-            from_replay=from_replay,
-            config_path=config_path,
-            mem_fraction_static=mem_fraction_static,
-            max_running_requests=max_running_requests,
-            cuda_graph_max_bs_decode=cuda_graph_max_bs_decode,
-        )
+        cfg = _build(config_path=config_path, **flags)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     config_json = cfg.adaptive_config_json()
@@ -229,7 +235,19 @@ def sglang_args(
         data = cfg.to_json()
         data["adaptive_config_written"] = written
         click.echo(json.dumps(data, indent=2))
-        return
+    else:
+        _echo_text(cfg, config_json, written=written, config_out=config_out)
+
+
+def _echo_text(
+    cfg: LaunchConfig,
+    config_json: dict[str, Any] | None,
+    *,
+    written: bool,
+    config_out: Path | None,
+) -> None:
+    """The flags on stdout as one shell line, then the JSON (unless written); the notes
+    and the rationale on stderr as shell comments."""
     if cfg.to_argv():
         click.echo(cfg.to_shell())
     else:

@@ -229,6 +229,26 @@ class _DerivedStateCollector(Collector):
         families["overrides"].add_metric([], float(snap.overrides_active))
 
 
+def _labelled_counter(
+    registry: CollectorRegistry,
+    name: str,
+    documentation: str,
+    label: str | None = None,
+    children: Iterable[str] = (),
+) -> Counter:
+    """``specgov_<name>``, by *label* when given, with a zero series per *children*
+    value (so a dashboard sees 0 before the first event, not no series)."""
+    counter = Counter(
+        f"{NAMESPACE}_{name}",
+        documentation,
+        [label] if label is not None else [],
+        registry=registry,
+    )
+    for value in children:
+        counter.labels(**{str(label): value})
+    return counter
+
+
 class DaemonMetrics:
     """The daemon's metrics, registered on ``registry``; see the module docstring."""
 
@@ -248,18 +268,43 @@ class DaemonMetrics:
             )
         self.registry = registry
         self._clock = clock
+        self._register_event_metrics(registry, scrape_error_kinds)
+        self._register_state_metrics(registry)
+
+        # Recorded state: the derived series' source when no snapshot callable is given.
+        self._table: StepTable | None = None
+        self._accept: dict[int, float] = {}
+        self._predicted: float | None = None
+        self._observed: float | None = None
+        self._overrides = 0
+        self._policy = ""
+        self._mode = ""
+
+        self._collector = _DerivedStateCollector(
+            snapshot if snapshot is not None else self.recorded_snapshot,
+            self._snapshot_errors.inc,
+            version if version is not None else _package_version(),
+        )
+        registry.register(self._collector)
+
+    def _register_event_metrics(
+        self, registry: CollectorRegistry, scrape_error_kinds: Iterable[str]
+    ) -> None:
+        """The counters and timings of what the daemon does (decisions, failures, drops),
+        registered in the order /metrics lists them."""
         self._decisions = Counter(
             f"{NAMESPACE}_decisions",
             "Decisions made, by policy and reason code.",
             ["policy", "reason"],
             registry=registry,
         )
-        self._scrape_errors = Counter(
-            f"{NAMESPACE}_scrape_errors",
+        self._scrape_errors = _labelled_counter(
+            registry,
+            "scrape_errors",
             "Failed telemetry scrapes of the SGLang server, by kind "
             "(temporary: retried; permanent: not acting; format: malformed answer).",
-            ["kind"],
-            registry=registry,
+            "kind",
+            scrape_error_kinds,
         )
         self._decide_duration = Histogram(
             f"{NAMESPACE}_decide_duration_seconds",
@@ -267,13 +312,11 @@ class DaemonMetrics:
             buckets=DECIDE_DURATION_BUCKETS_S,
             registry=registry,
         )
-        self._snapshot_errors = Counter(
-            f"{NAMESPACE}_metrics_snapshot_errors",
+        self._snapshot_errors = _labelled_counter(
+            registry,
+            "metrics_snapshot_errors",
             "Scrapes of these metrics during which reading the daemon state failed.",
-            registry=registry,
         )
-        for kind in scrape_error_kinds:
-            self._scrape_errors.labels(kind=kind)
         self._restart = Gauge(
             f"{NAMESPACE}_restart_recommended_gain_ratio",
             "Predicted relative goodput gain of the restart recommendation in force "
@@ -283,50 +326,50 @@ class DaemonMetrics:
             registry=registry,
         )
         self._restart_labels: tuple[str, str, str] | None = None
-        self._store_failures = Counter(
-            f"{NAMESPACE}_store_failures",
+        self._store_failures = _labelled_counter(
+            registry,
+            "store_failures",
             "Failed writes or reads of the state database, by kind (unavailable: full or "
             "read-only disk, cannot open; corrupt; deleted or replaced under the daemon; "
             "rejected: a queued write the store refused at write-back, dropped).",
-            ["kind"],
-            registry=registry,
+            "kind",
+            STORE_FAILURE_KINDS,
         )
-        for kind in STORE_FAILURE_KINDS:
-            self._store_failures.labels(kind=kind)
-        self._spool_failures = Counter(
-            f"{NAMESPACE}_spool_failures",
+        self._spool_failures = _labelled_counter(
+            registry,
+            "spool_failures",
             "Failed spool operations (write: publishing a step table; read: the plugin's "
             "statistics files).",
-            ["operation"],
-            registry=registry,
+            "operation",
+            SPOOL_OPERATIONS,
         )
-        for op in SPOOL_OPERATIONS:
-            self._spool_failures.labels(operation=op)
-        self._nonfinite = Counter(
-            f"{NAMESPACE}_telemetry_nonfinite_values_dropped",
+        self._nonfinite = _labelled_counter(
+            registry,
+            "telemetry_nonfinite_values_dropped",
             "NaN or infinite sample values in the server's /metrics that were dropped "
             "(read as unknown, never as 0).",
-            registry=registry,
         )
         self._journal_entries = Gauge(
             f"{NAMESPACE}_store_journal_entries",
             "Audit rows and override changes waiting in memory for the state database.",
             registry=registry,
         )
-        self._journal_dropped = Counter(
-            f"{NAMESPACE}_store_journal_dropped",
+        self._journal_dropped = _labelled_counter(
+            registry,
+            "store_journal_dropped",
             "Writes dropped because the in-memory journal was full while the state "
             "database was unavailable, by kind (decision, override, clear).",
-            ["kind"],
-            registry=registry,
+            "kind",
         )
-        self._suppressed = Counter(
-            f"{NAMESPACE}_log_lines_suppressed",
+        self._suppressed = _labelled_counter(
+            registry,
+            "log_lines_suppressed",
             "Repeated warnings not logged (rate-limited per kind), by kind.",
-            ["kind"],
-            registry=registry,
+            "kind",
         )
 
+    def _register_state_metrics(self, registry: CollectorRegistry) -> None:
+        """The gauges of the daemon's health, after the event metrics."""
         self._health_failing = Gauge(
             f"{NAMESPACE}_health_failing",
             "1 while a readiness check fails, by its reason code (the codes of "
@@ -346,22 +389,6 @@ class DaemonMetrics:
             ["source"],
             registry=registry,
         )
-
-        # Recorded state: the derived series' source when no snapshot callable is given.
-        self._table: StepTable | None = None
-        self._accept: dict[int, float] = {}
-        self._predicted: float | None = None
-        self._observed: float | None = None
-        self._overrides = 0
-        self._policy = ""
-        self._mode = ""
-
-        self._collector = _DerivedStateCollector(
-            snapshot if snapshot is not None else self.recorded_snapshot,
-            self._snapshot_errors.inc,
-            version if version is not None else _package_version(),
-        )
-        registry.register(self._collector)
 
     # ------------------------------------------------------------------ events
 

@@ -275,18 +275,26 @@ def tolerance_band(
     return p.note(text, code.value), state
 
 
+def _policy_moves(ctx: GuardContext, p: Proposal) -> tuple[dict[int, int], Slots] | None:
+    """The slots the policy would move and the table in force, for a step that may hold
+    them; None when there is nothing to hold (frozen, no table yet, or no move)."""
+    if p.frozen or ctx.current is None:
+        return None
+    changes = p.policy_changes(ctx.current)
+    return (changes, ctx.current) if changes else None
+
+
 def min_dwell(
     ctx: GuardContext, p: Proposal, state: GuardedState[Any], config: GuardrailConfig
 ) -> tuple[Proposal, GuardedState[Any]]:
     """Step 4: keep a slot's step for its dwell time; one rollback check at a time."""
-    if p.frozen or ctx.current is None:
+    moves = _policy_moves(ctx, p)
+    if moves is None:
         return p, state
-    changes = p.policy_changes(ctx.current)
-    if not changes:
-        return p, state
+    changes, current = moves
     code = ReasonCode.HELD_MIN_DWELL
     if state.trial is not None:
-        p = p.hold(changes, ctx.current, code)
+        p = p.hold(changes, current, code)
         text = f"held slots {sorted(changes)}: change v{state.trial.version} is still being checked"
         return p.note(text, code.value), state
     held: list[str] = []
@@ -298,7 +306,7 @@ def min_dwell(
         age = ctx.now_s - hist.changed_at_s
         if age < dwell:
             held.append(f"slot {b} changed {age:.0f} s ago < dwell {dwell:.0f} s")
-            p = p.hold([b], ctx.current, code)
+            p = p.hold([b], current, code)
     if held:
         p = p.note("held " + "; ".join(held), code.value)
     return p, state
@@ -308,16 +316,15 @@ def rate_limit(
     ctx: GuardContext, p: Proposal, state: GuardedState[Any], config: GuardrailConfig
 ) -> tuple[Proposal, GuardedState[Any]]:
     """Step 5: at most ``max_changes_per_window`` changes in any ``rate_window_s``."""
-    if p.frozen or ctx.current is None:
+    moves = _policy_moves(ctx, p)
+    if moves is None:
         return p, state
-    changes = p.policy_changes(ctx.current)
-    if not changes:
-        return p, state
+    changes, current = moves
     recent = [t for t in state.change_times_s if t > ctx.now_s - config.rate_window_s]
     if len(recent) < config.policy_change_limit:
         return p, state
     code = ReasonCode.HELD_RATE_LIMIT
-    p = p.hold(changes, ctx.current, code)
+    p = p.hold(changes, current, code)
     text = (
         f"held slots {sorted(changes)}: {len(recent)} table changes in the last "
         f"{config.rate_window_s:g} s (max {config.max_changes_per_window}"

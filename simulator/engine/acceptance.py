@@ -277,7 +277,44 @@ def _check_rates(profile: str, domain: str, rates: object) -> tuple[float, ...]:
     return tuple(out)
 
 
-class AcceptanceSampler:
+class _RecordedSampler:
+    """What both samplers share: ``acc_len`` replay, the position, the cold drafter."""
+
+    __slots__ = ("_acc", "_cold", "_n_acc", "_pos")
+
+    _acc: list[int] | None
+    _cold: ColdDrafter
+    _n_acc: int
+    _pos: int
+
+    @property
+    def position(self) -> int:
+        """Output tokens accounted for so far: by ``acc_len`` replay (``AcceptanceSampler``),
+        replayed or sampled (``TokenAcceptanceSampler``)."""
+        return self._pos
+
+    def go_stale(self, penalty: float, verifies: int) -> None:
+        """The drafter's state went stale (step-0 draft-extend skipped): see ``ColdDrafter``."""
+        _check_stale(penalty, verifies)
+        self._cold.start(float(penalty), verifies)
+
+    def _recorded(self, steps: int, advance: bool) -> int:
+        """HOT. The recorded draw at the current position, moved past when *advance*
+        (the verify emits it plus one); -1 past the end of ``acc_len``."""
+        if steps < 0 or steps > MAX_STEPS:
+            raise AcceptanceError(f"steps must be in 0..{MAX_STEPS}, got {steps!r}")
+        pos = self._pos
+        if pos < self._n_acc:
+            n: int = self._acc[pos] - 1  # type: ignore[index]
+            if n > steps:
+                n = steps
+            if advance:
+                self._pos = pos + n + 1
+            return n
+        return -1
+
+
+class AcceptanceSampler(_RecordedSampler):
     """One request's accepted-draft stream. The engine calls ``draw`` once per verify.
 
     Replay contract: with ``acc_len`` (the acceptance length, bonus included, that a
@@ -290,13 +327,9 @@ class AcceptanceSampler:
     """
 
     __slots__ = (
-        "_acc",
-        "_cold",
         "_innov",
-        "_n_acc",
         "_next_u",
         "_next_z",
-        "_pos",
         "_rho",
         "_rng",
         "_scale",
@@ -331,16 +364,6 @@ class AcceptanceSampler:
         self._next_u = -1.0
         self._next_z = 0.0
 
-    @property
-    def position(self) -> int:
-        """Output tokens accounted for by ``acc_len`` replay so far."""
-        return self._pos
-
-    def go_stale(self, penalty: float, verifies: int) -> None:
-        """The drafter's state went stale (step-0 draft-extend skipped): see ``ColdDrafter``."""
-        _check_stale(penalty, verifies)
-        self._cold.start(float(penalty), verifies)
-
     def _uniform(self) -> tuple[float, float]:
         """The next verify's uniform and AR state (the request's level applied)."""
         rho = self._rho
@@ -354,14 +377,8 @@ class AcceptanceSampler:
 
     def draw(self, steps: int) -> int:
         """HOT. Accepted drafts (bonus excluded), 0..steps, for this request's next verify."""
-        if steps < 0 or steps > MAX_STEPS:
-            raise AcceptanceError(f"steps must be in 0..{MAX_STEPS}, got {steps!r}")
-        pos = self._pos
-        if pos < self._n_acc:
-            n: int = self._acc[pos] - 1  # type: ignore[index]
-            if n > steps:
-                n = steps
-            self._pos = pos + n + 1
+        n = self._recorded(steps, advance=True)
+        if n >= 0:
             return n
         if steps == 0:
             if self._next_u >= 0.0:
@@ -399,12 +416,9 @@ class AcceptanceSampler:
         every later verify and never draft again. Samplers that are never peeked (every
         policy but the oracle) behave exactly as before.
         """
-        if steps < 0 or steps > MAX_STEPS:
-            raise AcceptanceError(f"steps must be in 0..{MAX_STEPS}, got {steps!r}")
-        pos = self._pos
-        if pos < self._n_acc:
-            n: int = self._acc[pos] - 1  # type: ignore[index]
-            return n if n < steps else steps
+        n = self._recorded(steps, advance=False)
+        if n >= 0:
+            return n
         if steps == 0:
             return 0
         u = self._next_u
@@ -432,7 +446,7 @@ def _check_stale(penalty: float, verifies: int) -> None:
 _TOKEN_CHUNK = 256
 
 
-class TokenAcceptanceSampler:
+class TokenAcceptanceSampler(_RecordedSampler):
     """One request's acceptance as a verify sees it: a latent per output position.
 
     Same contract as :class:`AcceptanceSampler` (``draw``, ``peek``, ``position``,
@@ -446,14 +460,10 @@ class TokenAcceptanceSampler:
     """
 
     __slots__ = (
-        "_acc",
         "_base",
         "_c",
         "_caps",
-        "_cold",
-        "_n_acc",
         "_np",
-        "_pos",
         "_rho",
         "_run_start",
         "_runs",
@@ -494,16 +504,6 @@ class TokenAcceptanceSampler:
         self._runs = runs[0] if runs is not None else None
         self._caps = runs[1] if runs is not None else []
         self._run_start = self._runs.request_start(offset) if self._runs is not None else 0.0
-
-    @property
-    def position(self) -> int:
-        """Output tokens this sampler has accounted for (replayed or sampled)."""
-        return self._pos
-
-    def go_stale(self, penalty: float, verifies: int) -> None:
-        """The drafter's state went stale (step-0 draft-extend skipped): see ``ColdDrafter``."""
-        _check_stale(penalty, verifies)
-        self._cold.start(float(penalty), verifies)
 
     def _extend(self) -> None:
         """The latents of the next ``_TOKEN_CHUNK`` positions (the first chunk starts
@@ -548,15 +548,10 @@ class TokenAcceptanceSampler:
 
     def draw(self, steps: int) -> int:
         """HOT. Accepted drafts (bonus excluded), 0..steps, for this request's next verify."""
-        if steps < 0 or steps > MAX_STEPS:
-            raise AcceptanceError(f"steps must be in 0..{MAX_STEPS}, got {steps!r}")
-        pos = self._pos
-        if pos < self._n_acc:
-            n: int = self._acc[pos] - 1  # type: ignore[index]
-            if n > steps:
-                n = steps
-            self._pos = pos + n + 1
+        n = self._recorded(steps, advance=True)
+        if n >= 0:
             return n
+        pos = self._pos
         n = self._count(steps, self._u_at(pos)) if steps > 0 else 0
         if steps > 0 and self._cold.left > 0 and self._cold.rejects_first(consume=True):
             n = 0
@@ -565,17 +560,14 @@ class TokenAcceptanceSampler:
 
     def peek(self, steps: int) -> int:
         """What the next ``draw(steps)`` will return, without consuming anything."""
-        if steps < 0 or steps > MAX_STEPS:
-            raise AcceptanceError(f"steps must be in 0..{MAX_STEPS}, got {steps!r}")
-        pos = self._pos
-        if pos < self._n_acc:
-            n: int = self._acc[pos] - 1  # type: ignore[index]
-            return n if n < steps else steps
+        n = self._recorded(steps, advance=False)
+        if n >= 0:
+            return n
         if steps == 0:
             return 0
         if self._cold.left > 0 and self._cold.rejects_first(consume=False):
             return 0
-        return self._count(steps, self._u_at(pos))
+        return self._count(steps, self._u_at(self._pos))
 
 
 class AcceptanceModel:

@@ -204,13 +204,7 @@ class Engine:
             iterations += 1
             if progress is not None and iterations % 4096 == 0:
                 progress(ledger.completed + ledger.aborted, n_total)
-            batch = st.form_prefill_batch()
-            if batch:
-                st.run_prefill(batch)
-            elif st.running:
-                st.decode()
-            else:
-                st.abort_stuck()
+            st.schedule()
         st.close_series()
         if progress is not None:
             progress(ledger.completed + ledger.aborted, n_total)
@@ -570,6 +564,17 @@ class Run:
             self._next_user_request(self.now)
         if self.record:
             self.events.append((self.now, "abort", r.index, 0))
+
+    def schedule(self) -> None:
+        """One scheduler iteration with work: a prefill batch when one forms (SGLang
+        prefers prefill), else a decode of the running batch, else nothing can run."""
+        batch = self.form_prefill_batch()
+        if batch:
+            self.run_prefill(batch)
+        elif self.running:
+            self.decode()
+        else:
+            self.abort_stuck()
 
     def abort_stuck(self) -> None:
         """Nothing decodes and nothing could be prefilled: the head of the queue can

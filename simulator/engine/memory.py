@@ -59,7 +59,6 @@ __all__ = [
     "MemoryPlan",
     "MemoryPlanError",
     "budget_memory",
-    "plan_memory",
     "sglang_default_chunked_prefill_size",
     "sglang_default_mem_fraction_static",
 ]
@@ -282,6 +281,12 @@ class MemoryPlan:
             "token_capacity": self.kv_token_capacity,
         }
 
+    def require_fit(self) -> MemoryPlan:
+        """This plan; ``DoesNotFitError`` (with the arithmetic) when no KV pool is left."""
+        if not self.fits:
+            raise DoesNotFitError(self.overflow_message())
+        return self
+
     def overflow_message(self) -> str:
         """The arithmetic of a plan that does not fit (DoesNotFitError's message)."""
         reserves = self.static_reserve_gib + self.cuda_graph_in_static_gib
@@ -357,8 +362,8 @@ def budget_memory(
 ) -> MemoryPlan:
     """Plan one GPU's memory, fitting or not (``MemoryPlan.fits`` says which).
 
-    Raises ``MemoryPlanError`` for invalid arguments only; :func:`plan_memory` is the
-    same but raises ``DoesNotFitError`` when no KV pool is left.
+    Raises ``MemoryPlanError`` for invalid arguments only; the plan's ``require_fit()``
+    raises ``DoesNotFitError`` when no KV pool is left.
 
     ``candidate_steps`` are the step counts with a prebuilt runtime state (the
     union over SGLang's adaptive slots); without a drafter it must be empty or (0,).
@@ -495,34 +500,3 @@ def _graph_tiers(
         )
         tiers.append((k, mib / MIB_PER_GIB))
     return tiers
-
-
-def plan_memory(
-    gpu: GpuSpec,
-    model: ModelSpec,
-    drafter: DrafterSpec | None,
-    *,
-    mem_fraction_static: float | None = None,
-    candidate_steps: Sequence[int],
-    cuda_graph_max_bs: int,
-    topk: int = 1,
-    num_draft_tokens: int | None = None,
-    tp_size: int = 1,
-    chunked_prefill_size: int | None = None,
-) -> MemoryPlan:
-    """:func:`budget_memory`, raising ``DoesNotFitError`` when no KV pool is left."""
-    plan = budget_memory(
-        gpu,
-        model,
-        drafter,
-        mem_fraction_static=mem_fraction_static,
-        candidate_steps=candidate_steps,
-        cuda_graph_max_bs=cuda_graph_max_bs,
-        topk=topk,
-        num_draft_tokens=num_draft_tokens,
-        tp_size=tp_size,
-        chunked_prefill_size=chunked_prefill_size,
-    )
-    if not plan.fits:
-        raise DoesNotFitError(plan.overflow_message())
-    return plan

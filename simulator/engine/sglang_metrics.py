@@ -169,6 +169,25 @@ class SimMetrics:
         sched = {**tok, "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
         stream = {**tok, "is_streaming": "true" if streaming else "false"}
 
+        self._register_tokenizer_metrics(tok, stream, sched)
+        self._register_scheduler_metrics(sched, kv_capacity_tokens)
+        # Accumulators between gauge refreshes (SGLang's metrics_reporter does the same).
+        self._decode_ct = 0
+        self._iv_tokens = 0
+        self._iv_verify_tokens = 0
+        self._iv_verifies = 0
+        self._iv_start_s: float | None = None
+        self._iv_retracted = 0
+        self._iv_prefill_tokens = 0
+        self._itl_counts = self.itl.counts
+        self._itl_bounds = self.itl.bounds
+
+    # ------------------------------------------------------------ construction
+
+    def _register_tokenizer_metrics(
+        self, tok: dict[str, str], stream: dict[str, str], sched: dict[str, str]
+    ) -> None:
+        """The request counters and latency histograms (first in SGLang's /metrics)."""
         self.prompt_tokens = self._counter(
             "sglang:prompt_tokens_total", "Number of prefill tokens processed.", [stream]
         )[0]
@@ -218,27 +237,40 @@ class SimMetrics:
             E2E_BUCKETS_S,
         )
 
-        def gauge(name: str, doc: str) -> Cell:
-            return self._gauge(name, doc, sched)
-
-        self.g_running = gauge("sglang:num_running_reqs", "The number of running requests.")
-        self.g_queue = gauge(
-            "sglang:num_queue_reqs", "The number of requests in the waiting queue."
+    def _register_scheduler_metrics(
+        self, sched: dict[str, str], kv_capacity_tokens: int | None
+    ) -> None:
+        """The scheduler's gauges and token counters, in SGLang's order."""
+        self.g_running = self._gauge(
+            "sglang:num_running_reqs", "The number of running requests.", sched
         )
-        self.g_token_usage = gauge("sglang:token_usage", "The token usage.")
-        self.g_used_tokens = gauge("sglang:num_used_tokens", "The number of used tokens.")
-        self.g_available = gauge("sglang:kv_available_tokens", "The number of available KV tokens.")
-        self.g_gen_throughput = gauge(
-            "sglang:gen_throughput", "The generation throughput (token/s)."
+        self.g_queue = self._gauge(
+            "sglang:num_queue_reqs", "The number of requests in the waiting queue.", sched
         )
-        self.g_cache_hit_rate = gauge("sglang:cache_hit_rate", "The prefix cache hit rate.")
-        self.g_accept_length = gauge(
-            "sglang:spec_accept_length", "The average acceptance length of speculative decoding."
+        self.g_token_usage = self._gauge("sglang:token_usage", "The token usage.", sched)
+        self.g_used_tokens = self._gauge(
+            "sglang:num_used_tokens", "The number of used tokens.", sched
         )
-        self.g_num_steps = gauge(
-            "sglang:spec_num_steps", "The current speculative num_steps (adaptive)."
+        self.g_available = self._gauge(
+            "sglang:kv_available_tokens", "The number of available KV tokens.", sched
         )
-        self.g_retracted = gauge("sglang:num_retracted_reqs", "The number of retracted requests.")
+        self.g_gen_throughput = self._gauge(
+            "sglang:gen_throughput", "The generation throughput (token/s).", sched
+        )
+        self.g_cache_hit_rate = self._gauge(
+            "sglang:cache_hit_rate", "The prefix cache hit rate.", sched
+        )
+        self.g_accept_length = self._gauge(
+            "sglang:spec_accept_length",
+            "The average acceptance length of speculative decoding.",
+            sched,
+        )
+        self.g_num_steps = self._gauge(
+            "sglang:spec_num_steps", "The current speculative num_steps (adaptive).", sched
+        )
+        self.g_retracted = self._gauge(
+            "sglang:num_retracted_reqs", "The number of retracted requests.", sched
+        )
         self.realtime_decode, self.realtime_prefill = self._counter(
             "sglang:realtime_tokens_total",
             "Total number of tokens processed (updated on each log interval). "
@@ -246,22 +278,11 @@ class SimMetrics:
             [{**sched, "mode": "decode"}, {**sched, "mode": "prefill_compute"}],
         )
         if kv_capacity_tokens is not None:
-            gauge(
+            self._gauge(
                 "sglang:max_total_num_tokens",
                 "Maximum total number of tokens in the KV cache pool.",
+                sched,
             ).set(kv_capacity_tokens)
-        # Accumulators between gauge refreshes (SGLang's metrics_reporter does the same).
-        self._decode_ct = 0
-        self._iv_tokens = 0
-        self._iv_verify_tokens = 0
-        self._iv_verifies = 0
-        self._iv_start_s: float | None = None
-        self._iv_retracted = 0
-        self._iv_prefill_tokens = 0
-        self._itl_counts = self.itl.counts
-        self._itl_bounds = self.itl.bounds
-
-    # ------------------------------------------------------------ construction
 
     @staticmethod
     def _header(name: str, doc: str, kind: str) -> str:

@@ -161,13 +161,7 @@ class ReplicaStepper:
         if not st.running and not st.waiting and st.chunked is None:
             st.skip_idle()
             return
-        batch = st.form_prefill_batch()
-        if batch:
-            st.run_prefill(batch)
-        elif st.running:
-            st.decode()
-        else:
-            st.abort_stuck()
+        st.schedule()
 
     def finish(self) -> EngineResult:
         self._run.close_series()

@@ -111,7 +111,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -125,7 +125,7 @@ from specgov.simulator.catalog import Catalog
 from specgov.simulator.engine.memory import MemoryPlanError
 from specgov.simulator.planning.host_cache import host_cache_answer
 from specgov.simulator.planning.prices import Prices
-from specgov.simulator.planning.search import SearchSettings, find_max_multiplier
+from specgov.simulator.planning.search import SearchResult, SearchSettings, find_max_multiplier
 from specgov.simulator.planning.simplicity import complexity, speculation_verdict
 from specgov.simulator.planning.sweep_launch import fill_launch
 from specgov.simulator.planning.trace_load import base_rps, trace_load
@@ -519,8 +519,42 @@ def run_job(job: JobSpec, trace: Trace) -> dict[str, Any]:
     policy = parse_policy(job.policy)
     shape = _row_shape(job, policy)
     row = _empty_row(job, shape)
+    if not _fits(job, policy, shape, row):
+        return row
+    slo = Slo(tpot_ms=s.slo_tpot_ms, ttft_ms=s.slo_ttft_ms)
+    server = _server(job)
+    rate = base_rps(trace)
+    evaluate = _evaluator(trace, server, policy, s, slo, rate)
     try:
-        _plan, _used = vram_plan(
+        found = find_max_multiplier(evaluate, s.search)
+    except (PolicySpecError, MemoryPlanError, ValueError) as exc:
+        # e.g. SGLang's adaptive speculation with an NGRAM drafter or a tree shape
+        row["status"] = "cannot-run"
+        row["reason"] = str(exc)
+        row["timing"] = _timing(started, cpu_started, evals=0)
+        return row
+    row["curve"] = [metrics for _m, _ok, metrics in found.points]
+    row["capped"] = found.capped
+    row["timing"] = _timing(started, cpu_started, evals=found.evals)
+    _fill_search_result(row, found, s, rate)
+    return row
+
+
+def _timing(started: float, cpu_started: float, *, evals: int) -> dict[str, Any]:
+    # CPU seconds beside wall seconds: on a shared machine they tell contention apart.
+    return {
+        "wall_s": time.perf_counter() - started,
+        "cpu_s": time.process_time() - cpu_started,
+        "evals": evals,
+    }
+
+
+def _fits(job: JobSpec, policy: InEnginePolicy, shape: dict[str, Any], row: dict[str, Any]) -> bool:
+    """Whether the configuration fits in VRAM; the row gets the VRAM document, or the
+    reason it cannot be planned or does not fit."""
+    s = job.settings
+    try:
+        plan, used = vram_plan(
             gpu=job.gpu,
             model=s.model,
             drafter=job.drafter,
@@ -534,18 +568,26 @@ def run_job(job: JobSpec, trace: Trace) -> dict[str, Any]:
         )
     except (MemoryPlanError, ValueError) as exc:
         row["reason"] = str(exc)
-        return row
-    vram = vram_document(_plan, shape=_used["shape"], max_running_requests=s.max_running_requests)
+        return False
+    vram = vram_document(plan, shape=used["shape"], max_running_requests=s.max_running_requests)
     row["vram"] = vram
     row["fits"] = vram["fits"]
     if not vram["fits"]:
         row["status"] = "does-not-fit"
         row["reason"] = vram["message"]
-        return row
+        return False
+    return True
 
-    slo = Slo(tpot_ms=s.slo_tpot_ms, ttft_ms=s.slo_ttft_ms)
-    server = _server(job)
-    rate = base_rps(trace)
+
+def _evaluator(
+    trace: Trace,
+    server: ServerSpec,
+    policy: InEnginePolicy,
+    s: SweepSettings,
+    slo: Slo,
+    rate: float,
+) -> Callable[[float], tuple[bool, dict[str, Any]]]:
+    """The search's probe: replay *trace* at rate multiplier m; (passed, its metrics)."""
 
     def evaluate(m: float) -> tuple[bool, dict[str, Any]]:
         scaled = transform_trace(trace, rate_scale=m) if m != 1.0 else trace
@@ -581,26 +623,13 @@ def run_job(job: JobSpec, trace: Trace) -> dict[str, Any]:
             "mean_accept_length": accept,
         }
 
-    try:
-        found = find_max_multiplier(evaluate, s.search)
-    except (PolicySpecError, MemoryPlanError, ValueError) as exc:
-        # e.g. SGLang's adaptive speculation with an NGRAM drafter or a tree shape
-        row["status"] = "cannot-run"
-        row["reason"] = str(exc)
-        row["timing"] = {
-            "wall_s": time.perf_counter() - started,
-            "cpu_s": time.process_time() - cpu_started,
-            "evals": 0,
-        }
-        return row
-    row["curve"] = [metrics for _m, _ok, metrics in found.points]
-    row["capped"] = found.capped
-    # CPU seconds beside wall seconds: on a shared machine they tell contention apart.
-    row["timing"] = {
-        "wall_s": time.perf_counter() - started,
-        "cpu_s": time.process_time() - cpu_started,
-        "evals": found.evals,
-    }
+    return evaluate
+
+
+def _fill_search_result(
+    row: dict[str, Any], found: SearchResult, s: SweepSettings, rate: float
+) -> None:
+    """The row's status, highest passing rate and metrics there, from the search."""
     if found.best is None:
         row["status"] = "slo-unmet"
         row["max_multiplier"] = 0.0
@@ -609,7 +638,7 @@ def run_job(job: JobSpec, trace: Trace) -> dict[str, Any]:
             f"the SLO is not met even at rate multiplier {s.search.min_multiplier:g} "
             f"({s.search.min_multiplier * rate:.3g} req/s)"
         )
-        return row
+        return
     row["status"] = "ok"
     row["max_multiplier"] = found.best
     row["max_rps"] = found.best * rate
@@ -618,7 +647,6 @@ def run_job(job: JobSpec, trace: Trace) -> dict[str, Any]:
         row["reason"] = (
             f"passes even at the search cap x{s.search.max_multiplier:g}: the true limit is higher"
         )
-    return row
 
 
 # ------------------------------------------------------------------ the document
@@ -657,87 +685,44 @@ def build_document(
     catalog = Catalog.load([Path(p) for p in settings.catalog_files])
     summary = trace.summary()
     mean_out = float(summary["mean_output_tokens"] or 0.0)
-    mtok_per_hour = target_rps * mean_out * 3600 / 1e6
     out_rows = [dict(r) for r in rows]
     for row in out_rows:
-        if row["status"] != "ok":
-            continue
-        max_rps = float(row["max_rps"])
-        row["replicas"] = math.ceil(target_rps / max_rps - 1e-9)
-        if prices is not None:
-            per_replica = prices.per_gpu_hour(row["gpu"])  # one GPU a replica (docstring)
-            row["cost_per_hour"] = row["replicas"] * per_replica
-            row["cost_per_mtok"] = row["cost_per_hour"] / mtok_per_hour if mtok_per_hour else None
-            capacity_mtok = max_rps * mean_out * 3600 / 1e6
-            row["cost_per_mtok_at_capacity"] = (
-                per_replica / capacity_mtok if capacity_mtok else None
-            )
-        fill_launch(row, settings, catalog)
-
-    def where(r: Mapping[str, Any]) -> tuple[str, int]:  # the plain server to compare with
-        return (r["gpu"], int(r.get("hicache_size_gb") or 0))
-
-    plain = {where(r): r for r in out_rows if r["drafter"] == NO_DRAFTER and r["status"] == "ok"}
+        if row["status"] == "ok":
+            _price_row(row, target_rps=target_rps, mean_out=mean_out, prices=prices)
+            fill_launch(row, settings, catalog)
+    plain = {_where(r): r for r in out_rows if r["drafter"] == NO_DRAFTER and r["status"] == "ok"}
     for row in out_rows:
-        base = plain.get(where(row))
+        base = plain.get(_where(row))
         if row["status"] != "ok" or base is None or row is base:
             continue
-        saving: dict[str, Any] = {
-            "replicas": base["replicas"] - row["replicas"],
-            "capacity_ratio": row["max_rps"] / base["max_rps"],
-            "cost_per_hour": None,
-            "cost_fraction": None,
-        }
-        if row["cost_per_hour"] is not None and base["cost_per_hour"]:
-            saving["cost_per_hour"] = base["cost_per_hour"] - row["cost_per_hour"]
-            saving["cost_fraction"] = 1 - row["cost_per_hour"] / base["cost_per_hour"]
-        row["saving_vs_none"] = saving
-    all_plain = {where(r): r for r in out_rows if r["drafter"] == NO_DRAFTER}
+        row["saving_vs_none"] = _saving(row, base)
+    all_plain = {_where(r): r for r in out_rows if r["drafter"] == NO_DRAFTER}
     for row in out_rows:
         if row["status"] == "ok" and row["drafter"] != NO_DRAFTER:
             row["speculation"] = speculation_verdict(
-                row, all_plain.get(where(row)), target_rps=target_rps
+                row, all_plain.get(_where(row)), target_rps=target_rps
             )
-
-    best_by = "cost_per_hour" if prices is not None else "replicas"
-
-    def cost(row: Mapping[str, Any]) -> float:
-        return float(row["cost_per_hour"] if prices is not None else row["replicas"])
-
-    host: dict[str, Any] | None = None
-
-    def key(row: Mapping[str, Any]) -> tuple[float, int, int, float, str]:
-        # Cost first; speculation (or a host tier) that saves nothing costs what the
-        # plain server (the best row without a host tier) does: simplicity.py,
-        # host_cache.py. Equal costs go to the simpler configuration.
-        verdict = row.get("speculation")
-        base = plain.get(where(row))
-        first = cost(base) if verdict and not verdict["pays"] and base else cost(row)
-        gb = int(row.get("hicache_size_gb") or 0)
-        if host is not None and gb and row["gpu"] in host:
-            answer = host[row["gpu"]]
-            entry = next((e for e in answer["with"] if e["hicache_size_gb"] == gb), None)
-            if entry is not None and not entry["pays"] and answer["without"] is not None:
-                first = max(first, cost(answer["without"]))
-        return (first, complexity(row), int(gb > 0), -float(row["max_rps"]), row["id"])
-
+    ranking = _Ranking(plain, prices is not None)
     ok_rows = [r for r in out_rows if r["status"] == "ok"]
-    host = host_cache_answer(
-        ok_rows, key, target_rps=target_rps, trace_has_ids=bool(summary.get("with_hash_ids"))
+    ranking.host = host_cache_answer(
+        ok_rows,
+        ranking.key,
+        target_rps=target_rps,
+        trace_has_ids=bool(summary.get("with_hash_ids")),
     )
     best_per_gpu: dict[str, Any] = {}
     for gpu in dict.fromkeys(r["gpu"] for r in out_rows):
         candidates = [r for r in ok_rows if r["gpu"] == gpu]
         if candidates:
-            best_per_gpu[gpu] = min(candidates, key=key)
-    best = min(ok_rows, key=key) if ok_rows else None
+            best_per_gpu[gpu] = min(candidates, key=ranking.key)
+    best = min(ok_rows, key=ranking.key) if ok_rows else None
     return {
         "configurations": out_rows,
         "best": best,
-        "best_by": best_by,
+        "best_by": "cost_per_hour" if prices is not None else "replicas",
         "recommendation": _why(best, out_rows),
         "best_per_gpu": best_per_gpu,
-        "host_cache_or_gpus": host,
+        "host_cache_or_gpus": ranking.host,
         "trace": {**summary, "base_rps": base_rps(trace), "load": trace_load(trace)},
         "slo": {
             "tpot_ms": settings.slo_tpot_ms,
@@ -756,3 +741,67 @@ def build_document(
         ),
         "executor": executor,
     }
+
+
+def _where(row: Mapping[str, Any]) -> tuple[str, int]:
+    """Where a row runs (GPU, host tier): the plain server to compare it with runs there."""
+    return (row["gpu"], int(row.get("hicache_size_gb") or 0))
+
+
+def _price_row(
+    row: dict[str, Any], *, target_rps: float, mean_out: float, prices: Prices | None
+) -> None:
+    """Replicas for *target_rps* and, with prices, what they cost (one GPU a replica)."""
+    max_rps = float(row["max_rps"])
+    row["replicas"] = math.ceil(target_rps / max_rps - 1e-9)
+    if prices is None:
+        return
+    mtok_per_hour = target_rps * mean_out * 3600 / 1e6
+    per_replica = prices.per_gpu_hour(row["gpu"])  # one GPU a replica (docstring)
+    row["cost_per_hour"] = row["replicas"] * per_replica
+    row["cost_per_mtok"] = row["cost_per_hour"] / mtok_per_hour if mtok_per_hour else None
+    capacity_mtok = max_rps * mean_out * 3600 / 1e6
+    row["cost_per_mtok_at_capacity"] = per_replica / capacity_mtok if capacity_mtok else None
+
+
+def _saving(row: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """What *row* saves against the plain server *base* (replicas, capacity, cost)."""
+    saving: dict[str, Any] = {
+        "replicas": base["replicas"] - row["replicas"],
+        "capacity_ratio": row["max_rps"] / base["max_rps"],
+        "cost_per_hour": None,
+        "cost_fraction": None,
+    }
+    if row["cost_per_hour"] is not None and base["cost_per_hour"]:
+        saving["cost_per_hour"] = base["cost_per_hour"] - row["cost_per_hour"]
+        saving["cost_fraction"] = 1 - row["cost_per_hour"] / base["cost_per_hour"]
+    return saving
+
+
+class _Ranking:
+    """The order of configurations: cost first (dollars with prices, else replicas);
+    speculation (or a host tier) that saves nothing costs what the plain server (the
+    best row without a host tier) does: simplicity.py, host_cache.py. Equal costs go to
+    the simpler configuration. ``host`` is the host-cache answer once known (None while
+    ``host_cache_answer`` itself ranks with ``key``)."""
+
+    def __init__(self, plain: Mapping[tuple[str, int], Mapping[str, Any]], priced: bool) -> None:
+        self._plain = plain
+        self._priced = priced
+        self.host: dict[str, Any] | None = None
+
+    def _cost(self, row: Mapping[str, Any]) -> float:
+        return float(row["cost_per_hour"] if self._priced else row["replicas"])
+
+    def key(self, row: Mapping[str, Any]) -> tuple[float, int, int, float, str]:
+        verdict = row.get("speculation")
+        base = self._plain.get(_where(row))
+        first = self._cost(base) if verdict and not verdict["pays"] and base else self._cost(row)
+        gb = int(row.get("hicache_size_gb") or 0)
+        host = self.host
+        if host is not None and gb and row["gpu"] in host:
+            answer = host[row["gpu"]]
+            entry = next((e for e in answer["with"] if e["hicache_size_gb"] == gb), None)
+            if entry is not None and not entry["pays"] and answer["without"] is not None:
+                first = max(first, self._cost(answer["without"]))
+        return (first, complexity(row), int(gb > 0), -float(row["max_rps"]), row["id"])

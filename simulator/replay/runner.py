@@ -45,7 +45,7 @@ from specgov.simulator.engine.acceptance import AcceptanceModel
 from specgov.simulator.engine.core import Engine
 from specgov.simulator.engine.cost import CostModel
 from specgov.simulator.engine.interface import EngineConfig, EngineResult, VirtualClock
-from specgov.simulator.engine.memory import MemoryPlan, plan_memory
+from specgov.simulator.engine.memory import MemoryPlan, budget_memory
 from specgov.simulator.engine.prefix_cache import HicacheError, hicache_token_capacity
 from specgov.simulator.engine.sglang_metrics import SimMetrics
 from specgov.simulator.priors import check_prior_options, replay_step_cost_prior
@@ -412,24 +412,14 @@ def prepare_run(
     b = built or resolve(server)
     drafter = b.drafter if policy.speculative else None
     if policy.adaptive:
-        algo = b.drafter.algorithm.upper()
-        if algo not in ADAPTIVE_ALGORITHMS:
-            raise PolicySpecError(
-                f"policy {policy.name!r} needs SGLang's adaptive speculation, which supports "
-                f"only EAGLE/EAGLE3 drafters; drafter {b.drafter.name!r} is {algo}"
-            )
-        if server.topk != 1:
-            raise PolicySpecError(
-                f"policy {policy.name!r}: SGLang's adaptive speculation supports only topk=1, "
-                f"got topk={server.topk}"
-            )
+        _check_adaptive(policy, server, b)
     chunk_default, graph_default = sglang_gpu_defaults(b.gpu.memory_gib)
     chunk = server.chunked_prefill_size or chunk_default
     graph_max_bs = server.cuda_graph_max_bs or graph_default
     if server.max_running_requests is not None:
         graph_max_bs = min(graph_max_bs, server.max_running_requests)
     ndt = server.num_draft_tokens if server.topk > 1 else None
-    memory = plan_memory(
+    memory = budget_memory(
         b.gpu,
         b.model,
         drafter,
@@ -439,23 +429,19 @@ def prepare_run(
         topk=server.topk,
         num_draft_tokens=ndt,
         chunked_prefill_size=chunk,
-    )
+    ).require_fit()
     cost = CostModel.from_catalog(b.gpu, b.model, drafter, topk=server.topk, num_draft_tokens=ndt)
     acceptance = None
     if policy.speculative:
         acceptance = acceptance_model(server, b, seed=seed)
-    config = EngineConfig(
-        kv_token_capacity=memory.kv_token_capacity,
-        max_running_requests=server.max_running_requests,
-        chunked_prefill_size=chunk,
-        cuda_graph_max_bs=graph_max_bs,
-        topk=server.topk,
-        num_draft_tokens=ndt,
+    config = _engine_config(
+        server,
+        policy,
+        b,
+        memory,
+        chunk=chunk,
+        graph_max_bs=graph_max_bs,
         record_events=record_events,
-        skip_zero_step_draft_extend=server.skip_zero_step_draft_extend,
-        prefix_cache=server.prefix_cache,
-        **hicache_engine_fields(server, b.gpu, memory),
-        tier_switch_s=server.switch_ms(b.drafter) / 1e3 if policy.speculative else 0.0,
     )
     clock = VirtualClock()
     loop: ClosedLoop | None = None
@@ -465,14 +451,7 @@ def prepare_run(
         metrics = SimMetrics(model_name=b.model.name, kv_capacity_tokens=memory.kv_token_capacity)
         loop = _closed_loop(
             policy.daemon_spec,
-            prior=replay_step_cost_prior(
-                cost,
-                model=server.model,
-                drafter=server.drafter,
-                prior_scale=server.prior_scale,
-                prior_gpu=server.prior_gpu,
-                catalog_files=server.catalog_files,
-            ),
+            prior=_replay_prior(cost, server),
             clock=clock,
             metrics=metrics,
             kv_capacity=memory.kv_token_capacity,
@@ -482,15 +461,7 @@ def prepare_run(
             algorithm=b.drafter.algorithm.upper(),
             spec_steps=server.spec_steps,
         )
-        fallback = EmaPolicy(initial_steps=server.spec_steps, config=specgov_adaptive_config())
-        in_engine = TablePolicy(
-            table_source=loop.table_source,
-            stats_sink=loop.stats_sink,
-            clock=clock,
-            fallback=fallback,
-            flush_interval_s=loop.config.stats_flush_s,
-            poll_every_batches=loop.config.poll_every_batches,
-        )
+        in_engine = _table_policy(loop, clock, server.spec_steps)
     else:
         in_engine = policy.build(server.spec_steps)
     initial = None
@@ -506,6 +477,75 @@ def prepare_run(
         clock=clock,
     )
     return PreparedRun(policy=policy, engine=engine, memory=memory, loop=loop, metrics=metrics)
+
+
+def _engine_config(
+    server: ServerSpec,
+    policy: InEnginePolicy,
+    b: BuiltServer,
+    memory: MemoryPlan,
+    *,
+    chunk: int,
+    graph_max_bs: int,
+    record_events: bool,
+) -> EngineConfig:
+    """The engine's scheduler and cache settings, as SGLang would run *server*."""
+    ndt = server.num_draft_tokens if server.topk > 1 else None
+    return EngineConfig(
+        kv_token_capacity=memory.kv_token_capacity,
+        max_running_requests=server.max_running_requests,
+        chunked_prefill_size=chunk,
+        cuda_graph_max_bs=graph_max_bs,
+        topk=server.topk,
+        num_draft_tokens=ndt,
+        record_events=record_events,
+        skip_zero_step_draft_extend=server.skip_zero_step_draft_extend,
+        prefix_cache=server.prefix_cache,
+        **hicache_engine_fields(server, b.gpu, memory),
+        tier_switch_s=server.switch_ms(b.drafter) / 1e3 if policy.speculative else 0.0,
+    )
+
+
+def _replay_prior(cost: CostModel, server: ServerSpec) -> StepCostPrior:
+    """The daemon policies' step-cost prior: the simulated GPU's truth, or the wrong
+    prior the server asks for on purpose (--prior-scale, --prior-gpu)."""
+    return replay_step_cost_prior(
+        cost,
+        model=server.model,
+        drafter=server.drafter,
+        prior_scale=server.prior_scale,
+        prior_gpu=server.prior_gpu,
+        catalog_files=server.catalog_files,
+    )
+
+
+def _check_adaptive(policy: InEnginePolicy, server: ServerSpec, b: BuiltServer) -> None:
+    """SGLang's adaptive speculation runs only EAGLE/EAGLE3 chains."""
+    algo = b.drafter.algorithm.upper()
+    if algo not in ADAPTIVE_ALGORITHMS:
+        raise PolicySpecError(
+            f"policy {policy.name!r} needs SGLang's adaptive speculation, which supports "
+            f"only EAGLE/EAGLE3 drafters; drafter {b.drafter.name!r} is {algo}"
+        )
+    if server.topk != 1:
+        raise PolicySpecError(
+            f"policy {policy.name!r}: SGLang's adaptive speculation supports only topk=1, "
+            f"got topk={server.topk}"
+        )
+
+
+def _table_policy(loop: ClosedLoop, clock: VirtualClock, spec_steps: int) -> TablePolicy:
+    """The in-engine side of a daemon policy: the plugin's table policy on the loop's
+    spool stand-ins, SGLang's EMA as its fallback."""
+    fallback = EmaPolicy(initial_steps=spec_steps, config=specgov_adaptive_config())
+    return TablePolicy(
+        table_source=loop.table_source,
+        stats_sink=loop.stats_sink,
+        clock=clock,
+        fallback=fallback,
+        flush_interval_s=loop.config.stats_flush_s,
+        poll_every_batches=loop.config.poll_every_batches,
+    )
 
 
 def specgov_server_info(*, algorithm: str, spec_steps: int, kv_capacity: int) -> dict[str, Any]:

@@ -99,30 +99,8 @@ class SimServer:
         stats_interval_s: float = 1.0,
         speculative: bool = True,
     ) -> None:
-        if not is_real(speed) or speed <= 0:
-            raise SimServerError(f"speed: expected a finite number > 0, got {speed!r}")
-        if not is_real(stats_interval_s) or stats_interval_s <= 0:
-            raise SimServerError(
-                f"stats_interval_s: expected a finite number of seconds > 0, "
-                f"got {stats_interval_s!r}"
-            )
-        if not is_int(port) or not 0 <= port <= 65535:
-            raise SimServerError(f"port: expected an int in [0, 65535], got {port!r}")
-        if not isinstance(host, str) or not host:
-            raise SimServerError(f"host: expected a host name or address, got {host!r}")
-        if api_key is not None and (not isinstance(api_key, str) or not api_key):
-            raise SimServerError("api_key: expected a non-empty string or None")
-        requests = tuple(trace.requests if isinstance(trace, Trace) else trace)
-        for i, req in enumerate(requests):
-            if not isinstance(req, Request):
-                raise SimServerError(
-                    f"trace: item {i} is a {type(req).__name__}, expected a Request"
-                )
-            if i and req.arrival_s < requests[i - 1].arrival_s:
-                raise SimServerError(
-                    f"trace: requests must be sorted by arrival_s (request {i} at "
-                    f"{req.arrival_s} s comes after one at {requests[i - 1].arrival_s} s)"
-                )
+        _check_options(speed, stats_interval_s, port, host, api_key)
+        requests = _sorted_requests(trace)
         self.server = server if server is not None else ServerSpec()
         self.speed = float(speed)
         self.stats_interval_s = float(stats_interval_s)
@@ -442,3 +420,35 @@ def _log_outage_failure(future: concurrent.futures.Future[None]) -> None:
     exc = future.exception()
     if exc is not None:
         logger.error("specgov sim-server: outage failed: %s", exc)
+
+
+def _check_options(
+    speed: float, stats_interval_s: float, port: int, host: str, api_key: str | None
+) -> None:
+    """SimServer's scalar options, each against the form it expects."""
+    if not is_real(speed) or speed <= 0:
+        raise SimServerError(f"speed: expected a finite number > 0, got {speed!r}")
+    if not is_real(stats_interval_s) or stats_interval_s <= 0:
+        raise SimServerError(
+            f"stats_interval_s: expected a finite number of seconds > 0, got {stats_interval_s!r}"
+        )
+    if not is_int(port) or not 0 <= port <= 65535:
+        raise SimServerError(f"port: expected an int in [0, 65535], got {port!r}")
+    if not isinstance(host, str) or not host:
+        raise SimServerError(f"host: expected a host name or address, got {host!r}")
+    if api_key is not None and (not isinstance(api_key, str) or not api_key):
+        raise SimServerError("api_key: expected a non-empty string or None")
+
+
+def _sorted_requests(trace: Trace | Sequence[Request]) -> tuple[Request, ...]:
+    """The trace's requests, each a Request, in arrival order (or SimServerError)."""
+    requests = tuple(trace.requests if isinstance(trace, Trace) else trace)
+    for i, req in enumerate(requests):
+        if not isinstance(req, Request):
+            raise SimServerError(f"trace: item {i} is a {type(req).__name__}, expected a Request")
+        if i and req.arrival_s < requests[i - 1].arrival_s:
+            raise SimServerError(
+                f"trace: requests must be sorted by arrival_s (request {i} at "
+                f"{req.arrival_s} s comes after one at {requests[i - 1].arrival_s} s)"
+            )
+    return requests

@@ -346,6 +346,27 @@ def _shift_detected(
     return dof > 0 and stat > _chi2_quantile(dof, config.change_z)
 
 
+def _window_counts(
+    snapshot: TierStatsSnapshot, n: int
+) -> dict[int, tuple[list[float], list[float]]]:
+    """This window's counts per slot: (requests that reached position i, those that
+    passed it) for positions 1..n."""
+    window: dict[int, tuple[list[float], list[float]]] = {}
+    for tier in snapshot.tiers:
+        reach, passes = window.setdefault(tier.slot, ([0.0] * n, [0.0] * n))
+        if tier.steps == 0 or tier.requests == 0:
+            continue
+        hist = tier.accepted_hist
+        # at_least[j] = requests that accepted >= j drafts.
+        at_least = [0] * (tier.steps + 2)
+        for j in range(tier.steps, -1, -1):
+            at_least[j] = at_least[j + 1] + hist[j]
+        for i in range(1, min(tier.steps, n) + 1):
+            reach[i - 1] += at_least[i - 1]
+            passes[i - 1] += at_least[i]
+    return window
+
+
 def update_acceptance(
     state: AcceptanceState, snapshot: TierStatsSnapshot, config: AcceptanceConfig | None = None
 ) -> AcceptanceState:
@@ -368,21 +389,7 @@ def update_acceptance(
     slow_decay = 0.5 ** (dt / cfg.half_life_s)
     fast_decay = 0.5 ** (dt / cfg.fast_half_life_s)
 
-    # This window's counts per slot and position.
-    window: dict[int, tuple[list[float], list[float]]] = {}
-    for tier in snapshot.tiers:
-        reach, passes = window.setdefault(tier.slot, ([0.0] * n, [0.0] * n))
-        if tier.steps == 0 or tier.requests == 0:
-            continue
-        hist = tier.accepted_hist
-        # at_least[j] = requests that accepted >= j drafts.
-        at_least = [0] * (tier.steps + 2)
-        for j in range(tier.steps, -1, -1):
-            at_least[j] = at_least[j + 1] + hist[j]
-        for i in range(1, min(tier.steps, n) + 1):
-            reach[i - 1] += at_least[i - 1]
-            passes[i - 1] += at_least[i]
-
+    window = _window_counts(snapshot, n)
     bounds = sorted({s.slot for s in state.slots} | set(window))
     updated: list[SlotAcceptance] = []
     zeros = [0.0] * n
