@@ -412,7 +412,7 @@ class _RecommendingPolicy:
 
     def decide(self, observation: Any, state: Any, budget: Any) -> tuple[Any, Any]:
         from specgov.policies.common.types import (
-            Decision,
+            Plan,
             ReasonCode,
             RestartRecommendation,
             SpecShape,
@@ -426,7 +426,7 @@ class _RecommendingPolicy:
             (("held_s", 300.0),),
         )
         return (
-            Decision(None, ReasonCode.HELD_NO_CHANGE, "holding", None, (), rec),
+            Plan(None, ReasonCode.HELD_NO_CHANGE, "holding", None, (), rec),
             state,
         )
 

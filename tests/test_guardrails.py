@@ -15,6 +15,7 @@ from specgov.policies.common.types import (
     Decision,
     LatencyQuantiles,
     Observation,
+    Plan,
     PolicyTypeError,
     ReasonCode,
     RestartRecommendation,
@@ -118,7 +119,7 @@ class Scripted:
 
     def decide(
         self, observation: Observation, state: CallState, budget: Budget
-    ) -> tuple[Decision, CallState]:
+    ) -> tuple[Plan, CallState]:
         i = state.calls
         slots, gain = (
             self._script[i % len(self._script)]
@@ -126,13 +127,12 @@ class Scripted:
             else self._script[min(i, len(self._script) - 1)]
         )
         if slots is None:
-            decision = Decision(None, H.HELD_NO_CHANGE, "holding", None)
+            plan = Plan(None, H.HELD_NO_CHANGE, "holding", None)
         else:
-            table = StepTable(slots, version=i + 1, produced_at_s=observation.time_s, ttl_s=30.0)
-            decision = Decision(
-                table, self._reason, "scripted table", gain, self._limited_by, self._restart
+            plan = Plan(
+                slots, self._reason, "scripted table", gain, self._limited_by, self._restart
             )
-        return decision, CallState(i + 1)
+        return plan, CallState(i + 1)
 
 
 def const(slots: Slots, gain: float | None = 0.05) -> Scripted:
@@ -346,7 +346,7 @@ def ctx(
     budget: Budget = OPEN,
 ) -> GuardContext:
     o = observation or obs(100.0)
-    inner = Decision(None, H.HELD_NO_CHANGE, "x", None)
+    inner = Plan(None, H.HELD_NO_CHANGE, "x", None)
     w = None if wanted is None else Wanted(wanted, gain, H.CHANGED_PREDICTED_GAIN)
     return GuardContext(o, budget, inner, CANDS, current, w)
 
@@ -429,15 +429,15 @@ def test_tolerance_step_lets_an_experiment_slot_pass_and_judges_the_rest() -> No
         assert p.steps == B and p.held_by is None, gain
 
 
-def test_wanted_keeps_the_experiment_slots_of_a_decision_on_engine_bounds() -> None:
-    table = StepTable(((1, 3), (16, 0)), version=1, produced_at_s=0.0, ttl_s=60.0)
-    decision = Decision(table, H.CHANGED_PREDICTED_GAIN, "x", 0.04, experiment_slots=(1,))
-    wanted = _wanted(decision, None, CANDS)
+def test_wanted_keeps_the_experiment_slots_of_a_plan_on_engine_bounds() -> None:
+    slots = ((1, 3), (16, 0))
+    plan = Plan(slots, H.CHANGED_PREDICTED_GAIN, "x", 0.04, experiment_slots=(1,))
+    wanted = _wanted(plan, None, CANDS)
     assert wanted is not None
     assert wanted.steps == ((1, 3), (8, 3), (32, 0), (64, 0))
     assert wanted.experiment_slots == frozenset({1, 8}) and wanted.expected_gain == 0.04
     with pytest.raises(PolicyTypeError, match="experiment_slots"):
-        Decision(table, H.CHANGED_PREDICTED_GAIN, "x", 0.04, experiment_slots=(8,))
+        Plan(slots, H.CHANGED_PREDICTED_GAIN, "x", 0.04, experiment_slots=(8,))
 
 
 def test_dwell_step_holds_recently_changed_slots_only() -> None:

@@ -35,6 +35,7 @@ from specgov.policies.common.types import (
     Budget,
     Decision,
     Observation,
+    Plan,
     ReasonCode,
     RestartRecommendation,
     StepTable,
@@ -245,7 +246,7 @@ def policy_builder(
 
     def build(spec_text: str) -> GuardedPolicy[Any]:
         spec = parse_policy_spec(spec_text)
-        inner = build_daemon_policy(spec, prior=prior)
+        inner: DaemonPolicy[Any] | None = build_daemon_policy(spec, prior=prior)
         if inner is None:
             inner = ObserveOnlyPolicy(NonePolicy(), spec_text)
         return GuardedPolicy(inner, guardrails or GuardrailConfig())
@@ -467,10 +468,10 @@ class ObserveOnlyPolicy:
     def initial_state(self) -> Any:
         return self._inner.initial_state()
 
-    def decide(self, observation: Observation, state: Any, budget: Budget) -> tuple[Decision, Any]:
+    def decide(self, observation: Observation, state: Any, budget: Budget) -> tuple[Plan, Any]:
         return (
-            Decision(
-                table=None,
+            Plan(
+                slots=None,
                 reason=ReasonCode.HELD_NO_CHANGE,
                 message="sglang-ema: SGLang's built-in controller decides; nothing published",
                 expected_gain=None,

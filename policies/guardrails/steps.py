@@ -10,8 +10,8 @@ from typing import Any, Final, TypeAlias
 
 from specgov.policies.common.types import (
     Budget,
-    Decision,
     Observation,
+    Plan,
     ReasonCode,
 )
 from specgov.policies.guardrails._common import (
@@ -47,7 +47,7 @@ class GuardContext:
 
     observation: Observation
     budget: Budget
-    inner_decision: Decision
+    inner_plan: Plan
     # The engine's slots (first bound published as 1), from the observation or as last seen.
     candidates: Candidates | None
     # The steps in force on those slots; None when nothing is in force (or the layout changed).
