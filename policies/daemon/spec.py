@@ -406,6 +406,22 @@ def parse_policy_spec(text: str) -> PolicySpec:
     return PolicySpec(kind, params, stripped)
 
 
+def static_steps(spec: PolicySpec | str) -> int | None:
+    """K of a ``static:K`` spec; None for a spec of another kind, or text whose kind is
+    not ``static`` (e.g. a replay-only name such as ``oracle``). A malformed ``static``
+    spec raises :class:`PolicySpecError` with :func:`parse_policy_spec`'s message: this
+    is the one place ``static:K`` is read."""
+    if isinstance(spec, str):
+        if spec.strip().partition(":")[0].strip() != "static":
+            return None
+        spec = parse_policy_spec(spec)
+    if spec.kind != "static":
+        return None
+    steps = spec.params["steps"]
+    assert isinstance(steps, int)  # _check_semantics ran on construction
+    return steps
+
+
 # ------------------------------------------------------------------- build
 
 

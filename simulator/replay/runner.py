@@ -25,6 +25,7 @@ from specgov.policies.daemon.spec import (
     PolicySpec,
     format_policy_spec,
     parse_policy_spec,
+    static_steps,
 )
 from specgov.policies.daemon.spec import PolicySpecError as DaemonSpecError
 from specgov.policies.engine.ema import EmaPolicy
@@ -137,15 +138,11 @@ def parse_policy(text: str) -> InEnginePolicy:
         if arg:
             raise PolicySpecError(f"policy {raw!r}: 'none' takes no argument")
         return InEnginePolicy("none", False, (), lambda _steps: None)
-    if kind == "static":
-        try:
-            steps = int(arg)
-        except ValueError:
-            raise PolicySpecError(
-                f"policy {raw!r}: expected static:K with K a non-negative integer, got {arg!r}"
-            ) from None
-        if steps < 0:
-            raise PolicySpecError(f"policy {raw!r}: K must be >= 0, got {steps}")
+    try:
+        steps = static_steps(raw)
+    except DaemonSpecError as exc:
+        raise PolicySpecError(f"{exc} (replay policies: {KNOWN_POLICIES})") from None
+    if steps is not None:
         return InEnginePolicy(
             f"static:{steps}", True, (steps,), lambda _initial: FixedStepPolicy(steps)
         )
