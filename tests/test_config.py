@@ -161,6 +161,40 @@ def test_config_yaml_guardrails_are_the_policy_layer_defaults() -> None:
     }
 
 
+def test_the_ttl_poll_and_flush_defaults_are_each_defined_once() -> None:
+    """config.yaml, the docs and every user of the 30 s TTL, the poll-every-64 and the
+    1 s flush cadence take them from one constant each."""
+    import inspect
+
+    from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
+    from specgov.controller.daemon.health import HealthInputs
+    from specgov.policies.engine.table import (
+        DEFAULT_FLUSH_INTERVAL_S,
+        DEFAULT_POLL_EVERY_BATCHES,
+        TablePolicy,
+    )
+    from specgov.policies.guardrails import DEFAULT_TABLE_TTL_S
+    from specgov.simulator.replay.closed_loop import ControlLoopConfig
+    from specgov.simulator.server.core import SimServer
+
+    data = yaml.safe_load(CONFIG_YAML.read_text(encoding="utf-8"))
+    assert data["guardrails"]["table_ttl_s"] == DEFAULT_TABLE_TTL_S
+    assert GuardrailConfig().table_ttl_s == DEFAULT_TABLE_TTL_S
+    assert HealthInputs.__dataclass_fields__["table_ttl_s"].default == DEFAULT_TABLE_TTL_S
+    ops = (REPO_ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    assert f"(`guardrails.table_ttl_s`, {DEFAULT_TABLE_TTL_S:g} s)" in ops
+    table = inspect.signature(TablePolicy).parameters
+    plugin = inspect.signature(SpecgovAdaptiveParams).parameters
+    assert table["poll_every_batches"].default == DEFAULT_POLL_EVERY_BATCHES == 64
+    assert plugin["poll_every_batches"].default == DEFAULT_POLL_EVERY_BATCHES
+    assert ControlLoopConfig().poll_every_batches == DEFAULT_POLL_EVERY_BATCHES
+    assert table["flush_interval_s"].default == DEFAULT_FLUSH_INTERVAL_S == 1.0
+    assert plugin["flush_interval_s"].default == DEFAULT_FLUSH_INTERVAL_S
+    assert ControlLoopConfig().stats_flush_s == DEFAULT_FLUSH_INTERVAL_S
+    sim = inspect.signature(SimServer).parameters
+    assert sim["stats_interval_s"].default == DEFAULT_FLUSH_INTERVAL_S
+
+
 def test_an_empty_or_partial_file_keeps_the_other_defaults(tmp_path: Path) -> None:
     assert load_text(tmp_path, "") == load_config(None, env=NO_ENV)
     assert load_text(tmp_path, "# nothing\nloop:\n") == load_config(None, env=NO_ENV)

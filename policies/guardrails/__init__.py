@@ -81,6 +81,7 @@ from specgov.policies.guardrails._common import (
     Slots,
 )
 from specgov.policies.guardrails.config import (
+    DEFAULT_TABLE_TTL_S,
     GuardrailConfig,
 )
 from specgov.policies.guardrails.overrides import (
@@ -126,6 +127,7 @@ from specgov.policies.guardrails.wrapper import (
 )
 
 __all__ = [
+    "DEFAULT_TABLE_TTL_S",
     "GUARD_STATE_VERSION",
     "GUARD_STEPS",
     "OVERRIDE_VERSION",
