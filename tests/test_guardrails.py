@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from specgov.policies.common.codec import from_data
 from specgov.policies.common.types import (
     Budget,
     Decision,
@@ -813,6 +814,36 @@ def test_broken_slo_is_rolled_back_even_without_goodput_loss() -> None:
     assert [m[1] for m in moves] == [B, A]
     decision = next(d for t, d, _ in run if t == moves[1][0])
     assert decision.reason == H.ROLLED_BACK_REGRESSION and "broke its SLO 30 ms" in decision.message
+
+
+def test_a_broken_ttft_slo_from_the_config_is_rolled_back(tmp_path: Any) -> None:
+    """budget.slo_ttft_p99_ms (config.yaml -> the daemon's Budget) is an SLO the rollback
+    judges like the TPOT and ITL ones; without it the same change is kept."""
+    from specgov.controller.daemon.config import load_config
+
+    path = tmp_path / "specgov.yaml"
+    path.write_text("budget:\n  slo_ttft_p99_ms: 500\n", encoding="utf-8")
+    budget = load_config(path, env={}).budget
+    assert budget.slo_ttft_p99_ms == 500.0
+
+    def make(t: float) -> Observation:
+        ttft = LatencyQuantiles(p99_ms=900.0 if t > 42 else 300.0)
+        return dataclasses.replace(obs(t), ttft_ms=ttft)
+
+    script: list[Step] = [(A, None)] * 8 + [(B, 0.2)]
+    run = drive(GuardedPolicy(Scripted(script)), every(0.0, 120.0), make, budget=budget)
+    moves = changes(run)
+    assert [m[1] for m in moves] == [B, A]
+    decision = next(d for t, d, _ in run if t == moves[1][0])
+    assert decision.reason == H.ROLLED_BACK_REGRESSION
+    assert "TTFT p99 300.0 -> 900.0 ms broke its SLO 500 ms" in decision.message
+    kept = drive(GuardedPolicy(Scripted(script)), every(0.0, 120.0), make, budget=OPEN)
+    assert changes(kept) == [(40.0, B)]
+    # A window sample saved before TTFT was measured reads back as unknown.
+    old = {"end_s": 5.0, "window_s": 5.0, "tokens": 10, "running": 1}
+    sample = from_data(WindowSample, {**old, "tpot_p50_ms": None, "itl_p99_ms": None},
+                       where="t", error=ValueError)  # fmt: skip
+    assert sample.ttft_p99_ms is None
 
 
 def test_load_change_is_not_taken_for_a_regression() -> None:

@@ -51,10 +51,10 @@ the observation and the Budget):
    taken for a regression; see :class:`WindowAggregate`) is compared with the windows
    before it. If it fell by more than ``rollback_threshold`` with enough data, or an SLO
    of the Budget that was met (TPOT p50 vs ``slo_tpot_ms``, ITL p99 vs
-   ``slo_itl_p99_ms``) is now broken, the previous steps are restored (clamped) and the
-   rejected move is blocked for ``rollback_cooldown_s``. Codes: ``ROLLED_BACK_REGRESSION``;
-   a blocked re-proposal is held with ``HELD_NO_CHANGE`` and ``rollback_cooldown`` in
-   ``limited_by``.
+   ``slo_itl_p99_ms``, TTFT p99 vs ``slo_ttft_p99_ms``) is now broken, the previous steps
+   are restored (clamped) and the rejected move is blocked for ``rollback_cooldown_s``.
+   Codes: ``ROLLED_BACK_REGRESSION``; a blocked re-proposal is held with
+   ``HELD_NO_CHANGE`` and ``rollback_cooldown`` in ``limited_by``.
 
 Finally the result is committed: the very first table is published (``INITIAL``, also
 after the engine's slot layout changed); a changed table is published with a new

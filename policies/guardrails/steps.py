@@ -527,6 +527,7 @@ def evaluate_trial(
     for name, slo, before, after in (
         ("TPOT p50", budget.slo_tpot_ms, base.tpot_ms, post.tpot_ms),
         ("ITL p99", budget.slo_itl_p99_ms, base.itl_p99_ms, post.itl_p99_ms),
+        ("TTFT p99", budget.slo_ttft_p99_ms, base.ttft_p99_ms, post.ttft_p99_ms),
     ):
         if slo is None or before is None or after is None:
             continue
