@@ -24,8 +24,8 @@ from specgov.controller.daemon.config import (
 from specgov.controller.daemon.config_layers import DEFAULTS_LABEL
 from specgov.controller.daemon.config_schema import (
     NO_BUDGET_LIMITS,
+    SCHEMA,
     StateConfig,
-    config_keys,
     default_groups,
 )
 from specgov.controller.daemon.config_values import (
@@ -41,6 +41,8 @@ from specgov.policies.guardrails import GuardrailConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_YAML = REPO_ROOT / "config.yaml"
+# Every group and its keys, in file order (the schema the config loader walks).
+CONFIG_KEYS = {group: tuple(keys) for group, keys in SCHEMA.items()}
 SECRET = "s3cr3t-TOKEN-value-0123456789"
 NO_ENV: dict[str, str] = {}
 
@@ -92,21 +94,21 @@ def test_config_yaml_is_exactly_the_built_in_defaults() -> None:
     # The defaults are the typed groups' (controller/daemon/config_schema.py); config.yaml is their
     # commented copy: every key, no other, and the same value for each.
     raw = yaml.safe_load(CONFIG_YAML.read_text(encoding="utf-8"))
-    assert {group: tuple(keys) for group, keys in raw.items()} == config_keys()
+    assert {group: tuple(keys) for group, keys in raw.items()} == CONFIG_KEYS
     from_file = load_config(CONFIG_YAML, env=NO_ENV)
     built_in = load_config(None, env=NO_ENV)
     assert from_file == built_in
     assert effective_config_dict(from_file) == effective_config_dict(built_in)
     # Every value came from the file (none filled in from the defaults).
     assert all(origin.startswith(f"{CONFIG_YAML}:") for origin in from_file.sources.values())
-    assert len(from_file.sources) == sum(len(keys) for keys in config_keys().values())
+    assert len(from_file.sources) == sum(len(keys) for keys in CONFIG_KEYS.values())
 
 
 def test_the_defaults_are_the_typed_groups_field_defaults() -> None:
     cfg = load_config(None, env=NO_ENV)
     for group, default in default_groups().items():
         names = {f.name for f in fields(type(default))}
-        assert set(config_keys()[group]) == names, group
+        assert set(CONFIG_KEYS[group]) == names, group
         if group == "guardrails":
             assert cfg.guardrail_config() == default
         elif group == "state":
@@ -134,7 +136,7 @@ def _yaml_keys(text: str) -> list[tuple[int, str, str]]:
 def test_config_yaml_lists_every_key_in_schema_order() -> None:
     text = CONFIG_YAML.read_text(encoding="utf-8")
     expected: list[str] = []
-    for group, keys in config_keys().items():
+    for group, keys in CONFIG_KEYS.items():
         expected += [group, *(f"{group}.{k}" for k in keys)]
     assert [dotted for _, _, dotted in _yaml_keys(text)] == expected
 
@@ -289,7 +291,7 @@ def test_effective_config_round_trips(tmp_path: Path, text: str, dump: str) -> N
     again = load_config(write(tmp_path, out, "again.yaml"), env=NO_ENV)
     assert again == cfg
     assert effective_config_dict(again) == data
-    assert list(data) == list(config_keys())
+    assert list(data) == list(CONFIG_KEYS)
 
 
 # --------------------------------------------------------------------------- errors
