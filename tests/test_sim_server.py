@@ -117,7 +117,7 @@ def test_two_scrapes_give_the_daemon_a_complete_observation(
     with httpx.Client(base_url=sim.url, timeout=5.0) as client:
         assert client.get("/health").status_code == 200
         model_info = client.get("/model_info").json()
-        assert ep.is_simulated_model_info(model_info)
+        assert model_info["model_path"].startswith(ep.SIM_MODEL_PREFIX)
         assert model_info["model_path"] == "specgov-sim:llama-3.1-8b"
         assert client.get("/get_model_info").json() == model_info
 
