@@ -30,6 +30,15 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # benchmarks.policies: the suite's scenarios
 
 H100 = {"gpu": "h100", "model": "llama-3.1-8b", "drafter": "eagle3"}
+# Light load, good acceptance: speculation pays.
+LIGHT = WorkloadSummary(
+    window_s=300,
+    request_rate_rps=1.0,
+    mean_input_tokens=600,
+    mean_output_tokens=250,
+    accept_length=2.8,
+    current_steps=3,
+)
 
 
 @pytest.mark.parametrize("alpha", [0.2, 0.5, 0.8])
@@ -40,16 +49,8 @@ def test_fitted_rate_reproduces_the_accept_length(alpha: float, steps: int) -> N
 
 
 def test_light_load_good_acceptance_recommends_speculating_over_none() -> None:
-    workload = WorkloadSummary(
-        window_s=300,
-        request_rate_rps=1.0,
-        mean_input_tokens=600,
-        mean_output_tokens=250,
-        accept_length=2.8,
-        current_steps=3,
-    )
     rec = recommend(
-        workload,
+        LIGHT,
         **H100,
         current=SpecShape("NONE", 0, 0, 0, ()),
         slo_tpot_ms=50,
@@ -235,16 +236,6 @@ def test_restart_recommendation_is_silent_where_speculation_pays(azure_trace_dir
 
 
 # ------------------------------------------------------------- budget.vram_gib
-
-
-LIGHT = WorkloadSummary(
-    window_s=300,
-    request_rate_rps=1.0,
-    mean_input_tokens=600,
-    mean_output_tokens=250,
-    accept_length=2.8,
-    current_steps=3,
-)
 
 
 def test_the_vram_budget_keeps_shapes_that_need_more_out_of_the_recommendation() -> None:
