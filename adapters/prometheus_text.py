@@ -187,14 +187,6 @@ def _parse_le(raw: str, key: SeriesKey, source: str) -> float:
         ) from None
 
 
-def _snapshot_name(family: str, typ: str) -> str:
-    """The name a snapshot keys a family's series by (prometheus_client's parser
-    appends ``_total`` to the samples of a counter declared without it)."""
-    if typ == "counter" and not family.endswith("_total"):
-        return family + "_total"
-    return family
-
-
 @lru_cache(maxsize=4096)
 def _split_le(labels: Labels) -> tuple[Labels, str | None]:
     """A bucket's labels without ``le``, and the raw ``le`` value (None if absent)."""

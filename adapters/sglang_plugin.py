@@ -86,7 +86,11 @@ from specgov.policies.engine.adaptive_config import (
 )
 from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.engine.protocol import AdaptiveSpecPolicy
-from specgov.policies.engine.table import TablePolicy
+from specgov.policies.engine.table import (
+    DEFAULT_FLUSH_INTERVAL_S,
+    DEFAULT_POLL_EVERY_BATCHES,
+    TablePolicy,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -94,9 +98,6 @@ SPEC_PARAMS_MODULE: Final = "sglang.srt.speculative.adaptive_spec_params"
 HOOK_TARGET: Final = f"{SPEC_PARAMS_MODULE}.AdaptiveSpeculativeParams"
 HOOK_REGISTRY_MODULE: Final = "sglang.srt.plugins.hook_registry"
 SPOOL_DIR_ENV: Final = "SPECGOV_SPOOL_DIR"
-# The spool poll / TP broadcast cadence in decode batches: identical on every rank.
-DEFAULT_POLL_EVERY_BATCHES: Final = 64
-DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
 
 PASSTHROUGH: Final = "passthrough"
 TABLE: Final = "table"

@@ -85,8 +85,8 @@ def simulate(
         )
         plays.append((t, dict(running)))
         decision, state = policy.decide(observation, state, budget)
-        if decision.table is not None:
-            running = dict(decision.table.slots)
+        if decision.slots is not None:
+            running = dict(decision.slots)
         decisions.append(decision)
     return plays, decisions, state
 
@@ -123,7 +123,7 @@ def test_converges_to_the_best_arm(algo: str) -> None:
     # Every arm was tried first (each is unknown until measured).
     assert {p[1] for _, p in plays[:10]} == {1, 3, 5, 7}
     assert share(plays, 1, 5, t0=180.0) >= (0.75 if algo == "thompson-beta" else 0.85)
-    assert all(d.table is None or d.table.slots[0][1] in (1, 3, 5, 7) for d in decisions)
+    assert all(d.slots is None or d.slots[0][1] in (1, 3, 5, 7) for d in decisions)
 
 
 def test_settles_on_a_steady_workload() -> None:
@@ -176,9 +176,9 @@ def test_only_candidates_and_allowed_steps_are_played() -> None:
     )
     allowed = {1: {1, 5}, 8: {0, 1}, 32: {0, 1}, 64: {0}}
     for decision in decisions:
-        if decision.table is not None:
-            assert [b for b, _ in decision.table.slots] == [1, 8, 32, 64]
-            for b, k in decision.table.slots:
+        if decision.slots is not None:
+            assert [b for b, _ in decision.slots] == [1, 8, 32, 64]
+            for b, k in decision.slots:
                 assert k in allowed[b]
     assert {p[1] for _, p in plays} == {1, 5}  # both arms of slot 1 were tried
 
@@ -212,11 +212,15 @@ def test_deterministic_given_the_seed(algo: str) -> None:
 def test_state_round_trips_and_resumes_identically(algo: str) -> None:
     policy = BanditPolicy(BanditConfig(algo=algo, seed=9))
     _, _, state = simulate(policy, stationary, duration_s=200.0)
-    assert state.arms and state.table is not None
+    assert state.arms and state.choice
     data = json.loads(json.dumps(state.to_dict()))
     assert data["version"] == 1
     restored = policy.state_from_dict(data)
     assert restored == state
+    # A state saved while the bandit still kept its own copy of the table reads the same.
+    table = {"schema": 1, "slots": [list(p) for p in state.choice], "version": 3}
+    legacy = {**data, "table": {**table, "produced_at_s": 190.0, "ttl_s": 30.0}}
+    assert policy.state_from_dict(legacy) == state
     tail_a = simulate(policy, stationary, state=state, start_s=200.0, duration_s=100.0)
     tail_b = simulate(policy, stationary, state=restored, start_s=200.0, duration_s=100.0)
     assert tail_a[1] == tail_b[1]
@@ -224,25 +228,28 @@ def test_state_round_trips_and_resumes_identically(algo: str) -> None:
 
 
 def test_holds_when_tier_stats_are_unknown() -> None:
-    policy = BanditPolicy(BanditConfig(ttl_s=10.0))
+    policy = BanditPolicy()
     _, _, state = simulate(policy, stationary, duration_s=40.0)
-    last = state.table
-    assert last is not None
+    assert state.choice
     t = state.time_s or 0.0
     blind = Observation(time_s=t + 1.0, slot_candidates=ONE_SLOT)
     decision, held = policy.decide(blind, state, OPEN)
     assert decision.reason is ReasonCode.HELD_UNKNOWN_TELEMETRY
-    assert decision.table is None
+    assert decision.slots is None
     assert held == state
-    # Still blind when the table is due: the same steps are re-issued, nothing is learned.
-    late = Observation(time_s=last.produced_at_s + 6.0, slot_candidates=ONE_SLOT)
-    decision, held = policy.decide(late, state, OPEN)
-    assert decision.reason is ReasonCode.HELD_UNKNOWN_TELEMETRY
-    assert decision.table is not None and decision.table.slots == last.slots
-    assert held.arms == state.arms and held.choice == state.choice and held.rng == state.rng
-    # And with nothing known at all, nothing is published.
+    # And with nothing known at all, nothing is planned.
     first, _ = policy.decide(Observation(time_s=0.0), policy.initial_state(), OPEN)
-    assert first.table is None and first.reason is ReasonCode.HELD_UNKNOWN_TELEMETRY
+    assert first.slots is None and first.reason is ReasonCode.HELD_UNKNOWN_TELEMETRY
+
+
+def test_an_unchanged_choice_is_planned_again() -> None:
+    """The guard may drop a plan (made under telemetry it distrusts): the next fresh
+    window offers the same choice again, as an unchanged plan without a predicted gain."""
+    policy = BanditPolicy()
+    _, decisions, _ = simulate(policy, stationary, duration_s=40.0)
+    unchanged = [d for d in decisions if d.reason is ReasonCode.HELD_NO_CHANGE]
+    assert unchanged
+    assert all(d.slots is not None and d.expected_gain is None for d in unchanged)
 
 
 def test_a_window_seen_twice_is_not_learned_twice() -> None:
@@ -253,7 +260,7 @@ def test_a_window_seen_twice_is_not_learned_twice() -> None:
     again = Observation(time_s=3.0, slot_candidates=ONE_SLOT, tier_stats=snap)
     decision, state2 = policy.decide(again, state, OPEN)
     assert decision.reason is ReasonCode.HELD_STALE_TELEMETRY
-    assert decision.table is None
+    assert decision.slots is None
     assert state2 == state
     # A window ending earlier is a restarted engine's clock, not a duplicate.
     restarted = TierStatsSnapshot(0.0, 1.0, (tier(1, 3, 900.0),))
@@ -277,8 +284,7 @@ def test_fallback_tiers_count_for_the_arm_that_ran() -> None:
     assert state.arm(1, 5) is not None
     assert math.isclose(state.arm(1, 5).mean, 1000.0)  # type: ignore[union-attr]
     # Unmeasured arms are tried first, lowest steps first.
-    assert decision.table is not None
-    assert decision.table.slots == ((1, 1), (8, 0))
+    assert decision.slots == ((1, 1), (8, 0))
     assert decision.reason is ReasonCode.CHANGED_PREDICTED_GAIN
 
 
@@ -314,7 +320,6 @@ def test_expected_gain_reflects_the_means() -> None:
         (dict(switch_margin=math.inf), "BanditConfig.switch_margin"),
         (dict(full_weight_calls=0), "BanditConfig.full_weight_calls: expected an int >= 1"),
         (dict(reward="x"), "BanditConfig.reward: expected one of goodput, per-request"),
-        (dict(ttl_s=-5.0), "BanditConfig.ttl_s"),
     ],
 )
 def test_config_errors_name_the_field(kwargs: dict[str, Any], expected: str) -> None:
@@ -340,7 +345,7 @@ def test_name_lists_non_default_knobs() -> None:
         (lambda d: d.update(arms=[[1, 3]]), "key 'arms'[0]"),
         (lambda d: d.update(choice=[[1]]), "key 'choice'"),
         (lambda d: d.update(time_s="now"), "key 'time_s'"),
-        (lambda d: d.update(table={"slots": 1}), "key 'table'"),
+        (lambda d: d.update(tables=None), "unknown key(s) ['tables']"),
     ],
 )
 def test_state_from_dict_names_the_bad_key(

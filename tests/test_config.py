@@ -24,8 +24,8 @@ from specgov.controller.daemon.config import (
 from specgov.controller.daemon.config_layers import DEFAULTS_LABEL
 from specgov.controller.daemon.config_schema import (
     NO_BUDGET_LIMITS,
+    SCHEMA,
     StateConfig,
-    config_keys,
     default_groups,
 )
 from specgov.controller.daemon.config_values import (
@@ -42,6 +42,8 @@ from specgov.policies.guardrails import GuardrailConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_YAML = REPO_ROOT / "config.yaml"
+# Every group and its keys, in file order (the schema the config loader walks).
+CONFIG_KEYS = {group: tuple(keys) for group, keys in SCHEMA.items()}
 SECRET = "s3cr3t-TOKEN-value-0123456789"
 NO_ENV: dict[str, str] = {}
 
@@ -93,21 +95,21 @@ def test_config_yaml_is_exactly_the_built_in_defaults() -> None:
     # The defaults are the typed groups' (controller/daemon/config_schema.py); config.yaml is their
     # commented copy: every key, no other, and the same value for each.
     raw = yaml.safe_load(CONFIG_YAML.read_text(encoding="utf-8"))
-    assert {group: tuple(keys) for group, keys in raw.items()} == config_keys()
+    assert {group: tuple(keys) for group, keys in raw.items()} == CONFIG_KEYS
     from_file = load_config(CONFIG_YAML, env=NO_ENV)
     built_in = load_config(None, env=NO_ENV)
     assert from_file == built_in
     assert effective_config_dict(from_file) == effective_config_dict(built_in)
     # Every value came from the file (none filled in from the defaults).
     assert all(origin.startswith(f"{CONFIG_YAML}:") for origin in from_file.sources.values())
-    assert len(from_file.sources) == sum(len(keys) for keys in config_keys().values())
+    assert len(from_file.sources) == sum(len(keys) for keys in CONFIG_KEYS.values())
 
 
 def test_the_defaults_are_the_typed_groups_field_defaults() -> None:
     cfg = load_config(None, env=NO_ENV)
     for group, default in default_groups().items():
         names = {f.name for f in fields(type(default))}
-        assert set(config_keys()[group]) == names, group
+        assert set(CONFIG_KEYS[group]) == names, group
         if group == "guardrails":
             assert cfg.guardrail_config() == default
         elif group == "state":
@@ -135,7 +137,7 @@ def _yaml_keys(text: str) -> list[tuple[int, str, str]]:
 def test_config_yaml_lists_every_key_in_schema_order() -> None:
     text = CONFIG_YAML.read_text(encoding="utf-8")
     expected: list[str] = []
-    for group, keys in config_keys().items():
+    for group, keys in CONFIG_KEYS.items():
         expected += [group, *(f"{group}.{k}" for k in keys)]
     assert [dotted for _, _, dotted in _yaml_keys(text)] == expected
 
@@ -160,6 +162,40 @@ def test_config_yaml_guardrails_are_the_policy_layer_defaults() -> None:
         **to_data(GuardrailConfig()),
         "required_fields": GuardrailConfig().required_fields,
     }
+
+
+def test_the_ttl_poll_and_flush_defaults_are_each_defined_once() -> None:
+    """config.yaml, the docs and every user of the 30 s TTL, the poll-every-64 and the
+    1 s flush cadence take them from one constant each."""
+    import inspect
+
+    from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
+    from specgov.controller.daemon.health import HealthInputs
+    from specgov.policies.engine.table import (
+        DEFAULT_FLUSH_INTERVAL_S,
+        DEFAULT_POLL_EVERY_BATCHES,
+        TablePolicy,
+    )
+    from specgov.policies.guardrails import DEFAULT_TABLE_TTL_S
+    from specgov.simulator.replay.closed_loop import ControlLoopConfig
+    from specgov.simulator.server.core import SimServer
+
+    data = yaml.safe_load(CONFIG_YAML.read_text(encoding="utf-8"))
+    assert data["guardrails"]["table_ttl_s"] == DEFAULT_TABLE_TTL_S
+    assert GuardrailConfig().table_ttl_s == DEFAULT_TABLE_TTL_S
+    assert HealthInputs.__dataclass_fields__["table_ttl_s"].default == DEFAULT_TABLE_TTL_S
+    ops = (REPO_ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    assert f"(`guardrails.table_ttl_s`, {DEFAULT_TABLE_TTL_S:g} s)" in ops
+    table = inspect.signature(TablePolicy).parameters
+    plugin = inspect.signature(SpecgovAdaptiveParams).parameters
+    assert table["poll_every_batches"].default == DEFAULT_POLL_EVERY_BATCHES == 64
+    assert plugin["poll_every_batches"].default == DEFAULT_POLL_EVERY_BATCHES
+    assert ControlLoopConfig().poll_every_batches == DEFAULT_POLL_EVERY_BATCHES
+    assert table["flush_interval_s"].default == DEFAULT_FLUSH_INTERVAL_S == 1.0
+    assert plugin["flush_interval_s"].default == DEFAULT_FLUSH_INTERVAL_S
+    assert ControlLoopConfig().stats_flush_s == DEFAULT_FLUSH_INTERVAL_S
+    sim = inspect.signature(SimServer).parameters
+    assert sim["stats_interval_s"].default == DEFAULT_FLUSH_INTERVAL_S
 
 
 def test_an_empty_or_partial_file_keeps_the_other_defaults(tmp_path: Path) -> None:
@@ -256,7 +292,7 @@ def test_effective_config_round_trips(tmp_path: Path, text: str, dump: str) -> N
     again = load_config(write(tmp_path, out, "again.yaml"), env=NO_ENV)
     assert again == cfg
     assert effective_config_dict(again) == data
-    assert list(data) == list(config_keys())
+    assert list(data) == list(CONFIG_KEYS)
 
 
 # --------------------------------------------------------------------------- errors

@@ -412,7 +412,7 @@ class _RecommendingPolicy:
 
     def decide(self, observation: Any, state: Any, budget: Any) -> tuple[Any, Any]:
         from specgov.policies.common.types import (
-            Decision,
+            Plan,
             ReasonCode,
             RestartRecommendation,
             SpecShape,
@@ -426,7 +426,7 @@ class _RecommendingPolicy:
             (("held_s", 300.0),),
         )
         return (
-            Decision(None, ReasonCode.HELD_NO_CHANGE, "holding", None, (), rec),
+            Plan(None, ReasonCode.HELD_NO_CHANGE, "holding", None, (), rec),
             state,
         )
 
@@ -484,7 +484,7 @@ def test_a_restart_recommendation_is_structured_everywhere_and_reaches_the_apply
         assert doc["predicted_gain"] == 0.2 and doc["evidence"] == {"held_s": 300.0}
     (row,) = store.decisions(limit=1)
     assert row.restart_recommendation is not None
-    assert row.restart_recommendation["shape"]["algorithm"] == "NONE"
+    assert row.restart_recommendation.shape.algorithm == "NONE"
     text = render_metrics(daemon.registry)[0].decode()
     assert (
         'specgov_restart_recommended_gain_ratio{algorithm="NONE",num_steps="0",source="policy"} 0.2'

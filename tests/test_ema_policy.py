@@ -18,7 +18,6 @@ from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveConfig,
     AdaptiveConfigError,
-    candidate_steps_union,
     default_adaptive_config,
     parse_adaptive_config,
 )
@@ -319,8 +318,8 @@ def test_default_config_parses_to_sglang_slots() -> None:
     assert [s.down_hysteresis for s in cfg.slots] == [-0.25, 0.0, 0.0, 0.0]
     assert cfg.slots[0].ema_alpha == 0.2 and cfg.slots[0].update_interval == 5
     assert cfg.slots[0].warmup_batches == 10 and cfg.slots[0].ceiling_coeff == 0.0
-    assert candidate_steps_union(cfg) == [0, 1, 3, 5, 7]
-    assert candidate_steps_union(DEFAULT_ADAPTIVE_CONFIG) == [0, 1, 3, 5, 7]
+    assert cfg.candidate_steps == [0, 1, 3, 5, 7]
+    assert parse_adaptive_config(DEFAULT_ADAPTIVE_CONFIG).candidate_steps == [0, 1, 3, 5, 7]
 
 
 def test_default_config_copy_is_independent() -> None:

@@ -5,8 +5,8 @@ per-position rates; a step costs what the simulator's cost model (Llama-3.1-8B +
 EAGLE-3 on H100) says, with 2 % noise. The policy starts from a *wrong* prior (weights
 read 20 % faster, compute 25 % slower than the truth) and from the in-engine
 fallback's steps, and must find the true optimum
-``argmax_k B * E[L(k)] / T(B, k)`` per slot. The world's engine keeps the last table
-in force (TTL refresh is the daemon's job, so ``ttl_s`` is long here).
+``argmax_k B * E[L(k)] / T(B, k)`` per slot. The world's engine keeps the last plan
+in force (``enact``: the guard's versions, TTLs and keep-alives are not under test here).
 
 ``SloWorld`` adds per-request TPOTs (a Monte Carlo of each request's verifies), so the
 SLO-sense optimum, goodput x share of requests within the TPOT SLO, is known too; and
@@ -25,9 +25,9 @@ import pytest
 
 from specgov.policies.common.types import (
     Budget,
-    Decision,
     LatencyQuantiles,
     Observation,
+    Plan,
     PolicyTypeError,
     ReasonCode,
     SpecShape,
@@ -161,8 +161,16 @@ class World:
 class Run:
     state: GoodputState
     table: StepTable | None
-    decisions: list[Decision]
+    decisions: list[Plan]
     t: float
+
+
+def enact(plan: Plan, t: float, table: StepTable | None) -> StepTable | None:
+    """The table in force after ``plan``: its steps and rules, else the one before."""
+    if plan.slots is None:
+        return table
+    version = 1 if table is None else table.version + 1
+    return StepTable(plan.slots, version, t, 3600.0, rules=plan.rules)
 
 
 def run(
@@ -175,24 +183,23 @@ def run(
     state = prev.state if prev is not None else policy.initial_state()
     table = prev.table if prev is not None else None
     t = prev.t if prev is not None else 0.0
-    decisions: list[Decision] = []
+    decisions: list[Plan] = []
     for _ in range(n):
         t += world.window_s
         decision, state = policy.decide(world.observe(t, table), state, budget)
-        if decision.table is not None:
-            table = decision.table
+        table = enact(decision, t, table)
         decisions.append(decision)
     return Run(state, table, decisions, t)
 
 
 def policy(**params: object) -> GoodputPolicy:
-    base: dict[str, object] = {"ttl_s": 3600.0, "explore": 0.0}
+    base: dict[str, object] = {"explore": 0.0}
     base.update(params)
     return GoodputPolicy(GoodputConfig(**base), prior=WRONG_PRIOR)  # type: ignore[arg-type]
 
 
-def steps_of(table: StepTable | None) -> dict[int, int]:
-    assert table is not None
+def steps_of(table: StepTable | Plan | None) -> dict[int, int]:
+    assert table is not None and table.slots is not None
     return dict(table.slots)
 
 
@@ -337,7 +344,7 @@ def test_settles_on_a_steady_workload() -> None:
     warm = run(world, policy(), 120)
     assert steps_of(warm.table)[8] == world.optimum()[8]
     steady = run(world, policy(), 150, prev=warm)
-    assert all(d.table is None for d in steady.decisions)
+    assert all(d.slots is None for d in steady.decisions)
     assert {d.reason for d in steady.decisions} == {ReasonCode.HELD_NO_CHANGE}
 
 
@@ -347,8 +354,8 @@ def test_exploration_is_bounded_and_returns_to_the_optimum() -> None:
     pol = policy(explore=1.0, explore_interval_s=60.0)
     warm = run(world, pol, 20)
     steady = run(world, pol, 120, prev=warm)  # 600 s
-    probes = [d for d in steady.decisions if d.table is not None and "probe" in d.message]
-    changes = [d for d in steady.decisions if d.table is not None]
+    probes = [d for d in steady.decisions if d.slots is not None and "probe" in d.message]
+    changes = [d for d in steady.decisions if d.slots is not None]
     assert 1 <= len(probes) <= 600 / 60 + 1
     assert len(changes) <= 2 * len(probes)
     assert steps_of(steady.table) == world.optimum()
@@ -369,7 +376,7 @@ def test_cheap_verification_lets_a_probe_jump_past_the_evidence() -> None:
     first = run(world, policy(), 1).decisions[0]
     assert "k=7 probe" in first.message
     assert first.expected_gain is None  # an experiment, not a prediction
-    assert steps_of(first.table) == {1: 7}
+    assert steps_of(first) == {1: 7}
     # The probe's evidence keeps it there.
     result = run(world, policy(), 10)
     assert steps_of(result.table) == {1: 7}
@@ -440,7 +447,7 @@ def test_probes_only_busy_slots() -> None:
             obs = replace(obs, tier_stats=replace(obs.tier_stats, tiers=tiers))
             decision, state = pol.decide(obs, state, NO_BUDGET)
             count += "probe" in decision.message
-            table = decision.table or table
+            table = enact(decision, 5.0 * (i + 1), table)
         return count
 
     assert probes() == 0
@@ -457,7 +464,6 @@ def slo_policy(**params: object) -> GoodputPolicy:
     """The cost model known (a 1-2 % cost error would swamp the near-tie under test);
     the world's verifies are independent (accept_burstiness=1)."""
     base: dict[str, object] = {
-        "ttl_s": 3600.0,
         "explore": 0.0,
         "accept_burstiness": 1.0,
     }
@@ -480,7 +486,7 @@ def test_near_the_slo_a_near_tie_goes_to_more_requests_within_it() -> None:
     plan = pol.plan(world.observe(result.t + 5.0, result.table), result.state, NO_BUDGET)[0]
     assert plan.steps == 2 and 0.0 < plan.slo_fraction < 0.5
     # The median request still misses the SLO: the decision says so.
-    last_change = next(d for d in reversed(result.decisions) if d.table is not None)
+    last_change = next(d for d in reversed(result.decisions) if d.slots is not None)
     assert last_change.reason is ReasonCode.LIMITED_BY_SLO
     # The TPOT statistics are part of the state and survive a round trip.
     assert result.state.slo_stats is not None and result.state.seen_slots is not None
@@ -566,7 +572,7 @@ def test_slo_unreachable_picks_lowest_predicted_tpot_and_says_so() -> None:
     world = World(HIGH, TWO_SLOTS)
     pol = policy(slo_tpot_ms=0.5)
     result = run(world, pol, 10)
-    last_change = next(d for d in reversed(result.decisions) if d.table is not None)
+    last_change = next(d for d in reversed(result.decisions) if d.slots is not None)
     assert last_change.reason is ReasonCode.LIMITED_BY_SLO
     assert "slo_tpot_ms" in last_change.limited_by
     plans = pol.plan(world.observe(result.t + 5.0, result.table), result.state, NO_BUDGET)
@@ -597,7 +603,7 @@ def test_probes_never_break_the_slo() -> None:
     # k=0's predicted TPOT, k=1 would break it and is never probed.
     slots = ((1, (1, 3), 1, 1), (128, (0, 1), 160, 0))
     free = run(World(LOW, slots), policy(explore=1.0, explore_interval_s=30.0), 30)
-    probes = [d for d in free.decisions if d.table is not None and "probe" in d.message]
+    probes = [d for d in free.decisions if d.slots is not None and "probe" in d.message]
     assert probes
     assert all("slot 128: k=1 probe" in d.message for d in probes)
     warm = run(World(LOW, slots), policy(), 2)
@@ -607,7 +613,7 @@ def test_probes_never_break_the_slo() -> None:
     slo = plan[128].tpot_ms * 1.005
     guarded_policy = policy(explore=1.0, explore_interval_s=30.0, slo_tpot_ms=slo)
     guarded = run(World(LOW, slots), guarded_policy, 30)
-    assert not any("probe" in d.message for d in guarded.decisions if d.table is not None)
+    assert not any("probe" in d.message for d in guarded.decisions if d.slots is not None)
     assert steps_of(guarded.table) == {1: 1, 128: 0}
 
 
@@ -617,10 +623,10 @@ def test_respects_candidates_and_allowed_steps() -> None:
     result = run(world, policy(), 15, budget=budget)
     cands = dict(world.candidates)
     for d in result.decisions:
-        if d.table is None:
+        if d.slots is None:
             continue
-        assert [b for b, _ in d.table.slots] == [b for b, _ in world.candidates]
-        for bound, k in d.table.slots:
+        assert [b for b, _ in d.slots] == [b for b, _ in world.candidates]
+        for bound, k in d.slots:
             assert k in cands[bound] and k in (0, 1, 3)
     assert steps_of(result.table)[1] == 3  # 5 and 7 would pay but are not allowed
 
@@ -663,7 +669,7 @@ def test_holds_on_unknown_telemetry() -> None:
         Observation(time_s=5.0, tier_stats=obs.tier_stats),
     ):
         decision, new_state = pol.decide(partial, state, NO_BUDGET)
-        assert decision.table is None
+        assert decision.slots is None
         assert decision.reason is ReasonCode.HELD_UNKNOWN_TELEMETRY
         assert decision.expected_gain is None
     # No tier statistics: nothing learned.
@@ -674,36 +680,29 @@ def test_holds_on_unknown_telemetry() -> None:
     assert new_state.step_cost == state.step_cost
 
 
-def test_table_metadata_versions_and_no_change() -> None:
-    pol = policy(ttl_s=45.0)
+def test_a_plan_has_steps_rules_and_a_reason_and_no_change_holds() -> None:
+    pol = policy()
     world = World(HIGH, TWO_SLOTS)
     prior_table = StepTable(((1, 3), (128, 1)), version=41, produced_at_s=0.0, ttl_s=45.0)
     decision, _ = pol.decide(world.observe(5.0, prior_table), pol.initial_state(), NO_BUDGET)
-    table = decision.table
-    assert table is not None
-    assert table.version == 42
-    assert table.produced_at_s == 5.0
-    assert table.ttl_s == 45.0
-    assert table.reason == ReasonCode.CHANGED_PREDICTED_GAIN.value
+    assert decision.slots is not None and [b for b, _ in decision.slots] == [1, 128]
+    assert decision.reason is ReasonCode.CHANGED_PREDICTED_GAIN
     assert decision.message.startswith("goodput: new table")
-    # Converge, then the same table in force gives HELD_NO_CHANGE and no table.
-    pol = policy()
+    # Converge, then the same table in force gives HELD_NO_CHANGE and no steps.
     result = run(world, pol, 10)
     decision, _ = pol.decide(world.observe(result.t + 5.0, result.table), result.state, NO_BUDGET)
-    assert decision.table is None
+    assert decision.slots is None
     assert decision.reason is ReasonCode.HELD_NO_CHANGE
 
 
-def test_an_expired_table_is_republished() -> None:
-    pol = policy(ttl_s=10.0)
+def test_an_expired_table_is_planned_again() -> None:
+    pol = policy()
     world = World(HIGH, TWO_SLOTS)
     result = run(world, pol, 10)
     assert result.table is not None
     stale = StepTable(result.table.slots, result.table.version, 0.0, 10.0)
     decision, _ = pol.decide(world.observe(result.t + 5.0, stale), result.state, NO_BUDGET)
-    assert decision.table is not None
-    assert decision.table.slots == stale.slots
-    assert decision.table.version > stale.version
+    assert decision.slots == stale.slots
 
 
 # ---------------------------------------------------------------- determinism/state
@@ -713,7 +712,7 @@ def _trace(seed: int) -> tuple[list[tuple[object, ...]], dict[str, Any]]:
     world = World((0.72, 0.73, 0.75, 0.78, 0.80, 0.82, 0.82), FOUR_SLOTS, seed=3)
     result = run(world, policy(explore=0.5, explore_interval_s=10.0, seed=seed), 40)
     trace: list[tuple[object, ...]] = [
-        (d.reason, d.message, d.table, d.expected_gain) for d in result.decisions
+        (d.reason, d.message, d.slots, d.rules, d.expected_gain) for d in result.decisions
     ]
     return trace, result.state.to_dict()
 
@@ -741,12 +740,31 @@ def test_reads_version_1_states() -> None:
     new_keys = ("restart_since_s", "slo_stats", "seen_slots", "seen_since_s")
     v1 = {k: v for k, v in policy().initial_state().to_dict().items() if k not in new_keys}
     v1["version"] = 1
+    v1["last_table"] = v1.pop("last_slots")
+    del v1["last_rules"]
     state = GoodputState.from_dict(v1)
-    assert state.version == GOODPUT_STATE_VERSION == 2
+    assert state.version == GOODPUT_STATE_VERSION == 3
     assert state.restart_since_s is None and state.slo_stats is None
     assert state.seen_slots is None and state.seen_since_s is None
     with pytest.raises(PolicyTypeError, match=r"unknown key\(s\) \['restart_since_s'\]"):
         GoodputState.from_dict({**v1, "restart_since_s": None})
+
+
+def test_reads_version_2_states_with_the_proposal_as_a_table() -> None:
+    """Versions 1 and 2 kept the last proposal as a versioned table: its steps and
+    rules are read (the version and TTL were the guard's business all along)."""
+    pol = policy()
+    world = World(HIGH, TWO_SLOTS)
+    warm = run(world, pol, 10)
+    assert warm.state.last_slots is not None
+    table = StepTable(warm.state.last_slots, 7, warm.t, 30.0, rules=warm.state.last_rules)
+    v2 = warm.state.to_dict()
+    del v2["last_slots"], v2["last_rules"]
+    v2 |= {"version": 2, "last_table": json.loads(json.dumps(table.to_dict()))}
+    state = GoodputState.from_dict(v2)
+    assert state == warm.state
+    with pytest.raises(PolicyTypeError, match=r"unknown key\(s\) \['last_slots'\]"):
+        GoodputState.from_dict({**v2, "last_slots": None})
 
 
 def test_a_held_proposal_is_withdrawn_explicitly() -> None:
@@ -757,18 +775,17 @@ def test_a_held_proposal_is_withdrawn_explicitly() -> None:
     world = World(HIGH, TWO_SLOTS)
     warm = run(world, pol, 10)
     assert warm.table is not None
-    pending = StepTable(((1, 1), (128, 0)), 99, warm.t, 3600.0)
-    state = replace(warm.state, last_table=pending)
+    state = replace(warm.state, last_slots=((1, 1), (128, 0)), last_rules=())
     decision, state = pol.decide(world.observe(warm.t + 5.0, warm.table), state, NO_BUDGET)
-    assert decision.table is not None and decision.table.slots == warm.table.slots
+    assert decision.slots == warm.table.slots
     decision, _ = pol.decide(world.observe(warm.t + 10.0, warm.table), state, NO_BUDGET)
-    assert decision.table is None
+    assert decision.slots is None
 
 
 def test_state_from_dict_rejects_bad_input() -> None:
     good = policy().initial_state().to_dict()
-    with pytest.raises(PolicyTypeError, match="unsupported state version 3"):
-        GoodputState.from_dict({**good, "version": 3})
+    with pytest.raises(PolicyTypeError, match="unsupported state version 4"):
+        GoodputState.from_dict({**good, "version": 4})
     with pytest.raises(PolicyTypeError, match=r"unknown key\(s\) \['junk'\]"):
         GoodputState.from_dict({**good, "junk": True})
     with pytest.raises(PolicyTypeError, match="rng_state"):
@@ -795,8 +812,6 @@ def test_config_parses_strings_and_names_bad_keys() -> None:
         GoodputConfig.from_params({"explore": "2"})
     with pytest.raises(GoodputConfigError, match="'seed': expected an int"):
         GoodputConfig.from_params({"seed": "1.5"})
-    with pytest.raises(GoodputConfigError, match="'ttl_s'"):
-        GoodputConfig(ttl_s=0.0)
     with pytest.raises(GoodputConfigError, match="'slo_tpot_ms'"):
         GoodputConfig(slo_tpot_ms=-1.0)
     with pytest.raises(GoodputConfigError, match=r"'probe_max_loss': expected a number in"):
@@ -831,13 +846,13 @@ def test_a_prior_with_a_wrong_knee_ends_at_the_true_optimum() -> None:
     world = World(FALLING, ((1, ALL_STEPS, 1, 3),))
     assert world.optimum() == {1: 3}
     assert world.goodput(1, 7) < 0.95 * world.goodput(1, 3)  # a wrong k=7 costs > 5 %
-    pol = GoodputPolicy(GoodputConfig(ttl_s=3600.0, explore=0.0), prior=OTHER_GPU_PRIOR)
+    pol = GoodputPolicy(GoodputConfig(explore=0.0), prior=OTHER_GPU_PRIOR)
     result = run(world, pol, 30)
     assert steps_of(result.table) == {1: 3}
     # ... and it stays there: what it learned at k=3 does not make larger k look free.
     later = run(world, pol, 60, prev=result)
     assert steps_of(later.table) == {1: 3}
-    assert all(steps_of(d.table)[1] <= 4 for d in later.decisions if d.table is not None)
+    assert all(steps_of(d)[1] <= 4 for d in later.decisions if d.slots is not None)
 
 
 # ------------------------------------------------- cost probes (issue 8 §3, wrong GPU)
@@ -854,31 +869,29 @@ SATURATED = World((0.62, 0.62, 0.585, 0.556, 0.528, 0.502, 0.477), ((1, (0, 1, 2
 
 def test_a_wrong_gpu_prior_probes_the_untimed_neighbour_and_keeps_it() -> None:
     assert SATURATED.optimum() == {1: 1}
-    pol = GoodputPolicy(GoodputConfig(ttl_s=3600.0, explore=0.0), prior=L40S_PRIOR)
+    pol = GoodputPolicy(GoodputConfig(explore=0.0), prior=L40S_PRIOR)
     r = run(SATURATED, pol, 40)
     # One window at k=2: the L40S slope makes k=1 look worse, but k=1 was never timed
     # here and its favourable bound wins, so it is probed (an experiment) ...
     first = r.decisions[0]
-    assert first.table is not None and steps_of(first.table) == {1: 1}
+    assert first.slots == ((1, 1),)
     assert first.experiment_slots == (1,)
     # ... and, timed, kept: no further step change; one more table at most, when the
     # experiment ends and the slot gets its live-acceptance rule back.
     assert steps_of(r.table) == {1: 1}
-    later = [d.table for d in r.decisions[1:] if d.table is not None]
-    assert len(later) <= 1 and all(steps_of(t) == {1: 1} and t.rules for t in later)
+    later = [d for d in r.decisions[1:] if d.slots is not None]
+    assert len(later) <= 1 and all(d.slots == ((1, 1),) and d.rules for d in later)
 
 
 def test_without_cost_probes_the_wrong_gpu_prior_stays_on_the_step_it_ran() -> None:
-    pol = GoodputPolicy(
-        GoodputConfig(ttl_s=3600.0, explore=0.0, cost_probe_evidence=0.0), prior=L40S_PRIOR
-    )
+    pol = GoodputPolicy(GoodputConfig(explore=0.0, cost_probe_evidence=0.0), prior=L40S_PRIOR)
     r = run(SATURATED, pol, 40)
     assert steps_of(r.table) == {1: 2}
     assert all(not d.experiment_slots for d in r.decisions)
 
 
 def test_the_exact_prior_moves_to_the_optimum_without_a_cost_probe() -> None:
-    pol = GoodputPolicy(GoodputConfig(ttl_s=3600.0, explore=0.0), prior=step_cost_prior(TRUTH))
+    pol = GoodputPolicy(GoodputConfig(explore=0.0), prior=step_cost_prior(TRUTH))
     r = run(SATURATED, pol, 40)
     assert steps_of(r.table) == {1: 1}
     assert all(not d.experiment_slots for d in r.decisions)

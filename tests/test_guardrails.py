@@ -10,12 +10,13 @@ from typing import Any
 
 import pytest
 
-from specgov.policies.common.codec import to_data
+from specgov.policies.common.codec import from_data, to_data
 from specgov.policies.common.types import (
     Budget,
     Decision,
     LatencyQuantiles,
     Observation,
+    Plan,
     PolicyTypeError,
     ReasonCode,
     RestartRecommendation,
@@ -119,7 +120,7 @@ class Scripted:
 
     def decide(
         self, observation: Observation, state: CallState, budget: Budget
-    ) -> tuple[Decision, CallState]:
+    ) -> tuple[Plan, CallState]:
         i = state.calls
         slots, gain = (
             self._script[i % len(self._script)]
@@ -127,13 +128,12 @@ class Scripted:
             else self._script[min(i, len(self._script) - 1)]
         )
         if slots is None:
-            decision = Decision(None, H.HELD_NO_CHANGE, "holding", None)
+            plan = Plan(None, H.HELD_NO_CHANGE, "holding", None)
         else:
-            table = StepTable(slots, version=i + 1, produced_at_s=observation.time_s, ttl_s=30.0)
-            decision = Decision(
-                table, self._reason, "scripted table", gain, self._limited_by, self._restart
+            plan = Plan(
+                slots, self._reason, "scripted table", gain, self._limited_by, self._restart
             )
-        return decision, CallState(i + 1)
+        return plan, CallState(i + 1)
 
 
 def const(slots: Slots, gain: float | None = 0.05) -> Scripted:
@@ -347,7 +347,7 @@ def ctx(
     budget: Budget = OPEN,
 ) -> GuardContext:
     o = observation or obs(100.0)
-    inner = Decision(None, H.HELD_NO_CHANGE, "x", None)
+    inner = Plan(None, H.HELD_NO_CHANGE, "x", None)
     w = None if wanted is None else Wanted(wanted, gain, H.CHANGED_PREDICTED_GAIN)
     return GuardContext(o, budget, inner, CANDS, current, w)
 
@@ -430,15 +430,15 @@ def test_tolerance_step_lets_an_experiment_slot_pass_and_judges_the_rest() -> No
         assert p.steps == B and p.held_by is None, gain
 
 
-def test_wanted_keeps_the_experiment_slots_of_a_decision_on_engine_bounds() -> None:
-    table = StepTable(((1, 3), (16, 0)), version=1, produced_at_s=0.0, ttl_s=60.0)
-    decision = Decision(table, H.CHANGED_PREDICTED_GAIN, "x", 0.04, experiment_slots=(1,))
-    wanted = _wanted(decision, None, CANDS)
+def test_wanted_keeps_the_experiment_slots_of_a_plan_on_engine_bounds() -> None:
+    slots = ((1, 3), (16, 0))
+    plan = Plan(slots, H.CHANGED_PREDICTED_GAIN, "x", 0.04, experiment_slots=(1,))
+    wanted = _wanted(plan, None, CANDS)
     assert wanted is not None
     assert wanted.steps == ((1, 3), (8, 3), (32, 0), (64, 0))
     assert wanted.experiment_slots == frozenset({1, 8}) and wanted.expected_gain == 0.04
     with pytest.raises(PolicyTypeError, match="experiment_slots"):
-        Decision(table, H.CHANGED_PREDICTED_GAIN, "x", 0.04, experiment_slots=(8,))
+        Plan(slots, H.CHANGED_PREDICTED_GAIN, "x", 0.04, experiment_slots=(8,))
 
 
 def test_dwell_step_holds_recently_changed_slots_only() -> None:
@@ -814,6 +814,36 @@ def test_broken_slo_is_rolled_back_even_without_goodput_loss() -> None:
     assert [m[1] for m in moves] == [B, A]
     decision = next(d for t, d, _ in run if t == moves[1][0])
     assert decision.reason == H.ROLLED_BACK_REGRESSION and "broke its SLO 30 ms" in decision.message
+
+
+def test_a_broken_ttft_slo_from_the_config_is_rolled_back(tmp_path: Any) -> None:
+    """budget.slo_ttft_p99_ms (config.yaml -> the daemon's Budget) is an SLO the rollback
+    judges like the TPOT and ITL ones; without it the same change is kept."""
+    from specgov.controller.daemon.config import load_config
+
+    path = tmp_path / "specgov.yaml"
+    path.write_text("budget:\n  slo_ttft_p99_ms: 500\n", encoding="utf-8")
+    budget = load_config(path, env={}).budget
+    assert budget.slo_ttft_p99_ms == 500.0
+
+    def make(t: float) -> Observation:
+        ttft = LatencyQuantiles(p99_ms=900.0 if t > 42 else 300.0)
+        return dataclasses.replace(obs(t), ttft_ms=ttft)
+
+    script: list[Step] = [(A, None)] * 8 + [(B, 0.2)]
+    run = drive(GuardedPolicy(Scripted(script)), every(0.0, 120.0), make, budget=budget)
+    moves = changes(run)
+    assert [m[1] for m in moves] == [B, A]
+    decision = next(d for t, d, _ in run if t == moves[1][0])
+    assert decision.reason == H.ROLLED_BACK_REGRESSION
+    assert "TTFT p99 300.0 -> 900.0 ms broke its SLO 500 ms" in decision.message
+    kept = drive(GuardedPolicy(Scripted(script)), every(0.0, 120.0), make, budget=OPEN)
+    assert changes(kept) == [(40.0, B)]
+    # A window sample saved before TTFT was measured reads back as unknown.
+    old = {"end_s": 5.0, "window_s": 5.0, "tokens": 10, "running": 1}
+    sample = from_data(WindowSample, {**old, "tpot_p50_ms": None, "itl_p99_ms": None},
+                       where="t", error=ValueError)  # fmt: skip
+    assert sample.ttft_p99_ms is None
 
 
 def test_load_change_is_not_taken_for_a_regression() -> None:

@@ -86,7 +86,7 @@ def test_enumeration_puts_the_plain_server_first_and_dedupes_names() -> None:
     [
         ({"gpus": ["h1000"]}, "unknown GPU 'h1000'"),
         ({"drafters": ["eagle9"]}, "eagle9"),
-        ({"policies": ["static:x"]}, "--policies: policy 'static:x'"),
+        ({"policies": ["static:x"]}, "--policies: static:x: parameter 'steps' of static"),
         ({"shapes": ["tree4"]}, "expected 'chain' or 'treeTxD'"),
         ({"gpus": [" "]}, "--gpus: empty name"),
     ],

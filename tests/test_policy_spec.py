@@ -21,6 +21,7 @@ from specgov.policies.daemon.spec import (
     build_daemon_policy,
     format_policy_spec,
     parse_policy_spec,
+    static_steps,
 )
 
 HAVE_GOODPUT = importlib.util.find_spec("specgov.policies.daemon.goodput") is not None
@@ -284,3 +285,41 @@ def test_any_string_parses_or_raises_policy_spec_error(text: str) -> None:
     # What parses is canonical-stable and builds.
     assert parse_policy_spec(format_policy_spec(spec)) == spec
     build_daemon_policy(spec)
+
+
+# ------------------------------------------------------------- static:K, read once
+
+
+@pytest.mark.parametrize(
+    ("text", "steps"),
+    [("static:3", 3), (" static:0 ", 0), ("static:steps=5", 5), ("none", None),
+     ("goodput", None), ("oracle", None), ("oracle:informed", None), ("batch-table:1=3", None)],
+)  # fmt: skip
+def test_static_steps_reads_k_or_says_not_static(text: str, steps: int | None) -> None:
+    assert static_steps(text) == steps
+    if steps is not None:
+        assert static_steps(parse_policy_spec(text)) == steps
+
+
+@pytest.mark.parametrize("text", ["static:x", "static:-1", "static:", "static", "static:3,k=1"])
+def test_static_k_has_one_parser_and_one_message_everywhere(text: str, tmp_path: Any) -> None:
+    """The spec parser, replay's policy names and the replay report reader of
+    ``specgov sglang-args --from-replay`` refuse a bad static:K with the same words."""
+    import json
+
+    from specgov.controller.daemon.recommend_replay import recommend_from_replay
+    from specgov.simulator.replay.runner import parse_policy
+
+    with pytest.raises(PolicySpecError) as spec_err:
+        parse_policy_spec(text)
+    words = str(spec_err.value)
+    with pytest.raises(PolicySpecError) as err:
+        static_steps(text)
+    assert str(err.value) == words
+    with pytest.raises(ValueError) as replay_err:
+        parse_policy(text)
+    assert words in str(replay_err.value)
+    report = {"policies": [{"name": text, "goodput_tok_s": 1.0, "steps_per_slot": {}}]}
+    with pytest.raises(ValueError) as report_err:
+        recommend_from_replay(json.loads(json.dumps(report)))
+    assert words in str(report_err.value) and "policies[0].name" in str(report_err.value)

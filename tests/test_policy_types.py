@@ -16,6 +16,7 @@ from specgov.policies.common.types import (
     LatencyQuantiles,
     LoadSnapshot,
     Observation,
+    Plan,
     PolicyTypeError,
     ReasonCode,
     SpecShape,
@@ -400,6 +401,35 @@ def test_decision_errors_name_the_field(kwargs: dict[str, Any], field: str) -> N
     )
     with pytest.raises(PolicyTypeError, match="^" + field.replace(".", r"\.") + ":"):
         Decision(**{**base, **kwargs})
+
+
+def test_plan() -> None:
+    plan = Plan(
+        ((1, 5), (8, 3)), ReasonCode.CHANGED_PREDICTED_GAIN, "m", 0.1, experiment_slots=(8,)
+    )
+    assert (plan.steps_for(0), plan.steps_for(9), plan.slot_for(100)) == (5, 3, 8)
+    assert plan.rule_for(1) is None
+    assert Plan(None, ReasonCode.HELD_NO_CHANGE, "hold", None).slots is None
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        (dict(slots=((2, 3),)), "Plan.slots"),
+        (dict(slots=((1, -1),)), "Plan.slots"),
+        (dict(experiment_slots=(4,)), "Plan.experiment_slots"),
+        (dict(rules=((1, "r"),)), "Plan.rules"),
+        (dict(reason="initial"), "Plan.reason"),
+        (dict(message=""), "Plan.message"),
+        (dict(limited_by=("",)), "Plan.limited_by"),
+    ],
+)
+def test_plan_errors_name_the_field(kwargs: dict[str, Any], field: str) -> None:
+    base: dict[str, Any] = dict(
+        slots=((1, 3),), reason=ReasonCode.INITIAL, message="m", expected_gain=None
+    )
+    with pytest.raises(PolicyTypeError, match="^" + field.replace(".", r"\.") + ":"):
+        Plan(**{**base, **kwargs})
 
 
 def test_the_adaptive_config_gives_the_one_slot_layout_observations_and_the_guard_use() -> None:

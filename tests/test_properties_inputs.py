@@ -29,7 +29,7 @@ from specgov.adapters.errors import ResponseFormatError, escape_upstream
 from specgov.adapters.prometheus_text import MetricsSnapshot, parse_metrics, restrict
 from specgov.controller.daemon.config import SpecgovConfig, load_config
 from specgov.controller.daemon.config_layers import DEFAULTS_LABEL
-from specgov.controller.daemon.config_schema import config_keys
+from specgov.controller.daemon.config_schema import SCHEMA
 from specgov.controller.daemon.config_values import ConfigError
 from specgov.policies.daemon.spec import (
     KNOWN_KINDS,
@@ -253,7 +253,7 @@ def test_trace_readers_give_a_trace_or_a_trace_error_naming_file_and_line() -> N
 
 # --------------------------------------------------------------------------- config
 
-_KEYS = config_keys()
+_KEYS = {group: tuple(keys) for group, keys in SCHEMA.items()}
 _yaml_scalar = st.one_of(
     _numbers,
     st.sampled_from(

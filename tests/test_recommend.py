@@ -30,6 +30,15 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))  # benchmarks.policies: the suite's scenarios
 
 H100 = {"gpu": "h100", "model": "llama-3.1-8b", "drafter": "eagle3"}
+# Light load, good acceptance: speculation pays.
+LIGHT = WorkloadSummary(
+    window_s=300,
+    request_rate_rps=1.0,
+    mean_input_tokens=600,
+    mean_output_tokens=250,
+    accept_length=2.8,
+    current_steps=3,
+)
 
 
 @pytest.mark.parametrize("alpha", [0.2, 0.5, 0.8])
@@ -40,16 +49,8 @@ def test_fitted_rate_reproduces_the_accept_length(alpha: float, steps: int) -> N
 
 
 def test_light_load_good_acceptance_recommends_speculating_over_none() -> None:
-    workload = WorkloadSummary(
-        window_s=300,
-        request_rate_rps=1.0,
-        mean_input_tokens=600,
-        mean_output_tokens=250,
-        accept_length=2.8,
-        current_steps=3,
-    )
     rec = recommend(
-        workload,
+        LIGHT,
         **H100,
         current=SpecShape("NONE", 0, 0, 0, ()),
         slo_tpot_ms=50,
@@ -232,3 +233,61 @@ def test_restart_recommendation_is_silent_where_speculation_pays(azure_trace_dir
     rec, by = _suite_replay("users-4/h100/eagle3", azure_trace_dir.parent.parent)
     assert by["goodput"]["goodput_tok_s"] >= by["none"]["goodput_tok_s"]  # speculation pays
     assert rec is None and by["goodput"]["restart_recommendation"] is None
+
+
+# ------------------------------------------------------------- budget.vram_gib
+
+
+def test_the_vram_budget_keeps_shapes_that_need_more_out_of_the_recommendation() -> None:
+    # Llama-3.1-8B on an H100 (80 GiB): with 30 GiB to use, SGLang's pools leave a KV
+    # pool without a drafter and none with one (simulator/engine/memory.py).
+    free = recommend(LIGHT, **H100, current=None, slo_tpot_ms=50, horizon_s=60)
+    assert free.policy != "none" and all(r["fits"] for r in free.candidates)
+    tight = recommend(LIGHT, **H100, current=None, slo_tpot_ms=50, horizon_s=60, vram_gib=30.0)
+    by_name = {r["candidate"]: r for r in tight.candidates}
+    assert by_name["no speculation"]["fits"]
+    assert tight.policy == "none"
+    speculative = [r for name, r in by_name.items() if name != "no speculation"]
+    assert speculative and not any(r["fits"] for r in speculative)
+    assert all("GiB" in r["reason"] for r in speculative)
+
+
+def test_budget_vram_gib_from_the_config_reaches_the_restart_loop(tmp_path: Path) -> None:
+    """config.yaml's budget.vram_gib -> the daemon's restart loop -> its recommender."""
+    import asyncio
+
+    from specgov.controller.daemon.config import load_config
+    from specgov.controller.daemon.restart_loop import RestartLoop
+    from specgov.controller.daemon.status_view import DaemonStatus
+
+    path = tmp_path / "specgov.yaml"
+    path.write_text(
+        "deployment:\n  gpu: h100\n  model: llama-3.1-8b\n  drafter: eagle3\n"
+        "budget:\n  vram_gib: 20\n",
+        encoding="utf-8",
+    )
+    config = load_config(path, env={})
+    assert config.budget.vram_gib == 20.0
+
+    class Telemetry:  # the window the restart loop summarises
+        observation = None
+
+        def workload_summary(self) -> WorkloadSummary:
+            return LIGHT
+
+    status = DaemonStatus(started_at_s=0.0)
+    loop = RestartLoop(
+        lambda: config,
+        telemetry=Telemetry(),  # type: ignore[arg-type]
+        metrics=None,  # type: ignore[arg-type]
+        status_info=status,
+        clock=lambda: 0.0,
+        snapshot=lambda _key, _write: None,
+        stop=asyncio.Event(),
+        every=None,  # type: ignore[arg-type]
+    )
+    assert asyncio.run(loop.recommend_once()) is None
+    assert status.recommendation is not None
+    assert status.recommendation["message"] == (
+        "no candidate shape fits this deployment within budget.vram_gib = 20 GiB"
+    )

@@ -32,7 +32,7 @@ from specgov.adapters.spool_stats import TierStatsRecord, read_tier_stats
 from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.telemetry import REALTIME_DECODE_MODE, REALTIME_TOKENS
 from specgov.policies.common.types import Observation, StepTable
-from specgov.policies.engine.adaptive_config import AdaptiveConfigError, candidate_steps_union
+from specgov.policies.engine.adaptive_config import AdaptiveConfigError, parse_adaptive_config
 from specgov.simulator.replay.runner import (
     SPECGOV_SLOT_CANDIDATES,
     ServerSpec,
@@ -46,7 +46,7 @@ from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 from specgov.simulator.workload.traces import Request, Trace
 
 LOADS_INCLUDE = {"include": "core,memory,spec,queues"}
-CANDIDATES = candidate_steps_union(specgov_adaptive_config())
+CANDIDATES = parse_adaptive_config(specgov_adaptive_config()).candidate_steps
 
 
 def _trace(duration_s: float = 30.0, rate_rps: float = 8.0) -> Trace:
@@ -117,7 +117,7 @@ def test_two_scrapes_give_the_daemon_a_complete_observation(
     with httpx.Client(base_url=sim.url, timeout=5.0) as client:
         assert client.get("/health").status_code == 200
         model_info = client.get("/model_info").json()
-        assert ep.is_simulated_model_info(model_info)
+        assert model_info["model_path"].startswith(ep.SIM_MODEL_PREFIX)
         assert model_info["model_path"] == "specgov-sim:llama-3.1-8b"
         assert client.get("/get_model_info").json() == model_info
 

@@ -10,6 +10,7 @@ connection whose INSERT raises that error, as a full filesystem would.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -35,6 +36,8 @@ from specgov.controller.daemon.store_errors import (
     StoreUnavailable,
 )
 from specgov.controller.daemon.store_schema import LATEST_SCHEMA_VERSION, Migration
+from specgov.policies.common.types import RestartRecommendation, SpecShape, StepTable
+from specgov.policies.control.core import AuditRecord
 from specgov.policies.guardrails import Override
 
 
@@ -54,6 +57,11 @@ def _raw(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(str(path), isolation_level=None)
 
 
+def _table(slots: tuple[tuple[int, int], ...], version: int) -> dict[str, Any]:
+    """A table as the daemon stores it (``StepTable.to_dict``)."""
+    return StepTable(slots, version, float(version), 30.0).to_dict()
+
+
 def _decision(i: int, **extra: Any) -> dict[str, Any]:
     data: dict[str, Any] = {
         "time_s": 100.0 + i,
@@ -63,8 +71,8 @@ def _decision(i: int, **extra: Any) -> dict[str, Any]:
         "limited_by": ["limited_by_budget"],
         "expected_gain": 0.05 * i,
         "inputs_summary": {"running": i, "window_s": 5.0},
-        "table_before": {"slots": [[1, 3]], "version": i},
-        "table_after": {"slots": [[1, 2]], "version": i + 1},
+        "table_before": _table(((1, 3),), i),
+        "table_after": _table(((1, 2),), i + 1),
         "published": i % 2 == 0,
         "restart_recommendation": None,
     }
@@ -135,6 +143,8 @@ def test_numpy_values_in_summaries_are_stored_as_plain_json(store: StateStore) -
         ({"published": 1}, "record_decision.published"),
         ({"inputs_summary": {"obj": object()}}, "record_decision.inputs_summary"),
         ({"table_after": [1, 2]}, "record_decision.table_after"),
+        ({"table_after": {"version": 1}}, "record_decision.table_after: StepTable.from_dict"),
+        ({"restart_recommendation": {"source": "policy"}}, "record_decision.restart_rec"),
     ],
 )
 def test_bad_decision_input_is_rejected_by_field(
@@ -311,6 +321,49 @@ def test_closed_store_refuses_calls(db: Path) -> None:
         s.decisions()
 
 
+def test_one_audit_row_type_from_the_core_to_the_store_and_back(store: StateStore) -> None:
+    """The core's AuditRecord is what the store reads back: its persisted form (the
+    store's columns, the journal's queued rows) loses nothing of what is persisted."""
+    rec = RestartRecommendation(SpecShape("NONE", 0, 0, 0, ()), "policy", "drafter costs", 0.2)
+    made = AuditRecord(
+        time_s=12.0,
+        policy="goodput",
+        reason="changed_predicted_gain",
+        message="published v3",
+        limited_by=("limited_by_budget",),
+        expected_gain=0.04,
+        inputs_summary={"running": 8},
+        table_before=StepTable(((1, 3), (8, 1)), 2, 5.0, 30.0),
+        table_after=StepTable(((1, 5), (8, 1)), 3, 12.0, 30.0, reason="changed_predicted_gain"),
+        published=True,
+        restart_recommendation=rec,
+        decide_ms=0.5,  # not persisted, like the other fields after ``published``
+    )
+    row_id = store.record_decision(**made.to_store())
+    (read,) = store.decisions()
+    assert read == dataclasses.replace(made, decide_ms=None, id=row_id)
+    assert read.to_dict() == {"id": row_id, **made.to_store()}
+    # A journal row from before this type was the store's (the same keys, JSON'd).
+    queued = json.loads(json.dumps(made.to_store()))
+    assert AuditRecord.from_store(queued, id=row_id) == read
+
+
+def test_a_row_whose_table_no_longer_decodes_is_skipped_and_kept(
+    db: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with StateStore(db) as s:
+        ids = [s.record_decision(**_decision(i)) for i in range(2)]
+    future = json.dumps({"schema": 99, "slots": [[1, 3]]})
+    with _raw(db) as raw:
+        raw.execute("UPDATE decisions SET table_after = ? WHERE id = ?", (future, ids[0]))
+    caplog.set_level(logging.WARNING, logger="specgov.controller.daemon.state_store")
+    with StateStore(db) as s:
+        assert [r.id for r in s.decisions()] == [ids[1]]
+    assert f"decisions row id={ids[0]} skipped" in caplog.text and "table format 99" in caplog.text
+    with _raw(db) as raw:  # the row itself stays on disk
+        assert raw.execute("SELECT table_after FROM decisions WHERE id = ?", (ids[0],)).fetchone()
+
+
 # ------------------------------------------------------------------ corrupt rows
 
 
@@ -374,7 +427,7 @@ INSERT INTO schema_version VALUES (1, 'hand-made v1', 0.0);
 INSERT INTO decisions (time_s, policy, reason, message, limited_by, expected_gain,
     inputs_summary, table_before, table_after)
     VALUES (5.0, 'goodput', 'INITIAL', 'from v1', '[]', NULL, '{"running": 3}', NULL,
-    '{"version": 1}');
+    '{"schema": 1, "slots": [[1, 3]], "version": 1, "produced_at_s": 4.0, "ttl_s": 30.0}');
 INSERT INTO overrides (id, slot, steps, disable_speculation, pin_policy, created_at_s,
     expires_at_s, reason) VALUES ('old', 1, 0, 0, NULL, 1.0, 9999.0, 'kept across upgrade');
 """
@@ -400,13 +453,14 @@ def test_migrates_a_v1_file(db: Path) -> None:
             False,
             {"running": 3},
         )
-        assert old.table_after == {"version": 1} and old.restart_recommendation is None
+        assert old.table_after == StepTable(((1, 3),), 1, 4.0, 30.0)
+        assert old.restart_recommendation is None
         assert [r.id for r in s.list_overrides(now_s=10.0)] == ["old"]
         s.set_setting("policy_spec", "goodput")  # a table v2 added
         new_id = s.record_decision(**_decision(1))
         assert new_id > old.id
-        rec = {"shape": {"algorithm": "NONE"}, "source": "policy", "summary": "x"}
-        rec_id = s.record_decision(**_decision(2, restart_recommendation=rec))
+        rec = RestartRecommendation(SpecShape("NONE", 0, 0, 0, ()), "policy", "x", 0.1)
+        rec_id = s.record_decision(**_decision(2, restart_recommendation=rec.to_dict()))
         assert s.decisions(limit=1)[0].restart_recommendation == rec and rec_id > new_id
     with StateStore(db) as s:  # reopening does not migrate again
         assert s.schema_version() == 3

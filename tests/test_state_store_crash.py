@@ -33,6 +33,11 @@ CHILD = textwrap.dedent(
 
     path, run = sys.argv[1], int(sys.argv[2])
     store = StateStore(path)
+
+    def table(version):
+        return {"schema": 1, "slots": [[1, 1]], "version": version, "produced_at_s": 0.0,
+                "ttl_s": 30.0, "reason": ""}
+
     print("READY", flush=True)
     i = 0
     while True:
@@ -41,7 +46,7 @@ CHILD = textwrap.dedent(
             time_s=t, policy="goodput", reason="HELD_NO_CHANGE", message=f"r{run} i{i}",
             limited_by=["rate_limit"], expected_gain=i / 1000,
             inputs_summary={"run": run, "i": i, "pad": "x" * 300},
-            table_before={"version": i}, table_after={"version": i + 1}, published=i % 2 == 0,
+            table_before=table(i), table_after=table(i + 1), published=i % 2 == 0,
         )
         print(f"D {did} {run} {i}", flush=True)
         store.save_policy_state("goodput", {"run": run, "i": i}, t)
@@ -143,7 +148,8 @@ def test_nothing_committed_is_lost_after_kill_9(tmp_path: Path) -> None:
                 row = rows.get(did)
                 assert row is not None, f"decision {did} (run {r}, i {i}) lost"
                 assert (row.message, row.inputs_summary["i"]) == (f"r{r} i{i}", i)
-                assert row.table_after == {"version": i + 1} and row.published == (i % 2 == 0)
+                assert row.table_after is not None and row.table_after.version == i + 1
+                assert row.published == (i % 2 == 0)
             if "P" in last:
                 state = store.load_policy_state("goodput")
                 assert state is not None and (state["run"], state["i"]) >= last["P"]

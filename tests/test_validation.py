@@ -172,7 +172,6 @@ def _callers() -> list[tuple[str, Callable[[object], object], type[Exception], s
     from specgov.policies.common.types import PolicyTypeError
     from specgov.policies.daemon.bandit import BanditConfig
     from specgov.policies.daemon.goodput import GoodputConfig, GoodputConfigError
-    from specgov.policies.daemon.schedules import NonePolicy
     from specgov.policies.engine.adaptive_config import AdaptiveConfigError, parse_adaptive_config
     from specgov.policies.guardrails import GuardrailConfig, GuardrailError
     from specgov.simulator.planning.search import SearchError, SearchSettings
@@ -197,12 +196,6 @@ def _callers() -> list[tuple[str, Callable[[object], object], type[Exception], s
             lambda v: GoodputConfig(explore=v),  # type: ignore[arg-type]
             GoodputConfigError,
             "goodput: parameter 'explore': expected a number in [0, 1], got ",
-        ),
-        (
-            "simple",
-            lambda v: NonePolicy(ttl_s=v),  # type: ignore[arg-type]
-            PolicyTypeError,
-            "NonePolicy.ttl_s: expected a finite number > 0, got ",
         ),
         (
             "adaptive_config",

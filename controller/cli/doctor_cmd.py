@@ -51,7 +51,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
@@ -73,7 +73,7 @@ SUPPORTED_SGLANG: Final = "0.5.23"
 # this means it stopped (or the server is idle).
 STATS_FRESH_S: Final = 30.0
 CLOCK_WARN_S: Final = 2.0
-# Past this a table's expiry (guardrails.table_ttl_s, 30 s by default) is misjudged.
+# Past this a table's expiry (guardrails.table_ttl_s) is misjudged.
 CLOCK_FAIL_S: Final = 10.0
 # The families behind the decisions: accept length, load, latency windows (the others
 # in METRICS_READ refine what these give, and a server without them still works).
@@ -115,9 +115,10 @@ class DoctorOptions:
     spool_group: int | None = None
     timeout_s: float = 5.0
     health_timeout_s: float = 30.0
-    # guardrails.table_ttl_s and keepalive_fraction: how much clock skew the tables bear.
-    table_ttl_s: float = 30.0
-    keepalive_fraction: float = 0.5
+    # guardrails.table_ttl_s and keepalive_fraction (from the config, whose defaults
+    # are the guard's): how much clock skew the tables bear.
+    table_ttl_s: float = field(kw_only=True)
+    keepalive_fraction: float = field(kw_only=True)
     fleet: FleetFile | None = None  # --fleet: also check its gateway
 
 

@@ -41,9 +41,6 @@ REPLAY_ONLY_KINDS: Final[dict[str, tuple[str, str]]] = {
     ),
 }
 
-# Config fields that are not spec keys (the guardrails own the table TTL).
-_NOT_KEYS: Final = frozenset({"ttl_s"})
-
 
 def spec_keys(kind: str) -> dict[str, Any]:
     """The keys a spec of ``kind`` takes, with their defaults (empty for fixed kinds)."""
@@ -61,7 +58,7 @@ def spec_keys(kind: str) -> dict[str, Any]:
     return {
         f.name: f.default
         for f in dataclasses.fields(config)
-        if f.init and not f.name.startswith("_") and f.name not in _NOT_KEYS
+        if f.init and not f.name.startswith("_")
     }
 
 

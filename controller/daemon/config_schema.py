@@ -445,8 +445,3 @@ SIMPLE_GROUPS: Final[dict[str, type]] = {
     "log": LogConfig,
 }
 GROUPS: Final = tuple(SCHEMA)
-
-
-def config_keys() -> dict[str, tuple[str, ...]]:
-    """Every group and its keys, in file order."""
-    return {group: tuple(keys) for group, keys in SCHEMA.items()}

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from specgov.policies.guardrails import DEFAULT_TABLE_TTL_S
+
 __all__ = [
     "DEFAULT_TELEMETRY_MAX_AGE_S",
     "LIVENESS_CODES",
@@ -116,7 +118,7 @@ class HealthInputs:
     # plugin statistics (stamped by the server's clock) show; at or beyond the table
     # TTL every table has expired when the plugin reads it.
     server_clock_ahead_s: float | None = None
-    table_ttl_s: float = 30.0
+    table_ttl_s: float = DEFAULT_TABLE_TTL_S
 
 
 def _age(now_s: float, since_s: float | None) -> float | None:

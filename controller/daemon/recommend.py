@@ -191,12 +191,17 @@ def recommend(
     drafter: str,
     current: SpecShape | None,
     slo_tpot_ms: float | None,
+    vram_gib: float | None = None,
     horizon_s: float = 180.0,
     seed: int = 0,
     candidates: Sequence[tuple[str, str, int, int | None]] = CANDIDATES,
 ) -> Recommendation:
     """Replay a trace synthesised from *workload* over candidate shapes; pick the best
-    (module docstring: the baseline, closed-loop replay of a saturated window, metric)."""
+    (module docstring: the baseline, closed-loop replay of a saturated window, metric).
+
+    ``vram_gib`` (``budget.vram_gib``): the GPU memory SGLang may use; a shape that
+    needs more is not a candidate (its row says why), and the others are replayed with
+    the KV pool that budget leaves."""
     from specgov.simulator.replay.metrics import Slo
     from specgov.simulator.workload.synthetic import Phase, SyntheticSpec, generate_trace
 
@@ -222,7 +227,7 @@ def recommend(
             f"({len(trace.requests)} requests)"
         )
     slo = Slo(tpot_ms=slo_tpot_ms or 50.0)
-    replayer = _CandidateReplay(trace, slo, seed, users, gpu, model, drafter, rates)
+    replayer = _CandidateReplay(trace, slo, seed, users, gpu, model, drafter, rates, vram_gib)
     rows: list[dict[str, Any]] = []
     current_table = None
     if workload.table:
@@ -231,7 +236,8 @@ def recommend(
     for cand in candidates:
         rows.extend(replayer.rows(cand, notes))
     if not any(r["fits"] for r in rows):
-        raise RecommendError("no candidate shape fits this deployment")
+        within = "" if vram_gib is None else f" within budget.vram_gib = {vram_gib:g} GiB"
+        raise RecommendError(f"no candidate shape fits this deployment{within}")
     if current_table is not None:
         current_row = next((r for r in rows if r["candidate"] == current_table[0]), None)
     else:
@@ -265,6 +271,7 @@ class _CandidateReplay:
     model: str
     drafter: str
     rates: tuple[float, ...] | None
+    vram_gib: float | None = None
 
     def rows(
         self, cand: tuple[str, str, int, int | None], notes: list[str]
@@ -283,6 +290,7 @@ class _CandidateReplay:
             num_draft_tokens=ndt,
             acceptance_rates=self.rates,
             spec_steps=3,
+            vram_gib=self.vram_gib,
         )
         run = {"slo": self.slo, "seed": self.seed, "concurrency": self.users}
         try:

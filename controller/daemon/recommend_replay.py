@@ -23,6 +23,7 @@ from specgov.adapters.launch_config import (
 )
 from specgov.policies.common.types import ALGORITHMS, SpecShape
 from specgov.policies.common.validation import is_int, is_real
+from specgov.policies.daemon.spec import PolicySpecError, static_steps
 
 
 def _fail_report(where: str, expected: str, got: object) -> LaunchConfigError:
@@ -34,6 +35,7 @@ class _Run:
     name: str
     goodput_tok_s: float
     steps_per_slot: dict[int, dict[int, int]]
+    static_steps: int | None  # K of a static:K run, None for the others
 
 
 def _read_runs(report: Mapping[str, Any]) -> list[_Run]:
@@ -52,6 +54,12 @@ def _read_runs(report: Mapping[str, Any]) -> list[_Run]:
         name = p.get("name")
         if not isinstance(name, str) or not name:
             raise _fail_report(f"{where}.name", "expected a policy name", name)
+        try:
+            static = static_steps(name)
+        except PolicySpecError as exc:
+            raise _fail_report(
+                f"{where}.name", f"a well-formed policy name ({exc})", name
+            ) from None
         goodput = p.get("goodput_tok_s")
         if not is_real(goodput) or goodput < 0:
             raise _fail_report(f"{where}.goodput_tok_s", "expected a number >= 0", goodput)
@@ -80,15 +88,8 @@ def _read_runs(report: Mapping[str, Any]) -> list[_Run]:
                     )
                 counts[int(step_key)] = n
             hist[int(slot_key)] = counts
-        runs.append(_Run(name, float(goodput), hist))
+        runs.append(_Run(name, float(goodput), hist, static))
     return runs
-
-
-def _static_steps(name: str) -> int | None:
-    kind, sep, arg = name.partition(":")
-    if kind.strip().lower() == "static" and sep and DIGITS.fullmatch(arg.strip()):
-        return int(arg)
-    return None
 
 
 def _report_algorithm(server: Mapping[str, Any], algorithm: str | None) -> str:
@@ -202,7 +203,7 @@ def _rank_runs(runs: Sequence[_Run], lines: list[str]) -> _Ranked:
     """The runs ranked (none, static:K, adaptive), the best of each kind told in *lines*."""
     none_run = next((r for r in runs if r.name.strip().lower() == "none"), None)
     statics = sorted(
-        ((k, r) for r in runs if (k := _static_steps(r.name)) is not None),
+        ((r.static_steps, r) for r in runs if r.static_steps is not None),
         key=lambda kr: (-kr[1].goodput_tok_s, kr[0]),
     )
     adaptive_runs = sorted(
@@ -210,7 +211,7 @@ def _rank_runs(runs: Sequence[_Run], lines: list[str]) -> _Ranked:
             r
             for r in runs
             if r is not none_run
-            and _static_steps(r.name) is None
+            and r.static_steps is None
             and any(sum(c.values()) > 0 for c in r.steps_per_slot.values())
         ),
         key=lambda r: (-r.goodput_tok_s, r.name),

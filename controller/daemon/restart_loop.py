@@ -76,6 +76,7 @@ class RestartLoop:
                 drafter=dep.drafter,
                 current=obs.shape if obs is not None else None,
                 slo_tpot_ms=self._config().budget.slo_tpot_ms,
+                vram_gib=self._config().budget.vram_gib,
             )
         except (RecommendError, ValueError) as exc:
             self._status.recommendation = {"recommendation": None, "message": str(exc)}

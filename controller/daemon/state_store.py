@@ -61,7 +61,6 @@ from specgov.controller.daemon.store_records import (
     DECISION_COLUMNS,
     OVERRIDE_COLUMNS,
     BadRow,
-    DecisionRecord,
     OverrideRecord,
     PolicySnapshot,
     check_finite,
@@ -85,6 +84,7 @@ from specgov.controller.daemon.store_rows import (
 )
 from specgov.controller.daemon.store_schema import migrate, read_version, refuse_newer, rollback
 from specgov.policies.common.validation import is_int, is_real
+from specgov.policies.control.core import AuditRecord
 from specgov.policies.guardrails import Override
 
 __all__ = [
@@ -562,7 +562,7 @@ class StateStore:
         since_s: float | None = None,
         limit: int = 100,
         policy: str | None = None,
-    ) -> list[DecisionRecord]:
+    ) -> list[AuditRecord]:
         """The newest ``limit`` decisions with ``time_s >= since_s`` (and of ``policy``),
         newest first (by id, i.e. commit order). Rows that cannot be decoded are skipped
         (logged), so fewer than ``limit`` may come back."""
@@ -579,7 +579,7 @@ class StateStore:
                 (since, policy, n),
             ).fetchall(),
         )
-        out: list[DecisionRecord] = []
+        out: list[AuditRecord] = []
         for row in rows:
             try:
                 out.append(decision_from_row(row))

@@ -18,7 +18,9 @@ import msgspec
 
 from specgov.controller.daemon.store_errors import StoreError
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.types import PolicyTypeError
 from specgov.policies.common.validation import check_int, check_opt_real, check_real
+from specgov.policies.control.core import AuditRecord
 from specgov.policies.guardrails import Override
 
 __all__ = [
@@ -26,7 +28,6 @@ __all__ = [
     "OVERRIDE_COLUMNS",
     "OVERRIDE_ID",
     "BadRow",
-    "DecisionRecord",
     "OverrideRecord",
     "PolicySnapshot",
     "check_finite",
@@ -51,42 +52,6 @@ OVERRIDE_COLUMNS: Final = (
     "seq, id, slot, steps, disable_speculation, pin_policy, created_at_s, expires_at_s, "
     "reason, cleared_at_s"
 )
-
-
-@dataclass(frozen=True, slots=True)
-class DecisionRecord:
-    """One row of the audit log."""
-
-    id: int
-    time_s: float
-    policy: str
-    reason: str
-    message: str
-    limited_by: tuple[str, ...]
-    expected_gain: float | None
-    inputs_summary: Mapping[str, Any]
-    table_before: Mapping[str, Any] | None
-    table_after: Mapping[str, Any] | None
-    published: bool
-    restart_recommendation: Mapping[str, Any] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "time_s": self.time_s,
-            "policy": self.policy,
-            "reason": self.reason,
-            "message": self.message,
-            "limited_by": list(self.limited_by),
-            "expected_gain": self.expected_gain,
-            "inputs_summary": dict(self.inputs_summary),
-            "table_before": None if self.table_before is None else dict(self.table_before),
-            "table_after": None if self.table_after is None else dict(self.table_after),
-            "published": self.published,
-            "restart_recommendation": None
-            if self.restart_recommendation is None
-            else dict(self.restart_recommendation),
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,26 +154,30 @@ def _opt_loads(column: str, raw: object) -> dict[str, Any] | None:
     return None if raw is None else loads(column, raw, dict)
 
 
-def decision_from_row(row: Sequence[Any]) -> DecisionRecord:
+def decision_from_row(row: Sequence[Any]) -> AuditRecord:
+    """The audit row of a ``decisions`` row (:data:`DECISION_COLUMNS`)."""
     row_id, t, policy, reason, message, limited, gain, summary, before, after = row[:10]
     published, rec = row[10], row[11]
     limited_by = loads("limited_by", limited, list)
     if not all(isinstance(x, str) for x in limited_by):
         raise BadRow(f"column limited_by: expected a list of str, got {limited_by!r:.80}")
-    return DecisionRecord(
-        id=int(row_id),
-        time_s=float(t),
-        policy=str(policy),
-        reason=str(reason),
-        message=str(message),
-        limited_by=tuple(limited_by),
-        expected_gain=None if gain is None else float(gain),
-        inputs_summary=loads("inputs_summary", summary, dict),
-        table_before=_opt_loads("table_before", before),
-        table_after=_opt_loads("table_after", after),
-        published=bool(published),
-        restart_recommendation=_opt_loads("restart_recommendation", rec),
-    )
+    data = {
+        "time_s": t,
+        "policy": policy,
+        "reason": reason,
+        "message": message,
+        "limited_by": limited_by,
+        "expected_gain": gain,
+        "inputs_summary": loads("inputs_summary", summary, dict),
+        "table_before": _opt_loads("table_before", before),
+        "table_after": _opt_loads("table_after", after),
+        "published": bool(published),
+        "restart_recommendation": _opt_loads("restart_recommendation", rec),
+    }
+    try:
+        return AuditRecord.from_store(data, id=int(row_id))
+    except (PolicyTypeError, TypeError, ValueError) as exc:
+        raise BadRow(str(exc)) from exc
 
 
 def override_from_row(row: Sequence[Any]) -> OverrideRecord:

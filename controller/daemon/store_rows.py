@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from specgov.controller.daemon.store_errors import StoreError
@@ -20,6 +20,7 @@ from specgov.controller.daemon.store_records import (
     check_text,
     dumps,
 )
+from specgov.policies.common.types import PolicyTypeError, RestartRecommendation, StepTable
 from specgov.policies.common.validation import check_bool, check_opt_int
 from specgov.policies.guardrails import OVERRIDE_VERSION, Override
 
@@ -62,12 +63,12 @@ def decision_row(
     gain = check_opt_finite(f"{where}.expected_gain", expected_gain)
     check_bool(f"{where}.published", published, error=StoreError)
     summary = check_mapping(f"{where}.inputs_summary", inputs_summary or {})
-    before = None if table_before is None else check_mapping(f"{where}.table_before", table_before)
-    after = None if table_after is None else check_mapping(f"{where}.table_after", table_after)
-    restart = (
-        None
-        if restart_recommendation is None
-        else check_mapping(f"{where}.restart_recommendation", restart_recommendation)
+    # Only what the audit row's reader decodes (AuditRecord.from_store), so a row the
+    # store takes is never skipped when read back.
+    before = _decodable(f"{where}.table_before", table_before, StepTable.from_dict)
+    after = _decodable(f"{where}.table_after", table_after, StepTable.from_dict)
+    restart = _decodable(
+        f"{where}.restart_recommendation", restart_recommendation, RestartRecommendation.from_dict
     )
     return (
         t,
@@ -82,6 +83,19 @@ def decision_row(
         int(published),
         None if restart is None else dumps(f"{where}.restart_recommendation", restart),
     )
+
+
+def _decodable(
+    where: str, value: Mapping[str, Any] | None, decode: Callable[[Mapping[str, Any]], object]
+) -> Mapping[str, Any] | None:
+    if value is None:
+        return None
+    check_mapping(where, value)
+    try:
+        decode(value)
+    except (PolicyTypeError, TypeError) as exc:
+        raise StoreError(f"{where}: {exc}") from exc
+    return value
 
 
 def insert_decision(conn: sqlite3.Connection, *, row: tuple[Any, ...], keep: int) -> int:

@@ -226,6 +226,60 @@ class SlotRule:
         return min(positive) if positive else None
 
 
+def _check_slots(owner: str, slots: object) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A (bound, steps) layout starting at bound 1; returns its bounds and steps."""
+    if not isinstance(slots, tuple) or not slots:
+        raise _fail(f"{owner}.slots", "expected a non-empty tuple of (bound, steps)", slots)
+    for pair in slots:
+        if not (isinstance(pair, tuple) and len(pair) == 2):
+            raise _fail(f"{owner}.slots", "expected (bound, steps) int pairs", pair)
+    bounds = tuple(p[0] for p in slots)
+    steps = tuple(p[1] for p in slots)
+    if (
+        not all(is_int(b) for b in bounds)
+        or bounds[0] != 1
+        or any(a >= b for a, b in itertools.pairwise(bounds))
+    ):
+        raise _fail(
+            f"{owner}.slots",
+            "slot lower bounds must be strictly increasing positive ints starting at 1",
+            list(bounds),
+        )
+    if not all(is_int(s) and s >= 0 for s in steps):
+        raise _fail(f"{owner}.slots", "steps must be non-negative ints", list(steps))
+    return bounds, steps
+
+
+def _check_rules(
+    owner: str, rules: object, bounds: Sequence[int]
+) -> tuple[tuple[int, SlotRule], ...]:
+    """(slot bound, SlotRule) pairs on increasing bounds among ``bounds``."""
+    if not isinstance(rules, tuple) or not all(
+        isinstance(r, tuple) and len(r) == 2 and isinstance(r[1], SlotRule) for r in rules
+    ):
+        raise _fail(f"{owner}.rules", "expected a tuple of (slot bound, SlotRule)", rules)
+    rule_bounds = [b for b, _ in rules]
+    if any(a >= b for a, b in itertools.pairwise(rule_bounds)) or not set(rule_bounds) <= set(
+        bounds
+    ):
+        raise _fail(
+            f"{owner}.rules",
+            f"expected increasing slot bounds among the table's {list(bounds)}",
+            rule_bounds,
+        )
+    return rules
+
+
+def slot_index(bounds: Sequence[int], batch_size: int) -> int:
+    """Index of the slot ``batch_size`` falls in (the largest lower bound <= it).
+
+    Batch sizes below the first bound (0 for an idle batch) use the first slot, as
+    SGLang's own routing does (adaptive_spec_params._find_closest_bs).
+    """
+    idx = bisect.bisect_right(bounds, batch_size) - 1
+    return idx if idx > 0 else 0
+
+
 class FutureTableFormat(PolicyTypeError):
     """A step table in a newer format than this specgov knows (upgrade the plugin)."""
 
@@ -257,44 +311,12 @@ class StepTable:
     _rules: tuple[SlotRule | None, ...] = field(default=(), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        slots = self.slots
-        if not isinstance(slots, tuple) or not slots:
-            raise _fail("StepTable.slots", "expected a non-empty tuple of (bound, steps)", slots)
-        for pair in slots:
-            if not (isinstance(pair, tuple) and len(pair) == 2):
-                raise _fail("StepTable.slots", "expected (bound, steps) int pairs", pair)
-        bounds = tuple(p[0] for p in slots)
-        steps = tuple(p[1] for p in slots)
-        if (
-            not all(is_int(b) for b in bounds)
-            or bounds[0] != 1
-            or any(a >= b for a, b in itertools.pairwise(bounds))
-        ):
-            raise _fail(
-                "StepTable.slots",
-                "slot lower bounds must be strictly increasing positive ints starting at 1",
-                list(bounds),
-            )
-        if not all(is_int(s) and s >= 0 for s in steps):
-            raise _fail("StepTable.slots", "steps must be non-negative ints", list(steps))
+        bounds, steps = _check_slots("StepTable", self.slots)
         _check_int("StepTable.version", self.version, minimum=0)
         _check_real("StepTable.produced_at_s", self.produced_at_s)
         _check_real("StepTable.ttl_s", self.ttl_s, positive=True)
         _check_type("StepTable.reason", self.reason, str, "expected a str")
-        rules = self.rules
-        if not isinstance(rules, tuple) or not all(
-            isinstance(r, tuple) and len(r) == 2 and isinstance(r[1], SlotRule) for r in rules
-        ):
-            raise _fail("StepTable.rules", "expected a tuple of (slot bound, SlotRule)", rules)
-        rule_bounds = [b for b, _ in rules]
-        if any(a >= b for a, b in itertools.pairwise(rule_bounds)) or not set(rule_bounds) <= set(
-            bounds
-        ):
-            raise _fail(
-                "StepTable.rules",
-                f"expected increasing slot bounds among the table's {list(bounds)}",
-                rule_bounds,
-            )
+        rules = _check_rules("StepTable", self.rules, bounds)
         by_bound = dict(rules)
         object.__setattr__(self, "_bounds", bounds)
         object.__setattr__(self, "_steps", steps)
@@ -305,10 +327,7 @@ class StepTable:
         return self.produced_at_s + self.ttl_s
 
     def _index(self, batch_size: int) -> int:
-        # Batch sizes below the first bound (0 for an idle batch) use the first slot, as
-        # SGLang's own routing does (adaptive_spec_params._find_closest_bs).
-        idx = bisect.bisect_right(self._bounds, batch_size) - 1
-        return idx if idx > 0 else 0
+        return slot_index(self._bounds, batch_size)
 
     def steps_for(self, batch_size: int) -> int:
         """Steps for ``batch_size``: the slot with the largest lower bound <= batch_size."""
@@ -745,7 +764,9 @@ def predicted_goodput_tok_s(
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A policy's answer: a new table and/or a restart recommendation, explained.
+    """A guarded decision: the table the guard publishes (versioned, stamped with its TTL;
+    None: nothing to publish) and/or a restart recommendation, explained. Daemon policies
+    answer with a :class:`Plan`; the guard makes the Decision from it.
 
     ``predictions``: the policy model's goodput per slot and steps (empty: it has no
     model), from which the goodput of whatever table ends up in force is predicted
@@ -758,43 +779,89 @@ class Decision:
     expected_gain: float | None
     limited_by: tuple[str, ...] = ()
     restart_recommendation: RestartRecommendation | None = None
-    # Slot lower bounds of ``table`` whose step is an experiment (a probe), not a
-    # prediction: ``expected_gain`` leaves them out and the tolerance band lets them pass.
-    experiment_slots: tuple[int, ...] = ()
     predictions: tuple[GoodputPrediction, ...] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.predictions, tuple) or not all(
-            isinstance(p, GoodputPrediction) for p in self.predictions
-        ):
-            raise _fail("Decision.predictions", "a tuple of GoodputPrediction", self.predictions)
         if self.table is not None and not isinstance(self.table, StepTable):
             raise _fail("Decision.table", "expected None or a StepTable", self.table)
-        if self.experiment_slots:
-            bounds = {b for b, _ in self.table.slots} if self.table is not None else set()
-            if (
-                not isinstance(self.experiment_slots, tuple)
-                or not set(self.experiment_slots) <= bounds
-            ):
-                raise _fail(
-                    "Decision.experiment_slots",
-                    f"expected a tuple of the table's slot bounds {sorted(bounds)}",
-                    self.experiment_slots,
-                )
-        _check_type("Decision.reason", self.reason, ReasonCode, "expected a ReasonCode")
-        if not isinstance(self.message, str) or not self.message.strip():
-            raise _fail("Decision.message", "expected a non-empty str", self.message)
-        if self.expected_gain is not None:
-            _check_real("Decision.expected_gain", self.expected_gain)
-        if not isinstance(self.limited_by, tuple) or not all(
-            isinstance(s, str) and s for s in self.limited_by
-        ):
-            raise _fail("Decision.limited_by", "expected a tuple of non-empty str", self.limited_by)
-        if self.restart_recommendation is not None and not isinstance(
-            self.restart_recommendation, RestartRecommendation
+        _check_answer("Decision", self)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A daemon policy's answer: the steps it wants per slot, explained.
+
+    ``slots`` is a layout like :attr:`StepTable.slots` (sorted, the first bound 1), or
+    None: the policy stands by its last plan (nothing new to propose, or telemetry it
+    cannot use). ``rules`` (table format 2) are the live-acceptance rules it wants per
+    slot. A plan has no version, produced time or TTL: the guard alone turns plans into
+    the published :class:`StepTable` (``policies.guardrails``), and owns its versions,
+    TTL and keep-alives.
+    """
+
+    slots: tuple[tuple[int, int], ...] | None
+    reason: ReasonCode
+    message: str
+    expected_gain: float | None
+    limited_by: tuple[str, ...] = ()
+    restart_recommendation: RestartRecommendation | None = None
+    rules: tuple[tuple[int, SlotRule], ...] = ()
+    # Slot lower bounds whose step is an experiment (a probe), not a prediction:
+    # ``expected_gain`` leaves them out and the tolerance band lets them pass.
+    experiment_slots: tuple[int, ...] = ()
+    predictions: tuple[GoodputPrediction, ...] = ()
+    _bounds: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        bounds: tuple[int, ...] = ()
+        if self.slots is not None:
+            bounds, _ = _check_slots("Plan", self.slots)
+        _check_rules("Plan", self.rules, bounds)
+        if not isinstance(self.experiment_slots, tuple) or not set(self.experiment_slots) <= set(
+            bounds
         ):
             raise _fail(
-                "Decision.restart_recommendation",
-                "expected None or a RestartRecommendation",
-                self.restart_recommendation,
+                "Plan.experiment_slots",
+                f"expected a tuple of the plan's slot bounds {list(bounds)}",
+                self.experiment_slots,
             )
+        _check_answer("Plan", self)
+        object.__setattr__(self, "_bounds", bounds)
+
+    def steps_for(self, batch_size: int) -> int:
+        """Steps wanted for ``batch_size`` (the slot with the largest lower bound <= it)."""
+        assert self.slots is not None, "Plan.steps_for: a hold has no steps"
+        return self.slots[slot_index(self._bounds, batch_size)][1]
+
+    def slot_for(self, batch_size: int) -> int:
+        """Lower bound of the plan's slot ``batch_size`` falls in."""
+        return self._bounds[slot_index(self._bounds, batch_size)]
+
+    def rule_for(self, batch_size: int) -> SlotRule | None:
+        """The rule wanted for the slot ``batch_size`` falls in, if any."""
+        return dict(self.rules).get(self.slot_for(batch_size))
+
+
+def _check_answer(owner: str, answer: Decision | Plan) -> None:
+    """The fields a Decision and a Plan share: reason, message, gain, limits, extras."""
+    if not isinstance(answer.predictions, tuple) or not all(
+        isinstance(p, GoodputPrediction) for p in answer.predictions
+    ):
+        raise _fail(f"{owner}.predictions", "a tuple of GoodputPrediction", answer.predictions)
+    _check_type(f"{owner}.reason", answer.reason, ReasonCode, "expected a ReasonCode")
+    if not isinstance(answer.message, str) or not answer.message.strip():
+        raise _fail(f"{owner}.message", "expected a non-empty str", answer.message)
+    if answer.expected_gain is not None:
+        _check_real(f"{owner}.expected_gain", answer.expected_gain)
+    if not isinstance(answer.limited_by, tuple) or not all(
+        isinstance(s, str) and s for s in answer.limited_by
+    ):
+        raise _fail(f"{owner}.limited_by", "expected a tuple of non-empty str", answer.limited_by)
+    if answer.restart_recommendation is not None and not isinstance(
+        answer.restart_recommendation, RestartRecommendation
+    ):
+        raise _fail(
+            f"{owner}.restart_recommendation",
+            "expected None or a RestartRecommendation",
+            answer.restart_recommendation,
+        )

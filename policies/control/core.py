@@ -35,6 +35,8 @@ from specgov.policies.common.types import (
     Budget,
     Decision,
     Observation,
+    Plan,
+    PolicyTypeError,
     ReasonCode,
     RestartRecommendation,
     StepTable,
@@ -157,7 +159,10 @@ class Publish:
 
 @dataclass(frozen=True, slots=True)
 class AuditRecord:
-    """One row of the audit log (the daemon's store, replay's decision log)."""
+    """One row of the audit log: the one type for it, as the core makes it, replay keeps
+    it, and the daemon's store reads it back (with ``id``). Its persisted form is
+    :meth:`to_store` (the store's columns, the journal's queued rows), read by
+    :meth:`from_store`; the fields after ``published`` but ``id`` are not persisted."""
 
     time_s: float
     policy: str
@@ -177,6 +182,8 @@ class AuditRecord:
     # The goodput the policy's model predicts for table_in_force at the current load
     # (None: no model, no load, or no prediction for a busy slot's steps).
     predicted_goodput_tok_s: float | None = None
+    # The row's id in the daemon's audit log (None until stored; replay's rows have none).
+    id: int | None = None
 
     @property
     def changed(self) -> bool:
@@ -203,6 +210,47 @@ class AuditRecord:
             if self.restart_recommendation is None
             else self.restart_recommendation.to_dict(),
         }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row as the control API and ``specgov decisions`` show it: ``id``, then the
+        persisted fields."""
+        return {"id": self.id, **self.to_store()}
+
+    @classmethod
+    def from_store(cls, data: Mapping[str, Any], *, id: int | None = None) -> AuditRecord:
+        """The record of a persisted row (:meth:`to_store`'s keys; absent optional ones
+        take ``StateStore.record_decision``'s defaults); PolicyTypeError names a bad key."""
+        where = "AuditRecord.from_store"
+
+        def key(name: str) -> Any:
+            if name not in data:
+                raise PolicyTypeError(f"{where}: missing key {name!r}")
+            return data[name]
+
+        def decoded(name: str, kind: Callable[[Mapping[str, Any]], Any]) -> Any:
+            raw = data.get(name)
+            try:
+                return None if raw is None else kind(raw)
+            except (PolicyTypeError, TypeError) as exc:
+                raise PolicyTypeError(f"{where}: key {name!r}: {exc}") from exc
+
+        gain = data.get("expected_gain")
+        return cls(
+            time_s=float(key("time_s")),
+            policy=str(key("policy")),
+            reason=str(key("reason")),
+            message=str(key("message")),
+            limited_by=tuple(str(x) for x in data.get("limited_by", ())),
+            expected_gain=None if gain is None else float(gain),
+            inputs_summary=dict(data.get("inputs_summary") or {}),
+            table_before=decoded("table_before", StepTable.from_dict),
+            table_after=decoded("table_after", StepTable.from_dict),
+            published=bool(data.get("published", False)),
+            restart_recommendation=decoded(
+                "restart_recommendation", RestartRecommendation.from_dict
+            ),
+            id=id,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +293,7 @@ def policy_builder(
 
     def build(spec_text: str) -> GuardedPolicy[Any]:
         spec = parse_policy_spec(spec_text)
-        inner = build_daemon_policy(spec, prior=prior)
+        inner: DaemonPolicy[Any] | None = build_daemon_policy(spec, prior=prior)
         if inner is None:
             inner = ObserveOnlyPolicy(NonePolicy(), spec_text)
         return GuardedPolicy(inner, guardrails or GuardrailConfig())
@@ -467,10 +515,10 @@ class ObserveOnlyPolicy:
     def initial_state(self) -> Any:
         return self._inner.initial_state()
 
-    def decide(self, observation: Observation, state: Any, budget: Budget) -> tuple[Decision, Any]:
+    def decide(self, observation: Observation, state: Any, budget: Budget) -> tuple[Plan, Any]:
         return (
-            Decision(
-                table=None,
+            Plan(
+                slots=None,
                 reason=ReasonCode.HELD_NO_CHANGE,
                 message="sglang-ema: SGLang's built-in controller decides; nothing published",
                 expected_gain=None,

@@ -91,25 +91,20 @@ import numpy as np
 
 from specgov.policies.common.types import (
     Budget,
-    Decision,
     Observation,
+    Plan,
     PolicyTypeError,
     ReasonCode,
-    StepTable,
     TierStat,
     TierStatsSnapshot,
 )
 from specgov.policies.common.validation import check_int, check_real, is_int, is_real
 from specgov.policies.daemon.schedules import (
-    DEFAULT_TTL_S,
     PolicyStateError,
     Slots,
     check_state_keys,
-    check_ttl_s,
     engine_slots,
-    hold_unknown,
-    publish_or_hold,
-    refresh_due,
+    format_slots,
 )
 
 ALGOS: Final = ("ucb", "thompson", "thompson-beta")
@@ -162,7 +157,6 @@ class BanditConfig:
     full_weight_calls: timed verify calls for a window to count as one full pull.
     reward: ``goodput`` (tokens/s of the slot's decode time) | ``per-request`` (that over
       the mean batch size).
-    ttl_s: TTL of the published tables.
     """
 
     algo: str = "ucb"
@@ -172,7 +166,6 @@ class BanditConfig:
     switch_margin: float = 0.02
     full_weight_calls: int = 32
     reward: str = "goodput"
-    ttl_s: float = DEFAULT_TTL_S
 
     def __post_init__(self) -> None:
         if self.algo not in ALGOS:
@@ -194,7 +187,6 @@ class BanditConfig:
         if self.explore is not None:
             _check_pos("BanditConfig.explore", self.explore, zero_ok=True)
         _check_pos("BanditConfig.switch_margin", self.switch_margin, zero_ok=True)
-        check_ttl_s("BanditConfig", self.ttl_s)
 
     @property
     def explore_scale(self) -> float:
@@ -276,7 +268,9 @@ class BanditState:
     time_s: observation time of the last statistics update (the decay clock).
     window_end_s: end of the last tier-statistics window consumed (dedupe).
     rng: PCG64 (state, inc, has_uint32, uinteger).
-    table: the last table issued (versioning and TTL refresh).
+
+    A state saved before the guard owned the table versions also held the last table the
+    bandit issued (key ``table``); it is read and dropped (the guard keeps the table).
     """
 
     rng: RngState
@@ -284,7 +278,6 @@ class BanditState:
     choice: tuple[tuple[int, int], ...] = ()
     time_s: float | None = None
     window_end_s: float | None = None
-    table: StepTable | None = None
     _arm_index: dict[tuple[int, int], ArmStat] = field(
         init=False, repr=False, compare=False, hash=False
     )
@@ -305,13 +298,12 @@ class BanditState:
             "window_end_s": self.window_end_s,
             # 128-bit ints as decimal strings: not every JSON reader keeps big ints exact.
             "rng": [str(v) for v in self.rng],
-            "table": None if self.table is None else self.table.to_dict(),
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BanditState:
-        keys = ("version", "arms", "choice", "time_s", "window_end_s", "rng", "table")
-        check_state_keys("BanditState", data, keys)
+        keys = ("version", "arms", "choice", "time_s", "window_end_s", "rng")
+        check_state_keys("BanditState", data, keys, dropped=("table",))
         where = "BanditState.from_dict"
         arms: list[ArmStat] = []
         raw_arms = data["arms"]
@@ -355,19 +347,12 @@ class BanditState:
                 f"{where}: key 'rng': expected PCG64 [state, inc, has_uint32, uinteger] as "
                 f"decimal strings, got {rng!r} ({exc})"
             ) from exc
-        table = None
-        if data["table"] is not None:
-            try:
-                table = StepTable.from_dict(data["table"])
-            except (PolicyTypeError, TypeError) as exc:
-                raise PolicyStateError(f"{where}: key 'table': {exc}") from exc
         return cls(
             rng=packed,
             arms=tuple(sorted(arms, key=lambda a: (a.slot, a.steps))),
             choice=tuple((int(b), int(s)) for b, s in choice),
             time_s=times["time_s"],
             window_end_s=times["window_end_s"],
-            table=table,
         )
 
 
@@ -436,18 +421,23 @@ class BanditPolicy:
 
     def decide(
         self, observation: Observation, state: BanditState, budget: Budget
-    ) -> tuple[Decision, BanditState]:
-        cfg = self._config
+    ) -> tuple[Plan, BanditState]:
         slots, why = engine_slots(observation, budget)
         snapshot = observation.tier_stats
         if slots is None or snapshot is None:
             why = why or "tier statistics unknown"
-            decision, table = hold_unknown(state.table, observation, f"{self.name}: {why}")
-            return decision, _replace(state, table=table)
+            held = f"{self.name}: {why}; holding"
+            return Plan(None, ReasonCode.HELD_UNKNOWN_TELEMETRY, held, None), state
         # Only the very window consumed last is a duplicate: one ending earlier means the
         # engine (and its stats clock) restarted, and it carries new evidence.
         if state.window_end_s is not None and snapshot.window_end_s == state.window_end_s:
-            return self._hold_stale(observation, state, snapshot)
+            # The same window again (the plugin flushes about once a second): no new
+            # evidence, so no new choice.
+            why = (
+                f"{self.name}: no new tier statistics since the window ending at "
+                f"{state.window_end_s} (got one ending at {snapshot.window_end_s}); holding"
+            )
+            return Plan(None, ReasonCode.HELD_STALE_TELEMETRY, why, None), state
 
         arms, active, shift_notes = self._update(state, snapshot, slots, observation.time_s)
         index = {(a.slot, a.steps): a for a in arms}
@@ -476,48 +466,24 @@ class BanditPolicy:
         time_s = observation.time_s
         if state.time_s is not None:
             time_s = max(time_s, state.time_s)
-        decision, table = publish_or_hold(
-            tuple(wanted),
-            state.table,
-            observation,
-            ttl_s=cfg.ttl_s,
-            change_reason=ReasonCode.CHANGED_PREDICTED_GAIN,
-            refresh_reason=ReasonCode.HELD_NO_CHANGE,
-            message=message,
-            expected_gain=_expected_gain(moves, views),
+        # The whole choice every time, changed or not: the guard drops a plan made under
+        # telemetry it does not trust, and takes this one at its next fresh decision.
+        choice = tuple(wanted)
+        changed = choice != state.choice
+        plan = Plan(
+            choice,
+            ReasonCode.CHANGED_PREDICTED_GAIN if changed else ReasonCode.HELD_NO_CHANGE,
+            f"{message}; plan {format_slots(choice)}" + ("" if changed else " (unchanged)"),
+            _expected_gain(moves, views) if changed else None,
         )
         new_state = BanditState(
             rng=_pack_rng(rng.bit_generator),
             arms=arms,
-            choice=tuple(wanted),
+            choice=choice,
             time_s=time_s,
             window_end_s=snapshot.window_end_s,
-            table=table,
         )
-        return decision, new_state
-
-    def _hold_stale(
-        self, observation: Observation, state: BanditState, snapshot: TierStatsSnapshot
-    ) -> tuple[Decision, BanditState]:
-        # The same window again (the plugin flushes about once a second): no new evidence,
-        # so no new choice; only keep the current table alive.
-        why = (
-            f"{self.name}: no new tier statistics since the window ending at "
-            f"{state.window_end_s} (got one ending at {snapshot.window_end_s})"
-        )
-        last = state.table
-        if last is not None and refresh_due(last, observation.time_s):
-            decision, table = publish_or_hold(
-                last.slots,
-                last,
-                observation,
-                ttl_s=self._config.ttl_s,
-                change_reason=ReasonCode.HELD_STALE_TELEMETRY,
-                refresh_reason=ReasonCode.HELD_STALE_TELEMETRY,
-                message=why,
-            )
-            return decision, _replace(state, table=table)
-        return Decision(None, ReasonCode.HELD_STALE_TELEMETRY, why + "; holding", None), state
+        return plan, new_state
 
     def _update(
         self, state: BanditState, snapshot: TierStatsSnapshot, slots: Slots, now_s: float
@@ -668,14 +634,3 @@ def _expected_gain(
         share = view.weight / total if total > 0 else 0.0
         gain += share * (view.means[new] / view.means[old] - 1.0)
     return gain if gain >= 0.0 else None
-
-
-def _replace(state: BanditState, *, table: StepTable | None) -> BanditState:
-    return BanditState(
-        rng=state.rng,
-        arms=state.arms,
-        choice=state.choice,
-        time_s=state.time_s,
-        window_end_s=state.window_end_s,
-        table=table,
-    )

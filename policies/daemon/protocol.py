@@ -1,7 +1,9 @@
-"""The daemon-level policy contract: ``decide(observation, state, budget) -> (decision, state)``.
+"""The daemon-level policy contract: ``decide(observation, state, budget) -> (plan, state)``.
 
-A daemon policy turns one :class:`Observation` into a :class:`Decision` (a new
-:class:`StepTable`, or none, always with a reason). It is a pure step (DESIGN.md):
+A daemon policy turns one :class:`Observation` into a :class:`Plan` (the steps it wants
+per slot, or none: it stands by its last; always with a reason). The guard
+(``policies.guardrails``) alone turns plans into the published :class:`StepTable`: its
+version, TTL and keep-alives are the guard's, never a policy's. It is a pure step (DESIGN.md):
 time arrives inside the observation, randomness from a generator whose state
 lives in the policy state, and the learned state is a typed, serialisable value
 returned alongside the decision. The same object runs in closed-loop replay
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from specgov.policies.common.types import Budget, Decision, Observation
+from specgov.policies.common.types import Budget, Observation, Plan
 
 StateT = TypeVar("StateT")
 
@@ -38,7 +40,7 @@ class DaemonPolicy(Protocol[StateT]):
 
     def decide(
         self, observation: Observation, state: StateT, budget: Budget
-    ) -> tuple[Decision, StateT]: ...
+    ) -> tuple[Plan, StateT]: ...
 
     def state_from_dict(self, data: Mapping[str, Any]) -> StateT:
         """Restore a state written by ``state.to_dict()``; raises ValueError naming bad keys."""

@@ -1,6 +1,6 @@
 """Fixed daemon policies: ``none``, ``static:K`` and ``batch-table:N=K,...``.
 
-Each publishes a full :class:`StepTable` over the engine's slots (the bounds of
+Each plans a step for every one of the engine's slots (the bounds of
 ``Observation.slot_candidates``) from a rule that never learns:
 
 * :class:`NonePolicy` — step 0 (no speculation) in every slot;
@@ -11,14 +11,12 @@ Each publishes a full :class:`StepTable` over the engine's slots (the bounds of
 
 A wanted step the slot's candidates lack becomes the nearest lower candidate (the
 smallest candidate when none is lower), and the Budget's ``allowed_steps`` narrows the
-candidates when it leaves any; the Decision lists what limited it in ``limited_by``.
+candidates when it leaves any; the Plan lists what limited it in ``limited_by``.
 
-Publishing rules, shared with the learning policies (:func:`publish_or_hold`): the table
-version increments only when a table is issued; an unchanged table is held
-(``table=None``, ``HELD_NO_CHANGE``) until its age passes half its TTL, then re-issued
-with a new version and ``produced_at_s`` so the in-engine policy, which ignores an expired
-table, never falls back while the daemon is alive. Unknown slot candidates hold
-(``HELD_UNKNOWN_TELEMETRY``), still re-issuing the last table when it is due.
+Each decision returns the full plan (a fixed rule has nothing to remember); unknown slot
+candidates hold (``HELD_UNKNOWN_TELEMETRY``, no steps). Versions, the TTL and the
+keep-alives that re-issue a table before it expires are the guard's
+(``policies.guardrails``), never a policy's.
 """
 
 from __future__ import annotations
@@ -26,26 +24,21 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from specgov.policies.common.codec import from_versioned, to_versioned
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import (
     Budget,
-    Decision,
     Observation,
+    Plan,
     PolicyTypeError,
     ReasonCode,
     SlotLayout,
-    StepTable,
 )
-from specgov.policies.common.validation import check_int, check_real, is_int
+from specgov.policies.common.validation import check_int, is_int
 
 STATE_VERSION: Final = 1
-# Long enough that a daemon deciding every few seconds re-issues a table a handful of
-# times per minute at most, short enough that a dead daemon hands control back to
-# SGLang's own policy within half a minute.
-DEFAULT_TTL_S: Final = 30.0
 
 LIMITED_BY_CANDIDATES: Final = ReasonCode.LIMITED_BY_CANDIDATES.value
 LIMITED_BY_BUDGET: Final = ReasonCode.LIMITED_BY_BUDGET.value
@@ -54,10 +47,6 @@ Slots = SlotLayout
 
 
 # ------------------------------------------------------------------ shared helpers
-
-
-def check_ttl_s(owner: str, ttl_s: object) -> float:
-    return check_real(f"{owner}.ttl_s", ttl_s, error=PolicyTypeError, positive=True)
 
 
 def engine_slots(observation: Observation, budget: Budget) -> tuple[Slots | None, str]:
@@ -93,87 +82,8 @@ def clamp_to_candidates(steps: int, candidates: Sequence[int]) -> int:
     return max(lower) if lower else min(candidates)
 
 
-def next_version(last: StepTable | None, observation: Observation) -> int:
-    """A version above both our last table and the engine's, so it is always newer."""
-    seen = [t.version for t in (last, observation.table) if t is not None]
-    return max(seen, default=0) + 1
-
-
-def refresh_due(last: StepTable, now_s: float) -> bool:
-    """True once the table's age passes half its TTL (or the clock went backwards)."""
-    age_s = now_s - last.produced_at_s
-    return age_s < 0 or age_s >= last.ttl_s / 2
-
-
 def format_slots(slots: Iterable[tuple[int, int]]) -> str:
     return "[" + ", ".join(f"{b}:{s}" for b, s in slots) + "]"
-
-
-def publish_or_hold(
-    wanted: tuple[tuple[int, int], ...],
-    last: StepTable | None,
-    observation: Observation,
-    *,
-    ttl_s: float,
-    change_reason: ReasonCode,
-    refresh_reason: ReasonCode,
-    message: str,
-    limited_by: tuple[str, ...] = (),
-    expected_gain: float | None = None,
-) -> tuple[Decision, StepTable | None]:
-    """Issue ``wanted`` when it differs from ``last`` or ``last`` is due for a refresh.
-
-    Returns the decision and the table the policy now stands by (its new ``last``).
-    """
-    now = observation.time_s
-    if last is not None and last.slots == wanted and not refresh_due(last, now):
-        age = now - last.produced_at_s
-        hold = Decision(
-            table=None,
-            reason=ReasonCode.HELD_NO_CHANGE,
-            message=f"{message}; table v{last.version} unchanged (age {age:.1f}s)",
-            expected_gain=None,
-            limited_by=limited_by,
-        )
-        return hold, last
-    refresh = last is not None and last.slots == wanted
-    table = StepTable(
-        slots=wanted,
-        version=next_version(last, observation),
-        produced_at_s=now,
-        ttl_s=ttl_s,
-        reason=(refresh_reason if refresh else change_reason).value,
-    )
-    what = "re-issued before TTL expiry" if refresh else "published"
-    decision = Decision(
-        table=table,
-        reason=refresh_reason if refresh else change_reason,
-        message=f"{message}; {what} table v{table.version} {format_slots(wanted)}",
-        expected_gain=None if refresh else expected_gain,
-        limited_by=limited_by,
-    )
-    return decision, table
-
-
-def hold_unknown(
-    last: StepTable | None, observation: Observation, why: str
-) -> tuple[Decision, StepTable | None]:
-    """Hold on unknown telemetry, re-issuing the last table unchanged when it is due.
-
-    Freezing means keeping what runs now; letting the table expire would hand the engine
-    back to its fallback policy, which is a change.
-    """
-    if last is not None and refresh_due(last, observation.time_s):
-        table = StepTable(
-            slots=last.slots,
-            version=next_version(last, observation),
-            produced_at_s=observation.time_s,
-            ttl_s=last.ttl_s,
-            reason=ReasonCode.HELD_UNKNOWN_TELEMETRY.value,
-        )
-        message = f"{why}; holding, re-issued table v{table.version} before TTL expiry"
-        return Decision(table, ReasonCode.HELD_UNKNOWN_TELEMETRY, message, None), table
-    return Decision(None, ReasonCode.HELD_UNKNOWN_TELEMETRY, f"{why}; holding", None), last
 
 
 # ------------------------------------------------------------------------- state
@@ -184,28 +94,35 @@ class PolicyStateError(SpecgovError, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class TableState:
-    """State of a fixed policy: the last table it issued (for versioning and refresh)."""
+class FixedState:
+    """State of a fixed policy: nothing (its rule never learns).
 
-    table: StepTable | None = None
+    A state saved before the guard owned the table versions held the policy's copy of its
+    last table (key ``table``); it is read and dropped (the guard keeps the table).
+    """
+
+    CODEC_TOLERATED_KEYS: ClassVar[frozenset[str]] = frozenset({"table"})
 
     # The PolicyState protocol's pair (the daemon saves any policy's state), versioned.
     def to_dict(self) -> dict[str, Any]:
         return to_versioned(self, STATE_VERSION)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TableState:
+    def from_dict(cls, data: Mapping[str, Any]) -> FixedState:
         return from_versioned(
-            cls, data, STATE_VERSION, where="TableState.from_dict", error=PolicyStateError
+            cls, data, STATE_VERSION, where="FixedState.from_dict", error=PolicyStateError
         )
 
 
-def check_state_keys(owner: str, data: object, keys: Sequence[str]) -> None:
-    """Exactly ``keys`` present and ``version`` == STATE_VERSION, else PolicyStateError."""
+def check_state_keys(
+    owner: str, data: object, keys: Sequence[str], dropped: Sequence[str] = ()
+) -> None:
+    """Exactly ``keys`` present (``dropped``: keys older states carry, allowed and
+    ignored) and ``version`` == STATE_VERSION, else PolicyStateError."""
     if not isinstance(data, Mapping):
         raise PolicyStateError(f"{owner}.from_dict: expected a mapping, got {data!r}")
     missing = [k for k in keys if k not in data]
-    unknown = sorted(str(k) for k in data if k not in keys)
+    unknown = sorted(str(k) for k in data if k not in keys and k not in dropped)
     if missing or unknown:
         raise PolicyStateError(
             f"{owner}.from_dict: missing key(s) {missing}, unknown key(s) {unknown}; "
@@ -222,40 +139,30 @@ def check_state_keys(owner: str, data: object, keys: Sequence[str]) -> None:
 
 
 class _FixedPolicy:
-    """Shared decide(): map each engine slot bound to a wanted step, clamp, publish."""
+    """Shared decide(): map each engine slot bound to a wanted step, clamp, plan."""
 
-    __slots__ = ("_ttl_s",)
-
-    def __init__(self, *, ttl_s: float) -> None:
-        self._ttl_s = check_ttl_s(type(self).__name__, ttl_s)
-
-    @property
-    def ttl_s(self) -> float:
-        return self._ttl_s
+    __slots__ = ()
 
     @property
     def name(self) -> str:
         raise NotImplementedError
 
-    def _ttl_suffix(self) -> str:
-        return "" if self._ttl_s == DEFAULT_TTL_S else f"ttl_s={_fmt_float(self._ttl_s)}"
-
     def _wanted(self, bound: int) -> int:
         raise NotImplementedError
 
-    def initial_state(self) -> TableState:
-        return TableState()
+    def initial_state(self) -> FixedState:
+        return FixedState()
 
-    def state_from_dict(self, data: Mapping[str, Any]) -> TableState:
-        return TableState.from_dict(data)
+    def state_from_dict(self, data: Mapping[str, Any]) -> FixedState:
+        return FixedState.from_dict(data)
 
     def decide(
-        self, observation: Observation, state: TableState, budget: Budget
-    ) -> tuple[Decision, TableState]:
+        self, observation: Observation, state: FixedState, budget: Budget
+    ) -> tuple[Plan, FixedState]:
         slots, why = engine_slots(observation, budget)
         if slots is None:
-            decision, table = hold_unknown(state.table, observation, f"{self.name}: {why}")
-            return decision, TableState(table)
+            message = f"{self.name}: {why}; holding"
+            return Plan(None, ReasonCode.HELD_UNKNOWN_TELEMETRY, message, None), state
         wanted: list[tuple[int, int]] = []
         limited: set[str] = set()
         notes: list[str] = []
@@ -270,25 +177,17 @@ class _FixedPolicy:
                 limited.add(LIMITED_BY_BUDGET if want in engine_steps else LIMITED_BY_CANDIDATES)
                 notes.append(f"slot {bound}: {want} -> {got}")
             wanted.append((bound, got))
-        message = f"{self.name}"
+        message = f"{self.name}: {format_slots(wanted)}"
         if notes:
             message += " (clamped " + ", ".join(notes) + ")"
-        decision, table = publish_or_hold(
+        plan = Plan(
             tuple(wanted),
-            state.table,
-            observation,
-            ttl_s=self._ttl_s,
-            change_reason=ReasonCode.STATIC_POLICY,
-            refresh_reason=ReasonCode.STATIC_POLICY,
-            message=message,
+            ReasonCode.STATIC_POLICY,
+            message,
+            None,
             limited_by=tuple(sorted(limited)),
         )
-        return decision, TableState(table)
-
-
-def _fmt_float(value: float) -> str:
-    text = repr(float(value))
-    return text[:-2] if text.endswith(".0") else text
+        return plan, state
 
 
 def _check_steps(owner: str, steps: object) -> int:
@@ -300,13 +199,9 @@ class NonePolicy(_FixedPolicy):
 
     __slots__ = ()
 
-    def __init__(self, *, ttl_s: float = DEFAULT_TTL_S) -> None:
-        super().__init__(ttl_s=ttl_s)
-
     @property
     def name(self) -> str:
-        suffix = self._ttl_suffix()
-        return f"none:{suffix}" if suffix else "none"
+        return "none"
 
     def _wanted(self, bound: int) -> int:
         return 0
@@ -317,8 +212,7 @@ class StaticPolicy(_FixedPolicy):
 
     __slots__ = ("_steps",)
 
-    def __init__(self, steps: int, *, ttl_s: float = DEFAULT_TTL_S) -> None:
-        super().__init__(ttl_s=ttl_s)
+    def __init__(self, steps: int) -> None:
         self._steps = _check_steps("StaticPolicy.steps", steps)
 
     @property
@@ -327,8 +221,7 @@ class StaticPolicy(_FixedPolicy):
 
     @property
     def name(self) -> str:
-        suffix = self._ttl_suffix()
-        return f"static:{self._steps}" + (f",{suffix}" if suffix else "")
+        return f"static:{self._steps}"
 
     def _wanted(self, bound: int) -> int:
         return self._steps
@@ -343,13 +236,7 @@ class BatchTablePolicy(_FixedPolicy):
 
     __slots__ = ("_keys", "_schedule")
 
-    def __init__(
-        self,
-        schedule: Mapping[int, int] | Sequence[tuple[int, int]],
-        *,
-        ttl_s: float = DEFAULT_TTL_S,
-    ) -> None:
-        super().__init__(ttl_s=ttl_s)
+    def __init__(self, schedule: Mapping[int, int] | Sequence[tuple[int, int]]) -> None:
         pairs = list(schedule.items()) if isinstance(schedule, Mapping) else list(schedule)
         self._schedule = validate_schedule(pairs)
         self._keys = tuple(n for n, _ in self._schedule)
@@ -360,9 +247,7 @@ class BatchTablePolicy(_FixedPolicy):
 
     @property
     def name(self) -> str:
-        body = ",".join(f"{n}={k}" for n, k in self._schedule)
-        suffix = self._ttl_suffix()
-        return f"batch-table:{body}" + (f",{suffix}" if suffix else "")
+        return "batch-table:" + ",".join(f"{n}={k}" for n, k in self._schedule)
 
     def _wanted(self, bound: int) -> int:
         idx = bisect.bisect_right(self._keys, bound) - 1

@@ -19,8 +19,8 @@ the model-based policy; keys are the fields of
 :class:`~specgov.policies.daemon.bandit.BanditConfig` (e.g.
 ``algo=thompson,seed=1,window_s=60``).
 
-No kind takes ``ttl_s``: every published table is stamped by the guardrails, whose
-``table_ttl_s`` (config ``guardrails.table_ttl_s``) is the one TTL knob.
+No kind takes a TTL: a policy returns a plan, and the guardrails stamp every published
+table with theirs (``table_ttl_s``, config ``guardrails.table_ttl_s``), the one TTL knob.
 
 Values are typed by their key: ints (``3``), numbers (``40``, ``0.05``, ``1e-3``; finite),
 booleans (``true``/``false``), words (``thompson``), and ``none`` for optional keys.
@@ -100,9 +100,6 @@ _FIXED_SCHEMAS: Final[dict[str, dict[str, _KeyType]]] = {
     "sglang-ema": {},
     "batch-table": {},
 }
-# Config fields that are not spec keys: the guardrails stamp every published table with
-# their own TTL (guardrails.table_ttl_s), so a policy's would have no effect.
-_NOT_SPEC_KEYS: Final = frozenset({"ttl_s"})
 
 
 def _config_schema(cls: type) -> dict[str, _KeyType]:
@@ -110,7 +107,7 @@ def _config_schema(cls: type) -> dict[str, _KeyType]:
     hints = typing.get_type_hints(cls)
     out: dict[str, _KeyType] = {}
     for f in dataclasses.fields(cls):
-        if not f.init or f.name.startswith("_") or f.name in _NOT_SPEC_KEYS:
+        if not f.init or f.name.startswith("_"):
             continue
         hint = hints[f.name]
         optional = False
@@ -408,6 +405,22 @@ def parse_policy_spec(text: str) -> PolicySpec:
                 raise PolicySpecError(f"{where}: duplicate key {_show(key)}")
             params[key] = value
     return PolicySpec(kind, params, stripped)
+
+
+def static_steps(spec: PolicySpec | str) -> int | None:
+    """K of a ``static:K`` spec; None for a spec of another kind, or text whose kind is
+    not ``static`` (e.g. a replay-only name such as ``oracle``). A malformed ``static``
+    spec raises :class:`PolicySpecError` with :func:`parse_policy_spec`'s message: this
+    is the one place ``static:K`` is read."""
+    if isinstance(spec, str):
+        if spec.strip().partition(":")[0].strip() != "static":
+            return None
+        spec = parse_policy_spec(spec)
+    if spec.kind != "static":
+        return None
+    steps = spec.params["steps"]
+    assert isinstance(steps, int)  # _check_semantics ran on construction
+    return steps
 
 
 # ------------------------------------------------------------------- build

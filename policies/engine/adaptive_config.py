@@ -255,10 +255,3 @@ def parse_adaptive_config(cfg: Mapping[str, Any], *, source: str = "<default>") 
             )
         )
     return AdaptiveConfig(slots=tuple(slots), source=source)
-
-
-def candidate_steps_union(cfg: AdaptiveConfig | Mapping[str, Any]) -> list[int]:
-    """Union of every slot's candidate steps, sorted (SGLang's
-    ``resolve_candidate_steps_from_config``): the steps the engine prebuilds."""
-    parsed = cfg if isinstance(cfg, AdaptiveConfig) else parse_adaptive_config(cfg)
-    return parsed.candidate_steps

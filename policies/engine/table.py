@@ -82,6 +82,12 @@ UNCAPTURED_STEP: Final = "uncaptured_step"
 SOURCE_ERROR: Final = "source_error"
 INTERNAL_ERROR: Final = "internal_error"
 
+# The plugin's cadences, defined once (the plugin, replay and the simulated server use
+# them): per-tier statistics flushed about once a second, the spool polled (and the table
+# broadcast to every TP rank) every 64 decode batches, identical on every rank.
+DEFAULT_FLUSH_INTERVAL_S: Final = 1.0
+DEFAULT_POLL_EVERY_BATCHES: Final = 64
+
 # Lookups awaiting their verify: one per batch in flight (two with the overlap
 # scheduler); the bound only drops lookups whose verify never came (e.g. idle batches).
 _PENDING_MAX: Final = 8
@@ -242,8 +248,8 @@ class TablePolicy:
         stats_sink: Callable[[TierStatsSnapshot], None],
         clock: Callable[[], float],
         fallback: EmaPolicy,
-        flush_interval_s: float = 1.0,
-        poll_every_batches: int = 64,
+        flush_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
+        poll_every_batches: int = DEFAULT_POLL_EVERY_BATCHES,
     ) -> None:
         if not isinstance(fallback, EmaPolicy):
             raise PolicyTypeError(

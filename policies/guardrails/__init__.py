@@ -1,8 +1,11 @@
 """Guardrails: one wrapper around every daemon policy, operator overrides included.
 
-:class:`GuardedPolicy` wraps any :class:`~specgov.policies.daemon.protocol.DaemonPolicy` and is
-one itself (same ``name``). Each decision first runs the inner policy (its state always advances
-as it chose), turns the inner table into a proposal over the engine's slots
+:class:`GuardedPolicy` wraps any :class:`~specgov.policies.daemon.protocol.DaemonPolicy` (same
+``name``, same state contract). The inner policy returns a :class:`Plan` (steps per slot,
+reasons, experiments); the guard alone makes the published table from it: its version, its
+TTL (``table_ttl_s``) and the keep-alives that re-issue it before the TTL runs out. Each
+decision first runs the inner policy (its state always advances as it chose), turns the
+inner plan into a proposal over the engine's slots
 (``Observation.slot_candidates``; the first bound is published as 1, as SGLang routes smaller
 batches there; clamped as in step 6, so steps 3-5 judge the changes that would really happen),
 then passes the proposal through these steps, in this order, each a small pure function
@@ -11,7 +14,7 @@ the observation and the Budget):
 
 1. :func:`freeze_on_unknown_telemetry` — a field of ``config.required_fields`` is None,
    ``staleness_s > max_staleness_s``, or the tier statistics ended more than
-   ``max_tier_stats_age_s`` ago: the inner table is dropped and the table in force is held.
+   ``max_tier_stats_age_s`` ago: the inner plan is dropped and the table in force is held.
    Codes: ``HELD_UNKNOWN_TELEMETRY``, ``HELD_STALE_TELEMETRY``. Unknown telemetry never
    changes the table; only an active operator override may (still clamped, step 6). The
    unchanged table is re-issued before its TTL runs out for up to ``frozen_keepalive_s``
@@ -48,10 +51,10 @@ the observation and the Budget):
    taken for a regression; see :class:`WindowAggregate`) is compared with the windows
    before it. If it fell by more than ``rollback_threshold`` with enough data, or an SLO
    of the Budget that was met (TPOT p50 vs ``slo_tpot_ms``, ITL p99 vs
-   ``slo_itl_p99_ms``) is now broken, the previous steps are restored (clamped) and the
-   rejected move is blocked for ``rollback_cooldown_s``. Codes: ``ROLLED_BACK_REGRESSION``;
-   a blocked re-proposal is held with ``HELD_NO_CHANGE`` and ``rollback_cooldown`` in
-   ``limited_by``.
+   ``slo_itl_p99_ms``, TTFT p99 vs ``slo_ttft_p99_ms``) is now broken, the previous steps
+   are restored (clamped) and the rejected move is blocked for ``rollback_cooldown_s``.
+   Codes: ``ROLLED_BACK_REGRESSION``; a blocked re-proposal is held with
+   ``HELD_NO_CHANGE`` and ``rollback_cooldown`` in ``limited_by``.
 
 Finally the result is committed: the very first table is published (``INITIAL``, also
 after the engine's slot layout changed); a changed table is published with a new
@@ -78,6 +81,7 @@ from specgov.policies.guardrails._common import (
     Slots,
 )
 from specgov.policies.guardrails.config import (
+    DEFAULT_TABLE_TTL_S,
     GuardrailConfig,
 )
 from specgov.policies.guardrails.overrides import (
@@ -123,6 +127,7 @@ from specgov.policies.guardrails.wrapper import (
 )
 
 __all__ = [
+    "DEFAULT_TABLE_TTL_S",
     "GUARD_STATE_VERSION",
     "GUARD_STEPS",
     "OVERRIDE_VERSION",

@@ -19,6 +19,12 @@ from specgov.policies.guardrails._common import (
 
 # --------------------------------------------------------------------------- config
 
+# The table TTL, defined once (the guard stamps it; health, doctor and the config
+# default read it). Long enough that a daemon deciding every few seconds re-issues a
+# table a handful of times per minute at most, short enough that a dead daemon hands
+# control back to SGLang's own policy within half a minute.
+DEFAULT_TABLE_TTL_S: Final = 30.0
+
 
 @dataclass(frozen=True, slots=True)
 class GuardrailConfig:
@@ -28,7 +34,7 @@ class GuardrailConfig:
     """
 
     # TTL stamped on every published table; the in-engine policy ignores an expired one.
-    table_ttl_s: float = 30.0
+    table_ttl_s: float = DEFAULT_TABLE_TTL_S
     # Re-issue an unchanged table once its age passes this fraction of its TTL.
     keepalive_fraction: float = 0.5
     # While frozen, keep re-issuing the held table for this long after the last fresh

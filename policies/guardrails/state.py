@@ -63,6 +63,8 @@ class WindowSample:
     running: NonNegInt | None
     tpot_p50_ms: OptReal
     itl_p99_ms: OptReal
+    # Added later: a sample saved before it reads as unknown.
+    ttft_p99_ms: OptReal = None
 
     @property
     def start_s(self) -> float:
@@ -81,6 +83,7 @@ def window_sample(observation: Observation) -> WindowSample | None:
         running=obs.running_requests,
         tpot_p50_ms=None if obs.tpot_ms is None else obs.tpot_ms.p50_ms,
         itl_p99_ms=None if obs.itl_ms is None else obs.itl_ms.p99_ms,
+        ttft_p99_ms=None if obs.ttft_ms is None else obs.ttft_ms.p99_ms,
     )
 
 
@@ -103,6 +106,8 @@ class WindowAggregate:
     itl_weighted: NonNegReal = 0.0
     itl_seconds: NonNegReal = 0.0
     last_end_s: OptReal = None
+    ttft_weighted: NonNegReal = 0.0
+    ttft_seconds: NonNegReal = 0.0
 
     def add(self, sample: WindowSample) -> WindowAggregate:
         last = self.last_end_s
@@ -122,6 +127,9 @@ class WindowAggregate:
             tpot_w, tpot_s = tpot_w + cover * sample.tpot_p50_ms, tpot_s + cover
         if sample.itl_p99_ms is not None:
             itl_w, itl_s = itl_w + cover * sample.itl_p99_ms, itl_s + cover
+        ttft_w, ttft_s = self.ttft_weighted, self.ttft_seconds
+        if sample.ttft_p99_ms is not None:
+            ttft_w, ttft_s = ttft_w + cover * sample.ttft_p99_ms, ttft_s + cover
         return WindowAggregate(
             seconds=self.seconds + cover,
             tokens=self.tokens + sample.tokens * cover / sample.window_s,
@@ -131,6 +139,8 @@ class WindowAggregate:
             itl_weighted=itl_w,
             itl_seconds=itl_s,
             last_end_s=sample.end_s,
+            ttft_weighted=ttft_w,
+            ttft_seconds=ttft_s,
         )
 
     @property
@@ -152,6 +162,10 @@ class WindowAggregate:
     @property
     def itl_p99_ms(self) -> float | None:
         return self.itl_weighted / self.itl_seconds if self.itl_seconds > 0 else None
+
+    @property
+    def ttft_p99_ms(self) -> float | None:
+        return self.ttft_weighted / self.ttft_seconds if self.ttft_seconds > 0 else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,8 @@ from typing import Any, Final, TypeAlias
 
 from specgov.policies.common.types import (
     Budget,
-    Decision,
     Observation,
+    Plan,
     ReasonCode,
 )
 from specgov.policies.guardrails._common import (
@@ -47,7 +47,7 @@ class GuardContext:
 
     observation: Observation
     budget: Budget
-    inner_decision: Decision
+    inner_plan: Plan
     # The engine's slots (first bound published as 1), from the observation or as last seen.
     candidates: Candidates | None
     # The steps in force on those slots; None when nothing is in force (or the layout changed).
@@ -534,6 +534,7 @@ def evaluate_trial(
     for name, slo, before, after in (
         ("TPOT p50", budget.slo_tpot_ms, base.tpot_ms, post.tpot_ms),
         ("ITL p99", budget.slo_itl_p99_ms, base.itl_p99_ms, post.itl_p99_ms),
+        ("TTFT p99", budget.slo_ttft_p99_ms, base.ttft_p99_ms, post.ttft_p99_ms),
     ):
         if slo is None or before is None or after is None:
             continue

@@ -12,6 +12,7 @@ from specgov.policies.common.types import (
     Budget,
     Decision,
     Observation,
+    Plan,
     ReasonCode,
     SlotRule,
     StepTable,
@@ -65,7 +66,9 @@ def _keepalive_due(table: StepTable, now_s: float, config: GuardrailConfig) -> b
 
 
 class GuardedPolicy(Generic[S]):
-    """``inner`` behind the guardrails (module docstring); a DaemonPolicy itself."""
+    """``inner`` behind the guardrails (module docstring): takes the inner policy's
+    :class:`Plan` and alone makes the published :class:`StepTable` from it (version, TTL
+    ``config.table_ttl_s``, keep-alives)."""
 
     __slots__ = ("_config", "_inner")
 
@@ -116,7 +119,7 @@ class GuardedPolicy(Generic[S]):
         The returned state assumes a published table reaches the engine; when it does
         not, :func:`on_publish_result` takes the change back.
         """
-        inner_decision, inner_state = self._inner.decide(observation, state.inner, budget)
+        inner_plan, inner_state = self._inner.decide(observation, state.inner, budget)
         cands = engine_layout(observation.slot_candidates) or state.last_candidates
         st: GuardedState[Any] = replace(state, inner=inner_state, last_candidates=cands)
         current: Slots | None = None
@@ -128,13 +131,13 @@ class GuardedPolicy(Generic[S]):
             else:
                 layout_note = f"engine slots changed from {list(bounds)} to {[b for b, _ in cands]}"
         # Stored at commit unless frozen: a table made from unknown telemetry is dropped.
-        wanted = _wanted(inner_decision, st.wanted, cands)
+        wanted = _wanted(inner_plan, st.wanted, cands)
         active = active_overrides(overrides, observation.time_s)
         expired = tuple(o for o in overrides if not o.is_active(observation.time_s))
         ctx = GuardContext(
             observation,
             budget,
-            inner_decision,
+            inner_plan,
             cands,
             current,
             wanted,
@@ -181,21 +184,20 @@ def on_publish_result(before: GuardedState[S], after: GuardedState[S], ok: bool)
     )
 
 
-def _wanted(decision: Decision, previous: Wanted | None, cands: Candidates | None) -> Wanted | None:
-    """The inner policy's table on the engine's slots; a hold stands by its last one."""
+def _wanted(plan: Plan, previous: Wanted | None, cands: Candidates | None) -> Wanted | None:
+    """The inner policy's plan on the engine's slots; a hold stands by its last one."""
     if cands is None:
         return previous
     bounds = [b for b, _ in cands]
-    if decision.table is None:
+    if plan.slots is None:
         if previous is not None and [b for b, _ in previous.steps] == bounds:
             return previous
         return None
-    table = decision.table
-    steps = tuple((b, table.steps_for(b)) for b in bounds)
-    rules = tuple((b, r) for b in bounds if (r := table.rule_for(b)) is not None)
-    gain = decision.expected_gain
-    trials = set(decision.experiment_slots)
-    experiments = frozenset(b for b in bounds if table.slot_for(b) in trials)
+    steps = tuple((b, plan.steps_for(b)) for b in bounds)
+    rules = tuple((b, r) for b in bounds if (r := plan.rule_for(b)) is not None)
+    gain = plan.expected_gain
+    trials = set(plan.experiment_slots)
+    experiments = frozenset(b for b in bounds if plan.slot_for(b) in trials)
     if previous is not None and previous.steps == steps and gain is None and not experiments:
         # A re-issue of the same table carries no prediction; keep the one it came with.
         gain = previous.expected_gain
@@ -203,7 +205,7 @@ def _wanted(decision: Decision, previous: Wanted | None, cands: Candidates | Non
     return Wanted(
         steps=steps,
         expected_gain=gain,
-        reason=decision.reason,
+        reason=plan.reason,
         experiment_slots=experiments,
         rules=rules,
     )
@@ -317,19 +319,19 @@ def _commit(
         headline = "no table published yet"
     if not p.frozen:
         state = replace(state, wanted=ctx.wanted)
-    if ctx.inner_decision.message:
+    if ctx.inner_plan.message:
         notes.append(
-            f"policy {inner_name}: {ctx.inner_decision.reason.value}: {ctx.inner_decision.message}"
+            f"policy {inner_name}: {ctx.inner_plan.reason.value}: {ctx.inner_plan.message}"
         )
-    limited = tuple(dict.fromkeys((*ctx.inner_decision.limited_by, *p.limited_by)))
+    limited = tuple(dict.fromkeys((*ctx.inner_plan.limited_by, *p.limited_by)))
     decision = Decision(
         table=table,
         reason=reason,
         message="; ".join([headline, *notes]),
         expected_gain=gain,
         limited_by=limited,
-        restart_recommendation=ctx.inner_decision.restart_recommendation,
-        predictions=ctx.inner_decision.predictions,
+        restart_recommendation=ctx.inner_plan.restart_recommendation,
+        predictions=ctx.inner_plan.predictions,
     )
     return decision, state
 

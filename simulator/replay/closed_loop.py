@@ -42,6 +42,7 @@ from specgov.policies.control.core import (
     Publish,
     control_step,
 )
+from specgov.policies.engine.table import DEFAULT_FLUSH_INTERVAL_S, DEFAULT_POLL_EVERY_BATCHES
 from specgov.policies.guardrails import GuardedPolicy, Override
 
 
@@ -53,8 +54,8 @@ class ClosedLoopConfigError(SpecgovError, ValueError):
 class ControlLoopConfig:
     interval_s: float = 5.0  # the daemon's decision period
     publish_delay_s: float = 0.05  # spool write + rename until the plugin can see it
-    stats_flush_s: float = 1.0  # the plugin's per-tier statistics cadence
-    poll_every_batches: int = 64  # the plugin's spool poll cadence (decode batches)
+    stats_flush_s: float = DEFAULT_FLUSH_INTERVAL_S  # the plugin's per-tier statistics cadence
+    poll_every_batches: int = DEFAULT_POLL_EVERY_BATCHES  # its spool poll cadence (batches)
 
     def __post_init__(self) -> None:
         for name in ("interval_s", "stats_flush_s"):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from specgov.policies.daemon.spec import (
     PolicySpec,
     format_policy_spec,
     parse_policy_spec,
+    static_steps,
 )
 
 # One class for a bad policy spec, daemon's and replay's: re-exported for replay's callers.
@@ -135,15 +136,11 @@ def parse_policy(text: str) -> InEnginePolicy:
         if arg:
             raise PolicySpecError(f"policy {raw!r}: 'none' takes no argument")
         return InEnginePolicy("none", False, (), lambda _steps: None)
-    if kind == "static":
-        try:
-            steps = int(arg)
-        except ValueError:
-            raise PolicySpecError(
-                f"policy {raw!r}: expected static:K with K a non-negative integer, got {arg!r}"
-            ) from None
-        if steps < 0:
-            raise PolicySpecError(f"policy {raw!r}: K must be >= 0, got {steps}")
+    try:
+        steps = static_steps(raw)
+    except DaemonSpecError as exc:
+        raise PolicySpecError(f"{exc} (replay policies: {KNOWN_POLICIES})") from None
+    if steps is not None:
         return InEnginePolicy(
             f"static:{steps}", True, (steps,), lambda _initial: FixedStepPolicy(steps)
         )
@@ -231,6 +228,9 @@ class ServerSpec:
     hicache_size_gb: int = 0
     # GPU time per tier switch (ms); None: the drafter catalog's tier_switch_ms (0 built in).
     tier_switch_ms: float | None = None
+    # GPU memory per GPU SGLang may use (GiB; the daemon's budget.vram_gib), planned as if
+    # the GPU had only this much; None: the whole GPU.
+    vram_gib: float | None = None
 
     def __post_init__(self) -> None:
         check_prior_options(self.prior_scale, self.prior_gpu, self.catalog_files)
@@ -250,6 +250,11 @@ class ServerSpec:
         ms = self.tier_switch_ms
         if ms is not None and (not is_real(ms) or ms < 0):
             raise PolicySpecError(f"tier_switch_ms: expected a number >= 0 (ms), got {ms!r}")
+        vram = self.vram_gib
+        if vram is not None and (
+            not isinstance(vram, int | float) or isinstance(vram, bool) or not 0 < vram < math.inf
+        ):
+            raise PolicySpecError(f"vram_gib: expected a number > 0 (GiB), got {vram!r}")
 
     def switch_ms(self, drafter: DrafterSpec) -> float:
         """The tier-switch cost this server runs with (ms): the override, else the catalog's."""
@@ -419,8 +424,12 @@ def prepare_run(
     if server.max_running_requests is not None:
         graph_max_bs = min(graph_max_bs, server.max_running_requests)
     ndt = server.num_draft_tokens if server.topk > 1 else None
+    # A VRAM budget below the GPU's: SGLang sizes its pools from what it may use.
+    planned_gpu = b.gpu
+    if server.vram_gib is not None and server.vram_gib < b.gpu.memory_gib:
+        planned_gpu = replace(b.gpu, memory_gib=float(server.vram_gib))
     memory = budget_memory(
-        b.gpu,
+        planned_gpu,
         b.model,
         drafter,
         mem_fraction_static=server.mem_fraction_static,
@@ -695,6 +704,8 @@ def replay(
             "hicache_ratio": server.hicache_ratio,
             "hicache_size_gb": server.hicache_size_gb,
             "tier_switch_ms": server.switch_ms(built.drafter),
+            # Only when set: a run without a budget reports what it always did.
+            **({} if server.vram_gib is None else {"vram_gib": server.vram_gib}),
             "prior": {
                 "gpu": (
                     Catalog.load(server.catalog_files).gpu(server.prior_gpu).name

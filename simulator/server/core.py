@@ -56,6 +56,7 @@ from typing import Any
 from aiohttp import web
 
 from specgov.policies.common.validation import is_int, is_real
+from specgov.policies.engine.table import DEFAULT_FLUSH_INTERVAL_S
 from specgov.simulator.engine.interface import EngineResult
 from specgov.simulator.replay.runner import ServerSpec
 from specgov.simulator.server import endpoints as ep
@@ -96,7 +97,7 @@ class SimServer:
         loop_trace: bool = False,
         api_key: str | None = None,
         admin_routes: bool = True,
-        stats_interval_s: float = 1.0,
+        stats_interval_s: float = DEFAULT_FLUSH_INTERVAL_S,
         speculative: bool = True,
     ) -> None:
         _check_options(speed, stats_interval_s, port, host, api_key)

@@ -30,7 +30,7 @@ released wheel (``sglang/srt/...``):
   default (``timestamp`` 0.0, zeros, no sections).
 * ``/model_info``: the same keys as SGLang's. ``model_path`` is
   ``specgov-sim:<catalog model>`` (:data:`SIM_MODEL_PREFIX`): that is how a client tells
-  the simulator from a real SGLang (:func:`is_simulated_model_info`); every other body has
+  the simulator from a real SGLang (the prefix); every other body has
   SGLang's shape.
 * ``/set_internal_state``: the body is SGLang's ``SetInternalStateReq``
   (``{"server_args": {key: number}}``; a malformed body is a 400 ``ErrorResponse``, as
@@ -301,12 +301,6 @@ def model_info_body(launch: LaunchInfo) -> dict[str, Any]:
         "model_type": "specgov-sim",
         "architectures": ["SpecgovSimulatedForCausalLM"],
     }
-
-
-def is_simulated_model_info(body: Mapping[str, Any]) -> bool:
-    """True if a ``/model_info`` body comes from the specgov simulator."""
-    path = body.get("model_path")
-    return isinstance(path, str) and path.startswith(SIM_MODEL_PREFIX)
 
 
 # ------------------------------------------------------------------------ /v1/loads

@@ -32,7 +32,6 @@ from specgov.policies.engine.adaptive_config import (
     DEFAULT_UPDATE_INTERVAL,
     DEFAULT_WARMUP_BATCHES,
     AdaptiveConfigError,
-    candidate_steps_union,
     parse_adaptive_config,
 )
 from specgov.policies.engine.ema import EmaPolicy
@@ -199,7 +198,7 @@ def test_ema_policy_matches_sglang_call_for_call(asp: ModuleType, tmp_path: Path
 
 def test_default_config_and_knob_defaults_match_sglang(asp: ModuleType) -> None:
     assert DEFAULT_ADAPTIVE_CONFIG == asp.DEFAULT_ADAPTIVE_CONFIG
-    assert candidate_steps_union(DEFAULT_ADAPTIVE_CONFIG) == (
+    assert parse_adaptive_config(DEFAULT_ADAPTIVE_CONFIG).candidate_steps == (
         asp.resolve_candidate_steps_from_config(None)
     )
     slot = asp.AdaptiveStepSlot(initial_steps=1, cfg={"candidate_steps": [1]})

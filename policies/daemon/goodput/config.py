@@ -19,9 +19,11 @@ from specgov.policies.daemon.estimators.step_cost import (
     StepCostConfig,
 )
 
-GOODPUT_STATE_VERSION: Final = 2
-# Version 1 states are read too: the fields version 2 added start unknown (None).
-READABLE_VERSIONS: Final = (1, 2)
+GOODPUT_STATE_VERSION: Final = 3
+# Older states are read too: the fields version 2 added start unknown (None); versions 1
+# and 2 kept the last proposal as a versioned table (``last_table``), version 3 keeps its
+# steps and rules only (the guard owns versions and TTLs).
+READABLE_VERSIONS: Final = (1, 2, 3)
 
 
 # SLO model constants (see _SloModel): the normal quantile of p90; the log-TPOT spread
@@ -76,8 +78,6 @@ class GoodputConfig:
     fast_half_life_s: float = 3.0
     # Step-cost sample memory, seconds.
     cost_half_life_s: float = 600.0
-    # Lifetime of a published table.
-    ttl_s: float = 30.0
     # Seed of the probe generator.
     seed: int = 0
     # Draft positions the acceptance estimator tracks.
@@ -147,7 +147,6 @@ class GoodputConfig:
             "half_life_s",
             "fast_half_life_s",
             "cost_half_life_s",
-            "ttl_s",
         ):
             value = getattr(self, key)
             if not is_real(value) or value <= 0:

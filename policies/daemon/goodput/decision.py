@@ -1,28 +1,25 @@
-"""The goodput policy's decision: its per-slot plans as a table, a reason and a message."""
+"""The goodput policy's answer: its per-slot plans as one Plan, a reason and a message."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
 
-from specgov.policies.common.types import Decision, Observation, ReasonCode, StepTable
+from specgov.policies.common.types import Plan, ReasonCode, StepTable
 from specgov.policies.daemon.goodput.model import Restart, SlotPlan, describe, expected_gain_of
 from specgov.policies.daemon.goodput.rules import rule_cuts
 from specgov.policies.daemon.goodput.state import GoodputState
 
 
-def goodput_decision(
-    observation: Observation,
+def goodput_plan(
     state: GoodputState,
     current: StepTable | None,
     plans: Sequence[SlotPlan],
     gains: Sequence[tuple[float, float, float]],
     restart: Restart | None = None,
-    *,
-    ttl_s: float,
-) -> tuple[Decision, GoodputState]:
-    """The decision for *plans* (a new table with *ttl_s*, or none when the table in force
-    is what they want) and the state that remembers the table proposed."""
+) -> tuple[Plan, GoodputState]:
+    """The Plan for *plans* (their steps and rules, or a hold when the table in force is
+    what they want) and the state that remembers the steps proposed."""
     # A table starts at bound 1; batches below the engine's first slot bound use its
     # first slot anyway (StepTable and SGLang route them there alike).
     slots = tuple((1 if i == 0 else p.slot, p.steps) for i, p in enumerate(plans))
@@ -32,10 +29,11 @@ def goodput_decision(
     # Also "changed" when the table in force is what we want but our last proposal
     # was not (the guardrails held it): say so, or that proposal stays pending.
     # Rules count by their cuts and steps (the prior moves with every window).
-    last = state.last_table
+    in_force = None if current is None else (current.slots, current.rules)
+    proposed = None if state.last_slots is None else (state.last_slots, state.last_rules)
     changed = any(
-        t is None or t.slots != slots or rule_cuts(t.rules) != rule_cuts(rules)
-        for t in ((current,) if last is None else (current, last))
+        t is None or t[0] != slots or rule_cuts(t[1]) != rule_cuts(rules)
+        for t in ((in_force,) if proposed is None else (in_force, proposed))
     )
     limited: list[str] = []
     if any(p.slo_limited for p in plans):
@@ -56,8 +54,8 @@ def goodput_decision(
     reason = _reason(limited, changed)
     if not changed:
         return (
-            Decision(
-                table=None,
+            Plan(
+                slots=None,
                 reason=reason,
                 message=f"goodput: table unchanged ({summary})",
                 expected_gain=expected_gain,
@@ -66,29 +64,21 @@ def goodput_decision(
             ),
             state,
         )
-    versions = [t.version for t in (observation.table, state.last_table) if t is not None]
-    table = StepTable(
-        slots=slots,
-        version=max(versions, default=0) + 1,
-        produced_at_s=observation.time_s,
-        ttl_s=ttl_s,
-        reason=reason.value,
-        rules=rules,
-    )
     gain_text = "" if expected_gain is None else f", predicted gain {expected_gain:+.1%}"
     if experiments:
         gain_text += f", probing slot(s) {list(experiments)}"
     return (
-        Decision(
-            table=table,
+        Plan(
+            slots=slots,
             reason=reason,
             message=f"goodput: new table{gain_text} ({summary})",
             expected_gain=expected_gain,
             limited_by=tuple(limited),
             restart_recommendation=recommendation,
+            rules=rules,
             experiment_slots=experiments,
         ),
-        replace(state, last_table=table),
+        replace(state, last_slots=slots, last_rules=rules),
     )
 
 

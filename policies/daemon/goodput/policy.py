@@ -11,9 +11,9 @@ import numpy as np
 
 from specgov.policies.common.types import (
     Budget,
-    Decision,
     GoodputPrediction,
     Observation,
+    Plan,
     ReasonCode,
     SlotLayout,
     SlotRule,
@@ -47,7 +47,7 @@ from specgov.policies.daemon.goodput.config import (
     GoodputConfig,
     GoodputConfigError,
 )
-from specgov.policies.daemon.goodput.decision import goodput_decision
+from specgov.policies.daemon.goodput.decision import goodput_plan
 from specgov.policies.daemon.goodput.model import (
     Eval,
     Restart,
@@ -121,7 +121,7 @@ class GoodputPolicy:
         return GoodputState(
             acceptance=initial_acceptance_state((), self._acc_cfg),
             step_cost=initial_step_cost_state(self._prior, self._cost_cfg),
-            last_table=None,
+            last_slots=None,
             rng_state=rng_state_of(np.random.default_rng(self._config.seed)),
         )
 
@@ -201,13 +201,13 @@ class GoodputPolicy:
 
     def decide(
         self, observation: Observation, state: GoodputState, budget: Budget
-    ) -> tuple[Decision, GoodputState]:
+    ) -> tuple[Plan, GoodputState]:
         state = self._learn(observation, state, decisions=state.decisions + 1)
         if observation.tier_stats is None or not observation.slot_candidates:
             missing = "tier statistics" if observation.tier_stats is None else "slot candidates"
             return (
-                Decision(
-                    table=None,
+                Plan(
+                    slots=None,
                     reason=ReasonCode.HELD_UNKNOWN_TELEMETRY,
                     message=f"goodput: holding the table: {missing} unknown",
                     expected_gain=None,
@@ -222,10 +222,8 @@ class GoodputPolicy:
             observation, state, budget, current, observation.slot_candidates
         )
         state, restart = self._restart(observation, state, plans)
-        decision, state = goodput_decision(
-            observation, state, current, plans, gains, restart, ttl_s=self._config.ttl_s
-        )
-        return replace(decision, predictions=predictions), state
+        plan, state = goodput_plan(state, current, plans, gains, restart)
+        return replace(plan, predictions=predictions), state
 
     def plan(
         self, observation: Observation, state: GoodputState, budget: Budget

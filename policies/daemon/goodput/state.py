@@ -8,9 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from specgov.policies.common.codec import to_data
+from specgov.policies.common.codec import from_data, to_data
 from specgov.policies.common.types import (
     PolicyTypeError,
+    SlotRule,
     StepTable,
 )
 from specgov.policies.common.validation import all_real, check_int, is_int, is_real
@@ -57,7 +58,9 @@ class GoodputState:
 
     acceptance: AcceptanceState
     step_cost: StepCostState
-    last_table: StepTable | None
+    # The steps and live-acceptance rules of the last plan proposed (None: none yet), so
+    # a proposal the guardrails held stays pending.
+    last_slots: tuple[tuple[int, int], ...] | None
     rng_state: _RngState
     # Per slot: decayed (batch_size_sum, verify_calls), for the representative batch.
     batch: tuple[tuple[int, float, float], ...] = ()
@@ -74,6 +77,7 @@ class GoodputState:
     # table only once they lived under it from start to end).
     seen_slots: tuple[tuple[int, int], ...] | None = None
     seen_since_s: float | None = None
+    last_rules: tuple[tuple[int, SlotRule], ...] = ()
     version: int = GOODPUT_STATE_VERSION
 
     def __post_init__(self) -> None:
@@ -81,8 +85,19 @@ class GoodputState:
             raise PolicyTypeError("GoodputState.acceptance: expected an AcceptanceState")
         if not isinstance(self.step_cost, StepCostState):
             raise PolicyTypeError("GoodputState.step_cost: expected a StepCostState")
-        if self.last_table is not None and not isinstance(self.last_table, StepTable):
-            raise PolicyTypeError("GoodputState.last_table: expected None or a StepTable")
+        if self.last_slots is not None and not _int_pairs(self.last_slots):
+            raise PolicyTypeError(
+                f"GoodputState.last_slots: expected None or (bound, steps) int pairs, "
+                f"got {self.last_slots!r}"
+            )
+        if not isinstance(self.last_rules, tuple) or not all(
+            isinstance(r, tuple) and len(r) == 2 and is_int(r[0]) and isinstance(r[1], SlotRule)
+            for r in self.last_rules
+        ):
+            raise PolicyTypeError(
+                f"GoodputState.last_rules: expected (bound, SlotRule) pairs, "
+                f"got {self.last_rules!r}"
+            )
         rs = self.rng_state
         if (
             not isinstance(rs, tuple)
@@ -108,13 +123,7 @@ class GoodputState:
             raise PolicyTypeError(
                 f"GoodputState.slo_stats: expected None or 7 finite numbers, got {self.slo_stats!r}"
             )
-        if self.seen_slots is not None and (
-            not isinstance(self.seen_slots, tuple)
-            or not all(
-                isinstance(p, tuple) and len(p) == 2 and all(is_int(v) for v in p)
-                for p in self.seen_slots
-            )
-        ):
+        if self.seen_slots is not None and not _int_pairs(self.seen_slots):
             raise PolicyTypeError(
                 f"GoodputState.seen_slots: expected None or (bound, steps) int pairs, "
                 f"got {self.seen_slots!r}"
@@ -137,7 +146,8 @@ class GoodputState:
             "version": self.version,
             "acceptance": to_data(self.acceptance),
             "step_cost": self.step_cost.to_dict(),
-            "last_table": None if self.last_table is None else self.last_table.to_dict(),
+            "last_slots": None if self.last_slots is None else [list(p) for p in self.last_slots],
+            "last_rules": [[b, to_data(r)] for b, r in self.last_rules],
             # 128-bit integers as hex strings: not every JSON reader keeps them exact.
             "rng_state": [hex(v) for v in self.rng_state],
             "batch": [[s, b, v] for s, b, v in self.batch],
@@ -165,6 +175,8 @@ class GoodputState:
         keys = {f.name for f in fields(cls)}
         if version == 1:
             keys -= {"restart_since_s", "slo_stats", "seen_slots", "seen_since_s"}
+        if version in (1, 2):
+            keys = (keys - {"last_slots", "last_rules"}) | {"last_table"}
         missing = sorted(keys - set(data))
         unknown = sorted(str(k) for k in set(data) - keys)
         if missing or unknown:
@@ -189,11 +201,12 @@ class GoodputState:
                 f"GoodputState.from_dict: key 'batch': expected a list of "
                 f"[slot, batch_size_sum, verify_calls], got {raw_batch!r}"
             )
-        last_table = data["last_table"]
+        last_slots, last_rules = _last_plan(data)
         return cls(
             acceptance=AcceptanceState.from_dict(data["acceptance"]),
             step_cost=StepCostState.from_dict(data["step_cost"]),
-            last_table=None if last_table is None else StepTable.from_dict(last_table),
+            last_slots=last_slots,
+            last_rules=last_rules,
             rng_state=rng_state,  # type: ignore[arg-type]
             batch=tuple((e[0], e[1], e[2]) for e in raw_batch),
             last_probe_s=data["last_probe_s"],
@@ -203,6 +216,29 @@ class GoodputState:
             seen_slots=_pairs_or_none(data.get("seen_slots")),
             seen_since_s=data.get("seen_since_s"),
         )
+
+
+def _int_pairs(value: object) -> bool:
+    return isinstance(value, tuple) and all(
+        isinstance(p, tuple) and len(p) == 2 and all(is_int(v) for v in p) for p in value
+    )
+
+
+def _last_plan(
+    data: Mapping[str, Any],
+) -> tuple[tuple[tuple[int, int], ...] | None, tuple[tuple[int, SlotRule], ...]]:
+    """The last proposal's steps and rules; versions 1 and 2 kept it as a table."""
+    if "last_table" in data:
+        raw = data["last_table"]
+        if raw is None:
+            return None, ()
+        table = StepTable.from_dict(raw)
+        return table.slots, table.rules
+    where = "GoodputState.from_dict: key 'last_rules'"
+    rules: tuple[tuple[int, SlotRule], ...] = from_data(
+        tuple[tuple[int, SlotRule], ...], data["last_rules"], where=where, error=PolicyTypeError
+    )
+    return _pairs_or_none(data["last_slots"], "last_slots"), rules
 
 
 def _batch_entry(entry: object) -> bool:
@@ -225,14 +261,14 @@ def _float_tuple_or_none(value: object) -> tuple[float, ...] | None:
     return tuple(value)
 
 
-def _pairs_or_none(value: object) -> tuple[tuple[int, int], ...] | None:
+def _pairs_or_none(value: object, key: str = "seen_slots") -> tuple[tuple[int, int], ...] | None:
     if value is None:
         return None
     if not isinstance(value, list | tuple) or not all(
         isinstance(p, list | tuple) and len(p) == 2 for p in value
     ):
         raise PolicyTypeError(
-            f"GoodputState.from_dict: key 'seen_slots': expected null or a list of "
+            f"GoodputState.from_dict: key {key!r}: expected null or a list of "
             f"[bound, steps], got {value!r}"
         )
     return tuple((p[0], p[1]) for p in value)
