@@ -138,7 +138,7 @@ def parse_policy(text: str) -> InEnginePolicy:
         return InEnginePolicy("none", False, (), lambda _steps: None)
     try:
         steps = static_steps(raw)
-    except DaemonSpecError as exc:
+    except PolicySpecError as exc:
         raise PolicySpecError(f"{exc} (replay policies: {KNOWN_POLICIES})") from None
     if steps is not None:
         return InEnginePolicy(
@@ -251,9 +251,7 @@ class ServerSpec:
         if ms is not None and (not is_real(ms) or ms < 0):
             raise PolicySpecError(f"tier_switch_ms: expected a number >= 0 (ms), got {ms!r}")
         vram = self.vram_gib
-        if vram is not None and (
-            not isinstance(vram, int | float) or isinstance(vram, bool) or not 0 < vram < math.inf
-        ):
+        if vram is not None and (not is_real(vram) or vram <= 0):
             raise PolicySpecError(f"vram_gib: expected a number > 0 (GiB), got {vram!r}")
 
     def switch_ms(self, drafter: DrafterSpec) -> float:
