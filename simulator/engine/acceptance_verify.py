@@ -14,9 +14,10 @@ fresh samplers of the model itself (request indices below zero, which no trace u
 the streams are the model's own and never a replayed request's), each verified at
 step k until it has emitted ``VERIFY_SAMPLES[1]`` tokens. Every request emits the same
 tokens, so a hard request takes more verifies and counts more, as in a running batch,
-where hard requests stay longer (a request's level, h, makes that matter). Then ``1 + Σ_j P(A >= j)`` is the sampler's mean
-accept length at k, up to the Monte Carlo error of ``VERIFY_SAMPLES`` draws
-(``tests/test_acceptance_verify.py`` checks it against draws the estimate never saw).
+where hard requests stay longer (a request's level, h, makes that matter). Then
+``1 + Σ_j P(A >= j)`` is the sampler's mean accept length at k, up to the Monte Carlo
+error of ``VERIFY_SAMPLES`` (``tests/test_acceptance_verify.py`` checks it against
+draws the estimate never saw).
 Domains sampled per verify (``mtbench``, rates from live telemetry) draw a uniform
 afresh at every verify, so the profile's rates are what verifies see, exactly, with no
 sampling.
