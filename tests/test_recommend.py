@@ -228,3 +228,19 @@ def test_restart_recommendation_is_silent_where_speculation_pays(azure_trace_dir
     rec, by = _suite_replay("users-4/h100/eagle3", azure_trace_dir.parent.parent)
     assert by["goodput"]["goodput_tok_s"] >= by["none"]["goodput_tok_s"]  # speculation pays
     assert rec is None and by["goodput"]["restart_recommendation"] is None
+
+
+def test_a_saturated_window_is_judged_on_throughput() -> None:
+    from specgov.controller.daemon.recommend import RecommendError, choose_candidate, measured_gain
+
+    rows = [
+        {"candidate": "spec", "goodput_tok_s": 100.0, "throughput_tok_s": 1000.0},
+        {"candidate": "plain", "goodput_tok_s": 20.0, "throughput_tok_s": 1150.0},
+    ]
+    choice, metric, gain = choose_candidate(rows, rows[0], "throughput_tok_s")
+    assert (choice["candidate"], metric, gain) == ("plain", "throughput_tok_s", pytest.approx(0.15))
+    choice, metric, _ = choose_candidate(rows, rows[0])  # goodput: the plain server loses
+    assert (choice["candidate"], metric) == ("spec", "goodput_tok_s")
+    assert measured_gain(rows[1], rows[0], "throughput_tok_s") == pytest.approx(0.15)
+    with pytest.raises(RecommendError, match="metric must be one of"):
+        choose_candidate(rows, rows[0], "tokens")
