@@ -299,12 +299,21 @@ def _requests(spec: str, n: int) -> list[Request]:
 
 
 def _run(
-    server: ServerSpec, policy: str, requests: Sequence[Request], users: int | None
+    server: ServerSpec,
+    policy: str,
+    requests: Sequence[Request],
+    users: int | None,
+    seeds: Sequence[int] = (5,),
 ) -> tuple[EngineResult, float]:
-    prepared = prepare_run(server, parse_policy(policy), seed=5)
-    tally = _DecodeTally()
-    result = prepared.engine.run(requests, metrics=tally, concurrency=users)
-    return result, tally.tokens / tally.time_s
+    """The last seed's result and the decode rate pooled over *seeds* (tokens / time)."""
+    tokens = time_s = 0.0
+    for seed in seeds:
+        prepared = prepare_run(server, parse_policy(policy), seed=seed)
+        tally = _DecodeTally()
+        result = prepared.engine.run(requests, metrics=tally, concurrency=users)
+        tokens += tally.tokens
+        time_s += tally.time_s
+    return result, tokens / time_s
 
 
 SCENARIOS = [
@@ -353,34 +362,21 @@ def test_replay_runs_the_oracle_by_name() -> None:
     assert by_name["oracle"]["throughput_tok_s"] > 0
 
 
-# Since requests differ and n-gram acceptance comes in runs (issue 22 §1), the all-position
-# profile rates the informed oracle multiplies overstate what a verify sees (n-gram sharegpt
-# k=3: 1.90 vs 1.45 tokens per verify measured from the sampler; EAGLE-3 sharegpt k=7: 3.11 vs
-# 2.81), so it under-speculates on these two. The fix (rates measured from the model's own
-# samplers, branch o1) did not finish its checks this stop: strict xfail until it lands.
-_INFORMED_MISSES = {
-    1: "n-gram runs: informed 122.1 vs best static 149.6 tok/s (measured)",
-    2: "per-request levels: informed 2030.3 vs best static 2062.9 (measured)",
-}
-INFORMED_SCENARIOS = [
-    pytest.param(*case, marks=pytest.mark.xfail(strict=True, reason=_INFORMED_MISSES[i]))
-    if i in _INFORMED_MISSES
-    else case
-    for i, case in enumerate(SCENARIOS)
-]
-
-
-@pytest.mark.parametrize(("server", "spec", "n", "users"), INFORMED_SCENARIOS)
+@pytest.mark.parametrize(("server", "spec", "n", "users"), SCENARIOS)
 def test_informed_oracle_sits_between_the_best_static_and_the_clairvoyant(
     server: ServerSpec, spec: str, n: int, users: int | None
 ) -> None:
+    # The informed oracle knows each request's acceptance distribution (the rates its
+    # verifies see: acceptance_verify), not the draws, so one seed's draws can favour a
+    # static: the tree scenario's seed 5 alone gives 0.987x static:4 (measured; seeds 1
+    # and 2 on a longer trace 1.005x and 1.001x). Pooled over three seeds' draws, 1 %
+    # under the best static is what is left to noise; knowing the draws can only help.
+    seeds = (5, 6, 7)
     requests = _requests(spec, n)
-    _, clairvoyant = _run(server, "oracle", requests, users)
-    _, informed = _run(server, "oracle:informed", requests, users)
-    statics = {k: _run(server, f"static:{k}", requests, users)[1] for k in range(8)}
+    _, clairvoyant = _run(server, "oracle", requests, users, seeds)
+    _, informed = _run(server, "oracle:informed", requests, users, seeds)
+    statics = {k: _run(server, f"static:{k}", requests, users, seeds)[1] for k in range(8)}
     best = max(statics.values())
-    # Expected tokens per batch, not the draws: realised noise allows 1 % under the best
-    # static; knowing the draws can only help.
     assert best * 0.99 <= informed <= clairvoyant, (informed, clairvoyant, statics)
 
 

@@ -15,8 +15,9 @@ none fits the smallest step is taken. They differ in what they know of ``tokens(
 
   No realisable policy can know the draws; this is an upper bound on per-batch choice.
 * ``InformedOracle`` (``--policy oracle:informed``) knows each running request's true
-  acceptance *distribution* (its domain's per-position rates under the server's draft
-  shape, and the output tokens it has left) but not the draws, so
+  acceptance *distribution* (its domain's per-depth pass rates under the server's draft
+  shape as the verifies of each step see them, ``acceptance_verify``, and the output
+  tokens it has left) but not the draws, so
 
       tokens(k) = sum over running requests of E[min(A_i(k) + 1, remaining_i)]
                 = sum of 1 + sum_{j <= min(k, remaining_i - 1)} P(A_i >= j),
@@ -43,6 +44,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import is_int
+from specgov.simulator.engine.acceptance import AcceptanceModel
+from specgov.simulator.engine.acceptance_verify import VerifyRates
 
 if TYPE_CHECKING:
     from specgov.simulator.engine.interface import EngineConfig, StepCost
@@ -250,6 +253,10 @@ class InformedOracle(_PerBatchOracle):
         self._prefix: dict[tuple[str | None, int], list[float]] = {}
 
     def bind_engine(self, cost: StepCost, config: EngineConfig, acceptance: object = None) -> None:
+        if isinstance(acceptance, AcceptanceModel):
+            # The rates verifies at each step see, not the all-position profile rates
+            # (visited positions, runs, per-request levels: ``acceptance_verify``).
+            acceptance = VerifyRates(acceptance)
         if not isinstance(acceptance, DomainRates):
             raise OracleError(
                 "oracle:informed needs the engine's acceptance model (per-domain depth_rates)"
