@@ -704,6 +704,55 @@ def test_clear_overrides_returns_slots_to_the_policy_directly() -> None:
     assert "return to the policy" in decision.message
 
 
+class KeepsWhatRuns(Scripted):
+    """Proposes ``A`` first, then whatever the table in force runs (the extreme of a
+    policy that keeps its incumbent step near a tie); records the tables it was shown."""
+
+    def __init__(self) -> None:
+        super().__init__([(A, 0.05)])
+        self.seen: list[Slots | None] = []
+
+    def decide(
+        self, observation: Observation, state: CallState, budget: Budget
+    ) -> tuple[Decision, CallState]:
+        table = observation.table
+        self.seen.append(None if table is None else table.slots)
+        if table is None:
+            return super().decide(observation, state, budget)
+        again = StepTable(table.slots, version=1, produced_at_s=observation.time_s, ttl_s=30.0)
+        return Decision(again, H.HELD_NO_CHANGE, "keeps what runs", None), CallState(
+            state.calls + 1
+        )
+
+
+def test_after_a_clear_the_policy_is_back_at_its_own_choice_not_the_overrides() -> None:
+    # The daemon shows the policy the table in force; the override's 0 on slot 8 is the
+    # operator's, not the policy's incumbent, so after the clear slot 8 returns to 3.
+    inner = KeepsWhatRuns()
+    policy = GuardedPolicy(inner)
+
+    def in_force(t: float, st: GuardedState[Any]) -> Observation:
+        return obs(t, table=st.table)
+
+    st = policy.initial_state()
+    for t in every(0.0, 20.0):
+        st = policy.decide(in_force(t, st), st, OPEN)[1]
+    assert st.table is not None and st.table.slots == A
+    ovs = (ov(slot=8, steps=0, expires_at_s=1000.0),)
+    for t in every(25.0, 60.0):
+        st = policy.decide(in_force(t, st), st, OPEN, overrides=ovs)[1]
+        assert st.table is not None and dict(st.table.slots)[8] == 0
+    # While the override held slot 8, the policy saw its own step there, never the 0.
+    assert inner.seen[-1] == A and all(dict(s or A)[8] == 3 for s in inner.seen)
+    decision, st = policy.decide(in_force(65.0, st), st, OPEN)
+    assert decision.table is not None and decision.table.slots == A
+    assert "return to the policy" in decision.message
+    # Without the operator in the table it is shown (a clear already taken), the policy
+    # sees what runs as it is.
+    st = policy.decide(in_force(70.0, st), st, OPEN)[1]
+    assert inner.seen[-1] == A and st.override_slots == ()
+
+
 def test_override_applies_under_unknown_telemetry_and_pin_is_recorded() -> None:
     policy = GuardedPolicy(const(A))
     st = drive(policy, [0.0])[-1][2]

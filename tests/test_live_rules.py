@@ -22,6 +22,7 @@ from specgov.policies.daemon.goodput.rules import GRID, RuleEval, slot_rule
 from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.engine.table import (
     PROBE_SHARE,
+    RULE_CONFIRM_S,
     RULE_DWELL_S,
     TablePolicy,
 )
@@ -108,6 +109,28 @@ def test_steady_load_changes_a_slot_at_most_once_per_dwell() -> None:
     assert RULE_DWELL_S == 10.0
     assert all(g >= RULE_DWELL_S - 16 * BATCH_S for g in gaps), gaps
     assert len(switches) <= 120 / 10 + 1
+
+
+def test_a_dip_shorter_than_the_confirmation_moves_nothing_a_lasting_one_does() -> None:
+    clock = Clock()
+    rule = SlotRule(thresholds=(0.5,), steps=(1, 3), prior=0.7)
+    policy = table_policy(lambda: rule_table(rule, clock()), clock)
+    rng = random.Random(4)
+    assert set(run(policy, clock, rng, 15.0, 0.7, batch_size=4)) == {3}
+    # The batch's mix of requests turns poor for under RULE_CONFIRM_S: the signal falls
+    # far past the cut, and the slot stays where it is.
+    dip = RULE_CONFIRM_S / 2
+    assert policy.live_rules[1][1] == 3
+    low = run(policy, clock, rng, dip, 0.1, batch_size=4)
+    assert policy.live_rules[1][0] < 0.5 - 0.06, policy.live_rules  # the dip was seen
+    after = run(policy, clock, rng, 15.0, 0.7, batch_size=4)
+    assert set(low) | set(after) == {3} and policy.rule_changes == 0
+    # A poor phase that lasts: one move, within the confirmation (and a poll) of the
+    # signal crossing.
+    poor = run(policy, clock, rng, 10.0, 0.1, batch_size=4)
+    moved_s = poor.index(1) * BATCH_S
+    assert RULE_CONFIRM_S - 0.5 <= moved_s <= RULE_CONFIRM_S + 1.0, moved_s
+    assert set(poor[poor.index(1) :]) == {1} and policy.rule_changes == 1
 
 
 def _alternating_slots_switches() -> tuple[int, set[int]]:
@@ -286,9 +309,17 @@ def test_a_rule_still_good_near_the_signal_is_kept() -> None:
     assert new is not None and new.steps_at(0.9) == 3
 
 
-def test_the_busiest_slots_step_wins_near_ties() -> None:
+def test_a_near_tie_is_not_a_cut_the_incumbent_step_stays() -> None:
     free = slot_rule((0.5,), (0, 1, 3), (0, 1, 3), 1.0, toy, None, None, 0.0)
     sticky = slot_rule((0.5,), (0, 1, 3), (0, 1, 3), 1.0, toy, None, 3, 0.05)
     assert free is not None and sticky is not None
-    # With a 5 % tie, 3 steps take over part of the signal range 1 step had.
+    # With a 5 % tie, the incumbent 3 steps take over part of the signal range 1 step
+    # had: exactly the signals where 3 steps score within 5 % of 1 step.
     assert sticky.thresholds[-1] < free.thresholds[-1]
+    cut = sticky.thresholds[-1]
+    for signal in GRID:
+        near = toy(signal, 3).accept_length / toy(signal, 3).step_s
+        best = max(toy(signal, k).accept_length / toy(signal, k).step_s for k in (0, 1, 3))
+        if signal > free.thresholds[-1] - 0.02 and signal < free.thresholds[-1]:
+            continue  # the cell the unbiased cut falls in
+        assert (signal >= cut) == (near >= best * 0.95 or signal >= free.thresholds[-1]), signal

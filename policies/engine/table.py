@@ -16,8 +16,9 @@
 * follows a slot's live-acceptance rule (table format 2, :class:`SlotRule`) where the
   table has one: the slot's signal is its recent first-draft acceptance rate, fed by
   every verify of the slot at steps >= 1, and the rule maps it to steps with hysteresis
-  (a change needs the signal ``RULE_HYSTERESIS`` past a threshold) and a dwell (at most
-  one change per slot per ``RULE_DWELL_S``, judged on the poll clock); see "Live rules";
+  (a change needs the signal ``RULE_HYSTERESIS`` past a threshold for ``RULE_CONFIRM_S``
+  on end) and a dwell (at most one change per slot per ``RULE_DWELL_S``), both judged on
+  the poll clock; see "Live rules";
 * keeps the engine's tier when a batch's slot would switch it for a near-tie: a slot
   whose rule gives the running step within ``STICKY_BAND`` of its signal runs it, so
   batches alternating between neighbouring slots do not flip the tier each time;
@@ -108,6 +109,12 @@ RULE_HYSTERESIS: Final = 0.06  # signal units (acceptance rate)
 # otherwise switch the engine's tier at every crossing for no measurable gain.
 STICKY_BAND: Final = 2 * RULE_HYSTERESIS
 RULE_DWELL_S: Final = 10.0
+# A move is made only once the signal has asked for it this long without a break (on
+# the poll clock): a dip shorter than that is the batch's current mix of requests (a
+# request lives about a second at light load), gone before a dwell at the new step
+# could pay. Measured on the Azure conversation trace at 1x: such dips made most of
+# the rule's changes (each held a dwell at the worse step).
+RULE_CONFIRM_S: Final = 3.0
 PROBE_EVERY_BATCHES: Final = 512
 PROBE_BATCHES: Final = 4
 PROBE_SHARE: Final = PROBE_BATCHES / (PROBE_EVERY_BATCHES + PROBE_BATCHES)
@@ -119,6 +126,8 @@ class _RuleSlot:
     __slots__ = (
         "band",
         "changed_at_s",
+        "pending_since_s",
+        "pending_up",
         "probe_left",
         "probe_step",
         "rule",
@@ -138,6 +147,8 @@ class _RuleSlot:
         self.steps = rule.steps[self.band]
         self.probe_step = rule.probe_step
         self.changed_at_s: float | None = None
+        self.pending_since_s: float | None = None  # when the signal first asked this move
+        self.pending_up = False
         self.zero_batches = 0
         self.probe_left = 0
 
@@ -177,12 +188,20 @@ class _RuleSlot:
         else:
             down = rule.band_for(signal + RULE_HYSTERESIS)
             if down >= cur:
+                self.pending_since_s = None
                 return False
             new = down
+        since = self.pending_since_s
+        if since is None or self.pending_up != (new > cur):
+            self.pending_since_s, self.pending_up = now_s, new > cur
+            return False
+        if now_s - since < RULE_CONFIRM_S:
+            return False
         changed = self.changed_at_s
         if changed is not None and now_s - changed < RULE_DWELL_S:
             return False
         self.changed_at_s = now_s
+        self.pending_since_s = None
         self.band = new
         steps = rule.steps[new]
         if steps == self.steps:

@@ -119,7 +119,9 @@ class GuardedPolicy(Generic[S]):
         The returned state assumes a published table reaches the engine; when it does
         not, :func:`on_publish_result` takes the change back.
         """
-        inner_plan, inner_state = self._inner.decide(observation, state.inner, budget)
+        inner_plan, inner_state = self._inner.decide(
+            policy_view(observation, state), state.inner, budget
+        )
         cands = engine_layout(observation.slot_candidates) or state.last_candidates
         st: GuardedState[Any] = replace(state, inner=inner_state, last_candidates=cands)
         current: Slots | None = None
@@ -158,6 +160,30 @@ class GuardedPolicy(Generic[S]):
             p, st = step(ctx, p, st, self._config)
         decision, st = _commit(ctx, p, st, self._config, self._inner.name)
         return decision, st
+
+
+def policy_view(observation: Observation, state: GuardedState[Any]) -> Observation:
+    """``observation`` as the inner policy would see it without the operator: the slots a
+    step override set in the table in force show the policy's own wanted step and rule.
+
+    An override is the operator's, not evidence: a policy that keeps the step in force
+    near a tie (hysteresis, a rule's incumbent) would otherwise keep the override's step
+    after a clear, a step it never chose (a 0-step slot would then wait for the
+    engine's probes to bring it back). The engine's statistics are left as they are:
+    what ran under the override is real cost evidence.
+    """
+    table, wanted = observation.table, state.wanted
+    held = set(state.override_slots)
+    if table is None or wanted is None or not held:
+        return observation
+    if [b for b, _ in table.slots] != [b for b, _ in wanted.steps]:
+        return observation  # another layout: the override's slots are not these
+    own_steps, own_rules = dict(wanted.steps), dict(wanted.rules)
+    slots = tuple((b, own_steps[b] if b in held else k) for b, k in table.slots)
+    rules = {b: r for b, r in table.rules if b not in held}
+    rules.update((b, r) for b, r in own_rules.items() if b in held)
+    view = replace(table, slots=slots, rules=tuple(sorted(rules.items())))
+    return replace(observation, table=view)
 
 
 def on_publish_result(before: GuardedState[S], after: GuardedState[S], ok: bool) -> GuardedState[S]:

@@ -344,11 +344,20 @@ def test_override_applies_next_decision_expires_on_time_and_clears(e2e: E2E) -> 
     cleared_at = daemon.override_cleared_at(second["id"])
     assert cleared_at is not None and cleared_at > second["created_at_s"], cleared_at
     reverted = daemon.first_decision_after(cleared_at, what="the first decision after the clear")
-    # Slot 1 is the policy's again: its published step, or (table format 2) the live rule
-    # the plugin follows from there, speculates.
-    assert reverted["published"] and max(reachable_steps(reverted["table_after"], 1)) > 0, (
-        f"cleared at {cleared_at:.3f}\n" + briefs(daemon.decisions_after(applied["time_s"]))
+    # Slot 1 is the policy's again at once: its step is the one the policy had before the
+    # override (an override is the operator's, not the policy's incumbent), and the live
+    # rule the plugin follows from there starts on it.
+    before = [t for r, t in zip(rows, tables_in_force(rows), strict=True) if r["time_s"] < created]
+    chosen = slot_steps(before[-1])[1] if before and before[-1] is not None else None
+    after_clear = reverted["table_after"]
+    assert reverted["published"] and slot_steps(after_clear)[1] == chosen > 0, (
+        f"cleared at {cleared_at:.3f}, policy's step before the overrides {chosen}\n"
+        + briefs(daemon.decisions_after(applied["time_s"]))
     )
+    rule = {int(b): r for b, r in after_clear.get("rules") or ()}.get(1)
+    if rule is not None:
+        band = sum(1 for t in rule["thresholds"] if t <= rule["prior"])
+        assert rule["steps"][band] == chosen, rule
     assert daemon.cli_json("override", "list") == []
 
     # `specgov status --output json` and the daemon's /metrics, read with no change of the
@@ -371,8 +380,8 @@ def test_override_applies_next_decision_expires_on_time_and_clears(e2e: E2E) -> 
     assert status["decisions"] >= len(rows) and status["tables_published"] >= 3
     assert status["permanent_error"] is None and status["store_error"] is None
     assert status["spool_error"] is None and status["last_scrape_error"] is None
-    # Slot 1 speculates again (its step, or the live rule the plugin follows from it).
-    assert status["table"] is not None and max(reachable_steps(status["table"], 1)) > 0
+    # Slot 1 speculates again: its step (the live rule the plugin follows starts there).
+    assert status["table"] is not None and slot_steps(status["table"])[1] > 0
     assert status["overrides"] == []
     assert status["observation"]["running"] is not None
     decided = 'specgov_decisions_total{policy="goodput",reason="%s"}'

@@ -64,6 +64,7 @@ from specgov.policies.daemon.goodput.model import (
     update_batch,
 )
 from specgov.policies.daemon.goodput.rules import (
+    RULE_TIE,
     RuleEval,
     scaled_rates,
     slot_rule,
@@ -496,7 +497,6 @@ class GoodputPolicy:
         ctx: float,
         slo_ms: float | None,
         slo: SloModel | None,
-        prefer: int | None,
         in_force: SlotRule | None,
     ) -> SlotRule | None:
         """The slot's live-acceptance rule (``rules.slot_rule``) over the candidates its
@@ -511,9 +511,9 @@ class GoodputPolicy:
 
         hard_slo_ms = slo_ms if slo is None else None
         cands = tuple(sorted(w.evals))
-        tie = self._config.hysteresis
+        # The incumbent is the plan's choice, which keeps the step in force near a tie.
         return slot_rule(
-            w.est.mean, cands, w.allowed, w.batch, evaluate, hard_slo_ms, prefer, tie, in_force
+            w.est.mean, cands, w.allowed, w.batch, evaluate, hard_slo_ms, w.best, RULE_TIE, in_force
         )
 
     def _plan(
@@ -668,18 +668,15 @@ class GoodputPolicy:
         cost, ctx, slo_ms, slo = ws
         plans: list[SlotPlan] = []
         gains: list[tuple[float, float, float]] = []  # (weight, new score, current score)
-        busiest = max(work, key=lambda w: (w.share, -w.bound), default=None)
-        prefer = None if busiest is None or busiest.share <= 0 else busiest.best
         predicted: dict[tuple[int, int], GoodputPrediction] = {}
         for w in work:
-            steps = probes.get(w.bound, w.best)
-            # A probe is a fixed experiment; elsewhere the engine follows the slot's rule.
+            # A probe is a fixed experiment; elsewhere the engine follows the slot's rule,
+            # and the slot's step is the rule's at the prior (where the engine starts).
             in_force = None if current is None else current.rule_for(w.bound)
             rule = (
-                None
-                if w.bound in probes
-                else self._slot_rule(w, cost, ctx, slo_ms, slo, prefer, in_force)
+                None if w.bound in probes else self._slot_rule(w, cost, ctx, slo_ms, slo, in_force)
             )
+            steps = probes.get(w.bound, w.best if rule is None else rule.steps_at(rule.prior))
             e = w.evals.get(steps) or self._evaluate(w.est.mean, cost, w.batch, ctx, steps, slo)
             for k, ev in (*w.evals.items(), (steps, e)):
                 predicted[(w.bound, k)] = GoodputPrediction(w.bound, k, ev.goodput, w.share)
