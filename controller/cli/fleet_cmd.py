@@ -355,7 +355,13 @@ def run_cmd(
                 note = f" ({why})" if why else ""
                 audit.write(
                     AuditRow(
-                        now, d.move.replica if d.move else "-", "decide", d.reason, d.message + note
+                        now,
+                        d.move.replica if d.move else "-",
+                        "decide",
+                        d.reason,
+                        d.message + note,
+                        load_requests=load,
+                        planned_load=d.planned_load,
                     )
                 )
                 if d.move is not None:
