@@ -58,7 +58,6 @@ from specgov.controller.fleet.gateway import SmgGateway
 from specgov.simulator.server.replica import restart_replica, stop_replica
 
 HOST = "127.0.0.1"
-REPLICAS = 4
 KINDS = ("governed", "all_spec", "all_plain")
 GATEWAY_POLICY = "round_robin"
 DEADLINE_S = 120.0  # any one wait for a process (wall)
@@ -83,6 +82,8 @@ class Config:
     forecast_window_s: float = 240.0
     seed: int = 0
     max_requests: int = 30000
+    replicas: int = 4
+    crossover: tuple[int, int] | None = None  # (pays_up_to, capacity); None: plan fleet's
     kinds: tuple[str, ...] = KINDS
 
 
@@ -319,7 +320,7 @@ def run_fleet(
     moves it) or fixed all_spec / all_plain."""
     run_dir = work / kind
     run_dir.mkdir(parents=True)
-    modes = ["plain" if kind == "all_plain" else "spec"] * REPLICAS
+    modes = ["plain" if kind == "all_plain" else "spec"] * cfg.replicas
     ramp_wall_s = len(cfg.level_rates_rps) * cfg.level_s / cfg.speed
     run = FleetRun(kind)
     with replicas(cfg, modes, run_dir) as urls, smg_gateway(urls) as gw:
@@ -404,7 +405,7 @@ def _in_flight_per_replica(levels: list[dict[str, Any]], cfg: Config) -> list[tu
         spec = lv["all_spec"]
         if spec is None or spec["mean_e2e_s"] is None:
             continue
-        out.append((lv["rate_rps"], lv["rate_rps"] * spec["mean_e2e_s"] / REPLICAS))
+        out.append((lv["rate_rps"], lv["rate_rps"] * spec["mean_e2e_s"] / cfg.replicas))
     return out
 
 
@@ -466,12 +467,12 @@ def crossover_doc(
     curve = _in_flight_per_replica(levels, cfg)
     doc["predicted_rate_rps"] = _rate_at(curve, pays)
     if first is not None:
-        observed = first["load_requests"] / REPLICAS
+        observed = first["load_requests"] / cfg.replicas
         doc["governor_switch"] = {
             "sim_s": first["sim_s"],
             "reason": first["reason"],
             "observed_per_replica": observed,
-            "planned_per_replica": first["planned_load"] / REPLICAS,
+            "planned_per_replica": first["planned_load"] / cfg.replicas,
             "offered_rate_rps": cfg.level_rates_rps[
                 min(int(first["sim_s"] // cfg.level_s), len(levels) - 1)
             ],
@@ -542,7 +543,7 @@ def targets(
 def print_report(doc: dict[str, Any]) -> None:
     cfg = doc["config"]
     print(
-        f"bench_fleet: {REPLICAS} sim-servers behind smg ({cfg['gateway_policy']}), speed "
+        f"bench_fleet: {cfg['replicas']} sim-servers behind smg ({cfg['gateway_policy']}), speed "
         f"{cfg['speed']:g} (wall = simulated / {cfg['speed']:g}); a restart costs "
         f"{cfg['startup_s']:g} s simulated start-up; SLO TPOT <= {cfg['tpot_slo_ms']:g} ms, "
         f"TTFT <= {cfg['ttft_slo_ms']:g} ms (all numbers measured on the simulator)"
@@ -613,7 +614,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_bench(cfg: Config) -> dict[str, Any]:
     planned = plan_requests(cfg)
-    crossover = crossover_for(cfg, planned)
+    crossover = cfg.crossover if cfg.crossover is not None else crossover_for(cfg, planned)
     runs: dict[str, FleetRun] = {}
     with tempfile.TemporaryDirectory(prefix="bench_fleet_") as tmp:
         for kind in cfg.kinds:

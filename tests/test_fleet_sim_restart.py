@@ -96,7 +96,17 @@ def test_a_replica_switches_spec_plain_spec_through_smg_losing_no_request(
     urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
     for i, url in enumerate(urls):
         out = _restart(
-            run_dir, f"r{i}", "spec", url, "--startup-s", "0", "--", "--speed", "4", "--seed", str(i)
+            run_dir,
+            f"r{i}",
+            "spec",
+            url,
+            "--startup-s",
+            "0",
+            "--",
+            "--speed",
+            "4",
+            "--seed",
+            str(i),
         )
         assert f"serves {url} as spec" in out
     specgov = [sys.executable, "-m", "specgov.controller.cli.main"]

@@ -254,11 +254,11 @@ def _prepare(
 @click.option("--output", type=click.Choice(["table", "json"]), default="table")
 def status_cmd(output: str, **opts: Any) -> None:
     """The replicas, their mode and load, and the next planned move."""
-    from specgov.controller.fleet.gateway import SmgGateway
+    from specgov.controller.fleet.gateway import SmgGateway, gateway_token
     from specgov.policies.control.fleet_mix import decide_mix
 
     fleet, modes, last, mix = _prepare(opts)
-    gw = SmgGateway(fleet.gateway)
+    gw = SmgGateway(fleet.gateway, token=gateway_token())
     try:
         views, load, why = observe(fleet, gw, modes)
     finally:
@@ -311,7 +311,7 @@ def run_cmd(
     **opts: Any,
 ) -> None:
     """Observe, decide and move replicas, one at a time (audit rows in --audit)."""
-    from specgov.controller.fleet.gateway import SmgGateway
+    from specgov.controller.fleet.gateway import SmgGateway, gateway_token
     from specgov.controller.fleet.metrics import FleetMetrics
     from specgov.controller.fleet.move import AuditLog, AuditRow, execute_move
     from specgov.policies.control.fleet_mix import decide_mix
@@ -331,7 +331,7 @@ def run_cmd(
         except OSError as exc:
             raise click.ClickException(f"--metrics-addr {metrics_addr}: {exc}") from None
     audit = AuditLog(audit_path)
-    gw = SmgGateway(fleet.gateway)
+    gw = SmgGateway(fleet.gateway, token=gateway_token())
     end = None if duration_s is None else time.monotonic() + duration_s
     try:
         while end is None or time.monotonic() < end:
