@@ -10,10 +10,15 @@ the run waits on its requests' answers and the governor's rows; every wait is bo
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
-from benchmarks import bench_fleet as bf
+REPO_ROOT = Path(__file__).resolve().parents[2]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import bench_fleet as bf  # noqa: E402
 
 # 2 replicas at 10x; the crossover is given (8 requests per replica, ±10%) so that a
 # small load crosses it: 6 rps of ~380-token answers is ~20 in flight, 10 per replica.
