@@ -110,6 +110,9 @@ class ModelSpec:
     aliases: tuple[str, ...] = ()
     # field -> (measured | fitted | assumed, where the figure comes from)
     provenance: tuple[tuple[str, str, str], ...] = ()
+    # Seconds from launch until an SGLang server of this model answers /health (weights,
+    # CUDA graph capture, warm-up): what a restart costs. None: the entry gives none.
+    startup_s: float | None = None
 
     @property
     def weight_bytes(self) -> float:
@@ -301,6 +304,7 @@ _MODEL_FIELDS: dict[str, _Field] = {
     "default_spec_steps": (_pos_int, True),
     "default_spec_topk": (_pos_int, True),
     "default_spec_draft_tokens": (_pos_int, True),
+    "startup_s": (_nonneg, False),
     "aliases": (_names, False),
 }
 _DRAFTER_FIELDS: dict[str, _Field] = {

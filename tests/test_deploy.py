@@ -32,6 +32,11 @@ DEPLOY = REPO / "deploy"
 DOCKERFILES = sorted((DEPLOY / "docker").glob("*Dockerfile"))
 UNIT = DEPLOY / "systemd/specgov.service"
 K8S = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+# The fleet's manifests (validated against the schemas; the single-server checks below
+# read K8S only). specgov-fleet.yaml is the governor's fleet file, not a manifest.
+K8S_FLEET = sorted(
+    p for p in (DEPLOY / "kubernetes/fleet").glob("*.yaml") if p.name != "specgov-fleet.yaml"
+)
 K8S_SCHEMAS = REPO / "tests/fixtures/k8s-schemas"
 K8S_VERSION = "1.30.0"  # the oldest Kubernetes these manifests promise to work on
 
@@ -52,7 +57,7 @@ def _tool(name: str) -> str:
 
 def test_every_deploy_file_is_covered() -> None:
     """A new file under deploy/ must be added to a validator here (or to this list)."""
-    covered = {*DOCKERFILES, UNIT, *K8S}
+    covered = {*DOCKERFILES, UNIT, *K8S, *K8S_FLEET}
     covered |= set((DEPLOY / "docker").glob("*.dockerignore"))
     covered |= {
         DEPLOY / "grafana/specgov-dashboard.json",  # tests/test_dashboards.py
@@ -236,9 +241,9 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------ Kubernetes
 
 
-def _documents() -> list[tuple[Path, dict[str, Any]]]:
+def _documents(paths: list[Path] = K8S) -> list[tuple[Path, dict[str, Any]]]:
     docs: list[tuple[Path, dict[str, Any]]] = []
-    for path in K8S:
+    for path in paths:
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
                 docs.append((path, doc))
@@ -264,7 +269,7 @@ def test_manifests_match_their_schemas() -> None:
         for s in (json.loads(p.read_text()) for p in K8S_SCHEMAS.glob("*.json"))
     }
     checked = 0
-    for path, doc in _documents():
+    for path, doc in [*_documents(), *_documents(K8S_FLEET)]:
         schema = schemas.get((doc["apiVersion"], doc["kind"]))
         where = f"{path.name}: {doc['kind']}/{doc['metadata']['name']}"
         if schema is not None:
@@ -278,7 +283,7 @@ def test_manifests_match_their_schemas() -> None:
             except kv.SchemaNotFoundError:
                 pytest.fail(f"{where}: no bundled schema for {doc['apiVersion']}")
         checked += 1
-    assert checked == len(_documents()) >= 5
+    assert checked == len(_documents()) + len(_documents(K8S_FLEET)) >= 10
 
 
 def test_schema_validation_catches_mistakes() -> None:
@@ -446,3 +451,23 @@ def test_init_container_spool_passes_the_spool_check(tmp_path: Path) -> None:
         0o2770,
     )
     check_spool_dir(spool, group_gid=os.getgid(), trusted_uids={os.geteuid()})
+
+
+def test_the_fleet_file_names_the_fleet_manifests_services() -> None:
+    """The example fleet file's gateway and replica URLs are the Services of the fleet's
+    manifests (smg-gateway.yaml, sglang-statefulset.yaml), and the gateway starts with
+    every replica the file lists."""
+    fleet = yaml.safe_load((DEPLOY / "kubernetes/fleet/specgov-fleet.yaml").read_text())
+    docs = {(d["kind"], d["metadata"]["name"]): d for _, d in _documents(K8S_FLEET)}
+    gateway = docs[("Service", "smg-gateway")]
+    ns = gateway["metadata"]["namespace"]
+    port = gateway["spec"]["ports"][0]["port"]
+    assert fleet["gateway"] == f"http://smg-gateway.{ns}.svc:{port}"
+    sts = docs[("StatefulSet", "sglang")]
+    urls = [f"http://sglang-{i}.sglang.{ns}.svc:30000" for i in range(sts["spec"]["replicas"])]
+    assert [r["url"] for r in fleet["replicas"]] == urls
+    assert docs[("Service", "sglang")]["spec"]["clusterIP"] == "None"
+    args = docs[("Deployment", "smg-gateway")]["spec"]["template"]["spec"]["containers"][0]
+    assert args["args"][args["args"].index("--worker-urls") + 1 :] == urls
+    modes = docs[("ConfigMap", "sglang-modes")]["data"]
+    assert modes == {r["name"]: r["mode"] for r in fleet["replicas"]}

@@ -5,13 +5,16 @@ two sim-servers: a drained replica gets no new request, the requests it serves f
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 import pytest
 
-from specgov.controller.fleet.gateway import GatewayError, SmgGateway
+from specgov.controller.fleet.gateway import GatewayError, SmgGateway, gateway_token
 from specgov.simulator.server.core import SimServer
 
 DEADLINE_S = 60.0
@@ -58,6 +61,41 @@ def test_a_wait_is_bounded_and_says_what_it_waited_for() -> None:
 
 
 # ------------------------------------------------------------------ the real smg
+
+
+def test_a_gateway_with_control_plane_keys_needs_the_governors_token(
+    smg_binary: Path, free_port: Callable[[], int]
+) -> None:
+    """smg --control-plane-api-keys guards /workers; the governor sends the key from
+    SPECGOV_FLEET_GATEWAY_TOKEN as a bearer token."""
+    port = free_port()
+    argv = [str(smg_binary), "launch", "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--worker-urls", "http://127.0.0.1:1", "--prometheus-host", "127.0.0.1"]
+    argv += ["--prometheus-port", str(free_port())]
+    argv += ["--control-plane-api-keys", "k1:governor:admin:s3cret"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        keyed = SmgGateway(url, token=gateway_token({"SPECGOV_FLEET_GATEWAY_TOKEN": "s3cret"}))
+        deadline = time.monotonic() + DEADLINE_S
+        while True:  # until the gateway listens
+            try:
+                keyed.workers()
+                break
+            except GatewayError:
+                assert time.monotonic() < deadline, "smg did not answer"
+                time.sleep(0.1)
+        assert (
+            gateway_token({}) is None
+            and gateway_token({"SPECGOV_FLEET_GATEWAY_TOKEN": " "}) is None
+        )
+        with pytest.raises(GatewayError, match="answered 401") as refused:
+            SmgGateway(url, token=gateway_token({})).workers()
+        assert not refused.value.temporary
+        keyed.close()
+    finally:
+        proc.kill()
+        proc.wait(30)
 
 
 def test_a_drain_loses_no_request_and_the_replica_comes_back(

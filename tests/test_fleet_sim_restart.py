@@ -52,12 +52,14 @@ def test_sim_restart_refuses_what_it_cannot_do(run_dir: Path, free_port: Callabl
     args = ["fleet", "sim-restart", "r0", "spec", url, "--run-dir", str(run_dir)]
     reserved = runner.invoke(main, [*args, "--", "--port", "1"])
     assert reserved.exit_code == 1 and "--port: sim-restart sets --host" in reserved.output
-    broken = runner.invoke(main, [*args, "--", "--gpu", "nope"])
+    bad_startup = runner.invoke(main, [*args, "--startup-s", "soon"])
+    assert bad_startup.exit_code == 1 and "expected seconds >= 0 or 'catalog'" in bad_startup.output
+    broken = runner.invoke(main, [*args, "--startup-s", "0", "--", "--gpu", "nope"])
     assert broken.exit_code == 1 and "exited 1 before it was healthy" in broken.output
     assert "nope" in broken.output and not (run_dir / "r0.pid").exists()
     # --timeout-s: a server not healthy in time is stopped, and the command fails.
-    slow = runner.invoke(main, [*args, "--timeout-s", "0.01"])
-    assert slow.exit_code == 1 and "not healthy after 0.01 s; stopped it" in slow.output
+    slow = runner.invoke(main, [*args, "--timeout-s", "0.01", "--startup-s", "0"])
+    assert slow.exit_code == 1 and "not healthy 0.01 s after its 0.0 s start-up" in slow.output
     assert not (run_dir / "r0.pid").exists()
     with pytest.raises(httpx.ConnectError):  # the stopped server no longer listens
         httpx.get(f"{url}/health", timeout=5)
@@ -70,6 +72,21 @@ def test_sim_restart_refuses_what_it_cannot_do(run_dir: Path, free_port: Callabl
         assert other.healthy
 
 
+def test_a_restarted_replica_serves_only_after_its_start_up(
+    run_dir: Path, free_port: Callable[[], int]
+) -> None:
+    """The start-up a real restart costs (model load, CUDA graph capture): by default the
+    catalog model's startup_s, scaled by --speed; the port stays closed until then."""
+    url = f"http://127.0.0.1:{free_port()}"
+    out = _restart(run_dir, "r0", "plain", url, "--", "--speed", "30")
+    # llama-3.1-8b's catalog startup_s is 60 s: 2 s of wall time at --speed 30.
+    assert "60 s of simulated start-up" in out
+    healthy_after_s = float(out.split("healthy after ")[1].split(" s")[0])
+    assert healthy_after_s >= 2.0
+    fast = _restart(run_dir, "r0", "spec", url, "--startup-s", "3", "--", "--speed", "30")
+    assert "3 s of simulated start-up" in fast and "as spec" in fast
+
+
 def test_a_replica_switches_spec_plain_spec_through_smg_losing_no_request(
     smg_launch: Callable[[list[str]], AbstractContextManager[SmgGateway]],
     free_port: Callable[[], int],
@@ -78,11 +95,24 @@ def test_a_replica_switches_spec_plain_spec_through_smg_losing_no_request(
 ) -> None:
     urls = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
     for i, url in enumerate(urls):
-        out = _restart(run_dir, f"r{i}", "spec", url, "--", "--speed", "4", "--seed", str(i))
+        out = _restart(
+            run_dir,
+            f"r{i}",
+            "spec",
+            url,
+            "--startup-s",
+            "0",
+            "--",
+            "--speed",
+            "4",
+            "--seed",
+            str(i),
+        )
         assert f"serves {url} as spec" in out
     specgov = [sys.executable, "-m", "specgov.controller.cli.main"]
     command = (
-        " ".join(specgov) + f" fleet sim-restart {{name}} {{mode}} {{url}} --run-dir {run_dir}"
+        " ".join(specgov)
+        + f" fleet sim-restart {{name}} {{mode}} {{url}} --run-dir {run_dir} --startup-s 2"
     )
     fleet = parse_fleet(
         {

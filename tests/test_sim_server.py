@@ -689,6 +689,8 @@ def test_sim_server_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
         (["--speed", "0"], "--speed"),
         (["--port", "70000"], "--port"),
         (["--spec-steps", "0"], "--spec-steps"),
+        (["--startup-s", "-1"], "expected seconds >= 0 or 'catalog', got '-1'"),
+        (["--startup-s", "catalog", "--model", "nope"], "--startup-s"),
     ):
         result = runner.invoke(sim_server_cmd, args)
         assert result.exit_code == 2 and needle in result.output, (args, result.output)

@@ -43,6 +43,7 @@ def catalog_rows(extra_files: tuple[Path, ...] = ()) -> dict[str, list[dict[str,
                     m.default_spec_topk,
                     m.default_spec_draft_tokens,
                 ],
+                "startup_s": m.startup_s,
                 "aliases": list(m.aliases),
             }
             for m in cat.models()
@@ -127,7 +128,15 @@ def catalog_list(catalog: tuple[Path, ...], output: str) -> None:
             aliases(g),
         )
     models = Table(title="target models (--model)", title_justify="left")
-    for col in ("name", "parameters", "weights", "KV per token", "SGLang auto shape", "aliases"):
+    for col in (
+        "name",
+        "parameters",
+        "weights",
+        "KV per token",
+        "SGLang auto shape",
+        "start-up",
+        "aliases",
+    ):
         models.add_column(
             col, justify="left" if col in ("name", "aliases") else "right", no_wrap=col == "name"
         )
@@ -139,6 +148,7 @@ def catalog_list(catalog: tuple[Path, ...], output: str) -> None:
             number(m["weights_gib"], 1, "GiB"),
             number(m["kv_bytes_per_token"] / 1024, 0, "KiB"),
             f"{steps}/{topk}/{tokens}",
+            "-" if m["startup_s"] is None else number(m["startup_s"], 0, "s"),
             aliases(m),
         )
     drafters = Table(title="drafters (--drafter)", title_justify="left")

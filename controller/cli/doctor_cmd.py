@@ -592,9 +592,9 @@ class Doctor:
             self.add("clock", "fail", detail, fix)
 
     def gateway(self, fleet: FleetFile) -> None:
-        from specgov.controller.fleet.gateway import GatewayError, SmgGateway
+        from specgov.controller.fleet.gateway import GatewayError, SmgGateway, gateway_token
 
-        gw = SmgGateway(fleet.gateway, timeout_s=self.o.timeout_s)
+        gw = SmgGateway(fleet.gateway, timeout_s=self.o.timeout_s, token=gateway_token())
         try:
             workers = gw.workers()
         except GatewayError as exc:

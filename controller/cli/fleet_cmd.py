@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -101,6 +102,21 @@ def observe(
     return views, total, why
 
 
+def _restart_seconds(restart_s: float | None, model: str) -> float:
+    """--restart-s, else the catalog model's start-up (what a restart costs)."""
+    if restart_s is not None:
+        return restart_s
+    from specgov.simulator.catalog import Catalog, CatalogError
+
+    try:
+        found = Catalog.load().model(model).startup_s
+    except CatalogError as exc:
+        raise click.UsageError(f"--restart-s: {exc}; give --restart-s") from None
+    if found is None:
+        raise click.UsageError(f"--restart-s: the catalog model {model!r} gives no startup_s")
+    return found
+
+
 def _model(
     pays_up_to: int | None,
     replica_capacity: float | None,
@@ -109,6 +125,7 @@ def _model(
     tpot_ms: float,
     dwell_s: float,
     hysteresis: float,
+    restart_s: float,
 ) -> MixModel:
     from specgov.policies.control.fleet_mix import FleetMixError, MixModel
 
@@ -130,7 +147,13 @@ def _model(
         pays_up_to = found[0] if pays_up_to is None else pays_up_to
         replica_capacity = float(found[1]) if replica_capacity is None else replica_capacity
     try:
-        return MixModel(pays_up_to, replica_capacity, hysteresis=hysteresis, dwell_s=dwell_s)
+        return MixModel(
+            pays_up_to,
+            replica_capacity,
+            hysteresis=hysteresis,
+            dwell_s=dwell_s,
+            restart_s=restart_s,
+        )
     except FleetMixError as exc:
         raise click.UsageError(str(exc)) from None
 
@@ -180,6 +203,13 @@ _common = [
     click.option(
         "--hysteresis", type=click.FloatRange(0, 1, max_open=True), default=0.15, show_default=True
     ),
+    click.option(
+        "--restart-s",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="Seconds a moved replica is out (drain and SGLang start-up), the horizon the "
+        "load is forecast over [default: the catalog --model's startup_s].",
+    ),
 ]
 
 
@@ -214,6 +244,7 @@ def _prepare(
         opts["tpot_ms"],
         opts["dwell_s"],
         opts["hysteresis"],
+        _restart_seconds(opts["restart_s"], opts["model"]),
     )
     return fleet, modes, last, mix
 
@@ -223,11 +254,11 @@ def _prepare(
 @click.option("--output", type=click.Choice(["table", "json"]), default="table")
 def status_cmd(output: str, **opts: Any) -> None:
     """The replicas, their mode and load, and the next planned move."""
-    from specgov.controller.fleet.gateway import SmgGateway
+    from specgov.controller.fleet.gateway import SmgGateway, gateway_token
     from specgov.policies.control.fleet_mix import decide_mix
 
     fleet, modes, last, mix = _prepare(opts)
-    gw = SmgGateway(fleet.gateway)
+    gw = SmgGateway(fleet.gateway, token=gateway_token())
     try:
         views, load, why = observe(fleet, gw, modes)
     finally:
@@ -264,21 +295,32 @@ def status_cmd(output: str, **opts: Any) -> None:
     default=None,
     help="Serve the specgov_fleet_* metrics on HOST:PORT (e.g. 127.0.0.1:9466).",
 )
+@click.option(
+    "--forecast-window-s",
+    type=click.FloatRange(min=0, min_open=True),
+    default=120.0,
+    show_default=True,
+    help="The recent load samples the trend is fitted on (projected over --restart-s).",
+)
 def run_cmd(
     audit_path: Path,
     interval_s: float,
     duration_s: float | None,
     metrics_addr: str | None,
+    forecast_window_s: float,
     **opts: Any,
 ) -> None:
     """Observe, decide and move replicas, one at a time (audit rows in --audit)."""
-    from specgov.controller.fleet.gateway import SmgGateway
+    from specgov.controller.fleet.gateway import SmgGateway, gateway_token
     from specgov.controller.fleet.metrics import FleetMetrics
     from specgov.controller.fleet.move import AuditLog, AuditRow, execute_move
     from specgov.policies.control.fleet_mix import decide_mix
+    from specgov.policies.control.load_forecast import LoadSample, forecast_load
 
     fleet, modes, last, mix = _prepare(opts)
     state_path: Path | None = opts["state_path"]
+    # The samples the forecast fits; bounded (the window at the polling interval).
+    samples: deque[LoadSample] = deque(maxlen=max(8, int(forecast_window_s / interval_s) + 2))
     metrics = FleetMetrics()
     if metrics_addr is not None:
         host, _, port = metrics_addr.rpartition(":")
@@ -289,7 +331,7 @@ def run_cmd(
         except OSError as exc:
             raise click.ClickException(f"--metrics-addr {metrics_addr}: {exc}") from None
     audit = AuditLog(audit_path)
-    gw = SmgGateway(fleet.gateway)
+    gw = SmgGateway(fleet.gateway, token=gateway_token())
     end = None if duration_s is None else time.monotonic() + duration_s
     try:
         while end is None or time.monotonic() < end:
@@ -303,12 +345,23 @@ def run_cmd(
                     )
                 )
             else:
-                d = decide_mix(views, load, mix, now_s=now, last_move_s=last)
+                if load is not None and why is None:
+                    samples.append(LoadSample(now, load))
+                forecast = forecast_load(
+                    samples, horizon_s=mix.restart_s, window_s=forecast_window_s
+                )
+                d = decide_mix(views, load, mix, now_s=now, last_move_s=last, forecast=forecast)
                 metrics.observe(views, load, d)
                 note = f" ({why})" if why else ""
                 audit.write(
                     AuditRow(
-                        now, d.move.replica if d.move else "-", "decide", d.reason, d.message + note
+                        now,
+                        d.move.replica if d.move else "-",
+                        "decide",
+                        d.reason,
+                        d.message + note,
+                        load_requests=load,
+                        planned_load=d.planned_load,
                     )
                 )
                 if d.move is not None:
@@ -341,11 +394,25 @@ def run_cmd(
     type=click.FloatRange(min=0, min_open=True),
     default=100.0,
     show_default=True,
-    help="Give up (and stop it) when the new server is not healthy by then.",
+    help="Give up (and stop it) when the new server is not healthy this long after its start-up.",
+)
+@click.option(
+    "--startup-s",
+    default="catalog",
+    show_default=True,
+    metavar="SECONDS|catalog",
+    help="The simulated start-up of the new server (model load, CUDA graph capture; "
+    "wall time: this / its --speed): seconds, or 'catalog', the model's startup_s.",
 )
 @click.argument("sim_args", nargs=-1, type=click.UNPROCESSED)
 def sim_restart_cmd(
-    name: str, mode: str, url: str, run_dir: Path, timeout_s: float, sim_args: tuple[str, ...]
+    name: str,
+    mode: str,
+    url: str,
+    run_dir: Path,
+    timeout_s: float,
+    startup_s: str,
+    sim_args: tuple[str, ...],
 ) -> None:
     """Restart sim-server replica NAME in MODE (spec or plain) on URL's port; returns once
     it is healthy. The restart command for a fleet of sim-servers, e.g. in the fleet file
@@ -355,10 +422,13 @@ def sim_restart_cmd(
     from specgov.simulator.server.replica import ReplicaError, restart_replica
 
     try:
-        started = restart_replica(name, mode, url, run_dir, sim_args=sim_args, timeout_s=timeout_s)
+        started = restart_replica(
+            name, mode, url, run_dir, sim_args=sim_args, timeout_s=timeout_s, startup_s=startup_s
+        )
     except ReplicaError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(
         f"{name}: sim-server pid {started.pid} serves {url} as {mode} "
-        f"(healthy after {started.startup_s:.1f} s)"
+        f"(healthy after {started.startup_s:.1f} s, {started.simulated_startup_s:g} s of "
+        "simulated start-up)"
     )

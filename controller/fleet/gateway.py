@@ -19,6 +19,11 @@ in its multi-model mode, where a ``/generate`` body without a ``model`` field is
 (400 ``missing_model``): SGLang-native clients break. The ``/workers`` API acts at once
 and keeps ``/generate`` as SGLang's.
 
+Access: smg started with ``--control-plane-api-keys 'id:name:admin:KEY'`` answers 401 on
+``/workers`` without ``Authorization: Bearer KEY`` (checked against the binary; generation
+routes are not affected). The governor sends the key from ``SPECGOV_FLEET_GATEWAY_TOKEN``
+(:func:`gateway_token`) when it is set; a gateway reachable beyond loopback should have one.
+
 Every wait is bounded (``timeout_s``) and polls at ``poll_s``. Errors are typed:
 :class:`GatewayError` with ``temporary`` True for what may pass (connection refused,
 timeouts, 5xx, a worker still draining), False for what will not (a 4xx the gateway
@@ -27,8 +32,9 @@ means).
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -38,6 +44,13 @@ from specgov.policies.common.errors import SpecgovError
 
 DEFAULT_TIMEOUT_S: Final = 5.0
 DEFAULT_POLL_S: Final = 0.25
+TOKEN_ENV: Final = "SPECGOV_FLEET_GATEWAY_TOKEN"
+
+
+def gateway_token(env: Mapping[str, str] = os.environ) -> str | None:
+    """The gateway's control-plane key from ``SPECGOV_FLEET_GATEWAY_TOKEN`` (None: unset)."""
+    token = env.get(TOKEN_ENV, "").strip()
+    return token or None
 
 
 class GatewayError(SpecgovError):
@@ -84,12 +97,16 @@ class SmgGateway:
         poll_s: float = DEFAULT_POLL_S,
         transport: httpx.BaseTransport | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        token: str | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self._poll_s = poll_s
         self._sleep = sleep
+        headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         # No proxy from the environment: the gateway is on the operator's network.
-        self._client = httpx.Client(timeout=timeout_s, transport=transport, trust_env=False)
+        self._client = httpx.Client(
+            timeout=timeout_s, transport=transport, trust_env=False, headers=headers
+        )
 
     def close(self) -> None:
         self._client.close()

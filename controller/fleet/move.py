@@ -171,9 +171,12 @@ def render_command(template: str, *, name: str, mode: str, url: str) -> list[str
 class AuditRow:
     at_s: float
     replica: str
-    step: str  # drain, drained, restart, healthy, registered, rolled_back, lost, done
+    step: str  # decide, drain, drained, restart, healthy, registered, rolled_back, lost, done
     reason: str
     message: str
+    # decide rows: the fleet's requests in flight, and the load the target is for
+    load_requests: float | None = None
+    planned_load: float | None = None
 
 
 class Gateway(Protocol):

@@ -1,8 +1,10 @@
 """The fleet governor's decision: how many replicas run speculative, and the next move.
 
 Pure (no IO, no clock: the caller passes the time). Inputs: the replicas as the gateway
-and their servers report them (:class:`ReplicaView`), the load to plan for (requests in
-flight across the fleet: the larger of the observed and the forecast), and the
+and their servers report them (:class:`ReplicaView`), the load (requests in flight across
+the fleet) observed and forecast (:mod:`~specgov.policies.control.load_forecast`: the
+trend of the recent window projected over ``restart_s``, the time a moved replica is
+out), and the
 :class:`MixModel` built from the same step-cost model and acceptance profile as
 ``specgov plan fleet`` (its ``pays_up_to``: the largest batch per replica at which a
 speculative step is faster per output token than a plain one, the crossover).
@@ -14,7 +16,11 @@ band around the crossover in which the current mix holds (a mixed fleet appears 
 while the governor moves it, one replica at a time). A move drains one replica, so it is
 made only when the others carry the load (``load <= (serving - 1) * replica_capacity``),
 only when every replica serves (no move in flight, none lost), and only after
-``dwell_s`` since the last move. Every decision carries a reason code and a message.
+``dwell_s`` since the last move. The target comes from the forecast load (a ramp is met
+before it arrives: the replica is back in its new mode when the load it was moved for
+comes), the capacity check from the larger of the observed and forecast loads. Every
+decision carries a reason code and a message; a move the observed load alone would not
+have made has its own reason (``*_forecast``) and says so.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import dataclass
 from typing import Final, Literal
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.control.load_forecast import LoadForecast
 
 Mode = Literal["spec", "plain"]
 MODES: Final = ("spec", "plain")
@@ -38,6 +45,8 @@ HELD_CAPACITY: Final = "held_capacity"
 HELD_NO_LOAD_DATA: Final = "held_unknown_load"
 MOVE_TO_PLAIN: Final = "move_to_plain"
 MOVE_TO_SPEC: Final = "move_to_spec"
+MOVE_TO_PLAIN_FORECAST: Final = "move_to_plain_forecast"
+MOVE_TO_SPEC_FORECAST: Final = "move_to_spec_forecast"
 
 
 class FleetMixError(SpecgovError, ValueError):
@@ -70,12 +79,14 @@ class MixModel:
     ``pays_up_to``: the crossover batch per replica (0: speculation never pays);
     ``replica_capacity``: requests in flight one replica carries within the SLO;
     ``hysteresis``: the band is ``pays_up_to * (1 ± hysteresis)``; ``dwell_s``: seconds
-    between moves."""
+    between moves; ``restart_s``: seconds a moved replica is out (drain and start-up),
+    the horizon the caller forecasts the load over."""
 
     pays_up_to: int
     replica_capacity: float
     hysteresis: float = 0.15
     dwell_s: float = 300.0
+    restart_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.pays_up_to < 0:
@@ -86,6 +97,8 @@ class MixModel:
             raise FleetMixError(f"hysteresis must be in [0, 1), got {self.hysteresis}")
         if not math.isfinite(self.dwell_s) or self.dwell_s < 0:
             raise FleetMixError(f"dwell_s must be >= 0, got {self.dwell_s}")
+        if not math.isfinite(self.restart_s) or self.restart_s < 0:
+            raise FleetMixError(f"restart_s must be >= 0, got {self.restart_s}")
 
 
 @dataclass(frozen=True)
@@ -103,6 +116,8 @@ class MixDecision:
     reason: str
     message: str
     batch_per_replica: float | None
+    planned_load: float | None = None  # the load the target is for (the forecast's)
+    forecast_drove: bool = False  # the observed load alone gives another target
 
 
 def target_spec_count(
@@ -125,8 +140,10 @@ def decide_mix(
     *,
     now_s: float,
     last_move_s: float | None,
+    forecast: LoadForecast | None = None,
 ) -> MixDecision:
-    """The target mix and the next move (None: hold), with the reason."""
+    """The target mix and the next move (None: hold), with the reason; ``forecast``: the
+    load over the next ``model.restart_s`` (None: plan for the observed load)."""
     n = len(replicas)
     if n == 0:
         raise FleetMixError("the fleet has no replicas")
@@ -143,38 +160,37 @@ def decide_mix(
         )
     if load_requests is None or not math.isfinite(load_requests) or load_requests < 0:
         return MixDecision(spec, None, HELD_NO_LOAD_DATA, "holding the mix: no load data", None)
-    batch = load_requests / n
+    planned = load_requests if forecast is None else forecast.projected
+    batch = planned / n
     target, in_band = target_spec_count(spec, n, batch, model)
+    observed_target = target_spec_count(spec, n, load_requests / n, model)[0]
+    drove = forecast is not None and observed_target != target
     where = (
         f"{batch:.1f} requests per replica against a crossover at {model.pays_up_to} "
         f"(band ±{model.hysteresis:.0%})"
     )
+    if forecast is not None:
+        where += f"; {forecast.describe()}" + (", the forecast sets the target" if drove else "")
+
+    def held(reason: str, message: str, tgt: int = target) -> MixDecision:
+        return MixDecision(tgt, None, reason, message, batch, planned, drove)
+
     if in_band:
-        return MixDecision(
-            target, None, HELD_IN_BAND, f"holding {spec}/{n} speculative: {where}", batch
-        )
+        return held(HELD_IN_BAND, f"holding {spec}/{n} speculative: {where}")
     if target == spec:
-        return MixDecision(
-            target, None, HELD_AT_TARGET, f"{spec}/{n} speculative is the target: {where}", batch
-        )
+        return held(HELD_AT_TARGET, f"{spec}/{n} speculative is the target: {where}")
     if last_move_s is not None and now_s - last_move_s < model.dwell_s:
         wait = model.dwell_s - (now_s - last_move_s)
-        return MixDecision(
-            target,
-            None,
-            HELD_DWELL,
-            f"target {target}/{n} speculative; next move in {wait:.0f} s: {where}",
-            batch,
+        return held(
+            HELD_DWELL, f"target {target}/{n} speculative; next move in {wait:.0f} s: {where}"
         )
-    if load_requests > (n - 1) * model.replica_capacity:
-        return MixDecision(
-            target,
-            None,
+    peak = max(load_requests, planned)
+    if peak > (n - 1) * model.replica_capacity:
+        return held(
             HELD_CAPACITY,
             f"target {target}/{n} speculative, but {n - 1} replicas cannot carry "
-            f"{load_requests:.0f} requests in flight ({model.replica_capacity:.0f} each) while "
+            f"{peak:.0f} requests in flight ({model.replica_capacity:.0f} each) while "
             f"one restarts",
-            batch,
         )
     to_mode: Mode = "spec" if target > spec else "plain"
     from_mode = "plain" if to_mode == "spec" else "spec"
@@ -182,10 +198,16 @@ def decide_mix(
     pick = min(
         (r for r in replicas if r.mode == from_mode), key=lambda r: (r.running_requests, r.name)
     )
+    if to_mode == "spec":
+        reason = MOVE_TO_SPEC_FORECAST if drove else MOVE_TO_SPEC
+    else:
+        reason = MOVE_TO_PLAIN_FORECAST if drove else MOVE_TO_PLAIN
     return MixDecision(
         target,
         Move(pick.name, to_mode),
-        MOVE_TO_SPEC if to_mode == "spec" else MOVE_TO_PLAIN,
+        reason,
         f"restarting {pick.name} as {to_mode} (target {target}/{n} speculative): {where}",
         batch,
+        planned,
+        drove,
     )

@@ -14,6 +14,7 @@ repeat :class:`~specgov.simulator.replay.runner.ServerSpec`'s for that reason, a
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 from collections.abc import Callable
@@ -79,10 +80,13 @@ def serve(
     on_ready: Callable[[SimServer], None] | None = None,
     stop_event: threading.Event | None = None,
     ready_timeout_s: float = 60.0,
+    startup_wall_s: float = 0.0,
 ) -> int:
     """Start ``sim`` and block until SIGINT / SIGTERM (or ``stop_event``), then stop it
     cleanly. Signal handlers are installed only on the main thread and restored after.
-    Returns the exit status (0)."""
+    ``startup_wall_s``: wall seconds to wait before the port opens, as SGLang's HTTP
+    server listens only once the model is loaded and its CUDA graphs captured (a signal
+    during the wait ends it). Returns the exit status (0)."""
     stop = stop_event if stop_event is not None else threading.Event()
     previous: dict[signal.Signals, Any] = {}
 
@@ -93,6 +97,8 @@ def serve(
         for sig in (signal.SIGINT, signal.SIGTERM):
             previous[sig] = signal.signal(sig, on_signal)
     try:
+        if startup_wall_s > 0 and stop.wait(startup_wall_s):
+            return 0
         sim.start()
         sim.wait_ready(ready_timeout_s)
         if on_ready is not None:
@@ -104,6 +110,35 @@ def serve(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+STARTUP_FROM_CATALOG: Final = "catalog"
+
+
+def startup_seconds(text: str, model: str, catalog_files: tuple[Path, ...] = ()) -> float:
+    """``--startup-s``: simulated seconds of a server start-up (model load and CUDA graph
+    capture), a number >= 0 or ``catalog`` (the model entry's ``startup_s``, with its
+    source in the catalog)."""
+    from specgov.simulator.catalog import Catalog
+
+    if text.strip().lower() == STARTUP_FROM_CATALOG:
+        found = Catalog.load(catalog_files).model(model).startup_s
+        if found is None:
+            raise click.BadParameter(
+                f"the catalog entry of model {model!r} gives no startup_s; give seconds",
+                param_hint="--startup-s",
+            )
+        return found
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise click.BadParameter(
+            f"expected seconds >= 0 or {STARTUP_FROM_CATALOG!r}, got {text!r}",
+            param_hint="--startup-s",
+        )
+    return value
 
 
 def load_trace_arg(text: str, *, seed: int = 0) -> Trace:
@@ -185,6 +220,15 @@ def load_trace_arg(text: str, *, seed: int = 0) -> Trace:
     help="SGLang's --disable-radix-cache: no prefix reuse (by default requests whose "
     "trace gives hash_ids reuse cached prompt prefixes).",
 )
+@click.option(
+    "--startup-s",
+    default="0",
+    show_default=True,
+    metavar="SECONDS|catalog",
+    help="Simulated seconds before the server listens, as SGLang loads the model and "
+    "captures CUDA graphs first (wall time: this / --speed); 'catalog': the model's "
+    "startup_s from the catalog (what a real restart costs).",
+)
 @hicache_options
 def sim_server_cmd(
     port: int,
@@ -201,6 +245,7 @@ def sim_server_cmd(
     acceptance_profile: str | None,
     seed: int,
     disable_radix_cache: bool,
+    startup_s: str,
     enable_hierarchical_cache: bool,
     hicache_ratio: float | None,
     hicache_size: int,
@@ -211,6 +256,10 @@ def sim_server_cmd(
     from specgov.simulator.server.core import SimServer
 
     asked = None if speculative_algorithm is None else speculative_algorithm.strip().upper()
+    try:
+        startup = startup_seconds(startup_s, model)
+    except (ValueError, OSError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--startup-s") from None
     try:
         loaded: Trace | list[Request] = (
             [] if trace == NO_TRACE else load_trace_arg(trace, seed=seed)
@@ -249,8 +298,10 @@ def sim_server_cmd(
     def ready(s: SimServer) -> None:
         click.echo(f"simulated SGLang server on {s.url} ({s.policy_name}); Ctrl-C to stop")
 
+    if startup > 0:
+        click.echo(f"starting: {startup:g} s of simulated start-up ({startup / speed:.1f} s wall)")
     try:
-        code = serve(sim, on_ready=ready)
+        code = serve(sim, on_ready=ready, startup_wall_s=startup / speed)
     except (ValueError, OSError) as exc:  # e.g. the port is taken
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
     raise SystemExit(code)

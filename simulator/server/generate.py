@@ -316,6 +316,7 @@ class Outcome:
     completion_tokens: int
     cached_tokens: int
     e2e_latency_s: float
+    first_token_latency_s: float | None = None
 
 
 def _finish_reason_sglang(out: Outcome) -> dict[str, Any]:
@@ -323,7 +324,7 @@ def _finish_reason_sglang(out: Outcome) -> dict[str, Any]:
 
 
 def generate_meta(out: Outcome, *, finished: bool) -> dict[str, Any]:
-    return {
+    meta: dict[str, Any] = {
         "id": out.request_id,
         "finish_reason": _finish_reason_sglang(out) if finished else None,
         "prompt_tokens": out.prompt_tokens,
@@ -332,6 +333,11 @@ def generate_meta(out: Outcome, *, finished: bool) -> dict[str, Any]:
         "e2e_latency": out.e2e_latency_s,
         "specgov_sim": FILLER_NOTE,
     }
+    # SGLang 0.5.23 adds this on the last answer when metrics are on (the sim-server
+    # serves them): TokenizerManager via ReqTimeStats.convert_to_output_meta_info.
+    if finished and out.first_token_latency_s is not None:
+        meta["first_token_latency"] = out.first_token_latency_s
+    return meta
 
 
 def generate_body(out: Outcome, *, finished: bool = True) -> dict[str, Any]:

@@ -136,7 +136,7 @@ class _GenerateRoutes:
         except sg.GenRequestError as exc:
             return _error(endpoint, str(exc), exc.status, exc.param)
         try:
-            req = feed.submit(spec.prompt_tokens, spec.max_tokens)
+            req = feed.submit(spec.prompt_tokens, spec.max_tokens, stream=spec.stream)
         except (LiveFeedClosed, LiveFeedFull) as exc:
             return _error(endpoint, f"the simulated server cannot take it: {exc}", 503)
         answer = _Answer(request, spec, req, feed)
@@ -194,6 +194,11 @@ class _Answer:
                 completion_tokens=event.generated,
                 cached_tokens=event.cached_tokens,
                 e2e_latency_s=event.sim_s - self.req.arrival_s,
+                first_token_latency_s=(
+                    None
+                    if event.first_token_s is None
+                    else event.first_token_s - self.req.arrival_s
+                ),
             )
             if event.finished:
                 self.complete = True

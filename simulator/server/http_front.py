@@ -27,8 +27,10 @@ logger = logging.getLogger(__name__)
 
 # How long stop() and a synchronous outage() wait for the HTTP thread.
 HTTP_JOIN_TIMEOUT_S: Final = 10.0
-# Its clients are a daemon or two, the tests' probes and an operator's curl.
-SIM_MAX_CONNECTIONS: Final = 128
+# Its clients: a daemon, probes, and generation clients (directly or through a gateway),
+# each in-flight request one connection; as many as the live feed holds open
+# (live.DEFAULT_MAX_OPEN). SGLang's own HTTP server caps none.
+SIM_MAX_CONNECTIONS: Final = 4096
 
 
 class HttpFront:

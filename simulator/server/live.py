@@ -58,20 +58,27 @@ class TokenEvent:
     finished: bool
     cached_tokens: int = 0
     error: str | None = None
+    first_token_s: float | None = None  # simulated time of the request's first token
 
 
 class LiveRequest:
     """One open request: its key, what it asked for, and its event queue."""
 
-    __slots__ = ("arrival_s", "events", "key", "loop", "request", "sent")
+    __slots__ = ("arrival_s", "events", "first_token_s", "key", "loop", "request", "sent", "stream")
 
-    def __init__(self, key: int, request: Request, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, key: int, request: Request, loop: asyncio.AbstractEventLoop, *, stream: bool = True
+    ) -> None:
         self.key = key
         self.request = request
         self.arrival_s = request.arrival_s
         self.loop = loop
+        # False: the answer is sent whole, so only the last event is posted (a busy
+        # accelerated server would otherwise spend its CPU on events nobody sends).
+        self.stream = stream
         self.events: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        self.sent = 0  # tokens already posted (engine thread)
+        self.sent = 0  # tokens already counted (engine thread)
+        self.first_token_s: float | None = None
 
 
 class LiveFeed:
@@ -107,8 +114,9 @@ class LiveFeed:
     def wall_of(self, sim_s: float) -> float:
         return self._clock.wall_of(sim_s)
 
-    def submit(self, input_tokens: int, output_tokens: int) -> LiveRequest:
-        """Queue a request arriving now; call from the handler's event loop."""
+    def submit(self, input_tokens: int, output_tokens: int, *, stream: bool = True) -> LiveRequest:
+        """Queue a request arriving now; call from the handler's event loop. ``stream``
+        False: only its last event (all tokens, or an error) is posted."""
         loop = asyncio.get_running_loop()
         with self._cond:
             if self._closed is not None:
@@ -116,7 +124,9 @@ class LiveFeed:
             if len(self._open) >= self._max_open:
                 raise LiveFeedFull(f"{len(self._open)} requests are open (the limit)")
             arrival = max(self._clock.sim_of(time.time()), self._clock.last_sim_s, 0.0)
-            req = LiveRequest(next(self._keys), Request(arrival, input_tokens, output_tokens), loop)
+            req = LiveRequest(
+                next(self._keys), Request(arrival, input_tokens, output_tokens), loop, stream=stream
+            )
             self._open[req.key] = req
             self._arrived.append(req)
             self._cond.notify_all()
@@ -186,9 +196,19 @@ class LiveFeed:
             req = open_.get(index - LIVE_INDEX_BASE)
             if req is None or state.generated <= req.sent:
                 continue
+            if req.first_token_s is None:
+                req.first_token_s = now_s
             req.sent = state.generated
             finished = state.generated >= state.output_tokens
-            event = TokenEvent(now_s, state.generated, finished, cached_tokens=state.cached)
+            if not (finished or req.stream):
+                continue
+            event = TokenEvent(
+                now_s,
+                state.generated,
+                finished,
+                cached_tokens=state.cached,
+                first_token_s=req.first_token_s,
+            )
             by_loop.setdefault(req.loop, []).append((req, event))
         for loop, batch in by_loop.items():
             _post(loop, batch)

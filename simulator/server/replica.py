@@ -5,7 +5,10 @@ sim-restart NAME MODE URL --run-dir DIR``, a fleet file's ``restart_command``, s
 docs/operations.md §11) is :func:`restart_replica`: stop the sim-server this command
 started for ``NAME`` before (its pid file in ``DIR``), start ``specgov sim-server`` on the
 URL's host and port in ``MODE`` (``spec``: the drafter's algorithm; ``plain``:
-``--speculative-algorithm NONE``), and return once it answers ``/health`` 200 and
+``--speculative-algorithm NONE``) with the start-up a real restart costs (``--startup-s``:
+by default the model's catalog ``startup_s``, model load and CUDA graph capture; the
+server listens only after it, scaled by ``--speed``), and return once it answers
+``/health`` 200 and
 ``/server_info`` says the mode asked for. The new server is its own session (it outlives
 the command); its output goes to ``DIR/NAME.log``.
 
@@ -28,14 +31,15 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
 
+import click
 import httpx
 
 from specgov.policies.common.errors import SpecgovError
-from specgov.simulator.server.cli import PLAIN_ALGORITHM
+from specgov.simulator.server.cli import PLAIN_ALGORITHM, STARTUP_FROM_CATALOG, startup_seconds
 
 MODES: Final = ("spec", "plain")
 # sim-restart sets these itself; the pass-through arguments may not.
-RESERVED_FLAGS: Final = ("--host", "--port", "--speculative-algorithm")
+RESERVED_FLAGS: Final = ("--host", "--port", "--speculative-algorithm", "--startup-s")
 STOP_TIMEOUT_S: Final = 30.0
 POLL_S: Final = 0.1
 
@@ -50,6 +54,7 @@ class Started:
     url: str
     mode: str
     startup_s: float  # wall seconds from the start until healthy
+    simulated_startup_s: float  # the start-up it simulated (model load, CUDA graphs)
 
 
 def _host_port(url: str) -> tuple[str, int]:
@@ -110,6 +115,32 @@ def _answers(url: str) -> httpx.Response | None:
         return None
 
 
+def _flag(sim_args: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` among the pass-through arguments (``--f v`` or ``--f=v``)."""
+    found: str | None = None
+    for i, arg in enumerate(sim_args):
+        if arg == flag and i + 1 < len(sim_args):
+            found = sim_args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def _startup(startup_s: str, sim_args: Sequence[str]) -> tuple[float, float]:
+    """(simulated start-up seconds, the wall seconds they take at the server's --speed)."""
+    from specgov.simulator.replay.runner import ServerSpec
+
+    try:
+        seconds = startup_seconds(startup_s, _flag(sim_args, "--model") or ServerSpec().model)
+        speed = float(_flag(sim_args, "--speed") or 1.0)
+    except (ValueError, click.ClickException) as exc:
+        message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+        raise ReplicaError(f"--startup-s {startup_s}: {message}") from None
+    if not speed > 0:
+        raise ReplicaError(f"--speed {speed}: expected > 0")
+    return seconds, seconds / speed
+
+
 def _log_tail(path: Path, chars: int = 600) -> str:
     try:
         return path.read_text(errors="replace")[-chars:].strip()
@@ -125,8 +156,11 @@ def restart_replica(
     *,
     sim_args: Sequence[str] = (),
     timeout_s: float = 100.0,
+    startup_s: str = STARTUP_FROM_CATALOG,
 ) -> Started:
-    """(Re)start replica ``name`` as a sim-server in ``mode`` on ``url`` (module docstring)."""
+    """(Re)start replica ``name`` as a sim-server in ``mode`` on ``url`` (module docstring).
+    ``startup_s``: the simulated start-up (seconds, or ``catalog``: the model's); the
+    server listens only after it, and ``timeout_s`` counts from then."""
     if mode not in MODES:
         raise ReplicaError(f"mode {mode!r}: expected spec or plain")
     if not name or "/" in name or name.startswith("."):
@@ -135,6 +169,7 @@ def restart_replica(
         if arg.split("=", 1)[0] in RESERVED_FLAGS:
             raise ReplicaError(f"{arg}: sim-restart sets {', '.join(RESERVED_FLAGS)} itself")
     host, port = _host_port(url)
+    simulated, startup_wall_s = _startup(startup_s, sim_args)
     run_dir.mkdir(parents=True, exist_ok=True)
     pid_file = run_dir / f"{name}.pid"
     stop_replica(pid_file)
@@ -148,6 +183,8 @@ def restart_replica(
         "--port",
         str(port),
         *(["--speculative-algorithm", PLAIN_ALGORITHM] * (mode == "plain")),
+        "--startup-s",
+        f"{simulated:g}",
     ]
     has_trace = any(a.split("=", 1)[0] == "--trace" for a in sim_args)
     argv += list(sim_args) if has_trace else ["--trace", "none", *sim_args]
@@ -160,7 +197,7 @@ def restart_replica(
     tmp = pid_file.with_name(pid_file.name + ".tmp")
     tmp.write_text(f"{proc.pid}\n")
     os.replace(tmp, pid_file)
-    deadline = started_s + timeout_s
+    deadline = started_s + startup_wall_s + timeout_s
     while True:
         if proc.poll() is not None:
             pid_file.unlink(missing_ok=True)
@@ -173,11 +210,14 @@ def restart_replica(
             break
         if time.monotonic() >= deadline:
             stop_replica(pid_file)
-            raise ReplicaError(f"{name!r} on {url} not healthy after {timeout_s:g} s; stopped it")
+            raise ReplicaError(
+                f"{name!r} on {url} not healthy {timeout_s:g} s after its "
+                f"{startup_wall_s:.1f} s start-up; stopped it"
+            )
         time.sleep(POLL_S)
     with httpx.Client(timeout=5.0, trust_env=False) as client:
         algorithm = client.get(f"{url}/server_info").json().get("speculative_algorithm")
     if (algorithm is None) != (mode == "plain"):
         stop_replica(pid_file)
         raise ReplicaError(f"{name!r} came up with speculative_algorithm {algorithm!r}, not {mode}")
-    return Started(proc.pid, url, mode, time.monotonic() - started_s)
+    return Started(proc.pid, url, mode, time.monotonic() - started_s, simulated)

@@ -1,0 +1,626 @@
+"""The fleet governor end to end: smg + 4 sim-servers + ``specgov fleet run`` under a ramp.
+
+Issue 21 §3. Real parts: the ``smg`` gateway binary (1.13, ``specgov[fleet]``), four
+``specgov sim-server`` processes started and restarted by the shipped restart command
+(``specgov fleet sim-restart``: each runs speculative EAGLE-3 or plain), and the fleet
+governor as its own process (``specgov fleet run``, the code path an operator runs). An
+open-loop load generator (Poisson arrivals from a seeded generator, loopback only, a
+bounded number of requests and time) sends SGLang ``/generate`` requests through the
+gateway at a rate that ramps from light load to beyond what four speculative replicas
+sustain and back. The same ramp runs against an all-speculative and an all-plain fleet
+(the same gateway policy, no governor).
+
+Time. The sim-servers run at ``--speed`` simulated seconds per wall second; every rate,
+duration, latency and start-up below is simulated (wall = simulated / speed), the
+governor's intervals, dwell and restart time are given to it in wall seconds (the
+simulated figure / speed). A restart costs the catalog model's ``startup_s`` (SGLang's
+model load and CUDA graph capture, with its source in the catalog) unless ``--startup-s``
+says otherwise; ``--quick`` shortens it (said in the output) so that the run fits in
+under 3 minutes on a 2-core machine.
+
+Per level and over the whole ramp: goodput (output tokens of requests that met the SLO,
+per simulated second), TPOT p50/p99 and TTFT p99 (simulated, as each server reports them
+in SGLang's ``meta_info``: ``first_token_latency``, ``e2e_latency``), requests failed,
+restarts made. Targets (printed, each met or not): every level's governed goodput >=
+0.98x the better fleet; whole ramp >= 1.10x the worse; at the lightest level TPOT p50
+within 5% of all-speculative; the load at which the governor first moved to plain within
+15% of the crossover ``plan fleet`` predicts for the same fleet (requests in flight per
+replica, and as a rate through Little's law with the all-speculative fleet's request
+time at that level). It is a measurement: exit 0 unless ``--strict`` and a target misses.
+
+    .venv/bin/python benchmarks/bench_fleet.py [--quick] [--output json] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+
+from specgov.controller.fleet.gateway import SmgGateway
+from specgov.simulator.server.replica import restart_replica, stop_replica
+
+HOST = "127.0.0.1"
+KINDS = ("governed", "all_spec", "all_plain")
+GATEWAY_POLICY = "round_robin"
+DEADLINE_S = 120.0  # any one wait for a process (wall)
+HYSTERESIS = 0.10
+
+
+@dataclass(frozen=True)
+class Config:
+    """One run's settings; rates and durations in simulated units (module docstring)."""
+
+    speed: float = 8.0
+    level_rates_rps: tuple[float, ...] = (2.0, 5.0, 8.0, 11.0, 14.0, 11.0, 8.0, 5.0, 2.0)
+    level_s: float = 240.0
+    prompt_tokens: int = 256
+    output_tokens: tuple[int, int] = (1536, 3072)  # uniform range
+    tpot_slo_ms: float = 18.0
+    ttft_slo_ms: float = 3000.0
+    startup_s: float | None = None  # None: the catalog model's
+    drain_s: float = 25.0  # expected drain (a request's time near the crossover)
+    dwell_s: float = 8.0
+    interval_s: float = 4.0  # the governor's decision interval
+    forecast_window_s: float = 240.0
+    seed: int = 0
+    max_requests: int = 30000
+    replicas: int = 4
+    crossover: tuple[int, int] | None = None  # (pays_up_to, capacity); None: plan fleet's
+    kinds: tuple[str, ...] = KINDS
+
+
+QUICK = Config(
+    speed=10.0,
+    level_rates_rps=(2.0, 9.0, 16.0, 9.0, 2.0),
+    level_s=80.0,
+    output_tokens=(1536, 3072),
+    tpot_slo_ms=18.0,
+    startup_s=12.0,
+    dwell_s=4.0,
+    interval_s=2.0,
+    forecast_window_s=24.0,
+    max_requests=4000,
+)
+
+
+@dataclass
+class Outcome:
+    level: int
+    status: int
+    tokens: int = 0
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+
+
+@dataclass
+class FleetRun:
+    kind: str
+    outcomes: list[Outcome] = field(default_factory=list)
+    audit: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+# ------------------------------------------------------------------ processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+def smg_binary() -> str:
+    local = Path(sys.executable).parent / "smg"
+    found = str(local) if local.is_file() else shutil.which("smg")
+    if found is None:
+        raise SystemExit("bench_fleet: smg is not installed (pip install -e '.[fleet]')")
+    return found
+
+
+def specgov_argv() -> list[str]:
+    return [sys.executable, "-m", "specgov.controller.cli.main"]
+
+
+@contextlib.contextmanager
+def smg_gateway(urls: Sequence[str]) -> Iterator[SmgGateway]:
+    port = free_port()
+    argv = [smg_binary(), "launch", "--host", HOST, "--port", str(port)]
+    argv += ["--worker-urls", *urls, "--policy", GATEWAY_POLICY]
+    argv += ["--prometheus-host", HOST, "--prometheus-port", str(free_port())]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gw = SmgGateway(f"http://{HOST}:{port}", poll_s=0.1)
+    try:
+        for url in urls:
+            gw.wait_healthy(url, DEADLINE_S)
+        yield gw
+    finally:
+        gw.close()
+        proc.kill()
+        proc.wait(30)
+
+
+def sim_args(cfg: Config, seed: int) -> list[str]:
+    return ["--speed", f"{cfg.speed:g}", "--seed", str(seed)]
+
+
+@contextlib.contextmanager
+def replicas(cfg: Config, modes: Sequence[str], run_dir: Path) -> Iterator[list[str]]:
+    """The sim-servers, started in parallel by the shipped restart command's code (a first
+    start, so without the restart's start-up); every one stopped on exit."""
+    urls = [f"http://{HOST}:{free_port()}" for _ in modes]
+    errors: list[BaseException] = []
+
+    def start(i: int) -> None:
+        try:
+            restart_replica(
+                f"r{i}", modes[i], urls[i], run_dir, sim_args=sim_args(cfg, i), startup_s="0"
+            )
+        except BaseException as exc:  # reported below, on the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(len(modes))]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(DEADLINE_S)
+        if errors:
+            raise SystemExit(f"bench_fleet: a replica did not start: {errors[0]}")
+        yield urls
+    finally:
+        for pid_file in run_dir.glob("*.pid"):
+            stop_replica(pid_file)
+
+
+def startup_s(cfg: Config) -> float:
+    from specgov.simulator.catalog import Catalog
+    from specgov.simulator.replay.runner import ServerSpec
+
+    if cfg.startup_s is not None:
+        return cfg.startup_s
+    found = Catalog.load().model(ServerSpec().model).startup_s
+    return 0.0 if found is None else found
+
+
+def write_fleet_file(cfg: Config, urls: Sequence[str], gateway: str, run_dir: Path) -> Path:
+    command = " ".join(specgov_argv()) + " fleet sim-restart {name} {mode} {url}"
+    command += f" --run-dir {run_dir} --startup-s {startup_s(cfg):g} -- "
+    command += "--speed {speed}".format(speed=f"{cfg.speed:g}")
+    fleet = {
+        "gateway": gateway,
+        "restart_command": command,
+        "startup_timeout_s": DEADLINE_S,
+        "drain_timeout_s": DEADLINE_S,
+        "replicas": [{"name": f"r{i}", "url": url, "mode": "spec"} for i, url in enumerate(urls)],
+    }
+    path = run_dir / "fleet.json"  # JSON is YAML
+    path.write_text(json.dumps(fleet, indent=2))
+    return path
+
+
+@contextlib.contextmanager
+def governor(
+    cfg: Config, fleet_file: Path, crossover: tuple[int, int], audit: Path, wall_s: float
+) -> Iterator[None]:
+    """``specgov fleet run`` for the ramp, in wall seconds (module docstring)."""
+    pays, capacity = crossover
+    s = cfg.speed
+    argv = [*specgov_argv(), "fleet", "run", "--fleet", str(fleet_file), "--audit", str(audit)]
+    argv += ["--pays-up-to", str(pays), "--replica-capacity", str(capacity)]
+    argv += ["--hysteresis", str(HYSTERESIS), "--dwell-s", f"{cfg.dwell_s / s:g}"]
+    argv += ["--interval-s", f"{cfg.interval_s / s:g}", "--duration-s", f"{wall_s:g}"]
+    # The time a moved replica is out: its drain, then the start-up.
+    argv += ["--restart-s", f"{(cfg.drain_s + startup_s(cfg)) / s:g}"]
+    argv += ["--forecast-window-s", f"{cfg.forecast_window_s / s:g}"]
+    log = open(audit.with_suffix(".log"), "wb")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(argv, stdout=log, stderr=log)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)  # it saves its state and stops between decisions
+        try:
+            proc.wait(DEADLINE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+        log.close()
+
+
+# ------------------------------------------------------------------ load
+
+
+@dataclass(frozen=True)
+class Planned:
+    level: int
+    arrival_s: float  # simulated, from the ramp's start
+    output_tokens: int
+
+
+def plan_requests(cfg: Config) -> list[Planned]:
+    """The ramp's open-loop arrivals: Poisson at each level's rate, seeded, bounded."""
+    rng = np.random.default_rng(cfg.seed)
+    out: list[Planned] = []
+    low, high = cfg.output_tokens
+    for level, rate in enumerate(cfg.level_rates_rps):
+        start, t = level * cfg.level_s, 0.0
+        while True:
+            t += float(rng.exponential(1.0 / rate))
+            if t >= cfg.level_s or len(out) >= cfg.max_requests:
+                break
+            out.append(Planned(level, start + t, int(rng.integers(low, high + 1))))
+    return out
+
+
+def as_trace(cfg: Config, planned: Sequence[Planned]) -> Any:
+    """The ramp as a trace, for the crossover plan fleet computes for this workload."""
+    from specgov.simulator.workload.traces import Request, Trace
+
+    t0 = planned[0].arrival_s
+    reqs = tuple(Request(p.arrival_s - t0, cfg.prompt_tokens, p.output_tokens) for p in planned)
+    return Trace("bench_fleet", reqs, "bench_fleet ramp")
+
+
+async def _send(
+    session: aiohttp.ClientSession, url: str, cfg: Config, p: Planned, at_wall: float
+) -> Outcome:
+    await asyncio.sleep(max(0.0, at_wall - time.monotonic()))
+    body = {
+        "text": "x" * (cfg.prompt_tokens * 4),  # the sim-server counts 4 characters a token
+        "sampling_params": {"max_new_tokens": p.output_tokens, "ignore_eos": True},
+    }
+    try:
+        async with session.post(f"{url}/generate", json=body) as r:
+            if r.status != 200:
+                await r.read()
+                return Outcome(p.level, r.status)
+            doc = await r.json()
+    except (aiohttp.ClientError, TimeoutError):
+        return Outcome(p.level, -1)
+    meta = doc.get("meta_info", {})
+    return Outcome(
+        p.level,
+        200,
+        int(meta.get("completion_tokens", 0)),
+        meta.get("first_token_latency"),
+        meta.get("e2e_latency"),
+    )
+
+
+async def _drive(cfg: Config, gateway: str, planned: Sequence[Planned]) -> list[Outcome]:
+    timeout = aiohttp.ClientTimeout(total=DEADLINE_S * 3)
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        t0 = time.monotonic()
+        tasks = [_send(session, gateway, cfg, p, t0 + p.arrival_s / cfg.speed) for p in planned]
+        return list(await asyncio.gather(*tasks))
+
+
+def run_fleet(
+    kind: str, cfg: Config, planned: Sequence[Planned], crossover: tuple[int, int], work: Path
+) -> FleetRun:
+    """One fleet under the ramp: governed (all speculative to begin with, the governor
+    moves it) or fixed all_spec / all_plain."""
+    run_dir = work / kind
+    run_dir.mkdir(parents=True)
+    modes = ["plain" if kind == "all_plain" else "spec"] * cfg.replicas
+    ramp_wall_s = len(cfg.level_rates_rps) * cfg.level_s / cfg.speed
+    run = FleetRun(kind)
+    with replicas(cfg, modes, run_dir) as urls, smg_gateway(urls) as gw:
+        audit = run_dir / "audit.jsonl"
+        guard: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if kind == "governed":
+            fleet_file = write_fleet_file(cfg, urls, gw.url, run_dir)
+            guard = governor(cfg, fleet_file, crossover, audit, ramp_wall_s + DEADLINE_S)
+        with guard:
+            t0 = time.monotonic()
+            run.outcomes = asyncio.run(_drive(cfg, gw.url, planned))
+            run.wall_s = time.monotonic() - t0
+            run.audit = _rows(audit, t0_epoch=time.time() - run.wall_s, speed=cfg.speed)
+    return run
+
+
+def _rows(path: Path, *, t0_epoch: float, speed: float) -> list[dict[str, Any]]:
+    """The governor's audit rows, each with ``sim_s``: simulated seconds into the ramp."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for row in rows:
+        row["sim_s"] = (row["at_s"] - t0_epoch) * speed
+    return rows
+
+
+# ------------------------------------------------------------------ numbers
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def summarize(outcomes: Sequence[Outcome], cfg: Config, seconds: float) -> dict[str, Any]:
+    """Goodput (tokens of requests within both SLOs, per simulated second), latencies
+    (simulated ms), and how many requests failed (non-200 or cut short)."""
+    tpots: list[float] = []
+    ttfts: list[float] = []
+    good_tokens = tokens = failed = 0
+    for o in outcomes:
+        if o.status != 200 or o.ttft_s is None or o.e2e_s is None or o.tokens < 2:
+            failed += 1
+            continue
+        tpot_ms = (o.e2e_s - o.ttft_s) / (o.tokens - 1) * 1000.0
+        ttft_ms = o.ttft_s * 1000.0
+        tpots.append(tpot_ms)
+        ttfts.append(ttft_ms)
+        tokens += o.tokens
+        if tpot_ms <= cfg.tpot_slo_ms and ttft_ms <= cfg.ttft_slo_ms:
+            good_tokens += o.tokens
+    return {
+        "requests": len(outcomes),
+        "failed": failed,
+        "goodput_tok_s": good_tokens / seconds,
+        "throughput_tok_s": tokens / seconds,
+        "tpot_p50_ms": _pct(tpots, 50),
+        "tpot_p99_ms": _pct(tpots, 99),
+        "ttft_p99_ms": _pct(ttfts, 99),
+    }
+
+
+def _restarts(run: FleetRun, level: int | None, cfg: Config) -> int:
+    rows = [r for r in run.audit if r["step"] == "restart"]
+    if level is None:
+        return len(rows)
+    return sum(1 for r in rows if int(r["sim_s"] // cfg.level_s) == level)
+
+
+def first_move_to_plain(run: FleetRun) -> dict[str, Any] | None:
+    return next(
+        (r for r in run.audit if r["step"] == "decide" and r["reason"].startswith("move_to_plain")),
+        None,
+    )
+
+
+def _in_flight_per_replica(levels: list[dict[str, Any]], cfg: Config) -> list[tuple[float, float]]:
+    """(rate, requests in flight per replica) of the all-speculative fleet on the way up,
+    by Little's law (rate x mean request time)."""
+    peak = int(np.argmax(cfg.level_rates_rps))
+    out = []
+    for lv in levels[: peak + 1]:
+        spec = lv["all_spec"]
+        if spec is None or spec["mean_e2e_s"] is None:
+            continue
+        out.append((lv["rate_rps"], lv["rate_rps"] * spec["mean_e2e_s"] / cfg.replicas))
+    return out
+
+
+def _rate_at(curve: list[tuple[float, float]], per_replica: float) -> float | None:
+    """The rate at which the curve reaches ``per_replica`` in flight (linear between
+    levels)."""
+    for (r0, b0), (r1, b1) in itertools.pairwise(curve):
+        if b0 <= per_replica <= b1 and b1 > b0:
+            return r0 + (r1 - r0) * (per_replica - b0) / (b1 - b0)
+    return None
+
+
+def report(cfg: Config, runs: dict[str, FleetRun], crossover: tuple[int, int]) -> dict[str, Any]:
+    levels: list[dict[str, Any]] = []
+    for i, rate in enumerate(cfg.level_rates_rps):
+        level: dict[str, Any] = {"rate_rps": rate}
+        for kind in KINDS:
+            run = runs.get(kind)
+            if run is None:
+                level[kind] = None
+                continue
+            mine = [o for o in run.outcomes if o.level == i]
+            doc = summarize(mine, cfg, cfg.level_s)
+            e2e = [o.e2e_s for o in mine if o.e2e_s is not None and o.status == 200]
+            doc["mean_e2e_s"] = float(np.mean(e2e)) if e2e else None
+            doc["restarts"] = _restarts(run, i, cfg)
+            level[kind] = doc
+        levels.append(level)
+    total: dict[str, Any] = {}
+    seconds = len(cfg.level_rates_rps) * cfg.level_s
+    for kind, run in runs.items():
+        total[kind] = summarize(run.outcomes, cfg, seconds)
+        total[kind]["restarts"] = _restarts(run, None, cfg)
+        total[kind]["wall_s"] = run.wall_s
+    return {
+        "config": {**asdict(cfg), "startup_s": startup_s(cfg), "gateway_policy": GATEWAY_POLICY},
+        "crossover": crossover_doc(cfg, runs, levels, crossover),
+        "levels": levels,
+        "total": total,
+        "targets": targets(levels, total, runs, crossover, cfg),
+    }
+
+
+def crossover_doc(
+    cfg: Config,
+    runs: dict[str, FleetRun],
+    levels: list[dict[str, Any]],
+    crossover: tuple[int, int],
+) -> dict[str, Any]:
+    """Where plan fleet puts the crossover and where the governor first moved to plain."""
+    pays, capacity = crossover
+    doc: dict[str, Any] = {
+        "plan_fleet_pays_up_to_per_replica": pays,
+        "plan_fleet_replica_capacity": capacity,
+        "hysteresis": HYSTERESIS,
+    }
+    governed = runs.get("governed")
+    first = None if governed is None else first_move_to_plain(governed)
+    curve = _in_flight_per_replica(levels, cfg)
+    doc["predicted_rate_rps"] = _rate_at(curve, pays)
+    if first is not None:
+        observed = first["load_requests"] / cfg.replicas
+        doc["governor_switch"] = {
+            "sim_s": first["sim_s"],
+            "reason": first["reason"],
+            "observed_per_replica": observed,
+            "planned_per_replica": first["planned_load"] / cfg.replicas,
+            "offered_rate_rps": cfg.level_rates_rps[
+                min(int(first["sim_s"] // cfg.level_s), len(levels) - 1)
+            ],
+            "rate_rps": _rate_at(curve, observed),
+        }
+    return doc
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def targets(
+    levels: list[dict[str, Any]],
+    total: dict[str, Any],
+    runs: dict[str, FleetRun],
+    crossover: tuple[int, int],
+    cfg: Config,
+) -> list[dict[str, Any]]:
+    """The issue's targets, each with its measured value and whether it is met."""
+    if not all(k in runs for k in KINDS):
+        return []
+    out: list[dict[str, Any]] = []
+    for i, lv in enumerate(levels):
+        best = max(lv["all_spec"]["goodput_tok_s"], lv["all_plain"]["goodput_tok_s"])
+        ratio = _ratio(lv["governed"]["goodput_tok_s"], best)
+        out.append(
+            {
+                "target": f"level {i} ({lv['rate_rps']:g} rps): governed goodput >= 0.98x "
+                "the better",
+                "value": ratio,
+                "met": ratio is not None and ratio >= 0.98,
+            }
+        )
+    worse = min(total["all_spec"]["goodput_tok_s"], total["all_plain"]["goodput_tok_s"])
+    ratio = _ratio(total["governed"]["goodput_tok_s"], worse)
+    out.append(
+        {
+            "target": "whole ramp: governed goodput >= 1.10x the worse",
+            "value": ratio,
+            "met": ratio is not None and ratio >= 1.10,
+        }
+    )
+    light = int(np.argmin(cfg.level_rates_rps))
+    ratio = _ratio(
+        levels[light]["governed"]["tpot_p50_ms"], levels[light]["all_spec"]["tpot_p50_ms"]
+    )
+    out.append(
+        {
+            "target": "lightest level: governed TPOT p50 within 5% of all-speculative",
+            "value": ratio,
+            "met": ratio is not None and abs(ratio - 1.0) <= 0.05,
+        }
+    )
+    doc = crossover_doc(cfg, runs, levels, crossover)
+    switch = doc.get("governor_switch")
+    ratio = _ratio(None if switch is None else switch["rate_rps"], doc["predicted_rate_rps"])
+    out.append(
+        {
+            "target": "governor's first move to plain within 15% of plan fleet's crossover rate",
+            "value": ratio,
+            "met": ratio is not None and abs(ratio - 1.0) <= 0.15,
+        }
+    )
+    return out
+
+
+def print_report(doc: dict[str, Any]) -> None:
+    cfg = doc["config"]
+    print(
+        f"bench_fleet: {cfg['replicas']} sim-servers behind smg ({cfg['gateway_policy']}), speed "
+        f"{cfg['speed']:g} (wall = simulated / {cfg['speed']:g}); a restart costs "
+        f"{cfg['startup_s']:g} s simulated start-up; SLO TPOT <= {cfg['tpot_slo_ms']:g} ms, "
+        f"TTFT <= {cfg['ttft_slo_ms']:g} ms (all numbers measured on the simulator)"
+    )
+    print(f"{'rate':>6} | " + " | ".join(f"{k:^34}" for k in KINDS))
+    sub = f"{'goodput':>9} {'tpot50':>6} {'tpot99':>6} {'ttft99':>6} {'rst':>3}"
+    print(f"{'rps':>6} | " + " | ".join(sub for _ in KINDS))
+
+    def num(v: float | None) -> str:
+        return f"{v:6.1f}" if v is not None else f"{'-':>6}"
+
+    def cell(d: dict[str, Any] | None) -> str:
+        if d is None:
+            return f"{'-':>34}"
+        lat = f"{num(d['tpot_p50_ms'])} {num(d['tpot_p99_ms'])} {num(d['ttft_p99_ms'])}"
+        return f"{d['goodput_tok_s']:9.0f} {lat} {d['restarts']:3d}"
+
+    for lv in doc["levels"]:
+        print(f"{lv['rate_rps']:6g} | " + " | ".join(cell(lv[k]) for k in KINDS))
+    print(f"{'total':>6} | " + " | ".join(cell(doc["total"].get(k)) for k in KINDS))
+    print(f"crossover: {json.dumps(doc['crossover'])}")
+    for t in doc["targets"]:
+        value = "-" if t["value"] is None else f"{t['value']:.3f}"
+        print(f"  [{'met' if t['met'] else 'MISSED'}] {t['target']}: {value}")
+
+
+def crossover_for(cfg: Config, planned: Sequence[Planned]) -> tuple[int, int]:
+    """plan fleet's crossover and plain capacity for this workload and deployment."""
+    from specgov.simulator.planning.fleet import mix_crossover
+    from specgov.simulator.replay.runner import ServerSpec
+
+    found = mix_crossover(as_trace(cfg, planned), ServerSpec(), tpot_ms=cfg.tpot_slo_ms)
+    if found is None:
+        raise SystemExit("bench_fleet: plan fleet has no per-token model for this deployment")
+    return found
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a shorter ramp (under 3 minutes)")
+    ap.add_argument("--output", choices=("table", "json"), default="table")
+    ap.add_argument("--json", type=Path, default=None, help="also write the JSON here")
+    ap.add_argument("--speed", type=float, default=None)
+    ap.add_argument("--startup-s", type=float, default=None, help="simulated start-up")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kinds", default=",".join(KINDS), help="fleets to run (comma list)")
+    ap.add_argument("--strict", action="store_true", help="exit 1 when a target misses")
+    args = ap.parse_args(argv)
+    cfg = QUICK if args.quick else Config()
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    if not set(kinds) <= set(KINDS):
+        ap.error(f"--kinds: expected some of {','.join(KINDS)}")
+    cfg = replace(cfg, seed=args.seed, kinds=kinds)
+    if args.speed is not None:
+        cfg = replace(cfg, speed=args.speed)
+    if args.startup_s is not None:
+        cfg = replace(cfg, startup_s=args.startup_s)
+    doc = run_bench(cfg)
+    if args.json is not None:
+        args.json.write_text(json.dumps(doc, indent=2))
+    if args.output == "json":
+        print(json.dumps(doc, indent=2))
+    else:
+        print_report(doc)
+    missed = any(not t["met"] for t in doc["targets"])
+    return 1 if args.strict and missed else 0
+
+
+def run_bench(cfg: Config) -> dict[str, Any]:
+    planned = plan_requests(cfg)
+    crossover = cfg.crossover if cfg.crossover is not None else crossover_for(cfg, planned)
+    runs: dict[str, FleetRun] = {}
+    with tempfile.TemporaryDirectory(prefix="bench_fleet_") as tmp:
+        for kind in cfg.kinds:
+            runs[kind] = run_fleet(kind, cfg, planned, crossover, Path(tmp))
+    return report(cfg, runs, crossover)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
