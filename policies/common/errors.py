@@ -38,6 +38,7 @@ The tree (module: class, its other bases in parentheses)::
     |-- policies.daemon.schedules: PolicyStateError (ValueError)
     |-- policies.daemon.goodput.config: GoodputConfigError (ValueError)
     |-- policies.control.fleet_mix: FleetMixError (ValueError)
+    |-- policies.control.load_forecast: LoadForecastError (ValueError)
     |-- adapters.errors: ScrapeError
     |-- adapters.spool: SpoolError (ValueError), SpoolSecurityError (PermissionError)
     |-- adapters.spool_table: _Rejected (one table refused, inside the reader)

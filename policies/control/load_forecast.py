@@ -17,10 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from specgov.policies.common.errors import SpecgovError
+
 MIN_SAMPLES: Final = 3
 
 
-class LoadForecastError(ValueError):
+class LoadForecastError(SpecgovError, ValueError):
     """Samples or a horizon the forecast cannot use."""
 
 
