@@ -714,15 +714,13 @@ class KeepsWhatRuns(Scripted):
 
     def decide(
         self, observation: Observation, state: CallState, budget: Budget
-    ) -> tuple[Decision, CallState]:
+    ) -> tuple[Plan, CallState]:
         table = observation.table
         self.seen.append(None if table is None else table.slots)
         if table is None:
             return super().decide(observation, state, budget)
-        again = StepTable(table.slots, version=1, produced_at_s=observation.time_s, ttl_s=30.0)
-        return Decision(again, H.HELD_NO_CHANGE, "keeps what runs", None), CallState(
-            state.calls + 1
-        )
+        again = Plan(table.slots, H.HELD_NO_CHANGE, "keeps what runs", None)
+        return again, CallState(state.calls + 1)
 
 
 def test_after_a_clear_the_policy_is_back_at_its_own_choice_not_the_overrides() -> None:
