@@ -54,7 +54,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
-from specgov.controller.fleet.gateway import SmgGateway
+from specgov.controller.fleet.gateway import SmgGateway, launched_smg
 from specgov.simulator.server.replica import restart_replica, stop_replica
 
 HOST = "127.0.0.1"
@@ -139,22 +139,16 @@ def specgov_argv() -> list[str]:
     return [sys.executable, "-m", "specgov.controller.cli.main"]
 
 
-@contextlib.contextmanager
-def smg_gateway(urls: Sequence[str]) -> Iterator[SmgGateway]:
-    port = free_port()
-    argv = [smg_binary(), "launch", "--host", HOST, "--port", str(port)]
-    argv += ["--worker-urls", *urls, "--policy", GATEWAY_POLICY]
-    argv += ["--prometheus-host", HOST, "--prometheus-port", str(free_port())]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    gw = SmgGateway(f"http://{HOST}:{port}", poll_s=0.1)
-    try:
-        for url in urls:
-            gw.wait_healthy(url, DEADLINE_S)
-        yield gw
-    finally:
-        gw.close()
-        proc.kill()
-        proc.wait(30)
+def smg_gateway(urls: Sequence[str]) -> contextlib.AbstractContextManager[SmgGateway]:
+    return launched_smg(
+        smg_binary(),
+        urls,
+        port=free_port(),
+        metrics_port=free_port(),
+        policy=GATEWAY_POLICY,
+        host=HOST,
+        healthy_within_s=DEADLINE_S,
+    )
 
 
 def sim_args(cfg: Config, seed: int) -> list[str]:

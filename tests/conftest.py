@@ -78,44 +78,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@contextlib.contextmanager
-def smg_gateway(smg_binary: Path, worker_urls: list[str]) -> Iterator[SmgGateway]:
+def smg_gateway(
+    smg_binary: Path, worker_urls: list[str]
+) -> contextlib.AbstractContextManager[SmgGateway]:
     """A real smg gateway (round robin) over ``worker_urls``, each healthy in it, and the
     governor's client of it; the gateway is stopped on exit."""
-    import subprocess
+    from specgov.controller.fleet.gateway import launched_smg
 
-    from specgov.controller.fleet.gateway import SmgGateway
-
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            str(smg_binary),
-            "launch",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--worker-urls",
-            *worker_urls,
-            "--policy",
-            "round_robin",
-            "--prometheus-host",
-            "127.0.0.1",
-            "--prometheus-port",
-            str(_free_port()),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    return launched_smg(
+        smg_binary,
+        worker_urls,
+        port=_free_port(),
+        metrics_port=_free_port(),
+        healthy_within_s=SMG_DEADLINE_S,
     )
-    gw = SmgGateway(f"http://127.0.0.1:{port}", poll_s=0.1)
-    try:
-        for url in worker_urls:
-            gw.wait_healthy(url, SMG_DEADLINE_S)
-        yield gw
-    finally:
-        gw.close()
-        proc.kill()
-        proc.wait(30)
 
 
 @pytest.fixture()

@@ -32,9 +32,11 @@ means).
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -198,3 +200,33 @@ class SmgGateway:
             return w is not None and w.healthy and w.status == "ready"
 
         self._wait(ready, f"{worker_url} to be healthy in the gateway", timeout_s)
+
+
+@contextlib.contextmanager
+def launched_smg(
+    binary: str | os.PathLike[str],
+    worker_urls: Sequence[str],
+    *,
+    port: int,
+    metrics_port: int,
+    policy: str = "round_robin",
+    host: str = "127.0.0.1",
+    healthy_within_s: float = 60.0,
+) -> Iterator[SmgGateway]:
+    """A real ``smg launch`` on ``host:port`` over ``worker_urls`` (its Prometheus
+    endpoint on ``metrics_port``), each worker healthy in it, and the governor's client
+    of it; the gateway process is stopped on exit. For the simulated fleet's benchmark
+    and tests: a production gateway is the operator's, started by its own manager."""
+    argv = [os.fspath(binary), "launch", "--host", host, "--port", str(port)]
+    argv += ["--worker-urls", *worker_urls, "--policy", policy]
+    argv += ["--prometheus-host", host, "--prometheus-port", str(metrics_port)]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gw = SmgGateway(f"http://{host}:{port}", poll_s=0.1)
+    try:
+        for url in worker_urls:
+            gw.wait_healthy(url, healthy_within_s)
+        yield gw
+    finally:
+        gw.close()
+        proc.kill()
+        proc.wait(30)
