@@ -21,6 +21,7 @@ was seen refusing connections (conftest.py, ``watch_down_window``).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -344,16 +345,21 @@ def test_override_applies_next_decision_expires_on_time_and_clears(e2e: E2E) -> 
     cleared_at = daemon.override_cleared_at(second["id"])
     assert cleared_at is not None and cleared_at > second["created_at_s"], cleared_at
     reverted = daemon.first_decision_after(cleared_at, what="the first decision after the clear")
-    # Slot 1 is the policy's again at once: it speculates again at the first decision
-    # after the clear (an override's 0 is the operator's, not the policy's incumbent: no
-    # wait for probes), and the live rule the plugin follows from there starts on the
-    # published step. The step itself may differ from the one before the overrides: the
-    # policy kept learning while they held.
+    # Slot 1 is the policy's again at once: the first decision after the clear publishes
+    # the policy's own step for it (an override's 0 is the operator's, not the policy's
+    # incumbent), and the live rule the plugin follows from there starts on that step.
+    # The step itself may differ from the one before the overrides, 0 included: the
+    # policy kept learning while they held (measured: 5 vs 2 in one full run, 0 in a CI
+    # run under load), so the check is that the table follows the policy's plan, whose
+    # per-slot summary ("slot 1: k=N ...") the decision's message carries.
     after_clear = reverted["table_after"]
     chosen = slot_steps(after_clear)[1] if after_clear is not None else None
-    assert reverted["published"] and chosen is not None and chosen > 0, (
-        f"cleared at {cleared_at:.3f}\n" + briefs(daemon.decisions_after(applied["time_s"]))
-    )
+    context = f"cleared at {cleared_at:.3f}\n" + briefs(daemon.decisions_after(applied["time_s"]))
+    context += "\nfull message: " + reverted["message"]
+    assert reverted["published"] and chosen is not None, context
+    assert reverted["reason"] not in OVERRIDE_REASONS, context
+    planned = re.search(r"policy goodput: .*?\bslot 1: k=(\d+)", reverted["message"])
+    assert planned is not None and int(planned.group(1)) == chosen, context
     assert "return to the policy" in reverted["message"], reverted["message"]
     rule = {int(b): r for b, r in after_clear.get("rules") or ()}.get(1)
     if rule is not None:
