@@ -37,6 +37,7 @@ from .conftest import (
     DaemonProc,
     DownWindow,
     SimServerProc,
+    brief,
     briefs,
     reachable_steps,
     slot_steps,
@@ -192,6 +193,21 @@ def _check_frozen(
 # --------------------------------------------------------------------------- 1. ramp
 
 
+def _assert_follows_policy_plan(row: dict[str, Any], *, slot: int, context: str) -> int:
+    """``row`` published a table whose ``slot`` runs the daemon policy's own plan for it
+    (the goodput policy's per-slot summary "slot N: k=K ..." in the message), not an
+    override's step; returns that step."""
+    table = row["table_after"]
+    detail = f"{context}\nrow: {brief(row)}\nfull message: {row['message']}"
+    assert row["published"] and table is not None, detail
+    assert row["reason"] not in OVERRIDE_REASONS, detail
+    planned = re.search(rf"policy goodput: .*?\bslot {slot}: k=(\d+)", row["message"])
+    assert planned is not None, detail
+    chosen = slot_steps(table)[slot]
+    assert chosen == int(planned.group(1)), detail
+    return chosen
+
+
 def test_load_ramp_zeroes_busy_high_slots_and_low_slots_speculate_again(e2e: E2E) -> None:
     # Chat content under SGLang's n-gram drafter (first-token acceptance ~0.35) with
     # short prompts (256 tokens): at batches of ~200 a verify costs more than it
@@ -320,7 +336,9 @@ def test_override_applies_next_decision_expires_on_time_and_clears(e2e: E2E) -> 
     for row, t in during:
         assert t is not None and slot_steps(t)[1] == 0, row
         assert row["reason"] in OVERRIDE_REASONS, row
-    assert after["published"] and slot_steps(after["table_after"])[1] > 0, after
+    # Slot 1 is the policy's again: the table follows the policy's own plan for it (see
+    # the clear below for why that plan may be 0 on a loaded machine).
+    _assert_follows_policy_plan(after, slot=1, context=f"expired at {expires:.3f}")
     assert "override expired" in after["message"], after["message"]
     assert daemon.cli_json("override", "list") == []
 
@@ -349,17 +367,12 @@ def test_override_applies_next_decision_expires_on_time_and_clears(e2e: E2E) -> 
     # the policy's own step for it (an override's 0 is the operator's, not the policy's
     # incumbent), and the live rule the plugin follows from there starts on that step.
     # The step itself may differ from the one before the overrides, 0 included: the
-    # policy kept learning while they held (measured: 5 vs 2 in one full run, 0 in a CI
-    # run under load), so the check is that the table follows the policy's plan, whose
-    # per-slot summary ("slot 1: k=N ...") the decision's message carries.
-    after_clear = reverted["table_after"]
-    chosen = slot_steps(after_clear)[1] if after_clear is not None else None
+    # policy kept learning while they held (measured: 5 vs 2 in one full run; 0 in two
+    # CI runs on a loaded machine, at the expiry and at the clear; the policy's way back
+    # from 0 is its probes, tested in the policy's own tests).
     context = f"cleared at {cleared_at:.3f}\n" + briefs(daemon.decisions_after(applied["time_s"]))
-    context += "\nfull message: " + reverted["message"]
-    assert reverted["published"] and chosen is not None, context
-    assert reverted["reason"] not in OVERRIDE_REASONS, context
-    planned = re.search(r"policy goodput: .*?\bslot 1: k=(\d+)", reverted["message"])
-    assert planned is not None and int(planned.group(1)) == chosen, context
+    chosen = _assert_follows_policy_plan(reverted, slot=1, context=context)
+    after_clear = reverted["table_after"]
     assert "return to the policy" in reverted["message"], reverted["message"]
     rule = {int(b): r for b, r in after_clear.get("rules") or ()}.get(1)
     if rule is not None:
@@ -387,8 +400,16 @@ def test_override_applies_next_decision_expires_on_time_and_clears(e2e: E2E) -> 
     assert status["decisions"] >= len(rows) and status["tables_published"] >= 3
     assert status["permanent_error"] is None and status["store_error"] is None
     assert status["spool_error"] is None and status["last_scrape_error"] is None
-    # Slot 1 speculates again: its step (the live rule the plugin follows starts there).
-    assert status["table"] is not None and slot_steps(status["table"])[1] > 0
+    # The table status shows is the one a decision after the clear published: slot 1
+    # runs the policy's plan again (see the clear's check above).
+    assert status["table"] is not None
+    shown = [
+        r for r in daemon.decisions()
+        if r["published"] and (r["table_after"] or {}).get("version") == status["table"]["version"]
+    ]  # fmt: skip
+    assert len(shown) == 1 and shown[0]["time_s"] >= reverted["time_s"], briefs(shown)
+    assert slot_steps(shown[0]["table_after"]) == slot_steps(status["table"]), shown
+    assert shown[0]["reason"] not in OVERRIDE_REASONS, briefs(shown)
     assert status["overrides"] == []
     assert status["observation"]["running"] is not None
     decided = 'specgov_decisions_total{policy="goodput",reason="%s"}'
