@@ -208,17 +208,6 @@ class StateStore:
     ) -> None:
         self.close()
 
-    def schema_version(self) -> int:
-        """The file's schema version (after migration: :data:`LATEST_SCHEMA_VERSION`)."""
-        return self._read("schema_version", read_version)
-
-    def integrity_check(self) -> list[str]:
-        """``PRAGMA integrity_check`` rows (``["ok"]`` when the file is sound)."""
-        return self._read(
-            "integrity_check",
-            lambda c: [str(r[0]) for r in c.execute("PRAGMA integrity_check").fetchall()],
-        )
-
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         self._read_only = False
@@ -716,17 +705,6 @@ class StateStore:
                 continue
             return value
         return None
-
-    def table_history(self, limit: int = 20) -> list[dict[str, Any]]:
-        """The newest ``limit`` saved tables, oldest first (undecodable rows skipped)."""
-        n = check_positive_int("table_history.limit", limit)
-        out: list[dict[str, Any]] = []
-        for row_id, raw in reversed(self._table_rows(limit=n)):
-            try:
-                out.append(loads("data", raw, dict))
-            except BadRow as err:
-                self._skip("tables", row_id, err)
-        return out
 
     def _table_rows(self, limit: int | None) -> list[tuple[int, object]]:
         # Newest first via the primary key: reading the last table costs O(log n).
