@@ -512,6 +512,23 @@ class StateStore:
     def _skip(self, table: str, row_id: object, err: BadRow) -> None:
         log.warning("state database %s: %s row id=%s skipped: %s", self._path, table, row_id, err)
 
+    def _decoded(
+        self,
+        table: str,
+        rows: Sequence[Sequence[Any]],
+        decode: Callable[[Sequence[Any]], T],
+        id_column: int,
+    ) -> list[T]:
+        """Each row *decode* reads, in order; a bad row (:class:`BadRow`) is skipped with
+        a warning naming its id (column *id_column*)."""
+        out: list[T] = []
+        for row in rows:
+            try:
+                out.append(decode(row))
+            except BadRow as err:
+                self._skip(table, row[id_column], err)
+        return out
+
     # ----------------------------------------------------------------- decisions
 
     def record_decision(
@@ -568,13 +585,7 @@ class StateStore:
                 (since, policy, n),
             ).fetchall(),
         )
-        out: list[AuditRecord] = []
-        for row in rows:
-            try:
-                out.append(decision_from_row(row))
-            except BadRow as err:
-                self._skip("decisions", row[0], err)
-        return out
+        return self._decoded("decisions", rows, decision_from_row, 0)
 
     # ----------------------------------------------------------------- overrides
 
@@ -605,13 +616,7 @@ class StateStore:
                 (int(include_cleared), int(include_expired), now),
             ).fetchall(),
         )
-        out: list[OverrideRecord] = []
-        for row in rows:
-            try:
-                out.append(override_from_row(row))
-            except BadRow as err:
-                self._skip("overrides", row[1], err)
-        return out
+        return self._decoded("overrides", rows, override_from_row, 1)
 
     def clear_override(
         self,
