@@ -78,13 +78,20 @@ def _escape_char_or_not(ch: str) -> str:
     return ch if ch.isprintable() else _escape_char(ch)
 
 
-_REPR: Final = reprlib.Repr()
-_REPR.maxlevel = 3
-_REPR.maxstring = 160
-_REPR.maxother = 160
-_REPR.maxlong = 60
-for _name in ("maxlist", "maxtuple", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
-    setattr(_REPR, _name, 8)
+def eliding_repr(*, chars: int, digits: int, items: int) -> reprlib.Repr:
+    """A :mod:`reprlib` ``Repr`` for messages: three levels deep, strings and other
+    objects cut at *chars*, ints at *digits*, every container at *items* entries."""
+    shown = reprlib.Repr()
+    shown.maxlevel = 3
+    shown.maxstring = chars
+    shown.maxother = chars
+    shown.maxlong = digits
+    for name in ("maxlist", "maxtuple", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
+        setattr(shown, name, items)
+    return shown
+
+
+_REPR: Final = eliding_repr(chars=160, digits=60, items=8)
 
 
 def bounded_repr(value: object, limit: int = DETAIL_MAX_CHARS) -> str:

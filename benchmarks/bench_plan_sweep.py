@@ -31,9 +31,9 @@ from specgov.simulator.planning.executor import run_jobs
 from specgov.simulator.planning.sweep import (
     JobSpec,
     SweepSettings,
-    build_document,
     enumerate_jobs,
 )
+from specgov.simulator.planning.sweep_document import build_document
 from specgov.simulator.workload.trace_files import load_trace
 from specgov.simulator.workload.traces import Trace
 

@@ -21,6 +21,7 @@ from specgov.policies.common.types import (
     TierStatsSnapshot,
 )
 from specgov.policies.daemon.bandit import (
+    ArmStat,
     BanditConfig,
     BanditPolicy,
     BanditState,
@@ -35,6 +36,12 @@ SGLANG_SLOTS = ((1, (1, 3, 5, 7)), (8, (0, 1, 3)), (32, (0, 1)), (64, (0,)))
 DT_S = 2.0
 
 Means = Callable[[float], Mapping[int, Mapping[int, float]]]  # time -> slot -> steps -> tok/s
+
+
+def arm(state: BanditState, slot: int, steps: int) -> ArmStat:
+    """The state's statistics of the arm (slot, steps)."""
+    (found,) = (a for a in state.arms if (a.slot, a.steps) == (slot, steps))
+    return found
 
 
 def tier(slot: int, steps: int, goodput: float, calls: int = 64, batch: int = 4) -> TierStat:
@@ -267,8 +274,7 @@ def test_a_window_seen_twice_is_not_learned_twice() -> None:
     later = Observation(time_s=4.0, slot_candidates=ONE_SLOT, tier_stats=restarted)
     decision, state3 = policy.decide(later, state2, OPEN)
     assert decision.reason is not ReasonCode.HELD_STALE_TELEMETRY
-    assert state3.arm(1, 3) is not None and state2.arm(1, 3) is not None
-    assert state3.arm(1, 3).weight > state2.arm(1, 3).weight  # type: ignore[union-attr]
+    assert arm(state3, 1, 3).weight > arm(state2, 1, 3).weight
 
 
 def test_fallback_tiers_count_for_the_arm_that_ran() -> None:
@@ -281,8 +287,7 @@ def test_fallback_tiers_count_for_the_arm_that_ran() -> None:
     )
     decision, state = policy.decide(observation, policy.initial_state(), OPEN)
     assert {(a.slot, a.steps) for a in state.arms} == {(1, 3), (1, 5), (8, 1)}
-    assert state.arm(1, 5) is not None
-    assert math.isclose(state.arm(1, 5).mean, 1000.0)  # type: ignore[union-attr]
+    assert math.isclose(arm(state, 1, 5).mean, 1000.0)
     # Unmeasured arms are tried first, lowest steps first.
     assert decision.slots == ((1, 1), (8, 0))
     assert decision.reason is ReasonCode.CHANGED_PREDICTED_GAIN

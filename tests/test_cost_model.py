@@ -19,6 +19,7 @@ LLAMA8 = CATALOG.model("llama-3.1-8b")
 EAGLE3 = CATALOG.drafter("eagle3")
 NO_SPEC = CostModel.from_catalog(H100, LLAMA8, None)
 SPEC = CostModel.from_catalog(H100, LLAMA8, EAGLE3)
+TREE = CostModel.from_catalog(H100, LLAMA8, EAGLE3, topk=4, num_draft_tokens=8)
 KV_1K = 1024
 
 # vLLM issue 20780: EAGLE-3, Llama-3.1-8B, H100, batch 1, MT-bench.
@@ -171,7 +172,7 @@ def test_no_spec_model_ignores_steps() -> None:
 
 
 def test_tree_verifies_num_draft_tokens_per_request() -> None:
-    tree = SPEC.for_shape(4, 8)
+    tree = TREE
     assert [tree.verify_tokens_per_request(k) for k in (0, 1, 2, 5)] == [1, 5, 8, 8]
     assert [SPEC.verify_tokens_per_request(k) for k in (0, 1, 5)] == [1, 2, 6]
     # Same depth: the tree verifies more tokens and drafts wider, so it costs more,
@@ -255,12 +256,12 @@ def test_bad_inputs() -> None:
     with pytest.raises(CostModelError, match="steps must be in"):
         SPEC.decode_step_s(1, -1, 0)
     with pytest.raises(CostModelError, match="a tree shape"):
-        NO_SPEC.for_shape(4, 8)
+        CostModel.from_catalog(H100, LLAMA8, None, topk=4, num_draft_tokens=8)
 
 
 MODELS = [
     SPEC,
-    SPEC.for_shape(4, 8),
+    TREE,
     NO_SPEC,
     CostModel.from_catalog(H100, LLAMA8, None, tp_size=4),
 ]

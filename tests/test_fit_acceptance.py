@@ -26,7 +26,6 @@ from specgov.simulator.engine.acceptance_fit import (
     fit_domain,
     model_accept_length,
     profile_document,
-    replay_accept_length,
     replay_accept_lengths,
     synthetic_acc_len,
     trace_rates,
@@ -76,11 +75,10 @@ def _regime_trace(
 def test_replay_walks_the_positions_a_verify_visits() -> None:
     seq = [3, 1, 5, 2, 4, 1, 1, 2]
     # k=2: pos0 acc3 -> 3 tokens; pos3 acc2 -> 2; pos5 acc1 -> 1; pos6 acc1 -> 1; pos7 -> 1.
-    assert replay_accept_length([seq], 2) == pytest.approx(8 / 5)
     # k=0: every verify emits one token.
-    assert replay_accept_length([seq], 0) == 1.0
+    assert replay_accept_lengths([seq], (2, 0)) == pytest.approx({2: 8 / 5, 0: 1.0})
     with pytest.raises(AcceptanceFitError, match="empty trace"):
-        replay_accept_length([[]], 3)
+        replay_accept_lengths([[]], (3,))
 
 
 def test_trace_rates_count_every_position_and_censor_the_deepest_value() -> None:
@@ -163,7 +161,7 @@ def test_cli_fits_a_profile_that_replay_loads(tmp_path: Path) -> None:
     run = prepare_run(server, parse_policy("static:3"), seed=1)
     res = run.run(requests)
     tokens_per_verify = (res.accepted_drafts + res.verified_requests) / res.verified_requests
-    want = replay_accept_length(seqs, 3)
+    want = replay_accept_lengths(seqs, (3,))[3]
     assert tokens_per_verify == pytest.approx(want, rel=0.04)
     builtin = prepare_run(ServerSpec(), parse_policy("static:3"), seed=1).run(requests)
     builtin_tpv = (builtin.accepted_drafts + builtin.verified_requests) / builtin.verified_requests

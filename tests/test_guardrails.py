@@ -53,7 +53,6 @@ from specgov.policies.guardrails import (
     with_override,
     without_overrides,
 )
-from specgov.policies.guardrails.wrapper import _wanted
 
 Slots = tuple[tuple[int, int], ...]
 
@@ -430,11 +429,27 @@ def test_tolerance_step_lets_an_experiment_slot_pass_and_judges_the_rest() -> No
         assert p.steps == B and p.held_by is None, gain
 
 
+class Planned(Scripted):
+    """Returns ``plan`` at every call."""
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__([(None, None)])
+        self.plan = plan
+
+    def decide(
+        self, observation: Observation, state: CallState, budget: Budget
+    ) -> tuple[Plan, CallState]:
+        return self.plan, CallState(state.calls + 1)
+
+
 def test_wanted_keeps_the_experiment_slots_of_a_plan_on_engine_bounds() -> None:
     slots = ((1, 3), (16, 0))
     plan = Plan(slots, H.CHANGED_PREDICTED_GAIN, "x", 0.04, experiment_slots=(1,))
-    wanted = _wanted(plan, None, CANDS)
+    policy = GuardedPolicy(Planned(plan))
+    decision, st = policy.decide(obs(10.0), policy.initial_state(), OPEN)
+    wanted = st.wanted
     assert wanted is not None
+    assert decision.table is not None and decision.table.slots == wanted.steps
     assert wanted.steps == ((1, 3), (8, 3), (32, 0), (64, 0))
     assert wanted.experiment_slots == frozenset({1, 8}) and wanted.expected_gain == 0.04
     with pytest.raises(PolicyTypeError, match="experiment_slots"):

@@ -27,7 +27,8 @@ from specgov.simulator.planning.fleet_spec import FleetPlanConfig, enumerate_fle
 from specgov.simulator.planning.report import ReportError, write_report
 from specgov.simulator.planning.router import parse_routers
 from specgov.simulator.planning.search import SearchSettings
-from specgov.simulator.planning.sweep import SweepSettings, build_document, enumerate_jobs
+from specgov.simulator.planning.sweep import SweepSettings, enumerate_jobs
+from specgov.simulator.planning.sweep_document import build_document
 from specgov.simulator.planning.vram import vram_document, vram_plan
 from specgov.simulator.replay.metrics import Slo
 from specgov.simulator.replay.runner import ServerSpec

@@ -8,7 +8,8 @@ from typing import Any
 
 from specgov.simulator.planning.fleet_judge import choose, recommendation_text
 from specgov.simulator.planning.simplicity import complexity, speculation_verdict
-from specgov.simulator.planning.sweep import SweepSettings, build_document
+from specgov.simulator.planning.sweep import SweepSettings
+from specgov.simulator.planning.sweep_document import build_document
 from specgov.simulator.workload.synthetic import generate_trace
 from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 

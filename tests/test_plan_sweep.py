@@ -19,11 +19,11 @@ from specgov.simulator.planning.search import SearchSettings
 from specgov.simulator.planning.sweep import (
     SweepError,
     SweepSettings,
-    build_document,
     enumerate_jobs,
     parse_shape_name,
     run_job,
 )
+from specgov.simulator.planning.sweep_document import build_document
 from specgov.simulator.replay.runner import (
     ServerSpec,
     parse_policy,

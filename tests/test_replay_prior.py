@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from step_cost_knee import verify_knee_tokens
 
 from specgov.controller.cli.main import main
 from specgov.policies.daemon.estimators.step_cost import (
     StepCostPrior,
     initial_step_cost_state,
     predict_step_s,
-    verify_knee_tokens,
 )
 from specgov.policies.daemon.goodput import GoodputPolicy
 from specgov.simulator.catalog import Catalog

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from store_raw import integrity, schema_version, table_history
 
 from specgov.controller.daemon import store_schema
 from specgov.controller.daemon.state_store import StateStore
@@ -261,8 +262,8 @@ def test_tables_history_is_bounded_and_last_is_newest(db: Path) -> None:
             s.save_table({"slots": [[1, v % 3]], "version": v, "produced_at_s": float(v)})
     with StateStore(db) as s:
         assert s.last_table() == {"slots": [[1, 1]], "version": 7, "produced_at_s": 7.0}
-        assert [t["version"] for t in s.table_history(limit=10)] == [4, 5, 6, 7]
-        assert [t["version"] for t in s.table_history(limit=2)] == [6, 7]
+        assert [t["version"] for t in table_history(db, 10)] == [4, 5, 6, 7]
+        assert [t["version"] for t in table_history(db, 2)] == [6, 7]
 
 
 def test_settings_round_trip(db: Path) -> None:
@@ -434,8 +435,8 @@ INSERT INTO overrides (id, slot, steps, disable_speculation, pin_policy, created
 
 
 def test_fresh_file_records_every_migration(store: StateStore, db: Path) -> None:
-    assert store.schema_version() == LATEST_SCHEMA_VERSION == 3
-    assert store.integrity_check() == ["ok"]
+    assert schema_version(db) == LATEST_SCHEMA_VERSION == 3
+    assert integrity(db) == ["ok"]
     with _raw(db) as raw:
         versions = [r[0] for r in raw.execute("SELECT version FROM schema_version ORDER BY 1")]
     assert versions == [m.version for m in store_schema.MIGRATIONS]
@@ -446,7 +447,7 @@ def test_migrates_a_v1_file(db: Path) -> None:
     with _raw(db) as raw:
         raw.executescript(V1_DDL)
     with StateStore(db) as s:
-        assert s.schema_version() == 3
+        assert schema_version(db) == 3
         (old,) = s.decisions()
         assert (old.message, old.published, old.inputs_summary) == (
             "from v1",
@@ -463,7 +464,7 @@ def test_migrates_a_v1_file(db: Path) -> None:
         rec_id = s.record_decision(**_decision(2, restart_recommendation=rec.to_dict()))
         assert s.decisions(limit=1)[0].restart_recommendation == rec and rec_id > new_id
     with StateStore(db) as s:  # reopening does not migrate again
-        assert s.schema_version() == 3
+        assert schema_version(db) == 3
         assert s.get_setting("policy_spec") == "goodput"
 
 
@@ -575,7 +576,7 @@ def test_read_only_file_and_folder_by_permissions(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("UNAVAILABLE") and str(path) in out.stdout, out.stdout
     with StateStore(path) as s:
-        assert len(s.decisions()) == 1 and s.integrity_check() == ["ok"]
+        assert len(s.decisions()) == 1 and integrity(path) == ["ok"]
 
 
 def test_full_disk_raises_unavailable_then_recovers(db: Path) -> None:
@@ -604,7 +605,7 @@ def test_full_disk_raises_unavailable_then_recovers(db: Path) -> None:
         again = s.record_decision(**_decision(99, inputs_summary=big))
         assert s.last_error is None
         assert s.decisions(limit=1)[0].id == again
-        assert s.integrity_check() == ["ok"]
+        assert integrity(db) == ["ok"]
 
 
 class _FullDisk(sqlite3.Connection):

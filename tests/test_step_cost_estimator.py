@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from step_cost_knee import verify_knee_tokens
 
 from specgov.policies.common.roofline import RooflineCoefficients, scaled_coefficients
 from specgov.policies.common.types import PolicyTypeError, TierStat, TierStatsSnapshot
@@ -33,7 +34,6 @@ from specgov.policies.daemon.estimators.step_cost import (
     step_cost_bounds,
     step_cost_model,
     update_step_cost,
-    verify_knee_tokens,
 )
 from specgov.policies.daemon.estimators.step_cost_fit import (
     median,

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
+from store_raw import integrity
 
 from specgov.controller.daemon.config import SpecgovConfig, load_config
 from specgov.controller.daemon.runtime import Daemon
@@ -148,7 +149,7 @@ def test_deleted_db_is_noticed_reported_and_recreated_with_every_row(
         assert [r.reason for r in rows].count("override_set") == 1  # the pin, audited
         gap = [r for r in rows if r.reason == "store_gap"]
         assert len(gap) == 1 and "was deleted" in json.dumps(gap[0].inputs_summary)
-        assert store.integrity_check() == ["ok"]
+        assert integrity(db) == ["ok"]
     again = _daemon(config, StateStore(db, open_now=False))
     assert sorted(o["id"] for o in again.list_overrides()) == sorted(kept)
     _close(again)
@@ -600,9 +601,9 @@ def test_existing_files_lose_extra_bits_but_never_gain_any(tmp_path: Path) -> No
     locked.chmod(0o444)
     StateStore(loose).close()
     assert _mode(loose) == 0o600
-    with StateStore(locked) as s:
+    with StateStore(locked):
         assert _mode(locked) == 0o400  # still read-only
-        assert s.integrity_check() == ["ok"]
+        assert integrity(locked) == ["ok"]
 
 
 def test_unknown_group_is_a_clear_error(tmp_path: Path) -> None:

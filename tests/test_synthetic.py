@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from numpy.typing import NDArray
+from trace_jsonl import write_trace_jsonl
 
 from specgov.simulator.workload.synthetic import (
     DEFAULT_DEMO_SPEC,
@@ -21,7 +22,7 @@ from specgov.simulator.workload.synthetic import (
     generate_trace,
 )
 from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
-from specgov.simulator.workload.trace_files import load_trace, write_trace_jsonl
+from specgov.simulator.workload.trace_files import load_trace
 from specgov.simulator.workload.traces import Trace
 
 

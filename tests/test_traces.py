@@ -9,12 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
+from trace_jsonl import write_trace_jsonl
 
 from specgov.simulator.workload.trace_files import (
     TRACE_FORMATS,
     TraceFormatError,
     load_trace,
-    write_trace_jsonl,
 )
 from specgov.simulator.workload.traces import Request, Trace, TraceError, transform_trace
 

@@ -414,7 +414,8 @@ def sweep_cmd(
     """Per configuration: the highest rate one replica sustains under the SLO, replicas
     for --target-rps, cost, and the saving of speculation against the plain server."""
     from specgov.simulator.planning.search import SearchSettings
-    from specgov.simulator.planning.sweep import SweepSettings, build_document
+    from specgov.simulator.planning.sweep import SweepSettings
+    from specgov.simulator.planning.sweep_document import build_document
     from specgov.simulator.workload.synthetic_text import open_trace
 
     if ray_address is not None and executor != "ray":

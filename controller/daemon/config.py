@@ -127,6 +127,7 @@ class SpecgovConfig:
     )
 
     def guardrail_config(self) -> GuardrailConfig:
+        """The guard's configuration (what the daemon's control core wraps its policy in)."""
         return GuardrailConfig.from_dict(self.guardrails, where="guardrails")
 
     @property

@@ -40,6 +40,14 @@ _ENV_NAME_RE: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _CATALOG_NAME_RE: Final = re.compile(r"[A-Za-z0-9_.+-]+")
 
 
+def env_secret(variable: str | None, env: Mapping[str, str]) -> str | None:
+    """The value of the environment *variable* (a key or token); None when no variable
+    is configured, or it is unset or empty."""
+    if variable is None:
+        return None
+    return env.get(variable) or None
+
+
 # ------------------------------------------------------------------------- the groups
 
 
@@ -57,9 +65,7 @@ class ServerConfig:
 
     def api_key(self, env: Mapping[str, str] = os.environ) -> str | None:
         """The key from the named variable; None when not configured, unset or empty."""
-        if self.api_key_env is None:
-            return None
-        return env.get(self.api_key_env) or None
+        return env_secret(self.api_key_env, env)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,9 +144,7 @@ class ControlConfig:
 
     def token(self, env: Mapping[str, str] = os.environ) -> str | None:
         """The token from the named variable; None when not configured, unset or empty."""
-        if self.token_env is None:
-            return None
-        return env.get(self.token_env) or None
+        return env_secret(self.token_env, env)
 
 
 @dataclass(frozen=True, slots=True)

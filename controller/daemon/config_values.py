@@ -10,13 +10,12 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
-import reprlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, cast
 
-from specgov.adapters.errors import escape_upstream
+from specgov.adapters.errors import eliding_repr, escape_upstream
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import is_real
 
@@ -61,13 +60,7 @@ class ConfigProblems:
             raise ConfigError(self.found)
 
 
-_SHOW: Final = reprlib.Repr()
-_SHOW.maxlevel = 3
-_SHOW.maxstring = 200
-_SHOW.maxother = 200
-_SHOW.maxlong = 40
-for _limit in ("maxlist", "maxtuple", "maxdict", "maxset", "maxfrozenset", "maxdeque"):
-    setattr(_SHOW, _limit, 12)
+_SHOW: Final = eliding_repr(chars=200, digits=40, items=12)
 
 
 def show_value(value: object) -> str:

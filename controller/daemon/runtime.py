@@ -78,7 +78,6 @@ from specgov.policies.daemon.spec import KNOWN_KINDS, parse_policy_spec
 from specgov.policies.guardrails import (
     GuardedPolicy,
     GuardedState,
-    GuardrailConfig,
     Override,
     active_overrides,
 )
@@ -207,9 +206,8 @@ class Daemon:
         return self.config.policy.spec
 
     def _make_core(self, config: SpecgovConfig) -> ControlCore:
-        guard_cfg = GuardrailConfig.from_dict(dict(config.guardrails), where="guardrails")
         return ControlCore(
-            policy_builder(prior=self._prior, guardrails=guard_cfg),
+            policy_builder(prior=self._prior, guardrails=config.guardrail_config()),
             config.budget,
             config.loop.mode,
         )

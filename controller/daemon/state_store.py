@@ -208,17 +208,6 @@ class StateStore:
     ) -> None:
         self.close()
 
-    def schema_version(self) -> int:
-        """The file's schema version (after migration: :data:`LATEST_SCHEMA_VERSION`)."""
-        return self._read("schema_version", read_version)
-
-    def integrity_check(self) -> list[str]:
-        """``PRAGMA integrity_check`` rows (``["ok"]`` when the file is sound)."""
-        return self._read(
-            "integrity_check",
-            lambda c: [str(r[0]) for r in c.execute("PRAGMA integrity_check").fetchall()],
-        )
-
     def _drop(self) -> None:
         conn, self._conn = self._conn, None
         self._read_only = False
@@ -523,6 +512,23 @@ class StateStore:
     def _skip(self, table: str, row_id: object, err: BadRow) -> None:
         log.warning("state database %s: %s row id=%s skipped: %s", self._path, table, row_id, err)
 
+    def _decoded(
+        self,
+        table: str,
+        rows: Sequence[Sequence[Any]],
+        decode: Callable[[Sequence[Any]], T],
+        id_column: int,
+    ) -> list[T]:
+        """Each row *decode* reads, in order; a bad row (:class:`BadRow`) is skipped with
+        a warning naming its id (column *id_column*)."""
+        out: list[T] = []
+        for row in rows:
+            try:
+                out.append(decode(row))
+            except BadRow as err:
+                self._skip(table, row[id_column], err)
+        return out
+
     # ----------------------------------------------------------------- decisions
 
     def record_decision(
@@ -579,13 +585,7 @@ class StateStore:
                 (since, policy, n),
             ).fetchall(),
         )
-        out: list[AuditRecord] = []
-        for row in rows:
-            try:
-                out.append(decision_from_row(row))
-            except BadRow as err:
-                self._skip("decisions", row[0], err)
-        return out
+        return self._decoded("decisions", rows, decision_from_row, 0)
 
     # ----------------------------------------------------------------- overrides
 
@@ -616,13 +616,7 @@ class StateStore:
                 (int(include_cleared), int(include_expired), now),
             ).fetchall(),
         )
-        out: list[OverrideRecord] = []
-        for row in rows:
-            try:
-                out.append(override_from_row(row))
-            except BadRow as err:
-                self._skip("overrides", row[1], err)
-        return out
+        return self._decoded("overrides", rows, override_from_row, 1)
 
     def clear_override(
         self,
@@ -716,17 +710,6 @@ class StateStore:
                 continue
             return value
         return None
-
-    def table_history(self, limit: int = 20) -> list[dict[str, Any]]:
-        """The newest ``limit`` saved tables, oldest first (undecodable rows skipped)."""
-        n = check_positive_int("table_history.limit", limit)
-        out: list[dict[str, Any]] = []
-        for row_id, raw in reversed(self._table_rows(limit=n)):
-            try:
-                out.append(loads("data", raw, dict))
-            except BadRow as err:
-                self._skip("tables", row_id, err)
-        return out
 
     def _table_rows(self, limit: int | None) -> list[tuple[int, object]]:
         # Newest first via the primary key: reading the last table costs O(log n).

@@ -151,9 +151,10 @@ class Roofline:
     ``kv_tokens`` arguments are the KV tokens read by the whole batch (sum of the running
     requests' cached tokens). ``batch_size`` may be fractional (a mean batch size).
 
-    Performance: :meth:`decode_step_s` and :meth:`target_forward_s` are on the
-    simulator's hot path (~400k calls per replay): plain float arithmetic on values
-    precomputed in ``__init__``.
+    Performance: :meth:`decode_step_s` is on the simulator's hot path (~400k calls per
+    replay): plain float arithmetic on values precomputed in ``__init__`` (it inlines
+    the forward of :meth:`target_forward_s`, the model's one-forward time, which the
+    calibration checks against measured knees).
     """
 
     __slots__ = (
@@ -254,7 +255,7 @@ class Roofline:
     # ------------------------------------------------------------------ hot path
 
     def target_forward_s(self, n_tokens: float, kv_tokens: float) -> float:
-        """HOT. One target forward over *n_tokens* batched tokens reading *kv_tokens*."""
+        """One target forward over *n_tokens* batched tokens reading *kv_tokens*."""
         p = self._p
         t: float = (
             self._fixed

@@ -84,7 +84,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -278,15 +278,6 @@ class BanditState:
     choice: tuple[tuple[int, int], ...] = ()
     time_s: float | None = None
     window_end_s: float | None = None
-    _arm_index: dict[tuple[int, int], ArmStat] = field(
-        init=False, repr=False, compare=False, hash=False
-    )
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "_arm_index", {(a.slot, a.steps): a for a in self.arms})
-
-    def arm(self, slot: int, steps: int) -> ArmStat | None:
-        return self._arm_index.get((slot, steps))
 
     # Its own encoding (codec docstring): arms as rows, 128-bit RNG words as strings.
     def to_dict(self) -> dict[str, Any]:

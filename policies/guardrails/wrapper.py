@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Generic
 
 from specgov.policies.common.types import (
@@ -262,14 +262,28 @@ def _published_rules(
     return tuple(rules)
 
 
-def _commit(
-    ctx: GuardContext,
-    p: Proposal,
-    state: GuardedState[Any],
-    config: GuardrailConfig,
-    inner_name: str,
-) -> tuple[Decision, GuardedState[Any]]:
-    """Publish (or not) the proposal and update the bookkeeping."""
+@dataclass(frozen=True, slots=True)
+class _Change:
+    """What a proposal would change for the engine (:func:`_change`)."""
+
+    publishable: bool  # steps for exactly the engine's candidate slots
+    initial: bool  # the first table
+    moves: dict[int, tuple[int, int]]  # slot -> (steps in force, proposed steps)
+    keepalive: bool  # an unchanged table re-issued before its TTL runs out
+    rules: tuple[tuple[int, SlotRule], ...]  # the live-acceptance rules to publish
+    rules_moved: bool  # new cuts: a change for the engine
+
+    @property
+    def publish(self) -> bool:
+        return self.publishable and (
+            self.initial or bool(self.moves) or self.keepalive or self.rules_moved
+        )
+
+
+def _change(
+    ctx: GuardContext, p: Proposal, state: GuardedState[Any], config: GuardrailConfig
+) -> _Change:
+    """Compare the proposal with the table in force: what publishing it would change."""
     now = ctx.now_s
     cur = ctx.current
     steps = p.steps
@@ -303,35 +317,52 @@ def _commit(
         rules_moved = not p.frozen and [(b, r.thresholds, r.steps) for b, r in rules] != [
             (b, r.thresholds, r.steps) for b, r in in_force
         ]
-    publish = publishable and (initial or bool(moves) or keepalive or rules_moved)
+    return _Change(publishable, initial, moves, keepalive, rules, rules_moved)
 
+
+def _headline(change: _Change, version: int, steps: Slots, gain: float | None) -> str:
+    """The first sentence of a published decision's message."""
+    if change.initial:
+        return f"published initial table v{version} {fmt(steps)}"
+    if change.moves:
+        headline = f"published v{version}: {fmt_moves(change.moves)}"
+        if gain is not None:
+            headline += f" (expected gain {gain:+.1%})"
+        return headline
+    if change.rules_moved:
+        return f"published v{version}: live-acceptance rules moved"
+    return f"re-issued unchanged table as v{version} before its TTL runs out"
+
+
+def _commit(
+    ctx: GuardContext,
+    p: Proposal,
+    state: GuardedState[Any],
+    config: GuardrailConfig,
+    inner_name: str,
+) -> tuple[Decision, GuardedState[Any]]:
+    """Publish (or not) the proposal and update the bookkeeping."""
+    change = _change(ctx, p, state, config)
+    initial, moves = change.initial, change.moves
     skip = p.override_slots | p.release_slots | p.rolled_back_slots | p.forced_slots
     policy_moves = {b: m for b, m in moves.items() if b not in skip}
     gain = ctx.wanted.expected_gain if ctx.wanted is not None and policy_moves else None
     reason = _reason(ctx, p, initial, moves, policy_moves)
     table: StepTable | None = None
     notes = list(p.notes)
-    if publish:
+    if change.publish:
+        steps = p.steps
         assert steps is not None
         version = _next_version(state, ctx.observation)
         table = StepTable(
             slots=steps,
             version=version,
-            produced_at_s=now,
+            produced_at_s=ctx.now_s,
             ttl_s=config.table_ttl_s,
             reason=reason.value,
-            rules=rules,
+            rules=change.rules,
         )
-        if initial:
-            headline = f"published initial table v{version} {fmt(steps)}"
-        elif moves:
-            headline = f"published v{version}: {fmt_moves(moves)}"
-            if gain is not None:
-                headline += f" (expected gain {gain:+.1%})"
-        elif rules_moved:
-            headline = f"published v{version}: live-acceptance rules moved"
-        else:
-            headline = f"re-issued unchanged table as v{version} before its TTL runs out"
+        headline = _headline(change, version, steps, gain)
         state = replace(state, table=table, last_version=version)
         if initial or moves:
             state, trial_note = _record_change(

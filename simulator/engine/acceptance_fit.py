@@ -45,7 +45,6 @@ from scipy.signal import lfilter
 from scipy.special import ndtr
 
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.validation import is_int
 from specgov.simulator.engine.acceptance import DomainAcceptance, expected_accept_length_from_rates
 from specgov.simulator.engine.acceptance_runs import run_acc_len, run_process
 
@@ -57,7 +56,6 @@ __all__ = [
     "fit_trace_domains",
     "model_accept_length",
     "profile_document",
-    "replay_accept_length",
     "replay_accept_lengths",
     "synthetic_acc_len",
     "trace_rates",
@@ -89,34 +87,6 @@ def _check_sequences(sequences: Sequence[Sequence[int]]) -> None:
                     f"request {i} acc_len[{p}] = {v!r}: expected an integer >= 1 "
                     "(tokens a verify starting there emits, bonus included)"
                 )
-
-
-def replay_accept_length(sequences: Sequence[Sequence[int]], steps: int) -> float:
-    """Tokens per verify when replaying *sequences* (per-token acc_len) at *steps* drafts.
-
-    Pooled over requests (total tokens / total verifies); the last verify of a request
-    emits at most the tokens left.
-    """
-    if not is_int(steps) or steps < 0:
-        raise AcceptanceFitError(f"steps must be an integer >= 0, got {steps!r}")
-    tokens = 0
-    verifies = 0
-    for seq in sequences:
-        n_seq = len(seq)
-        pos = 0
-        while pos < n_seq:
-            n = int(seq[pos]) - 1
-            if n > steps:
-                n = steps
-            e = n + 1
-            if e > n_seq - pos:
-                e = n_seq - pos
-            tokens += e
-            verifies += 1
-            pos += e
-    if verifies == 0:
-        raise AcceptanceFitError("no per-token acceptance values to replay (empty trace)")
-    return tokens / verifies
 
 
 def trace_rates(sequences: Sequence[Sequence[int]]) -> tuple[float, ...]:
@@ -289,7 +259,12 @@ def model_accept_length(
 def replay_accept_lengths(
     sequences: Sequence[Sequence[int]], steps: Sequence[int] = FIT_STEPS
 ) -> dict[int, float]:
-    """``replay_accept_length`` at each of *steps*, all requests walked together (NumPy)."""
+    """Tokens per verify when replaying *sequences* (per-token acc_len) at each of
+    *steps* drafts, all requests walked together (NumPy).
+
+    Pooled over requests (total tokens / total verifies); the last verify of a request
+    emits at most the tokens left.
+    """
     lengths = np.asarray([len(s) for s in sequences if len(s)], dtype=np.int64)
     if lengths.size == 0:
         raise AcceptanceFitError("no per-token acceptance values to replay (empty trace)")

@@ -55,9 +55,9 @@ Tensor parallelism (an estimate, no source measured here): weights, FLOPs and KV
 split evenly over the ranks, plus two all-reduces per layer per forward at
 6 µs latency each and 300 GB/s achieved link bandwidth.
 
-Performance: ``decode_step_s``, ``prefill_s`` and ``target_forward_s`` (the first
-and last inherited from ``Roofline``) are on the engine's hot path (~400k calls per
-replay) and are plain float arithmetic on values precomputed in ``__init__``.
+Performance: ``decode_step_s`` (inherited from ``Roofline``) and ``prefill_s`` are on
+the engine's hot path (~400k calls per replay) and are plain float arithmetic on values
+precomputed in ``__init__``.
 """
 
 from __future__ import annotations
@@ -193,15 +193,6 @@ class CostModel(Roofline):
             coef, speculative=drafter is not None, topk=topk, num_draft_tokens=num_draft_tokens
         )
 
-    def for_shape(self, topk: int, num_draft_tokens: int | None) -> CostModel:
-        """The same coefficients for another tree shape (chain: topk=1)."""
-        return CostModel(
-            self._coef,
-            speculative=self.speculative,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-        )
-
     def with_overrides(self, overrides: Mapping[str, float]) -> CostModel:
         """The same shape with some coefficients replaced (e.g. fitted online)."""
         return CostModel(
@@ -299,15 +290,6 @@ class ZeroStepScaledCost(CostModel):
 
     def _zero_verify_scale(self) -> float:
         return self._ver_scale
-
-    def for_shape(self, topk: int, num_draft_tokens: int | None) -> CostModel:
-        return ZeroStepScaledCost(
-            self._coef,
-            topk=topk,
-            num_draft_tokens=num_draft_tokens,
-            extend_scale=self._ext_scale,
-            verify_scale=self._ver_scale,
-        )
 
     def with_overrides(self, overrides: Mapping[str, float]) -> CostModel:
         return ZeroStepScaledCost(

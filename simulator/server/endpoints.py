@@ -325,31 +325,43 @@ def load_snapshot_dict(
 ) -> dict[str, Any]:
     """``LoadSnapshot.to_dict(include)`` for DP rank 0."""
     if live.published_at_s <= 0.0:
-        # ShmLoadSnapshotWriter's seeded slot: LoadSnapshot(dp_rank=0), all defaults.
-        load: dict[str, Any] = {
-            "timestamp": 0.0,
-            "dp_rank": 0,
-            "num_running_reqs": 0,
-            "num_waiting_reqs": 0,
-            "num_waiting_uncached_tokens": 0,
-            "num_used_tokens": 0,
-            "num_total_tokens": 0,
-            "num_active_tokens": 0,
-            "num_prealloc_ready_tokens": 0,
-            "max_total_num_tokens": 0,
-            "max_running_requests": 0,
-            "token_usage": 0.0,
-            "gen_throughput": 0.0,
-            "cache_hit_rate": 0.0,
-            "utilization": 0.0,
-            "total_prefill_uncached_tokens": 0,
-            "total_prefill_busy_us": 0,
-            "decode_moments": None,
-        }
+        return _seeded_load()
+    load = _core_load(launch, live)
+    if include is not None and include == frozenset({"core"}):
         return load
+    load.update(_load_sections(launch, live, include))
+    return load
+
+
+def _seeded_load() -> dict[str, Any]:
+    """ShmLoadSnapshotWriter's seeded slot: LoadSnapshot(dp_rank=0), all defaults."""
+    return {
+        "timestamp": 0.0,
+        "dp_rank": 0,
+        "num_running_reqs": 0,
+        "num_waiting_reqs": 0,
+        "num_waiting_uncached_tokens": 0,
+        "num_used_tokens": 0,
+        "num_total_tokens": 0,
+        "num_active_tokens": 0,
+        "num_prealloc_ready_tokens": 0,
+        "max_total_num_tokens": 0,
+        "max_running_requests": 0,
+        "token_usage": 0.0,
+        "gen_throughput": 0.0,
+        "cache_hit_rate": 0.0,
+        "utilization": 0.0,
+        "total_prefill_uncached_tokens": 0,
+        "total_prefill_busy_us": 0,
+        "decode_moments": None,
+    }
+
+
+def _core_load(launch: LaunchInfo, live: LiveState) -> dict[str, Any]:
+    """The core keys of a published snapshot (every ``include`` has them)."""
     capacity = launch.kv_capacity_tokens
     moments = list(live.decode_moments) if live.decode_moments[0] > 0 else None
-    load = {
+    return {
         "timestamp": live.published_at_s,
         "dp_rank": 0,
         "num_running_reqs": live.running_requests,
@@ -371,28 +383,34 @@ def load_snapshot_dict(
         "total_prefill_busy_us": live.prefill_busy_us_total,
         "decode_moments": moments,
     }
+
+
+def _load_sections(
+    launch: LaunchInfo, live: LiveState, include: frozenset[str] | None
+) -> dict[str, Any]:
+    """The optional sections *include* asks for (None or ``all``: every one), in
+    ``LoadSnapshot.to_dict``'s order; ``speculative`` only once a verify was logged."""
     everything = include is None or "all" in include
-    if include is not None and include == frozenset({"core"}):
-        return load
 
     def wanted(name: str) -> bool:
         return everything or (include is not None and name in include)
 
+    sections: dict[str, Any] = {}
     if wanted("memory"):
-        load["memory"] = {
+        sections["memory"] = {
             "weight_gb": round(launch.weight_gib, 3),
             "kv_cache_gb": round(launch.kv_cache_gib, 3),
             "graph_gb": round(launch.graph_gib, 3),
-            "token_capacity": capacity,
+            "token_capacity": launch.kv_capacity_tokens,
         }
     accept_length = live.avg_spec_accept_length
     if launch.speculative and accept_length is not None and wanted("spec"):
-        load["speculative"] = {
+        sections["speculative"] = {
             "accept_length": accept_length,
             "accept_rate": live.spec_accept_rate,
         }
     if wanted("disagg"):
-        load["disaggregation"] = {
+        sections["disaggregation"] = {
             "mode": "null",
             "prefill_bootstrap_queue_reqs": 0,
             "prefill_inflight_queue_reqs": 0,
@@ -403,14 +421,14 @@ def load_snapshot_dict(
             "kv_transfer_latency_ms": 0.0,
         }
     if wanted("queues"):
-        load["queues"] = {
+        sections["queues"] = {
             "waiting": live.waiting_requests,
             "grammar": 0,
             "paused": 0,
             "retracted": live.retracted_requests,
             "prealloc_ready": 0,
         }
-    return load
+    return sections
 
 
 def iso_timestamp(epoch_s: float) -> str:

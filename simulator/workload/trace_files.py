@@ -17,7 +17,6 @@ header or the first JSON record):
     ``input_tokens``, ``output_tokens``, optional ``domain`` and (JSONL only) optional
     ``acc_len`` and ``hash_ids`` (or its alias ``prefix_hash_ids``). Unknown columns or
     keys are an error, so a misspelt ``domain`` is never dropped silently.
-    ``write_trace_jsonl`` writes it.
 ``acceptance``
     Per-token acceptance traces, JSONL: ``{"arrival_s": t, "input_tokens": N,
     "output_tokens": M, "acc_len": [M ints >= 1], "domain": "..."}``; ``arrival_s`` and
@@ -81,7 +80,6 @@ __all__ = [
     "TRACE_FORMATS",
     "TraceFormatError",
     "load_trace",
-    "write_trace_jsonl",
 ]
 
 TRACE_FORMATS: tuple[str, ...] = ("azure", "mooncake", "generic", "acceptance")
@@ -765,35 +763,3 @@ def _check_rows(
                 f"{earliest.line}); a trace spans at most {MAX_SPAN_S:g} s (30 days)",
                 form,
             )
-
-
-# ---------------------------------------------------------------------------------- writer
-
-
-def _records(trace: Trace) -> Iterable[str]:
-    for r in trace.requests:
-        rec: dict[str, Any] = {
-            "arrival_s": r.arrival_s,
-            "input_tokens": r.input_tokens,
-            "output_tokens": r.output_tokens,
-        }
-        if r.domain is not None:
-            rec["domain"] = r.domain
-        if r.acc_len is not None:
-            rec["acc_len"] = list(r.acc_len)
-        if r.hash_ids is not None:
-            rec["hash_ids"] = list(r.hash_ids)
-        yield json.dumps(rec, separators=(",", ":")) + "\n"
-
-
-def write_trace_jsonl(trace: Trace, path: str | os.PathLike[str]) -> None:
-    """Write ``trace`` in the generic JSONL format (atomically: temp file, then rename).
-
-    ``load_trace`` reads it back to equal requests (floats are written with ``repr``
-    precision); the name comes back as the file stem.
-    """
-    target = Path(path)
-    tmp = target.with_name(f".{target.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as out:
-        out.writelines(_records(trace))
-    os.replace(tmp, target)

@@ -36,7 +36,6 @@ from specgov.policies.daemon.estimators.step_cost import (
     step_cost_bounds,
     step_cost_model,
     update_step_cost,
-    verify_knee_tokens,
 )
 
 __all__ = [
@@ -63,5 +62,4 @@ __all__ = [
     "step_cost_model",
     "update_acceptance",
     "update_step_cost",
-    "verify_knee_tokens",
 ]

@@ -64,7 +64,7 @@ from typing import Any, Final
 
 from specgov.policies.common.codec import from_data
 from specgov.policies.common.types import PolicyTypeError, TierStatsSnapshot
-from specgov.policies.common.validation import all_real
+from specgov.policies.common.validation import all_real, check_int, check_real
 from specgov.policies.daemon.estimators._common import is_int, is_real
 
 __all__ = [
@@ -79,6 +79,9 @@ __all__ = [
 ]
 
 ACCEPTANCE_STATE_VERSION: Final = 1
+
+# What an optional time is, in the states' messages.
+_OPT_REAL: Final = "None or a finite number"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -183,8 +186,7 @@ class SlotAcceptance:
     last_change_s: float | None = None
 
     def __post_init__(self) -> None:
-        if not is_int(self.slot) or self.slot < 0:
-            raise PolicyTypeError(f"SlotAcceptance.slot: expected an int >= 0, got {self.slot!r}")
+        check_int("SlotAcceptance.slot", self.slot, error=PolicyTypeError, minimum=0)
         n = len(self.reached)
         for name in ("reached", "passed", "fast_reached", "fast_passed"):
             value = getattr(self, name)
@@ -193,15 +195,14 @@ class SlotAcceptance:
                     f"SlotAcceptance.{name} (slot {self.slot}): expected a tuple of {n} "
                     f"finite numbers >= 0, got {value!r}"
                 )
-        if not is_int(self.changes) or self.changes < 0:
-            raise PolicyTypeError(
-                f"SlotAcceptance.changes (slot {self.slot}): expected an int >= 0, "
-                f"got {self.changes!r}"
-            )
-        if self.last_change_s is not None and not is_real(self.last_change_s):
-            raise PolicyTypeError(
-                f"SlotAcceptance.last_change_s (slot {self.slot}): expected None or a finite "
-                f"number, got {self.last_change_s!r}"
+        where = f"(slot {self.slot})"
+        check_int(f"SlotAcceptance.changes {where}", self.changes, error=PolicyTypeError, minimum=0)
+        if self.last_change_s is not None:
+            check_real(
+                f"SlotAcceptance.last_change_s {where}",
+                self.last_change_s,
+                error=PolicyTypeError,
+                form=_OPT_REAL,
             )
 
 
@@ -232,10 +233,7 @@ class AcceptanceState:
     )
 
     def __post_init__(self) -> None:
-        if not is_int(self.max_steps) or self.max_steps < 1:
-            raise PolicyTypeError(
-                f"AcceptanceState.max_steps: expected an int >= 1, got {self.max_steps!r}"
-            )
+        check_int("AcceptanceState.max_steps", self.max_steps, error=PolicyTypeError, minimum=1)
         if not isinstance(self.slots, tuple) or not all(
             isinstance(s, SlotAcceptance) and len(s.reached) == self.max_steps for s in self.slots
         ):
@@ -248,15 +246,16 @@ class AcceptanceState:
             raise PolicyTypeError(
                 f"AcceptanceState.slots: expected strictly increasing slot bounds, got {bounds}"
             )
-        if self.last_time_s is not None and not is_real(self.last_time_s):
-            raise PolicyTypeError(
-                f"AcceptanceState.last_time_s: expected None or a finite number, "
-                f"got {self.last_time_s!r}"
+        if self.last_time_s is not None:
+            check_real(
+                "AcceptanceState.last_time_s",
+                self.last_time_s,
+                error=PolicyTypeError,
+                form=_OPT_REAL,
             )
-        if not is_int(self.pooled_changes) or self.pooled_changes < 0:
-            raise PolicyTypeError(
-                f"AcceptanceState.pooled_changes: expected an int >= 0, got {self.pooled_changes!r}"
-            )
+        check_int(
+            "AcceptanceState.pooled_changes", self.pooled_changes, error=PolicyTypeError, minimum=0
+        )
         if self.version != ACCEPTANCE_STATE_VERSION:
             raise PolicyTypeError(
                 f"AcceptanceState.version: expected {ACCEPTANCE_STATE_VERSION}, "

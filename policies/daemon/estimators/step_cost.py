@@ -105,7 +105,6 @@ __all__ = [
     "step_cost_bounds",
     "step_cost_model",
     "update_step_cost",
-    "verify_knee_tokens",
 ]
 
 STEP_COST_STATE_VERSION: Final = 1
@@ -242,34 +241,6 @@ def predict_step_s(state: StepCostState, batch_size: float, steps: int, kv_token
     """
     check_point(batch_size, steps, kv_tokens)
     return dot_in_order(state.coefficients, state.prior.features(batch_size, steps, kv_tokens))
-
-
-def verify_knee_tokens(
-    state: StepCostState,
-    *,
-    kv_tokens: float = 0.0,
-    tolerance: float = 0.25,
-    max_tokens: int = 16384,
-) -> int:
-    """Batched tokens at which verification stops being free.
-
-    The smallest number of tokens ``n`` verified in one step (``n`` requests without
-    drafts, ``kv_tokens`` total cached tokens) whose predicted step time exceeds that
-    of one token by more than ``tolerance``; ``max_tokens`` if none does.
-    """
-    if not is_real(tolerance) or tolerance <= 0:
-        raise PolicyTypeError(f"verify_knee_tokens: tolerance: expected > 0, got {tolerance!r}")
-    base = predict_step_s(state, 1.0, 0, kv_tokens) * (1.0 + tolerance)
-    if predict_step_s(state, float(max_tokens), 0, kv_tokens) <= base:
-        return max_tokens
-    lo, hi = 1, max_tokens  # predict(lo) <= base < predict(hi); monotone in between
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if predict_step_s(state, float(mid), 0, kv_tokens) > base:
-            hi = mid
-        else:
-            lo = mid
-    return hi
 
 
 # Same operating region: a batch size within this factor either way (one octave).
