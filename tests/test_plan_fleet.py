@@ -15,7 +15,7 @@ from specgov.simulator.planning.fleet import plan_fleet
 from specgov.simulator.planning.fleet_engine import (
     FleetSimulationError,
     ReplicaStepper,
-    _TraceIndexed,
+    TraceIndexed,
     simulate_fleet,
 )
 from specgov.simulator.planning.fleet_judge import judge
@@ -105,7 +105,7 @@ def test_round_robin_replicas_equal_standalone_runs_of_their_share(policy: str) 
         prepared = prepare_run(SERVER, parse_policy(policy), seed=0)
         engine = prepared.engine
         if engine.acceptance is not None:
-            engine.acceptance = _TraceIndexed(engine.acceptance, share)
+            engine.acceptance = TraceIndexed(engine.acceptance, share)
         alone = engine.run([TRACE.requests[i] for i in share])
         got = run.results[r]
         for name in ("ttft_s", "tpot_s", "e2e_s", "req_output_tokens", "accepted_drafts"):
@@ -121,7 +121,7 @@ def test_acceptance_is_keyed_by_the_trace_index() -> None:
             calls.append(request_index)
             return None
 
-    wrapped = _TraceIndexed(Factory(), [7, 3, 11])
+    wrapped = TraceIndexed(Factory(), [7, 3, 11])
     wrapped.sampler(1, None)
     wrapped.sampler(2, None)
     assert calls == [3, 11]

@@ -35,9 +35,9 @@ from specgov.policies.daemon.spec import (
     KNOWN_KINDS,
     PolicySpec,
     PolicySpecError,
-    _schema,
     format_policy_spec,
     parse_policy_spec,
+    policy_schema,
 )
 from specgov.simulator.workload.trace_files import TraceFormatError, load_trace
 from specgov.simulator.workload.traces import Trace, TraceError
@@ -312,7 +312,9 @@ def test_config_loader_gives_a_config_or_a_config_error_naming_where() -> None:
 # ----------------------------------------------------------------------- policy specs
 
 _spec_keys = st.sampled_from(
-    sorted({k for kind in KNOWN_KINDS for k in _schema(kind)} | {"1", "8", "32", "0", "ttl_s"})
+    sorted(
+        {k for kind in KNOWN_KINDS for k in policy_schema(kind)} | {"1", "8", "32", "0", "ttl_s"}
+    )
 )
 _spec_value = st.one_of(
     _numbers,

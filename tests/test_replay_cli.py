@@ -257,9 +257,7 @@ def test_skip_zero_step_draft_extend_reaches_the_simulated_server() -> None:
 
 
 def _command_params() -> dict[str, dict[str, click.Parameter]]:
-    from specgov.controller.cli.main import _register_subcommands
-
-    _register_subcommands()
+    # The subcommands are registered when specgov.controller.cli.main is imported.
     plan = main.commands["plan"]
     assert isinstance(plan, click.Group)
     commands = {

@@ -131,7 +131,8 @@ def _goodput_module() -> Any:
     return goodput
 
 
-def _schema(kind: str) -> dict[str, _KeyType]:
+def policy_schema(kind: str) -> dict[str, _KeyType]:
+    """The keys a policy spec of ``kind`` accepts, with their value types."""
     if kind == "bandit":
         return _config_schema(BanditConfig)
     if kind == "goodput":
@@ -242,7 +243,7 @@ def _normalise(
         )
     if not isinstance(params, Mapping):
         raise PolicySpecError(f"{where}: parameters must be a mapping, got {_show(params)}")
-    schema = _schema(kind)
+    schema = policy_schema(kind)
     out: dict[str, ParamValue] = {}
     schedule: list[tuple[int, int]] = []
     for key, value in params.items():

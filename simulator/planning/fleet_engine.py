@@ -50,7 +50,7 @@ class FleetSimulationError(SpecgovError, ValueError):
     """The fleet cannot be simulated as given; the message says why."""
 
 
-class _TraceIndexed:
+class TraceIndexed:
     """A sampler factory that draws request *i* of a replica as the trace's request."""
 
     __slots__ = ("_inner", "_trace_index")
@@ -94,7 +94,7 @@ class ReplicaStepper:
         self.trace_index: list[int] = []
         self._requests: list[Request] = []
         if engine.acceptance is not None:
-            engine.acceptance = _TraceIndexed(engine.acceptance, self.trace_index)
+            engine.acceptance = TraceIndexed(engine.acceptance, self.trace_index)
         # An empty run: the trace's first arrival is at 0.0, the origin Run takes
         # for an empty request list, so every replica's series starts at the fleet's.
         self._run = Run(
