@@ -813,10 +813,12 @@ def restart_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if g is None or none is None or g.get("restart_recommended") is None:
             continue
         # Measured on the metric the check predicted on (throughput for a saturated window).
+        # A TPOT p50 tie-break (rates within 1 %) is judged on TPOT p50: less is better.
         metric = g.get("restart_metric") or "goodput_tok_s"
-        if metric not in ("goodput_tok_s", "throughput_tok_s"):
-            metric = "goodput_tok_s"  # a TPOT p50 tie-break: none is judged on goodput
-        measured = _ratio(none.get(metric), g.get(metric))
+        if metric == "tpot_p50_ms":
+            measured = _ratio(g.get(metric), none.get(metric))
+        else:
+            measured = _ratio(none.get(metric), g.get(metric))
         gain = None if measured is None else measured - 1.0
         fired = g["restart_recommended"] != "-"
         should = gain is not None and gain >= RESTART_MIN_GAIN
