@@ -1025,8 +1025,10 @@ def render_markdown(
             "",
             "What the daemon's restart check (controller.recommend: the recent window "
             "replayed over candidate shapes, the table in force as the baseline) recommends "
-            "from each run, its predicted goodput gain, and the gain measured by the plain "
-            f"server (none) on the same trace. It should fire where that is >= "
+            "from each run, its predicted gain, and the gain measured by the plain server "
+            "(none) on the same trace, both on the run's metric (throughput for a window "
+            "judged saturated: queued, or a closed population; else goodput; TPOT p50 for a "
+            f"tie). It should fire where that is >= "
             f"{RESTART_MIN_GAIN:.0%} and stay silent elsewhere; a no-speculation prediction "
             f"should be within {RESTART_TOLERANCE:.0%} of the measured gain.",
             "",
