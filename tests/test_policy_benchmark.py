@@ -416,3 +416,9 @@ def test_a_restart_check_is_judged_on_the_metric_it_predicted_on() -> None:
     tie = by["tpot_p50_ms"]  # TPOT p50, less is better: 50 / 49.5 - 1 = +1 %
     assert tie["measured_plain_gain"] == pytest.approx(50.0 / 49.5 - 1.0)
     assert tie["right"] and not tie["should_fire"]
+    # A run shorter than the sustained window is a burst: silence is right there.
+    short = rows("throughput_tok_s", "-", None)
+    short[0]["duration_s"] = 97.0
+    (burst,) = report.restart_checks(short)
+    assert burst["measured_plain_gain"] == pytest.approx(0.15)
+    assert burst["burst"] and not burst["should_fire"] and burst["right"]

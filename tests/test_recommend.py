@@ -21,10 +21,12 @@ from specgov.controller.daemon.recommend import (
     replay_restart_check,
     restart_recommendation,
     saturated_concurrency,
+    table_as_run,
     table_policy,
     window_acceptance,
+    window_table,
 )
-from specgov.policies.common.types import SpecShape
+from specgov.policies.common.types import SlotRule, SpecShape, StepTable
 from specgov.simulator.replay.runner import replay
 from specgov.simulator.workload.traces import Trace
 
@@ -161,6 +163,21 @@ def test_the_window_acceptance_at_zero_busy_steps_is_the_last_measured_above_zer
     assert window_acceptance([], None) == (None, None)
 
 
+def test_the_baseline_is_the_table_as_its_rules_ran_at_the_windows_acceptance() -> None:
+    # Slot 64's rule at the daemon's prior says 1 step (its slots step); the window's
+    # first-draft rate (0.095: accept length 1.095 at 1 step) is under its threshold.
+    rule = SlotRule(thresholds=(0.3, 0.6), steps=(0, 1, 2), prior=0.4)
+    table = StepTable(((1, 2), (64, 1)), version=1, produced_at_s=0.0, ttl_s=60.0,
+                      rules=((64, rule),))  # fmt: skip
+    assert table_as_run(table, 0.095) == ((1, 2), (64, 0))
+    assert table_as_run(table, 0.7) == ((1, 2), (64, 2))
+    assert table_as_run(table, None) == table.slots  # no evidence: the prior's steps
+    accepts = [(1.5, 1), (1.095, 1)]
+    slots, accept, steps = window_table(table, [64, 64, 66], accepts, gauge_steps=0)
+    assert (slots, accept, steps) == (((1, 2), (64, 0)), 1.095, 1)
+    assert window_table(None, [64], accepts, gauge_steps=1) == (None, 1.095, 1)
+
+
 def _rec(gain: float, window_s: float = 300.0, policy: str = "none") -> Recommendation:
     workload = WorkloadSummary(window_s, 10.0, 500, 200, None, None)
     shape = (
@@ -241,7 +258,8 @@ def test_restart_recommendation_on_the_suites_saturation_scenarios(
     # users-256/h100/eagle3 stays silent (none: -10 % goodput, +2 % throughput);
     # conv-16x/h100/ngram fires (none: +15 % throughput; its busy slot runs 0 steps, so
     # the acceptance is the small slots': window_acceptance). Both users-256 windows are
-    # closed populations (no queue) judged saturated, on throughput.
+    # closed populations (no queue) judged saturated, on throughput (users-256/eagle3's
+    # rates are within 1 %: a TPOT p50 tie-break).
     rec, by = _suite_replay(scenario_id, azure_trace_dir.parent.parent)
     metric = by["goodput"]["restart_metric"]
     assert metric in ("goodput_tok_s", "throughput_tok_s", "tpot_p50_ms")

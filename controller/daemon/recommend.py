@@ -8,10 +8,11 @@ in the simulator over candidate shapes that fit the VRAM budget, and records the
 best launch configuration with its predicted goodput gain over the current one.
 
 The baseline is what the server runs now, replayed on the same synthetic trace: the
-step table in force when a daemon policy drives it (``WorkloadSummary.table``, replayed
-as ``batch-table``), else the candidate closest to the current shape. A saturated window
-(requests queued in most of it, or a closed population: ``saturated_concurrency``) is
-replayed as that many closed-loop users
+step table in force when a daemon policy drives it, as its rules ran at the window's
+acceptance (``WorkloadSummary.table``, ``window_table``, replayed as ``batch-table``),
+else the candidate closest to the current shape. A saturated window (requests queued in
+most of it, or a closed population: ``saturated_concurrency``) is replayed as that many
+closed-loop users
 (``WorkloadSummary.concurrency``): at saturation the arrival rate is what the server
 served, and an open-loop trace at exactly that rate sits on the edge of an unbounded
 queue, where any small difference between configurations would read as a huge gain.
@@ -52,7 +53,7 @@ from specgov.adapters.launch_config import (
 )
 from specgov.policies.common.codec import to_data
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.types import RestartRecommendation, SpecShape
+from specgov.policies.common.types import RestartRecommendation, SpecShape, StepTable
 from specgov.policies.common.validation import is_real
 from specgov.policies.daemon.estimators.step_cost import StepCostPrior
 
@@ -102,7 +103,8 @@ class WorkloadSummary:
     # that many closed-loop users; None: open loop at request_rate_rps.
     concurrency: float | None = None
     # The step table in force ((slot bound, steps), ...) when a daemon policy drives the
-    # server: the baseline the candidates are compared with.
+    # server, its slot rules evaluated at the window's acceptance (``window_table``): the
+    # baseline the candidates are compared with.
     table: tuple[tuple[int, int], ...] | None = None
 
 
@@ -169,6 +171,41 @@ def window_acceptance(
         if accept is not None and measured_at:
             return accept, measured_at
     return None, steps
+
+
+def table_as_run(table: StepTable, signal: float | None) -> tuple[tuple[int, int], ...]:
+    """The (bound, steps) the engine runs under *table* at the live acceptance *signal*
+    (the first-draft acceptance rate a slot rule reads): each rule evaluated there; a slot
+    without a rule, or no signal, runs its ``slots`` step (the rule at the daemon's prior)."""
+    if signal is None:
+        return table.slots
+    rules = dict(table.rules)
+    return tuple((b, rules[b].steps_at(signal) if b in rules else k) for b, k in table.slots)
+
+
+def window_table(
+    in_force: StepTable | None,
+    running: Sequence[int],
+    accepts: Sequence[tuple[float | None, int | None]],
+    gauge_steps: int | None,
+) -> tuple[tuple[tuple[int, int], ...] | None, float | None, int | None]:
+    """(the table as the engine ran it, accept length, the steps it was measured at) for
+    a window: the busy slot from the mean *running*, acceptance by ``window_acceptance``,
+    the table's rules evaluated at the fitted first-draft rate (``table_as_run``).
+
+    The rules matter: replaying the ``slots`` steps ran a poor drafter's slots at 1 step
+    where the engine's rule ran 0 (users-64/h100/ngram, measured: the plain server
+    predicted +21 % throughput over that, +15 % replayed against the run itself)."""
+    steps = gauge_steps
+    if in_force is not None and running:
+        # The gauge is the last batch's steps (at the end of a run, a draining small batch):
+        # the accept length was measured over the window, mostly at the busy slot's steps.
+        steps = busy_steps(in_force.slots, sum(running) / len(running))
+    accept, steps = window_acceptance(accepts, steps)
+    if in_force is None:
+        return None, accept, steps
+    signal = fit_acceptance_rate(accept, steps) if accept is not None and steps else None
+    return table_as_run(in_force, signal), accept, steps
 
 
 def table_policy(table: Sequence[tuple[int, int]]) -> str:
@@ -596,18 +633,14 @@ def replay_workload(run: Any, requests: Sequence[Any]) -> WorkloadSummary:
         (r.table_in_force for r in reversed(records) if r.table_in_force is not None), None
     )
     samples = [(r.inputs_summary.get("running"), r.inputs_summary.get("queued")) for r in records]
-    running = [r for r, _ in samples if r is not None]
-    steps = last.get("spec_num_steps")
-    if in_force is not None and running:
-        # The gauge is the last batch's steps (at the end of a run, a draining small batch):
-        # the accept length was measured over the window, mostly at the busy slot's steps.
-        steps = busy_steps(in_force.slots, sum(running) / len(running))
-    accept, steps = window_acceptance(
+    table, accept, steps = window_table(
+        in_force,
+        [r for r, _ in samples if r is not None],
         [
             (r.inputs_summary.get("accept_length"), r.inputs_summary.get("spec_num_steps"))
             for r in records
         ],
-        steps,
+        last.get("spec_num_steps"),
     )
     return WorkloadSummary(
         window_s=duration,
@@ -617,7 +650,7 @@ def replay_workload(run: Any, requests: Sequence[Any]) -> WorkloadSummary:
         accept_length=accept,
         current_steps=steps,
         concurrency=saturated_concurrency(samples),
-        table=None if in_force is None else tuple(in_force.slots),
+        table=table,
     )
 
 

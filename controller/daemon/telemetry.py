@@ -224,9 +224,8 @@ class Telemetry:
         """The recent window for the restart loop (None until two scrapes apart)."""
         from specgov.controller.daemon.recommend import (
             WorkloadSummary,
-            busy_steps,
             saturated_concurrency,
-            window_acceptance,
+            window_table,
         )
 
         if len(self._totals) < 2:
@@ -236,15 +235,12 @@ class Telemetry:
         if t1 <= t0 or requests <= 0:
             return None
         obs = self.observation
-        table = obs.table.slots if obs is not None and obs.table is not None else None
-        steps = obs.spec_num_steps if obs is not None else None
-        running = [t[4] for t in self._totals if t[4] is not None]
-        if table is not None and running:
-            # The accept length is the window's, mostly measured at the busy slot's steps
-            # (the gauge is only the last batch's).
-            steps = busy_steps(table, sum(running) / len(running))
-        # At 0 busy steps, the last accept length measured above 0 (window_acceptance).
-        accept, steps = window_acceptance([(t[6], t[7]) for t in self._totals], steps)
+        table, accept, steps = window_table(
+            None if obs is None else obs.table,
+            [t[4] for t in self._totals if t[4] is not None],
+            [(t[6], t[7]) for t in self._totals],
+            None if obs is None else obs.spec_num_steps,
+        )
         return WorkloadSummary(
             window_s=t1 - t0,
             request_rate_rps=requests / (t1 - t0),
