@@ -377,6 +377,48 @@ def test_restart_checks_follow_from_the_runs(suite: tuple[Path, run.SuiteOutput]
         assert table["goodput"]["restart_recommended"] == "-"
         assert all(r["restart_recommended"] == "" for p, r in table.items() if p != "goodput")
         c = checks[sc.id]
-        measured = _f(table["none"]["goodput_tok_s"]) / _f(table["goodput"]["goodput_tok_s"]) - 1
+        # On the metric the check predicted on: throughput for a saturated window (the
+        # one-user closed population), TPOT p50 (less is better) for a tie-break.
+        none, own = table["none"][c["metric"]], table["goodput"][c["metric"]]
+        ratio = _f(own) / _f(none) if c["metric"] == "tpot_p50_ms" else _f(none) / _f(own)
+        measured = ratio - 1
         assert c["measured_plain_gain"] == pytest.approx(measured)
         assert c["right"] == (c["should_fire"] is False)
+
+
+def test_a_restart_check_is_judged_on_the_metric_it_predicted_on() -> None:
+    def rows(metric: str, rec: str, pred: float | None) -> list[dict[str, object]]:
+        goodput = {
+            "scenario": metric,
+            "policy": "goodput",
+            "restart_recommended": rec,
+            "restart_predicted_gain": pred,
+            "restart_metric": metric,
+            "goodput_tok_s": 100.0,
+            "throughput_tok_s": 1000.0,
+            "tpot_p50_ms": 50.0,
+        }
+        none = {"scenario": metric, "policy": "none", "goodput_tok_s": 300.0}
+        none |= {"throughput_tok_s": 1150.0, "tpot_p50_ms": 49.5}
+        return [goodput, none]
+
+    checks = report.restart_checks(
+        rows("throughput_tok_s", "no speculation", 0.14)
+        + rows("goodput_tok_s", "no speculation", 1.4)
+        + rows("tpot_p50_ms", "-", None)
+    )
+    by = {c["scenario"]: c for c in checks}
+    saturated = by["throughput_tok_s"]  # +15 % throughput, not +200 % goodput
+    assert saturated["measured_plain_gain"] == pytest.approx(0.15)
+    assert saturated["right"] and saturated["within_tolerance"] is True
+    assert by["goodput_tok_s"]["measured_plain_gain"] == pytest.approx(2.0)
+    assert by["goodput_tok_s"]["within_tolerance"] is False  # 1.4 vs 2.0: 30 % off
+    tie = by["tpot_p50_ms"]  # TPOT p50, less is better: 50 / 49.5 - 1 = +1 %
+    assert tie["measured_plain_gain"] == pytest.approx(50.0 / 49.5 - 1.0)
+    assert tie["right"] and not tie["should_fire"]
+    # A run shorter than the sustained window is a burst: silence is right there.
+    short = rows("throughput_tok_s", "-", None)
+    short[0]["duration_s"] = 97.0
+    (burst,) = report.restart_checks(short)
+    assert burst["measured_plain_gain"] == pytest.approx(0.15)
+    assert burst["burst"] and not burst["should_fire"] and burst["right"]

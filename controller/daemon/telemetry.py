@@ -79,9 +79,11 @@ class Telemetry:
         self.server_info: dict[str, Any] | None = None
         self._server_info_at: float | None = None
         self._adaptive_config_path: str | None = None
-        # (time, requests, prompt tokens, generated tokens, running, queued) per scrape,
-        # for the restart loop's workload summary.
-        self._totals: list[tuple[float, float, float, float, int | None, int | None]] = []
+        # (time, requests, prompt tokens, generated tokens, running, queued, accept length,
+        # spec steps) per scrape, for the restart loop's workload summary.
+        self._totals: list[
+            tuple[float, float, float, float, int | None, int | None, float | None, int | None]
+        ] = []
 
     def take_stats(self) -> tuple[TierStatsSnapshot, ...]:
         """Read the plugin's new statistics from the spool; hand over all not taken yet."""
@@ -211,7 +213,9 @@ class Telemetry:
             self._totals.clear()  # counters went down: the server restarted
         running = None if obs is None else obs.running_requests
         queued = None if obs is None else obs.queued_requests
-        self._totals.append((now, req, prompt, gen, running, queued))
+        accept = None if obs is None else obs.accept_length
+        steps = None if obs is None else obs.spec_num_steps
+        self._totals.append((now, req, prompt, gen, running, queued, accept, steps))
         horizon = now - max(self._config().recommend.interval_s, 60.0)
         while len(self._totals) > 2 and self._totals[0][0] < horizon:
             self._totals.pop(0)
@@ -220,30 +224,29 @@ class Telemetry:
         """The recent window for the restart loop (None until two scrapes apart)."""
         from specgov.controller.daemon.recommend import (
             WorkloadSummary,
-            busy_steps,
             saturated_concurrency,
+            window_table,
         )
 
         if len(self._totals) < 2:
             return None
-        (t0, r0, p0, g0, _, _), (t1, r1, p1, g1, _, _) = self._totals[0], self._totals[-1]
+        (t0, r0, p0, g0, *_), (t1, r1, p1, g1, *_) = self._totals[0], self._totals[-1]
         requests = r1 - r0
         if t1 <= t0 or requests <= 0:
             return None
         obs = self.observation
-        table = obs.table.slots if obs is not None and obs.table is not None else None
-        steps = obs.spec_num_steps if obs is not None else None
-        running = [t[4] for t in self._totals if t[4] is not None]
-        if table is not None and running:
-            # The accept length is the window's, mostly measured at the busy slot's steps
-            # (the gauge is only the last batch's).
-            steps = busy_steps(table, sum(running) / len(running))
+        table, accept, steps = window_table(
+            None if obs is None else obs.table,
+            [t[4] for t in self._totals if t[4] is not None],
+            [(t[6], t[7]) for t in self._totals],
+            None if obs is None else obs.spec_num_steps,
+        )
         return WorkloadSummary(
             window_s=t1 - t0,
             request_rate_rps=requests / (t1 - t0),
             mean_input_tokens=(p1 - p0) / requests,
             mean_output_tokens=(g1 - g0) / requests,
-            accept_length=obs.accept_length if obs is not None and steps else None,
+            accept_length=accept,
             current_steps=steps,
             concurrency=saturated_concurrency([(t[4], t[5]) for t in self._totals]),
             # The table in force is the baseline (what a restart would give up).
