@@ -21,6 +21,7 @@ if str(REPO_ROOT) not in sys.path:
 
 from benchmarks.policies import report, run, scenarios  # noqa: E402
 from specgov.simulator.replay.metrics import Slo  # noqa: E402
+from specgov.simulator.replay.oracle import MIN_ORACLE_GAIN  # noqa: E402
 
 # 48 s of arrivals, two content phases, a burst in the second so policies differ.
 TINY = scenarios.Workload(
@@ -146,7 +147,7 @@ def test_oracle_shares_follow_from_the_numbers(suite: tuple[Path, run.SuiteOutpu
             for r in table.values():
                 if not r[metric]:
                     continue
-                if oracle - none < report.MIN_ORACLE_GAIN * none:
+                if oracle - none < MIN_ORACLE_GAIN * none:
                     assert r[col] == ""
                 else:
                     expected = (_f(r[metric]) - none) / (oracle - none)

@@ -1,4 +1,5 @@
-"""Tables, targets and plots of the policy benchmark, computed from the run results only.
+"""Rows and targets of the policy benchmark, computed from the run results only (the
+markdown report is rendered by report_markdown.py, CSV tables and plots by report_files.py).
 
 Rows: one per (scenario, policy) that ran, plus two oracle rows per scenario that are
 derived after the fact from the static:1..7 runs:
@@ -34,21 +35,13 @@ the worst prior: per scenario, the worst value over all of the policy's variants
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # headless: never open a window
-import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.colors import TwoSlopeNorm
 
 from benchmarks.policies.scenarios import (
     CLAIRVOYANT,
@@ -61,8 +54,7 @@ from benchmarks.policies.scenarios import (
 )
 from specgov.controller.daemon.recommend import SUSTAINED_S
 from specgov.simulator.engine.core import TimeSeries
-from specgov.simulator.replay.oracle import MIN_ORACLE_GAIN, ceiling, oracle_share
-from specgov.simulator.replay.plots import write_plots
+from specgov.simulator.replay.oracle import ceiling, oracle_share
 
 ORACLE = "oracle-static"
 PHASE_ORACLE = "oracle-per-phase"
@@ -150,7 +142,16 @@ class TargetResult:
 # ----------------------------------------------------------------------------------- rows
 
 
-def _ratio(a: Any, b: Any) -> float | None:
+def fmt_cell(v: Any, digits: int = 1) -> str:
+    """A table cell: '-' for a missing number, thousands separators."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def ratio(a: Any, b: Any) -> float | None:
     if a is None or b is None or not b:
         return None
     return float(a) / float(b)
@@ -306,8 +307,8 @@ def _with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         top = ceiling(float(none["goodput_tok_s"]), float(clair["goodput_tok_s"]))
     for r in rows:
         if ema is not None:
-            r["throughput_vs_ema"] = _ratio(r["throughput_tok_s"], ema["throughput_tok_s"])
-            r["goodput_vs_ema"] = _ratio(r["goodput_tok_s"], ema["goodput_tok_s"])
+            r["throughput_vs_ema"] = ratio(r["throughput_tok_s"], ema["throughput_tok_s"])
+            r["goodput_vs_ema"] = ratio(r["goodput_tok_s"], ema["goodput_tok_s"])
         if none is None:
             continue
         for col, metric, oracle in (
@@ -319,7 +320,7 @@ def _with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 r[col] = oracle_share(r[metric], none[metric], oracle[metric])
         if top is not None:
             r["fleet_ceiling"] = CLAIRVOYANT if top[1] == "oracle" else "none"
-            r["vs_fleet_ceiling"] = _ratio(r["goodput_tok_s"], top[0])
+            r["vs_fleet_ceiling"] = ratio(r["goodput_tok_s"], top[0])
     return rows
 
 
@@ -409,7 +410,7 @@ def _target(
 def _vs(policy: str, reference: str) -> Callable[[Mapping[str, dict[str, Any]]], float | None]:
     def value(table: Mapping[str, dict[str, Any]]) -> float | None:
         ref = table.get(reference)
-        return _ratio(table[policy]["goodput_tok_s"], ref["goodput_tok_s"] if ref else None)
+        return ratio(table[policy]["goodput_tok_s"], ref["goodput_tok_s"] if ref else None)
 
     return value
 
@@ -584,8 +585,8 @@ def _cause(
     ema = table.get(EMA, {}).get("goodput_tok_s")
     clair = table.get(CLAIRVOYANT, {}).get("goodput_tok_s")
     if ref_name == EMA:
-        phase = _ratio(table.get(PHASE_ORACLE, {}).get("goodput_tok_s"), ema)
-        clair_vs = _ratio(clair, ema)
+        phase = ratio(table.get(PHASE_ORACLE, {}).get("goodput_tok_s"), ema)
+        clair_vs = ratio(clair, ema)
         if clair_vs is not None and clair_vs < threshold:
             causes.append(f"no headroom: the clairvoyant oracle reaches only {clair_vs:.3f}x")
         elif phase is not None and phase < threshold:
@@ -595,7 +596,7 @@ def _cause(
             )
     exact = table.get(t.policy)
     if label != t.policy and exact is not None:
-        v_exact = _ratio(exact["goodput_tok_s"], table.get(ref_name, {}).get("goodput_tok_s"))
+        v_exact = ratio(exact["goodput_tok_s"], table.get(ref_name, {}).get("goodput_tok_s"))
         if v_exact is not None and v_exact >= threshold:
             causes.append(f"wrong prior {row.get('prior')}: the exact prior gives {v_exact:.3f}")
         elif v_exact is not None:
@@ -619,9 +620,9 @@ def _cause(
     # Always: how the steps differed (accept length rises with the steps used).
     acc, acc_ref = row.get("mean_accept_length"), ref.get("mean_accept_length")
     causes.append(
-        f"accept length {_fmt(acc, 2)} vs {_fmt(acc_ref, 2)} ({ref_name}), "
-        f"mean decode batch {_fmt(row.get('mean_decode_batch_size'))} vs "
-        f"{_fmt(ref.get('mean_decode_batch_size'))}"
+        f"accept length {fmt_cell(acc, 2)} vs {fmt_cell(acc_ref, 2)} ({ref_name}), "
+        f"mean decode batch {fmt_cell(row.get('mean_decode_batch_size'))} vs "
+        f"{fmt_cell(ref.get('mean_decode_batch_size'))}"
     )
     return "; ".join(causes)
 
@@ -663,138 +664,6 @@ def misses(
     return out
 
 
-# ------------------------------------------------------------------------------- markdown
-
-
-def _fmt(v: Any, digits: int = 1) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if isinstance(v, float):
-        return f"{v:,.{digits}f}"
-    return str(v)
-
-
-def _table(header: Sequence[str], body: Sequence[Sequence[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out.extend("| " + " | ".join(cells) + " |" for cells in body)
-    return out
-
-
-def render_targets(targets: Sequence[TargetResult]) -> list[str]:
-    body = []
-    for t in targets:
-        digits = 2 if t.key.startswith("changes") else 3
-        where = ", ".join(x for x in (t.worst, t.worst_prior) if x)
-        body.append(
-            [
-                t.description,
-                t.threshold,
-                _fmt(t.measured, digits) + (f" ({where})" if where else ""),
-                f"{t.passed}/{t.total}",
-                f"**{t.status}**",
-            ]
-        )
-    return _table(
-        ["target", "threshold", "measured (worst; where, prior)", "scenarios met", "result"],
-        body,
-    )
-
-
-def render_targets_per_prior(per_prior: Mapping[str, Sequence[TargetResult]]) -> list[str]:
-    """Targets (rows) x prior variant (columns): the worst value and PASS/MISS."""
-    if not per_prior:
-        return []
-    names = list(per_prior)
-    keys = [t.key for t in next(iter(per_prior.values()))]
-    body = []
-    for i, key in enumerate(keys):
-        first = per_prior[names[0]][i]
-        cells = [f"{first.description} ({first.threshold})"]
-        for n in names:
-            t = per_prior[n][i]
-            digits = 2 if key.startswith("changes") else 3
-            cells.append("-" if t.status == "N/A" else f"{_fmt(t.measured, digits)} {t.status}")
-        body.append(cells)
-    return _table(["target", *names], body)
-
-
-# Policies whose oracle shares are tabulated (the worst-prior goodput is added).
-SHARE_POLICIES = (EMA, ORACLE, PHASE_ORACLE, INFORMED, "batch-table", "goodput", "bandit")
-# The share columns: (row key, the oracle it is a share of).
-SHARE_COLUMNS = (("oracle_share", CLAIRVOYANT), ("informed_share", INFORMED))
-
-
-def render_oracle_shares(
-    rows: Sequence[dict[str, Any]],
-    scenarios: Sequence[Scenario],
-    targets: Sequence[TargetResult],
-) -> list[str]:
-    """Per scenario: each oracle's gain over none, the fleet ceiling, and each policy's
-    share of each oracle's gain ("clairvoyant / informed"); median and min per policy."""
-    by: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        by.setdefault(r["scenario"], {})[r["policy"]] = r
-    ran = [s for s in scenarios if s.id in by and CLAIRVOYANT in by[s.id]]
-    if not ran:
-        return []
-    worst_prior = {}
-    head = next((t for t in targets if t.key == "vs_ema_all"), None)
-    if head is not None:
-        worst_prior = dict(head.priors)
-    pols = [p for p in SHARE_POLICIES if any(p in by[s.id] for s in ran)]
-    names = [*pols, "goodput (worst prior)"]
-    shares: dict[tuple[str, str], list[float]] = {
-        (p, c): [] for p in names for c, _ in SHARE_COLUMNS
-    }
-    body = []
-    for sc in ran:
-        t = by[sc.id]
-        none = t.get("none", {}).get("goodput_tok_s")
-        cells = [sc.id]
-        for _, oracle in SHARE_COLUMNS:
-            cells.append(_fmt(_ratio(t.get(oracle, {}).get("goodput_tok_s"), none), 3))
-        goodput_row = t.get(TARGET_POLICY, {})
-        top = goodput_row.get("fleet_ceiling")
-        cells.append(
-            "-"
-            if top is None
-            else f"{top}: goodput {_fmt(goodput_row.get('vs_fleet_ceiling'), 3)}x"
-            + (" (restart plain)" if top == "none" else "")
-        )
-        label = worst_prior.get(sc.id)
-        for p in names:
-            row = t.get(label, {}) if p == "goodput (worst prior)" and label else t.get(p, {})
-            vals = []
-            for col, _ in SHARE_COLUMNS:
-                v = row.get(col)
-                vals.append(_fmt(v, 2))
-                if v is not None:
-                    shares[(p, col)].append(v)
-            cell = " / ".join(vals)
-            if p == "goodput (worst prior)" and label:
-                cell += f" ({label})"
-            cells.append(cell)
-        body.append(cells)
-    for name, fn in (("median", np.median), ("min", np.min)):
-        body.append(
-            [
-                f"**{name}**",
-                "",
-                "",
-                "",
-                *(
-                    " / ".join(
-                        _fmt(float(fn(shares[(p, c)])), 2) if shares[(p, c)] else "-"
-                        for c, _ in SHARE_COLUMNS
-                    )
-                    for p in names
-                ),
-            ]
-        )
-    head_cells = ["scenario", "oracle / none", "informed / none", "fleet ceiling"]
-    return _table([*head_cells, *names], body)
-
-
 # The restart recommendation fires where restarting gains at least this (issue 20 §4),
 # over a run at least the recommendation's sustained window long (SUSTAINED_S)...
 RESTART_MIN_GAIN = 0.10
@@ -818,9 +687,9 @@ def restart_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         # A TPOT p50 tie-break (rates within 1 %) is judged on TPOT p50: less is better.
         metric = g.get("restart_metric") or "goodput_tok_s"
         if metric == "tpot_p50_ms":
-            measured = _ratio(g.get(metric), none.get(metric))
+            measured = ratio(g.get(metric), none.get(metric))
         else:
-            measured = _ratio(none.get(metric), g.get(metric))
+            measured = ratio(none.get(metric), g.get(metric))
         gain = None if measured is None else measured - 1.0
         fired = g["restart_recommended"] != "-"
         # A run shorter than the recommendation's sustained window is a burst, not a regime
@@ -853,73 +722,8 @@ def restart_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def render_restart_checks(checks: Sequence[Mapping[str, Any]]) -> list[str]:
-    if not checks:
-        return []
-    body = [
-        [
-            c["scenario"],
-            c["metric"],
-            c["recommended"],
-            _fmt(c["predicted_gain"], 3),
-            _fmt(c["measured_plain_gain"], 3),
-            "yes" if c["should_fire"] else "no (burst)" if c.get("burst") else "no",
-            "ok" if c["right"] else "WRONG",
-            "-" if c["within_tolerance"] is None else "yes" if c["within_tolerance"] else "no",
-        ]
-        for c in checks
-    ]
-    right = sum(1 for c in checks if c["right"])
-    judged = [c for c in checks if c["within_tolerance"] is not None]
-    within = sum(1 for c in judged if c["within_tolerance"])
-    body.append(
-        [
-            "**total**",
-            "",
-            "",
-            "",
-            "",
-            "",
-            f"{right}/{len(checks)} right",
-            f"{within}/{len(judged)} within {RESTART_TOLERANCE:.0%}",
-        ]
-    )
-    head = [
-        "scenario",
-        "metric",
-        "recommended",
-        "predicted",
-        "measured (none)",
-        "should fire",
-        "fired?",
-    ]
-    return _table([*head, f"within {RESTART_TOLERANCE:.0%}"], body)
-
-
-# Policies whose tier switches are tabulated.
-SWITCH_POLICIES = (EMA, "batch-table", "goodput", "bandit", CLAIRVOYANT, INFORMED)
-
-
-def render_tier_switches(
-    rows: Sequence[dict[str, Any]], scenarios: Sequence[Scenario]
-) -> list[str]:
-    """Per scenario: each policy's tier switches, and goodput's over sglang-ema's."""
-    by: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        by.setdefault(r["scenario"], {})[r["policy"]] = r
-    ran = [s for s in scenarios if s.id in by]
-    pols = [p for p in SWITCH_POLICIES if any(p in by[s.id] for s in ran)]
-    if not pols:
-        return []
-    body = []
-    for sc in ran:
-        t = by[sc.id]
-        counts = [t.get(p, {}).get("tier_switches") for p in pols]
-        ratio = _ratio(
-            t.get(TARGET_POLICY, {}).get("tier_switches"), t.get(EMA, {}).get("tier_switches")
-        )
-        body.append([sc.id, *(_fmt(c) for c in counts), _fmt(ratio, 2)])
-    return _table(["scenario", *pols, "goodput / ema"], body)
+# The oracle-share columns of a row and the oracle each is measured against.
+SHARE_COLUMNS = (("oracle_share", CLAIRVOYANT), ("informed_share", INFORMED))
 
 
 def median_shares(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | None]]:
@@ -952,301 +756,3 @@ def prior_sensitivity(rows: Sequence[dict[str, Any]]) -> dict[str, tuple[int, in
         a, b = out.get(family, (0, 0))
         out[family] = (a + int(same), b + 1)
     return out
-
-
-def render_misses(missed: Sequence[Mapping[str, Any]]) -> list[str]:
-    if not missed:
-        return ["No target missed."]
-    body = [
-        [
-            m["target"],
-            m["scenario"],
-            _fmt(m["value"], 2 if m["target"].startswith("changes") else 3),
-            m["threshold"],
-            f"{m['worst_prior']} ({m['prior']})",
-            m["cause"],
-        ]
-        for m in missed
-    ]
-    return _table(["target", "scenario", "value", "threshold", "worst prior", "cause"], body)
-
-
-def render_markdown(
-    rows: Sequence[dict[str, Any]],
-    targets: Sequence[TargetResult],
-    scenarios: Sequence[Scenario],
-    meta: Mapping[str, str],
-    phase_table: Sequence[dict[str, Any]] = (),
-    *,
-    per_prior: Mapping[str, Sequence[TargetResult]] | None = None,
-    misses: Sequence[Mapping[str, Any]] = (),
-) -> str:
-    lines = ["# Policy benchmark", ""]
-    lines += [f"- {k}: {v}" for k, v in meta.items()]
-    lines += [
-        "",
-        "## Targets (worst prior)",
-        "",
-        "Per scenario the worst value over every prior variant the policy ran with "
-        "(exact, wrong step-cost priors, other acceptance priors); the variant behind the "
-        "worst value is named.",
-        "",
-    ]
-    lines += render_targets(targets)
-    if per_prior:
-        lines += ["", "## Targets per prior", ""]
-        lines += render_targets_per_prior(per_prior)
-    sens = prior_sensitivity(rows)
-    if sens:
-        lines += [
-            "",
-            "Runs identical to the exact prior under every prior variant (the prior does "
-            "not reach the policy where this is all scenarios): "
-            + ", ".join(f"{f} {a}/{b} scenarios" for f, (a, b) in sorted(sens.items()))
-            + ".",
-        ]
-    lines += ["", "## Misses (worst prior) and their causes", ""]
-    lines += render_misses(misses)
-    shares = render_oracle_shares(rows, scenarios, targets)
-    if shares:
-        lines += [
-            "",
-            "## Share of the oracles' gain over none (goodput): clairvoyant / informed",
-            "",
-            "(policy - none) / (oracle - none) on goodput, for the clairvoyant oracle (knows "
-            "each request's next acceptance draw) / the informed one (knows each request's "
-            "acceptance distribution: what a realisable per-batch policy could reach); '-' "
-            f"where the oracle gains less than {MIN_ORACLE_GAIN:.0%} over none. The oracles "
-            "maximise tokens per second per batch, not goodput, so a share can exceed 1. "
-            "Fleet ceiling: max(clairvoyant oracle, none) and goodput's ratio to it; where it "
-            "is none, no step table gets there (step 0 still pays the drafter), a restart "
-            "without speculation does.",
-            "",
-        ]
-        lines += shares
-    restart = render_restart_checks(restart_checks(rows))
-    if restart:
-        lines += [
-            "",
-            "## Restart recommendation (goodput, exact prior)",
-            "",
-            "What the daemon's restart check (controller.recommend: the recent window "
-            "replayed over candidate shapes, the table in force as the baseline) recommends "
-            "from each run, its predicted gain, and the gain measured by the plain server "
-            "(none) on the same trace, both on the run's metric (throughput for a window "
-            "judged saturated: queued, or a closed population; else goodput; TPOT p50 for a "
-            f"tie). It should fire where that is >= "
-            f"{RESTART_MIN_GAIN:.0%} and stay silent elsewhere; a no-speculation prediction "
-            f"should be within {RESTART_TOLERANCE:.0%} of the measured gain.",
-            "",
-        ]
-        lines += restart
-    switches = render_tier_switches(rows, scenarios)
-    if switches:
-        lines += [
-            "",
-            "## Tier switches (changes of the step count in the engine)",
-            "",
-            "Per scenario and policy; the last column is goodput's count over sglang-ema's "
-            "(issue 20's bound: <= 3x). The simulator charges each switch the drafter "
-            "catalog's tier_switch_ms (this run: see the meta line).",
-            "",
-        ]
-        lines += switches
-    lines += [
-        "",
-        "Per-scenario values behind the targets: goodput policy's goodput ratios, and the "
-        "per-phase oracle's ratio to sglang-ema (the headroom any step table had).",
-        "",
-    ]
-    by: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        by.setdefault(r["scenario"], {})[r["policy"]] = r
-    ran = [s for s in scenarios if s.id in by]
-    body = []
-    for sc in ran:
-        t = by[sc.id]
-        g = t.get(TARGET_POLICY)
-        if g is None:
-            continue
-
-        def vs(ref: str, table: Mapping[str, dict[str, Any]] = t, gr: Any = g) -> str:
-            ref_row = table.get(ref)
-            return _fmt(_ratio(gr["goodput_tok_s"], ref_row and ref_row["goodput_tok_s"]), 3)
-
-        body.append(
-            [
-                sc.id,
-                ",".join(sorted(sc.tags)) or "-",
-                vs(EMA),
-                _fmt(t.get(PHASE_ORACLE, {}).get("goodput_vs_ema"), 3),
-                vs(PHASE_ORACLE),
-                vs("none"),
-                vs(ORACLE),
-                _fmt(t.get(ORACLE, {}).get("resolved")),
-                _fmt(g["table_changes_per_min"], 2),
-            ]
-        )
-    lines += _table(
-        [
-            "scenario",
-            "tags",
-            "vs ema",
-            "per-phase oracle vs ema",
-            "vs per-phase oracle",
-            "vs none",
-            "vs best static",
-            "best static",
-            "changes/min",
-        ],
-        body,
-    )
-
-    policies = list(dict.fromkeys(r["policy"] for r in rows))
-    lines += ["", "## Goodput / sglang-ema goodput", ""]
-    lines += _table(
-        ["scenario", *policies],
-        [
-            [sc.id, *(_fmt(by[sc.id].get(p, {}).get("goodput_vs_ema"), 3) for p in policies)]
-            for sc in ran
-        ],
-    )
-
-    daemon = [p for p in policies if p.split("@", 1)[0] in DAEMON_POLICIES]
-    if daemon:
-        lines += ["", "## Daemon policies: table changes per minute / mean decide ms", ""]
-        lines += _table(
-            ["scenario", *daemon],
-            [
-                [
-                    sc.id,
-                    *(
-                        f"{_fmt(by[sc.id].get(p, {}).get('table_changes_per_min'), 2)} / "
-                        f"{_fmt(by[sc.id].get(p, {}).get('mean_decide_ms'), 2)}"
-                        for p in daemon
-                    ),
-                ]
-                for sc in ran
-            ],
-        )
-
-    if phase_table:
-        lines += [
-            "",
-            "## Per-phase goodput (tokens of SLO-meeting requests arriving in the "
-            "phase / phase length, tok/s)",
-            "",
-        ]
-        phases = list(dict.fromkeys((r["scenario"], r["phase"]) for r in phase_table))
-        cell = {(r["scenario"], r["phase"], r["policy"]): r for r in phase_table}
-        ppol = list(dict.fromkeys(r["policy"] for r in phase_table))
-        lines += _table(
-            ["scenario", "phase", *ppol],
-            [
-                [
-                    s,
-                    ph,
-                    *(_fmt(cell.get((s, ph, p), {}).get("phase_goodput_tok_s"), 0) for p in ppol),
-                ]
-                for s, ph in phases
-            ],
-        )
-
-    lines += ["", "## Results per scenario", ""]
-    header = [
-        "policy",
-        "throughput tok/s",
-        "goodput tok/s",
-        "TPOT p50 ms",
-        "TPOT p99 ms",
-        "TTFT p99 ms",
-        "SLO att.",
-        "thr/ema",
-        "good/ema",
-        "changes/min",
-        "decide ms",
-    ]
-    for sc in ran:
-        lines += [f"### {sc.id}", "", sc.workload.description, ""]
-        body = []
-        for r in rows:
-            if r["scenario"] != sc.id:
-                continue
-            name = r["policy"]
-            if name in (ORACLE, PHASE_ORACLE):
-                name = f"{name} ({r['resolved']})"
-            body.append(
-                [
-                    name,
-                    _fmt(r["throughput_tok_s"], 0),
-                    _fmt(r["goodput_tok_s"], 0),
-                    _fmt(r["tpot_p50_ms"]),
-                    _fmt(r["tpot_p99_ms"]),
-                    _fmt(r["ttft_p99_ms"], 0),
-                    _fmt(r["slo_attainment"], 3),
-                    _fmt(r["throughput_vs_ema"], 3),
-                    _fmt(r["goodput_vs_ema"], 3),
-                    _fmt(r["table_changes_per_min"], 2),
-                    _fmt(r["mean_decide_ms"], 2),
-                ]
-            )
-        lines += _table(header, body)
-        lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
-
-
-# ------------------------------------------------------------------------------ files
-
-
-def _csv_value(v: Any) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float):
-        return repr(v)  # full precision: ratios can be recomputed exactly
-    return str(v)
-
-
-def write_csv(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="", encoding="utf-8") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(columns)
-        for r in rows:
-            writer.writerow([_csv_value(r.get(c)) for c in columns])
-    return path
-
-
-def plot_goodput_ratios(rows: Sequence[dict[str, Any]], path: Path) -> Path | None:
-    """Heat map: goodput / sglang-ema goodput, scenario (rows) x policy (columns)."""
-    scen = list(dict.fromkeys(r["scenario"] for r in rows))
-    pols = [p for p in dict.fromkeys(r["policy"] for r in rows) if p != EMA]
-    if not scen or not pols:
-        return None
-    grid = np.full((len(scen), len(pols)), np.nan)
-    for r in rows:
-        if r["policy"] in pols and r["goodput_vs_ema"] is not None:
-            grid[scen.index(r["scenario"]), pols.index(r["policy"])] = r["goodput_vs_ema"]
-    fig, ax = plt.subplots(figsize=(1.0 + 0.75 * len(pols), 1.2 + 0.32 * len(scen)))
-    norm = TwoSlopeNorm(vcenter=1.0, vmin=0.5, vmax=1.5)
-    im = ax.imshow(np.clip(grid, 0.5, 1.5), cmap="RdYlGn", norm=norm, aspect="auto")
-    for i in range(len(scen)):
-        for j in range(len(pols)):
-            if not np.isnan(grid[i, j]):
-                ax.text(j, i, f"{grid[i, j]:.2f}", ha="center", va="center", fontsize=6)
-    ax.set_xticks(range(len(pols)), labels=pols, rotation=45, ha="right", fontsize=7)
-    ax.set_yticks(range(len(scen)), labels=scen, fontsize=7)
-    ax.set_title("goodput / sglang-ema goodput (colour clipped to 0.5-1.5)", fontsize=9)
-    fig.colorbar(im, ax=ax, shrink=0.6)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def plot_timeseries(
-    scenario_id: str, series: Sequence[tuple[str, TimeSeries]], out_dir: Path
-) -> list[Path]:
-    """One scenario's time series via specgov.simulator.replay.plots (one PNG per policy + all)."""
-    folder = out_dir / re.sub(r"[^A-Za-z0-9_.-]+", "_", scenario_id)
-    return write_plots(series, folder)

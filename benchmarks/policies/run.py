@@ -27,7 +27,7 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-from benchmarks.policies import report
+from benchmarks.policies import report, report_files, report_markdown
 from benchmarks.policies.scenarios import (
     ACCEPT_PRIORS,
     DAEMON_POLICIES,
@@ -258,12 +258,12 @@ def run_suite(
         if tier_switch_ms is None
         else f"{tier_switch_ms:g} ms per switch",
     }
-    markdown = report.render_markdown(
+    markdown = report_markdown.render_markdown(
         rows, targets, scenarios, meta, phase_table, per_prior=per_prior, misses=missed
     )
     files = [
-        report.write_csv(rows, report.CSV_COLUMNS, out_dir / "results.csv"),
-        report.write_csv(phase_table, report.PHASE_CSV_COLUMNS, out_dir / "phases.csv"),
+        report_files.write_csv(rows, report.CSV_COLUMNS, out_dir / "results.csv"),
+        report_files.write_csv(phase_table, report.PHASE_CSV_COLUMNS, out_dir / "phases.csv"),
     ]
     md_path = out_dir / "results.md"
     md_path.write_text(markdown, encoding="utf-8")
@@ -297,7 +297,7 @@ def run_suite(
         encoding="utf-8",
     )
     files.append(json_path)
-    heat = report.plot_goodput_ratios(rows, out_dir / "plots" / "goodput_vs_ema.png")
+    heat = report_files.plot_goodput_ratios(rows, out_dir / "plots" / "goodput_vs_ema.png")
     if heat is not None:
         files.append(heat)
     if plotted is not None:
@@ -329,7 +329,7 @@ def _plot_series(
         for r in results
         if r.scenario_id == scenario.id and r.policy in wanted and r.series is not None
     ]
-    return report.plot_timeseries(scenario.id, series, out_dir) if series else []
+    return report_files.plot_timeseries(scenario.id, series, out_dir) if series else []
 
 
 def _progress(enabled: bool, i: int, n: int, res: report.RunResult, started: float) -> None:
