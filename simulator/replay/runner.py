@@ -400,22 +400,11 @@ class PreparedRun:
         )
 
 
-def prepare_run(
-    server: ServerSpec,
-    policy: InEnginePolicy,
-    *,
-    seed: int,
-    slo: Slo | None = None,
-    built: BuiltServer | None = None,
-    record_events: bool = False,
-    loop_config: ControlLoopConfig | None = None,
-    guardrails: GuardrailConfig | None = None,
-) -> PreparedRun:
-    """Construct the simulated server for one policy (fails early if it cannot fit)."""
-    b = built or resolve(server)
-    drafter = b.drafter if policy.speculative else None
-    if policy.adaptive:
-        _check_adaptive(policy, server, b)
+def _run_memory(
+    server: ServerSpec, policy: InEnginePolicy, b: BuiltServer, drafter: DrafterSpec | None
+) -> tuple[MemoryPlan, int, int, int | None]:
+    """The run's memory plan (fails when it cannot fit), with the chunked-prefill size,
+    CUDA-graph batch bound and draft-token count it was planned for."""
     chunk_default, graph_default = sglang_gpu_defaults(b.gpu.memory_gib)
     chunk = server.chunked_prefill_size or chunk_default
     graph_max_bs = server.cuda_graph_max_bs or graph_default
@@ -437,6 +426,26 @@ def prepare_run(
         num_draft_tokens=ndt,
         chunked_prefill_size=chunk,
     ).require_fit()
+    return memory, chunk, graph_max_bs, ndt
+
+
+def prepare_run(
+    server: ServerSpec,
+    policy: InEnginePolicy,
+    *,
+    seed: int,
+    slo: Slo | None = None,
+    built: BuiltServer | None = None,
+    record_events: bool = False,
+    loop_config: ControlLoopConfig | None = None,
+    guardrails: GuardrailConfig | None = None,
+) -> PreparedRun:
+    """Construct the simulated server for one policy (fails early if it cannot fit)."""
+    b = built or resolve(server)
+    drafter = b.drafter if policy.speculative else None
+    if policy.adaptive:
+        _check_adaptive(policy, server, b)
+    memory, chunk, graph_max_bs, ndt = _run_memory(server, policy, b, drafter)
     cost = CostModel.from_catalog(b.gpu, b.model, drafter, topk=server.topk, num_draft_tokens=ndt)
     acceptance = None
     if policy.speculative:
@@ -662,6 +671,36 @@ def prefix_cache_summary(result: EngineResult) -> dict[str, Any]:
     return out
 
 
+def _server_summary(server: ServerSpec, built: BuiltServer) -> dict[str, Any]:
+    """The replay report's ``server`` object: what the runs were simulated on."""
+    return {
+        "gpu": built.gpu.name,
+        "model": built.model.name,
+        "drafter": built.drafter.name,
+        "algorithm": built.drafter.algorithm,
+        "spec_steps": server.spec_steps,
+        "topk": server.topk,
+        "num_draft_tokens": server.num_draft_tokens,
+        "acceptance_profile": server.acceptance_profile or built.drafter.acceptance_profile,
+        "skip_zero_step_draft_extend": server.skip_zero_step_draft_extend,
+        "prefix_cache": server.prefix_cache,
+        "hierarchical_cache": server.hierarchical_cache,
+        "hicache_ratio": server.hicache_ratio,
+        "hicache_size_gb": server.hicache_size_gb,
+        "tier_switch_ms": server.switch_ms(built.drafter),
+        # Only when set: a run without a budget reports what it always did.
+        **({} if server.vram_gib is None else {"vram_gib": server.vram_gib}),
+        "prior": {
+            "gpu": (
+                Catalog.load(server.catalog_files).gpu(server.prior_gpu).name
+                if server.prior_gpu is not None
+                else built.gpu.name
+            ),
+            "scale": server.prior_scale,
+        },
+    }
+
+
 def replay(
     trace: Trace,
     server: ServerSpec,
@@ -687,32 +726,7 @@ def replay(
     built = resolve(server)
     report = ReplayReport(
         trace=trace.summary(),
-        server={
-            "gpu": built.gpu.name,
-            "model": built.model.name,
-            "drafter": built.drafter.name,
-            "algorithm": built.drafter.algorithm,
-            "spec_steps": server.spec_steps,
-            "topk": server.topk,
-            "num_draft_tokens": server.num_draft_tokens,
-            "acceptance_profile": server.acceptance_profile or built.drafter.acceptance_profile,
-            "skip_zero_step_draft_extend": server.skip_zero_step_draft_extend,
-            "prefix_cache": server.prefix_cache,
-            "hierarchical_cache": server.hierarchical_cache,
-            "hicache_ratio": server.hicache_ratio,
-            "hicache_size_gb": server.hicache_size_gb,
-            "tier_switch_ms": server.switch_ms(built.drafter),
-            # Only when set: a run without a budget reports what it always did.
-            **({} if server.vram_gib is None else {"vram_gib": server.vram_gib}),
-            "prior": {
-                "gpu": (
-                    Catalog.load(server.catalog_files).gpu(server.prior_gpu).name
-                    if server.prior_gpu is not None
-                    else built.gpu.name
-                ),
-                "scale": server.prior_scale,
-            },
-        },
+        server=_server_summary(server, built),
         seed=seed,
         slo=slo,
     )
