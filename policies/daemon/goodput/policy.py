@@ -57,11 +57,15 @@ from specgov.policies.daemon.goodput.model import (
     accept_moments,
     dominant_steps,
     drafter_share,
+    first_draft_ratios,
+    first_scaled,
     flat_past_evidence,
     kv_per_request,
     normalise_slots,
     optimistic_rates,
+    run_weight,
     update_batch,
+    update_first_draft,
 )
 from specgov.policies.daemon.goodput.rules import (
     RULE_TIE,
@@ -168,11 +172,15 @@ class GoodputPolicy:
             slo_stats = (obs.time_s, sums[0] * decay + 1.0) + tuple(
                 old * decay + new for old, new in zip(sums[1:], sample, strict=True)
             )
+        acceptance = update_acceptance(state.acceptance, snap, self._acc_cfg)
+        decay = 0.5 ** (dt / self._config.half_life_s)
+        shifted = [s.slot for s in acceptance.slots if s.last_change_s == snap.window_end_s]
         return replace(
             state,
-            acceptance=update_acceptance(state.acceptance, snap, self._acc_cfg),
+            acceptance=acceptance,
             step_cost=step_cost,
-            batch=update_batch(state.batch, snap, 0.5 ** (dt / self._config.half_life_s)),
+            batch=update_batch(state.batch, snap, decay),
+            first_draft=update_first_draft(state.first_draft, snap, decay, shifted),
             seen_slots=seen_slots,
             seen_since_s=seen_since_s,
             slo_stats=slo_stats,
@@ -471,7 +479,7 @@ class GoodputPolicy:
                 if cost_evidence(cost, w.batch, k) >= need:
                     continue
                 low_s, high_s = step_cost_bounds(cost, w.batch, k, ctx * w.batch, min_evidence=need)
-                rates = w.est.mean
+                rates = first_scaled(w.est.mean, w.first_ratio.get(k, 1.0))
                 opt = self._evaluate(rates, cost, w.batch, ctx, k, slo, step_s=low_s)
                 if opt.score <= base * (1.0 + cfg.hysteresis):
                     continue
@@ -501,10 +509,16 @@ class GoodputPolicy:
     ) -> SlotRule | None:
         """The slot's live-acceptance rule (``rules.slot_rule``) over the candidates its
         plan weighed, with the plan's acceptance profiles, step times and SLO model."""
+        ratios = w.first_ratio
         flat = flat_past_evidence(w.est)
+        # The signal is the first-draft rate at the steps that run (``signal_steps``); a
+        # candidate's own first-position rate is that times its ratio over theirs.
+        ref = ratios.get(w.signal_steps, 1.0)
 
         def evaluate(signal: float, k: int) -> RuleEval:
-            rates = scaled_rates(w.est.mean if k <= w.est.observed else flat, signal)
+            ratio = ratios.get(k, 1.0)
+            rates = first_scaled(w.est.mean if k <= w.est.observed else flat, ratio)
+            rates = scaled_rates(rates, signal * ratio / ref)
             step_s = w.evals[k].step_s if k in w.evals else None
             e = self._evaluate(rates, cost, w.batch, ctx, k, slo, step_s)
             return RuleEval(e.accept_length, e.step_s, e.slo_fraction)
@@ -513,7 +527,15 @@ class GoodputPolicy:
         cands = tuple(sorted(w.evals))
         # The incumbent is the plan's choice, which keeps the step in force near a tie.
         return slot_rule(
-            w.est.mean, cands, w.allowed, w.batch, evaluate, hard_slo_ms, w.best, RULE_TIE, in_force
+            first_scaled(w.est.mean, ref),
+            cands,
+            w.allowed,
+            w.batch,
+            evaluate,
+            hard_slo_ms,
+            w.best,
+            RULE_TIE,
+            in_force,
         )
 
     def _plan(
@@ -580,16 +602,42 @@ class GoodputPolicy:
                 eligible.append(min(beyond))
             if cur is not None and cur in allowed and cur not in eligible:
                 eligible.append(cur)
+            ratios = first_draft_ratios(
+                state.first_draft, bound, self._config.min_trials, run_weight(est.mean)
+            )
             flat = flat_past_evidence(est)
             evals = {
-                k: self._evaluate(est.mean if k <= est.observed else flat, cost, batch, ctx, k, slo)
+                k: self._evaluate(
+                    first_scaled(est.mean if k <= est.observed else flat, ratios.get(k, 1.0)),
+                    cost,
+                    batch,
+                    ctx,
+                    k,
+                    slo,
+                )
                 for k in eligible
             }
             best, slo_limited = self._choose(evals, cur, slo_ms, slo)
             share = weights.get(bound, 0.0) / total_w if total_w > 0 else 0.0
+            # The engine's live signal is measured at the steps that ran (at 0, its probes
+            # run the least positive allowed step).
+            ran = running_steps.get(bound, cur if cur is not None else best)
+            if ran == 0:
+                ran = min((k for k in allowed if k > 0), default=0)
             work.append(
                 SlotWork(
-                    bound, allowed, budget_limited, est, batch, cur, evals, best, slo_limited, share
+                    bound,
+                    allowed,
+                    budget_limited,
+                    est,
+                    batch,
+                    cur,
+                    evals,
+                    best,
+                    slo_limited,
+                    share,
+                    ratios,
+                    ran,
                 )
             )
         return work
@@ -677,7 +725,14 @@ class GoodputPolicy:
                 None if w.bound in probes else self._slot_rule(w, cost, ctx, slo_ms, slo, in_force)
             )
             steps = probes.get(w.bound, w.best if rule is None else rule.steps_at(rule.prior))
-            e = w.evals.get(steps) or self._evaluate(w.est.mean, cost, w.batch, ctx, steps, slo)
+            e = w.evals.get(steps) or self._evaluate(
+                first_scaled(w.est.mean, w.first_ratio.get(steps, 1.0)),
+                cost,
+                w.batch,
+                ctx,
+                steps,
+                slo,
+            )
             for k, ev in (*w.evals.items(), (steps, e)):
                 predicted[(w.bound, k)] = GoodputPrediction(w.bound, k, ev.goodput, w.share)
             plans.append(
@@ -699,7 +754,12 @@ class GoodputPolicy:
             )
             if w.cur is not None:
                 cur_eval = w.evals.get(w.cur) or self._evaluate(
-                    w.est.mean, cost, w.batch, ctx, w.cur, slo
+                    first_scaled(w.est.mean, w.first_ratio.get(w.cur, 1.0)),
+                    cost,
+                    w.batch,
+                    ctx,
+                    w.cur,
+                    slo,
                 )
                 # A probe predicts nothing: the table's gain counts its slot as unchanged.
                 new_score = cur_eval.score if w.bound in probes else e.score
