@@ -21,10 +21,18 @@ from specgov.policies.daemon.estimators.acceptance import (
     AcceptanceEstimate,
 )
 from specgov.policies.daemon.estimators.step_cost import (
+    StepCostModel,
     StepCostPrior,
+    local_step_s,
 )
 from specgov.policies.daemon.goodput.config import (
+    DEFAULT_LOG_SPREAD,
+    DEFAULT_REQUEST_TOKENS,
     GAUSS_HERMITE,
+    MAX_REQUEST_TOKENS,
+    MIN_LOG_SPREAD,
+    MIN_REQUEST_TOKENS,
+    Z90,
 )
 
 # --------------------------------------------------------------------------- policy
@@ -262,6 +270,81 @@ class SloModel:
             need = cost_ms * math.exp(sd_e * x) / self.slo_ms
             total += w * _normal_cdf((accept_mean - need) / sd_l)
         return total
+
+
+def slo_sample(
+    obs: Observation,
+    cost: StepCostModel,
+    snap: TierStatsSnapshot,
+    default_ctx: float,
+    burstiness: float,
+) -> tuple[float, float, float, float, float] | None:
+    """One window's view of per-request TPOTs (see SloModel), for smoothing.
+
+    ``(log p50, log scale, log-variance, base log-variance, log tokens)``: ``scale``
+    is the observed median TPOT over the decode-only TPOT the step-cost model
+    predicts for what ran (request-weighted over the window's tiers, with their
+    measured accept lengths); it absorbs prefill stalls and model error and, in a
+    steady state, does not depend on the steps (a fixed share of the wall time goes
+    to prefill at a given throughput). The base variance is the observed one less
+    the acceptance part of what ran. None when the window cannot tell.
+    """
+    q = obs.tpot_ms
+    if q is None or q.p50_ms is None or q.p50_ms <= 0:
+        return None
+    ctx = kv_per_request(obs)
+    if ctx is None:
+        ctx = default_ctx
+    weight = tpot_sum = var_sum = 0.0
+    for t in snap.tiers:
+        if t.verify_calls == 0 or t.batch_size_sum == 0 or t.requests == 0:
+            continue
+        batch = t.batch_size_sum / t.verify_calls
+        el = sum((j + 1) * n for j, n in enumerate(t.accepted_hist)) / t.requests
+        second = sum((j + 1) ** 2 * n for j, n in enumerate(t.accepted_hist)) / t.requests
+        # The same prediction the choice is made with, so the scale is consistent.
+        step_s = local_step_s(cost, batch, t.steps, ctx * batch)
+        weight += t.requests
+        tpot_sum += t.requests * 1e3 * step_s / el
+        var_sum += t.requests * max(0.0, second - el * el) / el
+    if weight <= 0 or tpot_sum <= 0:
+        return None
+    p50 = q.p50_ms
+    spread = DEFAULT_LOG_SPREAD
+    if q.p90_ms is not None and q.p90_ms > p50:
+        spread = max(math.log(q.p90_ms / p50) / Z90, MIN_LOG_SPREAD)
+    tokens = DEFAULT_REQUEST_TOKENS
+    e2e, ttft = obs.e2e_ms, obs.ttft_ms
+    if e2e is not None and ttft is not None and e2e.p50_ms is not None:
+        # A typical request's output tokens: its decode time over its TPOT.
+        decode_ms = e2e.p50_ms - (ttft.p50_ms or 0.0)
+        tokens = min(max(decode_ms / p50 + 1.0, MIN_REQUEST_TOKENS), MAX_REQUEST_TOKENS)
+    accept_var = burstiness * (var_sum / weight) / tokens
+    return (
+        math.log(p50),
+        math.log(p50 / (tpot_sum / weight)),
+        spread * spread,
+        max(spread * spread - accept_var, MIN_LOG_SPREAD**2),
+        math.log(tokens),
+    )
+
+
+def lived_under_table(
+    obs: Observation, seen_since_s: float | None, snap: TierStatsSnapshot
+) -> bool:
+    """Did the requests that finished in this window run under the table in force?
+
+    (In force since ``seen_since_s``.) They started up to a request lifetime (e2e
+    median) before the window; their TPOTs would calibrate the table in force with
+    another table's (or a cold start's) timings.
+    """
+    if seen_since_s is None:
+        return False
+    window_s = obs.window_s or (snap.window_end_s - snap.window_start_s)
+    lifetime_s = 0.0
+    if obs.e2e_ms is not None and obs.e2e_ms.p50_ms is not None:
+        lifetime_s = obs.e2e_ms.p50_ms / 1e3
+    return obs.time_s - seen_since_s >= window_s + lifetime_s
 
 
 def _normal_cdf(z: float) -> float:

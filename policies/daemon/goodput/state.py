@@ -118,11 +118,11 @@ class GoodputState:
                     f"GoodputState.batch: expected (slot, batch_size_sum, verify_calls) "
                     f"entries, got {entry!r}"
                 )
-        for entry in self.first_draft:
-            if not _first_draft_entry(entry):
+        for row in self.first_draft:
+            if not _first_draft_entry(row):
                 raise PolicyTypeError(
                     f"GoodputState.first_draft: expected (slot, steps >= 1, requests, "
-                    f"passed <= requests) entries, got {entry!r}"
+                    f"passed <= requests) entries, got {row!r}"
                 )
         if self.slo_stats is not None and (
             not isinstance(self.slo_stats, tuple)
