@@ -9,10 +9,12 @@ at it, and reads the engine's live signal in the units of the steps that run.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from test_goodput_policy import (
     CTX,
+    HIGH,
+    LOW,
     NO_BUDGET,
     TRUTH,
     World,
@@ -29,6 +31,7 @@ from specgov.policies.daemon.goodput.model import (
     run_weight,
     update_first_draft,
 )
+from specgov.policies.engine.table import PROBE_SHARE
 
 
 def _tier(slot: int, steps: int, hist: Sequence[int]) -> TierStat:
@@ -195,3 +198,68 @@ def test_a_slot_is_weighed_at_each_steps_own_first_draft_rate() -> None:
     # The rule the engine follows runs 1 step at the rate measured there.
     rule = table.rule_for(table.slot_for(16))
     assert rule is None or rule.steps_at(NGRAM_FIRST[1]) == 1
+
+
+# ------------------------------------------------------------- no absorbing "off"
+
+
+@dataclass
+class ProbingWorld(World):
+    """A slot at 0 steps under a rule also runs its probes (``PROBE_SHARE`` of its
+    verifies at the rule's probe step), as the engine's TablePolicy does; they are the
+    only acceptance evidence the slot gives while it is off."""
+
+    def observe(self, t: float, table: StepTable | None) -> Observation:
+        obs = World.observe(self, t, table)
+        assert obs.tier_stats is not None
+        tiers = list(obs.tier_stats.tiers)
+        for tier in obs.tier_stats.tiers:
+            rule = None if table is None else table.rule_for(table.slot_for(tier.slot))
+            if tier.steps != 0 or rule is None or rule.probe_step is None:
+                continue
+            k = rule.probe_step
+            batch = tier.batch_size_sum // tier.verify_calls
+            verifies = max(1, round(PROBE_SHARE * tier.verify_calls))
+            hist = self.rng.multinomial(verifies * batch, accepted_distribution(self.rates, k))
+            step_s = TRUTH.decode_step_s(batch, k, batch * CTX)
+            tiers.append(
+                TierStat(
+                    tier.slot,
+                    k,
+                    verifies,
+                    verifies * batch,
+                    tuple(int(h) for h in hist),
+                    step_s * verifies,
+                    verifies,
+                    verifies * batch,
+                )
+            )
+        snap = TierStatsSnapshot(obs.tier_stats.window_start_s, t, tuple(tiers))
+        return replace(obs, tier_stats=snap)
+
+
+def _seconds_back(world: type[World]) -> float | None:
+    """Seconds after acceptance rises until the daemon's own plan speculates again at
+    a slot a poor phase turned off (None: not within two minutes)."""
+    slots = ((128, (0, 1, 3), 160, 1),)
+    assert world(LOW, slots).optimum() == {128: 0} and world(HIGH, slots).optimum()[128] > 0
+    pol = policy()
+    result = run(world(LOW, slots), pol, 60)
+    assert result.table is not None and result.table.steps_for(128) == 0
+    t0 = result.t
+    rich = world(HIGH, slots, seed=1)
+    for _ in range(24):
+        result = run(rich, pol, 1, prev=result)
+        if result.table is not None and result.table.steps_for(128) > 0:
+            return result.t - t0
+    return None
+
+
+def test_a_slot_turned_off_by_a_poor_phase_speculates_again_when_acceptance_rises() -> None:
+    # The engine's probes at 0 steps (a bounded share, charged by the rule) are the
+    # evidence: the daemon's plan is back to speculating within a minute (one decision,
+    # 5 s, measured here) ...
+    back = _seconds_back(ProbingWorld)
+    assert back is not None and back <= 60.0, back
+    # ... and without them there would be nothing to learn from: 0 would be absorbing.
+    assert _seconds_back(World) is None
