@@ -75,6 +75,11 @@ from specgov.policies.daemon.goodput.state import (
 )
 
 
+def _probe_key(k: int) -> tuple[bool, int]:
+    """Orders steps as a rule's probe is chosen: the least positive first."""
+    return (k <= 0, k)
+
+
 class _Weighing(NamedTuple):
     """What a plan weighs every candidate with: the step-cost model, KV tokens per
     request, the TPOT SLO and the SLO model."""
@@ -548,11 +553,12 @@ class GoodputPolicy:
             }
             best, slo_limited = self._choose(evals, cur, slo_ms, slo)
             share = weights.get(bound, 0.0) / total_w if total_w > 0 else 0.0
-            # The engine's live signal is measured at the steps that ran (at 0, its probes
-            # run the least positive allowed step).
+            # The engine's live signal is measured at the steps that ran; at 0, at those
+            # of its probes: the rule in force's probe step.
             ran = running_steps.get(bound, cur if cur is not None else best)
+            rule = None if current is None else current.rule_for(bound)
             if ran == 0:
-                ran = min((k for k in allowed if k > 0), default=0)
+                ran = rule.probe_step or 0 if rule is not None else min(allowed, key=_probe_key)
             work.append(
                 SlotWork(
                     bound,
