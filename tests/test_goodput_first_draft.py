@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+import pytest
 from test_goodput_policy import (
     CTX,
     HIGH,
@@ -24,7 +25,13 @@ from test_goodput_policy import (
     run,
 )
 
-from specgov.policies.common.types import Observation, StepTable, TierStat, TierStatsSnapshot
+from specgov.policies.common.types import (
+    Observation,
+    SlotRule,
+    StepTable,
+    TierStat,
+    TierStatsSnapshot,
+)
 from specgov.policies.daemon.goodput.model import (
     first_draft_ratios,
     first_scaled,
@@ -263,3 +270,23 @@ def test_a_slot_turned_off_by_a_poor_phase_speculates_again_when_acceptance_rise
     assert back is not None and back <= 60.0, back
     # ... and without them there would be nothing to learn from: 0 would be absorbing.
     assert _seconds_back(World) is None
+
+
+def test_at_0_steps_the_signal_is_read_at_the_rule_in_forces_probe_step() -> None:
+    # Evidence at 1 and 2 steps (first-draft rates 0.22 and 0.165), then the slot at 0
+    # under a rule whose probes run 2 steps, or 1: the new rule's prior (the signal it
+    # starts from) is in the units of the steps the probes run.
+    world = MixWorld((0.2, 0.95, 0.95), ((16, (0, 1, 2, 3), 16, 2),), first_at=NGRAM_FIRST)
+    pol = policy()
+    warm = run(world, pol, 12)
+    priors = {}
+    for probe in (1, 2):
+        rule = SlotRule(thresholds=(0.5,), steps=(0, probe), prior=0.2)
+        table = StepTable(((1, 0),), 1, warm.t, 3600.0, rules=((1, rule),))
+        obs = World.observe(world, warm.t + 5.0, table)  # the slot ran 0 steps
+        (plan,) = pol.plan(obs, warm.state, NO_BUDGET)
+        assert plan.rule is not None
+        priors[probe] = plan.rule.prior
+    ratios = first_draft_ratios(warm.state.first_draft, 16, pseudo=50.0)
+    assert priors[2] < priors[1]
+    assert priors[2] / priors[1] == pytest.approx(ratios[2] / ratios[1], rel=0.1)
