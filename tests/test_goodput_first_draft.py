@@ -35,6 +35,7 @@ from specgov.policies.common.types import (
 from specgov.policies.daemon.goodput.model import (
     first_draft_ratios,
     first_scaled,
+    ratio_at,
     run_weight,
     update_first_draft,
 )
@@ -91,6 +92,10 @@ def test_ratios_follow_the_evidence_and_shrink_to_1_without_it() -> None:
     # Scaled by how far the steps can move the rate (run_weight of the profile).
     assert first_draft_ratios(first, 16, pseudo=50.0, run_share=0.5) == {1: 1.11, 2: 0.89, 3: 0.89}
     assert first_draft_ratios(first, 16, pseudo=50.0, run_share=0.0) == {1: 1.0, 2: 1.0, 3: 1.0}
+    # A step count not measured: the nearest measured below it (the most it can be).
+    measured = {1: 1.2, 2: 0.8, 4: 0.7}
+    assert [ratio_at(measured, k) for k in (1, 3, 4, 7)] == [1.2, 0.8, 0.7, 0.7]
+    assert ratio_at({2: 0.8}, 1) == 0.8 and ratio_at({}, 3) == 1.0
     assert first_scaled((0.2, 0.9), 1.0) == (0.2, 0.9)
     assert first_scaled((0.5, 0.9), 1.5) == (0.75, 0.9)
     assert first_scaled((0.8, 0.9), 1.5) == (0.99, 0.9)  # a verify may always stop

@@ -194,6 +194,18 @@ def first_draft_ratios(
     return out
 
 
+def ratio_at(ratios: Mapping[int, float], steps: int) -> float:
+    """``steps``' ratio (``first_draft_ratios``); a step count not measured takes that of
+    the nearest one measured below it (the ratios do not rise with the steps, so that is
+    the most it can be), else of the least one measured; 1 with no ratios at all."""
+    if steps in ratios:
+        return ratios[steps]
+    below = [k for k in ratios if k < steps]
+    if below:
+        return ratios[max(below)]
+    return ratios[min(ratios)] if ratios else 1.0
+
+
 def run_weight(rates: Sequence[float]) -> float:
     """How far the steps can move the first-draft rate: ``(a2 - a1) / a2``, in [0, 1].
 

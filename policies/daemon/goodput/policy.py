@@ -57,6 +57,7 @@ from specgov.policies.daemon.goodput.model import (
     lived_under_table,
     normalise_slots,
     optimistic_rates,
+    ratio_at,
     run_weight,
     slo_sample,
     update_batch,
@@ -413,7 +414,7 @@ class GoodputPolicy:
                 if cost_evidence(cost, w.batch, k) >= need:
                     continue
                 low_s, high_s = step_cost_bounds(cost, w.batch, k, ctx * w.batch, min_evidence=need)
-                rates = first_scaled(w.est.mean, w.first_ratio.get(k, 1.0))
+                rates = first_scaled(w.est.mean, ratio_at(w.first_ratio, k))
                 opt = self._evaluate(rates, cost, w.batch, ctx, k, slo, step_s=low_s)
                 if opt.score <= base * (1.0 + cfg.hysteresis):
                     continue
@@ -447,10 +448,10 @@ class GoodputPolicy:
         flat = flat_past_evidence(w.est)
         # The signal is the first-draft rate at the steps that run (``signal_steps``); a
         # candidate's own first-position rate is that times its ratio over theirs.
-        ref = ratios.get(w.signal_steps, 1.0)
+        ref = ratio_at(ratios, w.signal_steps)
 
         def evaluate(signal: float, k: int) -> RuleEval:
-            ratio = ratios.get(k, 1.0)
+            ratio = ratio_at(ratios, k)
             rates = first_scaled(w.est.mean if k <= w.est.observed else flat, ratio)
             rates = scaled_rates(rates, signal * ratio / ref)
             step_s = w.evals[k].step_s if k in w.evals else None
@@ -542,7 +543,7 @@ class GoodputPolicy:
             flat = flat_past_evidence(est)
             evals = {
                 k: self._evaluate(
-                    first_scaled(est.mean if k <= est.observed else flat, ratios.get(k, 1.0)),
+                    first_scaled(est.mean if k <= est.observed else flat, ratio_at(ratios, k)),
                     cost,
                     batch,
                     ctx,
@@ -661,7 +662,7 @@ class GoodputPolicy:
             )
             steps = probes.get(w.bound, w.best if rule is None else rule.steps_at(rule.prior))
             e = w.evals.get(steps) or self._evaluate(
-                first_scaled(w.est.mean, w.first_ratio.get(steps, 1.0)),
+                first_scaled(w.est.mean, ratio_at(w.first_ratio, steps)),
                 cost,
                 w.batch,
                 ctx,
@@ -689,7 +690,7 @@ class GoodputPolicy:
             )
             if w.cur is not None:
                 cur_eval = w.evals.get(w.cur) or self._evaluate(
-                    first_scaled(w.est.mean, w.first_ratio.get(w.cur, 1.0)),
+                    first_scaled(w.est.mean, ratio_at(w.first_ratio, w.cur)),
                     cost,
                     w.batch,
                     ctx,
