@@ -737,13 +737,13 @@ def test_state_round_trips_and_continues_identically() -> None:
 
 
 def test_reads_version_1_states() -> None:
-    new_keys = ("restart_since_s", "slo_stats", "seen_slots", "seen_since_s")
+    new_keys = ("restart_since_s", "slo_stats", "seen_slots", "seen_since_s", "first_draft")
     v1 = {k: v for k, v in policy().initial_state().to_dict().items() if k not in new_keys}
     v1["version"] = 1
     v1["last_table"] = v1.pop("last_slots")
     del v1["last_rules"]
     state = GoodputState.from_dict(v1)
-    assert state.version == GOODPUT_STATE_VERSION == 3
+    assert state.version == GOODPUT_STATE_VERSION == 4
     assert state.restart_since_s is None and state.slo_stats is None
     assert state.seen_slots is None and state.seen_since_s is None
     with pytest.raises(PolicyTypeError, match=r"unknown key\(s\) \['restart_since_s'\]"):
@@ -759,10 +759,11 @@ def test_reads_version_2_states_with_the_proposal_as_a_table() -> None:
     assert warm.state.last_slots is not None
     table = StepTable(warm.state.last_slots, 7, warm.t, 30.0, rules=warm.state.last_rules)
     v2 = warm.state.to_dict()
-    del v2["last_slots"], v2["last_rules"]
+    del v2["last_slots"], v2["last_rules"], v2["first_draft"]
     v2 |= {"version": 2, "last_table": json.loads(json.dumps(table.to_dict()))}
     state = GoodputState.from_dict(v2)
-    assert state == warm.state
+    assert warm.state.first_draft  # version 4's counts, which older states lack
+    assert state == replace(warm.state, first_draft=())
     with pytest.raises(PolicyTypeError, match=r"unknown key\(s\) \['last_slots'\]"):
         GoodputState.from_dict({**v2, "last_slots": None})
 
@@ -784,8 +785,12 @@ def test_a_held_proposal_is_withdrawn_explicitly() -> None:
 
 def test_state_from_dict_rejects_bad_input() -> None:
     good = policy().initial_state().to_dict()
-    with pytest.raises(PolicyTypeError, match="unsupported state version 4"):
-        GoodputState.from_dict({**good, "version": 4})
+    with pytest.raises(PolicyTypeError, match="unsupported state version 5"):
+        GoodputState.from_dict({**good, "version": 5})
+    with pytest.raises(PolicyTypeError, match="first_draft"):
+        GoodputState.from_dict({**good, "first_draft": [[1, 0, 3.0, 1.0]]})
+    with pytest.raises(PolicyTypeError, match="first_draft"):
+        GoodputState.from_dict({**good, "first_draft": [[1, 2, 3.0]]})
     with pytest.raises(PolicyTypeError, match=r"unknown key\(s\) \['junk'\]"):
         GoodputState.from_dict({**good, "junk": True})
     with pytest.raises(PolicyTypeError, match="rng_state"):

@@ -19,11 +19,12 @@ from specgov.policies.daemon.estimators.step_cost import (
     StepCostConfig,
 )
 
-GOODPUT_STATE_VERSION: Final = 3
+GOODPUT_STATE_VERSION: Final = 4
 # Older states are read too: the fields version 2 added start unknown (None); versions 1
 # and 2 kept the last proposal as a versioned table (``last_table``), version 3 keeps its
-# steps and rules only (the guard owns versions and TTLs).
-READABLE_VERSIONS: Final = (1, 2, 3)
+# steps and rules only (the guard owns versions and TTLs); version 4 adds the per-step
+# first-draft counts (older states start without).
+READABLE_VERSIONS: Final = (1, 2, 3, 4)
 
 
 # SLO model constants (see _SloModel): the normal quantile of p90; the log-TPOT spread

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Final
 
 from specgov.policies.common.types import (
     Observation,
@@ -20,10 +21,18 @@ from specgov.policies.daemon.estimators.acceptance import (
     AcceptanceEstimate,
 )
 from specgov.policies.daemon.estimators.step_cost import (
+    StepCostModel,
     StepCostPrior,
+    local_step_s,
 )
 from specgov.policies.daemon.goodput.config import (
+    DEFAULT_LOG_SPREAD,
+    DEFAULT_REQUEST_TOKENS,
     GAUSS_HERMITE,
+    MAX_REQUEST_TOKENS,
+    MIN_LOG_SPREAD,
+    MIN_REQUEST_TOKENS,
+    Z90,
 )
 
 # --------------------------------------------------------------------------- policy
@@ -106,6 +115,122 @@ def flat_past_evidence(est: AcceptanceEstimate) -> tuple[float, ...]:
     return est.mean[:m] + tuple(max(r, min(cap, est.mean[m - 1])) for r in est.mean[m:])
 
 
+# Per (slot, steps >= 1): decayed (requests verified, requests whose first draft was
+# accepted). See ``first_draft_ratios``.
+FirstDraft = tuple[tuple[int, int, float, float], ...]
+# An entry decayed below this many requests is dropped (it no longer moves a ratio).
+_FIRST_DRAFT_MIN: Final = 1e-3
+# Ratios are kept to 0.01 (finer than their evidence resolves at a few hundred requests).
+_RATIO_DIGITS: Final = 2
+# A candidate's first-position rate is capped below 1 (a verify always may stop).
+_MAX_FIRST_RATE: Final = 0.99
+
+
+def update_first_draft(
+    first: FirstDraft, snapshot: TierStatsSnapshot, decay: float, reset: Collection[int] = ()
+) -> FirstDraft:
+    """``first`` decayed by ``decay`` with one window's tiers at steps >= 1 added.
+
+    The slots in ``reset`` (where the acceptance estimator detected a shift in this
+    window) keep only this window: a ratio of step counts measured before and after a
+    content shift would be the shift's, not the step counts'.
+    """
+    acc = {(slot, k): (n * decay, p * decay) for slot, k, n, p in first if slot not in reset}
+    for t in snapshot.tiers:
+        if t.steps < 1 or t.requests <= 0 or not t.accepted_hist:
+            continue
+        n, p = acc.get((t.slot, t.steps), (0.0, 0.0))
+        passed = max(0, t.requests - t.accepted_hist[0])
+        acc[(t.slot, t.steps)] = (n + t.requests, p + passed)
+    return tuple(
+        (slot, k, n, p) for (slot, k), (n, p) in sorted(acc.items()) if n >= _FIRST_DRAFT_MIN
+    )
+
+
+def first_draft_ratios(
+    first: FirstDraft, slot: int, pseudo: float, run_share: float = 1.0
+) -> dict[int, float]:
+    """Per step count, the slot's first-draft acceptance rate there over its rate at all.
+
+    The acceptance estimator pools draft position 1 over the step counts that ran, as if
+    a verify's first draft were accepted at one rate whatever the step count. Where the
+    drafts that pass come in runs (an n-gram drafter copying earlier text), it is not: a
+    longer chain crosses a run in fewer verifies, so a smaller share of verifies starts
+    inside one. Measured (users-16 H100, n-gram acceptance): 0.217 at 1 step, 0.165 at 2,
+    0.138 at 4; users-1: 0.26, 0.16, 0.15.
+
+    Each rate is shrunk towards the slot's pooled rate with ``pseudo`` requests (a step
+    count with little evidence keeps a ratio near 1), then made non-increasing in the
+    steps (pool-adjacent-violators, weighted by requests): a longer chain can only lower
+    the share; a rate that rises with the steps is selection (a live rule moves up
+    while acceptance is high), not an effect of the steps, and is pooled away. The
+    distance from 1 is then scaled by ``run_share`` (``run_weight`` of the slot's
+    profile: how much the steps can move the rate at all; selection makes the rate
+    fall with the steps too, since a rule moves up after acceptance was high and the
+    signal then falls back towards its mean: measured ratios 0.87-1.1 on
+    conv-1x/h100/eagle3, whose simulated per-verify acceptance does not depend on the
+    steps). Ratios are rounded to ``_RATIO_DIGITS``: the same evidence, to within noise,
+    gives exactly the same rates, so a refresh at a steady workload republishes the
+    same rules. Empty for a slot without accepted drafts.
+    """
+    rows = sorted((k, n, p) for s, k, n, p in first if s == slot)
+    total_n = sum(n for _, n, _ in rows)
+    total_p = sum(p for _, _, p in rows)
+    if total_n <= 0.0 or total_p <= 0.0:
+        return {}
+    pooled = total_p / total_n
+    blocks: list[tuple[float, float, list[int]]] = []  # (weighted rate sum, weight, steps)
+    for k, n, p in rows:
+        blocks.append((p + pseudo * pooled, n + pseudo, [k]))
+        while len(blocks) >= 2 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            b = blocks.pop()
+            a = blocks.pop()
+            blocks.append((a[0] + b[0], a[1] + b[1], a[2] + b[2]))
+    out: dict[int, float] = {}
+    for total, weight, steps in blocks:
+        ratio = round(1.0 + run_share * (total / weight / pooled - 1.0), _RATIO_DIGITS)
+        for k in steps:
+            out[k] = ratio
+    return out
+
+
+def ratio_at(ratios: Mapping[int, float], steps: int) -> float:
+    """``steps``' ratio (``first_draft_ratios``); a step count not measured takes that of
+    the nearest one measured below it (the ratios do not rise with the steps, so that is
+    the most it can be), else of the least one measured; 1 with no ratios at all."""
+    if steps in ratios:
+        return ratios[steps]
+    below = [k for k in ratios if k < steps]
+    if below:
+        return ratios[max(below)]
+    return ratios[min(ratios)] if ratios else 1.0
+
+
+def run_weight(rates: Sequence[float]) -> float:
+    """How far the steps can move the first-draft rate: ``(a2 - a1) / a2``, in [0, 1].
+
+    A verify's first draft is accepted at about ``a1`` when it starts between runs and
+    at the continuation rate ``a2`` when the verify before it accepted all its drafts
+    inside a run; the steps change only the share of verifies of each kind, so the rate
+    they make can differ from the pooled one by at most ``a2 - a1``. Where the profile
+    is flat or falling (EAGLE-3: 0.69, 0.66 on chat) there is nothing for the steps to
+    move, and a rate that still differs is the live rule's selection; where it rises
+    steeply (n-gram: 0.35, 0.84) the measured ratio counts nearly in full. 0 with fewer
+    than two positions.
+    """
+    if len(rates) < 2 or rates[1] <= 0.0:
+        return 0.0
+    return min(max((rates[1] - rates[0]) / rates[1], 0.0), 1.0)
+
+
+def first_scaled(rates: tuple[float, ...], ratio: float) -> tuple[float, ...]:
+    """``rates`` with draft position 1 scaled by ``ratio`` (a step count's
+    ``first_draft_ratios`` entry; 1: unchanged), capped below 1."""
+    if ratio == 1.0 or not rates:
+        return rates
+    return (min(rates[0] * ratio, _MAX_FIRST_RATE), *rates[1:])
+
+
 def optimistic_rates(est: AcceptanceEstimate) -> tuple[float, ...]:
     """Per-position rates for the optimistic side of a probe decision.
 
@@ -159,6 +284,81 @@ class SloModel:
         return total
 
 
+def slo_sample(
+    obs: Observation,
+    cost: StepCostModel,
+    snap: TierStatsSnapshot,
+    default_ctx: float,
+    burstiness: float,
+) -> tuple[float, float, float, float, float] | None:
+    """One window's view of per-request TPOTs (see SloModel), for smoothing.
+
+    ``(log p50, log scale, log-variance, base log-variance, log tokens)``: ``scale``
+    is the observed median TPOT over the decode-only TPOT the step-cost model
+    predicts for what ran (request-weighted over the window's tiers, with their
+    measured accept lengths); it absorbs prefill stalls and model error and, in a
+    steady state, does not depend on the steps (a fixed share of the wall time goes
+    to prefill at a given throughput). The base variance is the observed one less
+    the acceptance part of what ran. None when the window cannot tell.
+    """
+    q = obs.tpot_ms
+    if q is None or q.p50_ms is None or q.p50_ms <= 0:
+        return None
+    ctx = kv_per_request(obs)
+    if ctx is None:
+        ctx = default_ctx
+    weight = tpot_sum = var_sum = 0.0
+    for t in snap.tiers:
+        if t.verify_calls == 0 or t.batch_size_sum == 0 or t.requests == 0:
+            continue
+        batch = t.batch_size_sum / t.verify_calls
+        el = sum((j + 1) * n for j, n in enumerate(t.accepted_hist)) / t.requests
+        second = sum((j + 1) ** 2 * n for j, n in enumerate(t.accepted_hist)) / t.requests
+        # The same prediction the choice is made with, so the scale is consistent.
+        step_s = local_step_s(cost, batch, t.steps, ctx * batch)
+        weight += t.requests
+        tpot_sum += t.requests * 1e3 * step_s / el
+        var_sum += t.requests * max(0.0, second - el * el) / el
+    if weight <= 0 or tpot_sum <= 0:
+        return None
+    p50 = q.p50_ms
+    spread = DEFAULT_LOG_SPREAD
+    if q.p90_ms is not None and q.p90_ms > p50:
+        spread = max(math.log(q.p90_ms / p50) / Z90, MIN_LOG_SPREAD)
+    tokens = DEFAULT_REQUEST_TOKENS
+    e2e, ttft = obs.e2e_ms, obs.ttft_ms
+    if e2e is not None and ttft is not None and e2e.p50_ms is not None:
+        # A typical request's output tokens: its decode time over its TPOT.
+        decode_ms = e2e.p50_ms - (ttft.p50_ms or 0.0)
+        tokens = min(max(decode_ms / p50 + 1.0, MIN_REQUEST_TOKENS), MAX_REQUEST_TOKENS)
+    accept_var = burstiness * (var_sum / weight) / tokens
+    return (
+        math.log(p50),
+        math.log(p50 / (tpot_sum / weight)),
+        spread * spread,
+        max(spread * spread - accept_var, MIN_LOG_SPREAD**2),
+        math.log(tokens),
+    )
+
+
+def lived_under_table(
+    obs: Observation, seen_since_s: float | None, snap: TierStatsSnapshot
+) -> bool:
+    """Did the requests that finished in this window run under the table in force?
+
+    (In force since ``seen_since_s``.) They started up to a request lifetime (e2e
+    median) before the window; their TPOTs would calibrate the table in force with
+    another table's (or a cold start's) timings.
+    """
+    if seen_since_s is None:
+        return False
+    window_s = obs.window_s or (snap.window_end_s - snap.window_start_s)
+    lifetime_s = 0.0
+    if obs.e2e_ms is not None and obs.e2e_ms.p50_ms is not None:
+        lifetime_s = obs.e2e_ms.p50_ms / 1e3
+    return obs.time_s - seen_since_s >= window_s + lifetime_s
+
+
 def _normal_cdf(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
 
@@ -175,6 +375,10 @@ class SlotWork:
     best: int
     slo_limited: bool
     share: float
+    # Per step count, the first-draft rate ratio (``first_draft_ratios``), and the steps
+    # the engine's live signal for this slot is measured at (the rule's signal units).
+    first_ratio: Mapping[int, float]
+    signal_steps: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,6 @@ from specgov.policies.common.types import (
     SlotLayout,
     SlotRule,
     StepTable,
-    TierStatsSnapshot,
 )
 from specgov.policies.daemon.estimators.acceptance import (
     acceptance_estimate,
@@ -38,12 +37,6 @@ from specgov.policies.daemon.estimators.step_cost import (
     update_step_cost,
 )
 from specgov.policies.daemon.goodput.config import (
-    DEFAULT_LOG_SPREAD,
-    DEFAULT_REQUEST_TOKENS,
-    MAX_REQUEST_TOKENS,
-    MIN_LOG_SPREAD,
-    MIN_REQUEST_TOKENS,
-    Z90,
     GoodputConfig,
     GoodputConfigError,
 )
@@ -57,11 +50,18 @@ from specgov.policies.daemon.goodput.model import (
     accept_moments,
     dominant_steps,
     drafter_share,
+    first_draft_ratios,
+    first_scaled,
     flat_past_evidence,
     kv_per_request,
+    lived_under_table,
     normalise_slots,
     optimistic_rates,
+    ratio_at,
+    run_weight,
+    slo_sample,
     update_batch,
+    update_first_draft,
 )
 from specgov.policies.daemon.goodput.rules import (
     RULE_TIE,
@@ -74,6 +74,11 @@ from specgov.policies.daemon.goodput.state import (
     generator,
     rng_state_of,
 )
+
+
+def _probe_key(k: int) -> tuple[bool, int]:
+    """Orders steps as a rule's probe is chosen: the least positive first."""
+    return (k <= 0, k)
 
 
 class _Weighing(NamedTuple):
@@ -156,8 +161,12 @@ class GoodputPolicy:
         if seen_since_s is None or in_force != seen_slots:
             seen_slots, seen_since_s = in_force, obs.time_s
         slo_stats = state.slo_stats
-        sample = self._slo_sample(obs, step_cost_model(step_cost, self._cost_cfg), snap)
-        if sample is not None and self._lived_under_table(obs, seen_since_s, snap):
+        cfg = self._config
+        model = step_cost_model(step_cost, self._cost_cfg)
+        sample = slo_sample(
+            obs, model, snap, cfg.default_kv_tokens_per_request, cfg.accept_burstiness
+        )
+        if sample is not None and lived_under_table(obs, seen_since_s, snap):
             # A window holds a few dozen completions: smooth over several.
             if slo_stats is None:
                 decay = 0.0
@@ -168,11 +177,15 @@ class GoodputPolicy:
             slo_stats = (obs.time_s, sums[0] * decay + 1.0) + tuple(
                 old * decay + new for old, new in zip(sums[1:], sample, strict=True)
             )
+        acceptance = update_acceptance(state.acceptance, snap, self._acc_cfg)
+        decay = 0.5 ** (dt / self._config.half_life_s)
+        shifted = [s.slot for s in acceptance.slots if s.last_change_s == snap.window_end_s]
         return replace(
             state,
-            acceptance=update_acceptance(state.acceptance, snap, self._acc_cfg),
+            acceptance=acceptance,
             step_cost=step_cost,
-            batch=update_batch(state.batch, snap, 0.5 ** (dt / self._config.half_life_s)),
+            batch=update_batch(state.batch, snap, decay),
+            first_draft=update_first_draft(state.first_draft, snap, decay, shifted),
             seen_slots=seen_slots,
             seen_since_s=seen_since_s,
             slo_stats=slo_stats,
@@ -242,76 +255,6 @@ class GoodputPolicy:
         return self._plan(observation, state, budget, current, observation.slot_candidates)[0]
 
     # ------------------------------------------------------------- SLO model
-
-    def _slo_sample(
-        self, obs: Observation, cost: StepCostModel, snap: TierStatsSnapshot
-    ) -> tuple[float, float, float, float, float] | None:
-        """One window's view of per-request TPOTs (see SloModel), for smoothing.
-
-        ``(log p50, log scale, log-variance, base log-variance, log tokens)``: ``scale``
-        is the observed median TPOT over the decode-only TPOT the step-cost model
-        predicts for what ran (request-weighted over the window's tiers, with their
-        measured accept lengths); it absorbs prefill stalls and model error and, in a
-        steady state, does not depend on the steps (a fixed share of the wall time goes
-        to prefill at a given throughput). The base variance is the observed one less
-        the acceptance part of what ran. None when the window cannot tell.
-        """
-        q = obs.tpot_ms
-        if q is None or q.p50_ms is None or q.p50_ms <= 0:
-            return None
-        ctx = kv_per_request(obs)
-        if ctx is None:
-            ctx = self._config.default_kv_tokens_per_request
-        weight = tpot_sum = var_sum = 0.0
-        for t in snap.tiers:
-            if t.verify_calls == 0 or t.batch_size_sum == 0 or t.requests == 0:
-                continue
-            batch = t.batch_size_sum / t.verify_calls
-            el = sum((j + 1) * n for j, n in enumerate(t.accepted_hist)) / t.requests
-            second = sum((j + 1) ** 2 * n for j, n in enumerate(t.accepted_hist)) / t.requests
-            # The same prediction the choice is made with, so the scale is consistent.
-            step_s = local_step_s(cost, batch, t.steps, ctx * batch)
-            weight += t.requests
-            tpot_sum += t.requests * 1e3 * step_s / el
-            var_sum += t.requests * max(0.0, second - el * el) / el
-        if weight <= 0 or tpot_sum <= 0:
-            return None
-        p50 = q.p50_ms
-        spread = DEFAULT_LOG_SPREAD
-        if q.p90_ms is not None and q.p90_ms > p50:
-            spread = max(math.log(q.p90_ms / p50) / Z90, MIN_LOG_SPREAD)
-        tokens = DEFAULT_REQUEST_TOKENS
-        e2e, ttft = obs.e2e_ms, obs.ttft_ms
-        if e2e is not None and ttft is not None and e2e.p50_ms is not None:
-            # A typical request's output tokens: its decode time over its TPOT.
-            decode_ms = e2e.p50_ms - (ttft.p50_ms or 0.0)
-            tokens = min(max(decode_ms / p50 + 1.0, MIN_REQUEST_TOKENS), MAX_REQUEST_TOKENS)
-        accept_var = self._config.accept_burstiness * (var_sum / weight) / tokens
-        return (
-            math.log(p50),
-            math.log(p50 / (tpot_sum / weight)),
-            spread * spread,
-            max(spread * spread - accept_var, MIN_LOG_SPREAD**2),
-            math.log(tokens),
-        )
-
-    @staticmethod
-    def _lived_under_table(
-        obs: Observation, seen_since_s: float | None, snap: TierStatsSnapshot
-    ) -> bool:
-        """Did the requests that finished in this window run under the table in force?
-
-        (In force since ``seen_since_s``.) They started up to a request lifetime (e2e
-        median) before the window; their TPOTs would calibrate the table in force with
-        another table's (or a cold start's) timings.
-        """
-        if seen_since_s is None:
-            return False
-        window_s = obs.window_s or (snap.window_end_s - snap.window_start_s)
-        lifetime_s = 0.0
-        if obs.e2e_ms is not None and obs.e2e_ms.p50_ms is not None:
-            lifetime_s = obs.e2e_ms.p50_ms / 1e3
-        return obs.time_s - seen_since_s >= window_s + lifetime_s
 
     def _slo_model(self, state: GoodputState, slo_ms: float | None) -> SloModel | None:
         """The per-request TPOT model from the smoothed windows, when near the SLO."""
@@ -471,7 +414,7 @@ class GoodputPolicy:
                 if cost_evidence(cost, w.batch, k) >= need:
                     continue
                 low_s, high_s = step_cost_bounds(cost, w.batch, k, ctx * w.batch, min_evidence=need)
-                rates = w.est.mean
+                rates = first_scaled(w.est.mean, ratio_at(w.first_ratio, k))
                 opt = self._evaluate(rates, cost, w.batch, ctx, k, slo, step_s=low_s)
                 if opt.score <= base * (1.0 + cfg.hysteresis):
                     continue
@@ -501,10 +444,16 @@ class GoodputPolicy:
     ) -> SlotRule | None:
         """The slot's live-acceptance rule (``rules.slot_rule``) over the candidates its
         plan weighed, with the plan's acceptance profiles, step times and SLO model."""
+        ratios = w.first_ratio
         flat = flat_past_evidence(w.est)
+        # The signal is the first-draft rate at the steps that run (``signal_steps``); a
+        # candidate's own first-position rate is that times its ratio over theirs.
+        ref = ratio_at(ratios, w.signal_steps)
 
         def evaluate(signal: float, k: int) -> RuleEval:
-            rates = scaled_rates(w.est.mean if k <= w.est.observed else flat, signal)
+            ratio = ratio_at(ratios, k)
+            rates = first_scaled(w.est.mean if k <= w.est.observed else flat, ratio)
+            rates = scaled_rates(rates, signal * ratio / ref)
             step_s = w.evals[k].step_s if k in w.evals else None
             e = self._evaluate(rates, cost, w.batch, ctx, k, slo, step_s)
             return RuleEval(e.accept_length, e.step_s, e.slo_fraction)
@@ -513,7 +462,15 @@ class GoodputPolicy:
         cands = tuple(sorted(w.evals))
         # The incumbent is the plan's choice, which keeps the step in force near a tie.
         return slot_rule(
-            w.est.mean, cands, w.allowed, w.batch, evaluate, hard_slo_ms, w.best, RULE_TIE, in_force
+            first_scaled(w.est.mean, ref),
+            cands,
+            w.allowed,
+            w.batch,
+            evaluate,
+            hard_slo_ms,
+            w.best,
+            RULE_TIE,
+            in_force,
         )
 
     def _plan(
@@ -580,16 +537,43 @@ class GoodputPolicy:
                 eligible.append(min(beyond))
             if cur is not None and cur in allowed and cur not in eligible:
                 eligible.append(cur)
+            ratios = first_draft_ratios(
+                state.first_draft, bound, self._config.min_trials, run_weight(est.mean)
+            )
             flat = flat_past_evidence(est)
             evals = {
-                k: self._evaluate(est.mean if k <= est.observed else flat, cost, batch, ctx, k, slo)
+                k: self._evaluate(
+                    first_scaled(est.mean if k <= est.observed else flat, ratio_at(ratios, k)),
+                    cost,
+                    batch,
+                    ctx,
+                    k,
+                    slo,
+                )
                 for k in eligible
             }
             best, slo_limited = self._choose(evals, cur, slo_ms, slo)
             share = weights.get(bound, 0.0) / total_w if total_w > 0 else 0.0
+            # The engine's live signal is measured at the steps that ran; at 0, at those
+            # of its probes: the rule in force's probe step.
+            ran = running_steps.get(bound, cur if cur is not None else best)
+            rule = None if current is None else current.rule_for(bound)
+            if ran == 0:
+                ran = rule.probe_step or 0 if rule is not None else min(allowed, key=_probe_key)
             work.append(
                 SlotWork(
-                    bound, allowed, budget_limited, est, batch, cur, evals, best, slo_limited, share
+                    bound,
+                    allowed,
+                    budget_limited,
+                    est,
+                    batch,
+                    cur,
+                    evals,
+                    best,
+                    slo_limited,
+                    share,
+                    ratios,
+                    ran,
                 )
             )
         return work
@@ -677,7 +661,14 @@ class GoodputPolicy:
                 None if w.bound in probes else self._slot_rule(w, cost, ctx, slo_ms, slo, in_force)
             )
             steps = probes.get(w.bound, w.best if rule is None else rule.steps_at(rule.prior))
-            e = w.evals.get(steps) or self._evaluate(w.est.mean, cost, w.batch, ctx, steps, slo)
+            e = w.evals.get(steps) or self._evaluate(
+                first_scaled(w.est.mean, ratio_at(w.first_ratio, steps)),
+                cost,
+                w.batch,
+                ctx,
+                steps,
+                slo,
+            )
             for k, ev in (*w.evals.items(), (steps, e)):
                 predicted[(w.bound, k)] = GoodputPrediction(w.bound, k, ev.goodput, w.share)
             plans.append(
@@ -699,7 +690,12 @@ class GoodputPolicy:
             )
             if w.cur is not None:
                 cur_eval = w.evals.get(w.cur) or self._evaluate(
-                    w.est.mean, cost, w.batch, ctx, w.cur, slo
+                    first_scaled(w.est.mean, ratio_at(w.first_ratio, w.cur)),
+                    cost,
+                    w.batch,
+                    ctx,
+                    w.cur,
+                    slo,
                 )
                 # A probe predicts nothing: the table's gain counts its slot as unchanged.
                 new_score = cur_eval.score if w.bound in probes else e.score

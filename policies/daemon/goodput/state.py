@@ -78,6 +78,9 @@ class GoodputState:
     seen_slots: tuple[tuple[int, int], ...] | None = None
     seen_since_s: float | None = None
     last_rules: tuple[tuple[int, SlotRule], ...] = ()
+    # Per (slot, steps >= 1): decayed (requests, first drafts accepted); see
+    # ``model.first_draft_ratios``. Version 4 on; older states start empty.
+    first_draft: tuple[tuple[int, int, float, float], ...] = ()
     version: int = GOODPUT_STATE_VERSION
 
     def __post_init__(self) -> None:
@@ -114,6 +117,12 @@ class GoodputState:
                 raise PolicyTypeError(
                     f"GoodputState.batch: expected (slot, batch_size_sum, verify_calls) "
                     f"entries, got {entry!r}"
+                )
+        for row in self.first_draft:
+            if not _first_draft_entry(row):
+                raise PolicyTypeError(
+                    f"GoodputState.first_draft: expected (slot, steps >= 1, requests, "
+                    f"passed <= requests) entries, got {row!r}"
                 )
         if self.slo_stats is not None and (
             not isinstance(self.slo_stats, tuple)
@@ -157,6 +166,7 @@ class GoodputState:
             "slo_stats": None if self.slo_stats is None else list(self.slo_stats),
             "seen_slots": None if self.seen_slots is None else [list(p) for p in self.seen_slots],
             "seen_since_s": self.seen_since_s,
+            "first_draft": [list(e) for e in self.first_draft],
         }
 
     @classmethod
@@ -177,6 +187,8 @@ class GoodputState:
             keys -= {"restart_since_s", "slo_stats", "seen_slots", "seen_since_s"}
         if version in (1, 2):
             keys = (keys - {"last_slots", "last_rules"}) | {"last_table"}
+        if version in (1, 2, 3):
+            keys -= {"first_draft"}
         missing = sorted(keys - set(data))
         unknown = sorted(str(k) for k in set(data) - keys)
         if missing or unknown:
@@ -215,6 +227,7 @@ class GoodputState:
             slo_stats=_float_tuple_or_none(data.get("slo_stats")),
             seen_slots=_pairs_or_none(data.get("seen_slots")),
             seen_since_s=data.get("seen_since_s"),
+            first_draft=_first_draft_of(data.get("first_draft", [])),
         )
 
 
@@ -249,6 +262,30 @@ def _batch_entry(entry: object) -> bool:
         and is_int(entry[0])
         and all_real(entry[1:], minimum=0.0)
     )
+
+
+def _first_draft_entry(entry: object) -> bool:
+    """(slot int, steps int >= 1, requests, passed), 0 <= passed <= requests finite."""
+    return (
+        isinstance(entry, tuple)
+        and len(entry) == 4
+        and is_int(entry[0])
+        and is_int(entry[1])
+        and entry[1] >= 1
+        and all_real(entry[2:], minimum=0.0)
+        and entry[3] <= entry[2]
+    )
+
+
+def _first_draft_of(value: object) -> tuple[tuple[int, int, float, float], ...]:
+    if not isinstance(value, list | tuple) or not all(
+        isinstance(e, list | tuple) and len(e) == 4 for e in value
+    ):
+        raise PolicyTypeError(
+            f"GoodputState.from_dict: key 'first_draft': expected a list of "
+            f"[slot, steps, requests, passed], got {value!r}"
+        )
+    return tuple((e[0], e[1], e[2], e[3]) for e in value)
 
 
 def _float_tuple_or_none(value: object) -> tuple[float, ...] | None:
