@@ -18,7 +18,6 @@ from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveConfig,
     AdaptiveConfigError,
-    default_adaptive_config,
     parse_adaptive_config,
 )
 from specgov.policies.engine.ema import EmaPolicy
@@ -320,12 +319,6 @@ def test_default_config_parses_to_sglang_slots() -> None:
     assert cfg.slots[0].warmup_batches == 10 and cfg.slots[0].ceiling_coeff == 0.0
     assert cfg.candidate_steps == [0, 1, 3, 5, 7]
     assert parse_adaptive_config(DEFAULT_ADAPTIVE_CONFIG).candidate_steps == [0, 1, 3, 5, 7]
-
-
-def test_default_config_copy_is_independent() -> None:
-    copy = default_adaptive_config()
-    copy["1"]["candidate_steps"].append(9)
-    assert DEFAULT_ADAPTIVE_CONFIG["1"]["candidate_steps"] == [1, 3, 5, 7]
 
 
 def test_non_digit_keys_are_defaults_and_slots_win() -> None:

@@ -436,11 +436,11 @@ def test_the_adaptive_config_gives_the_one_slot_layout_observations_and_the_guar
     from specgov.policies.common.codec import from_data, to_data
     from specgov.policies.common.types import SlotLayout
     from specgov.policies.engine.adaptive_config import (
-        default_adaptive_config,
+        DEFAULT_ADAPTIVE_CONFIG,
         parse_adaptive_config,
     )
 
-    layout = parse_adaptive_config(default_adaptive_config()).layout
+    layout = parse_adaptive_config(DEFAULT_ADAPTIVE_CONFIG).layout
     assert layout == ((1, (1, 3, 5, 7)), (8, (0, 1, 3)), (32, (0, 1)), (64, (0,)))
     assert Observation(time_s=1.0, slot_candidates=layout).slot_candidates == layout
     # Saved and loaded through the codec with its constraints: no slot without steps.

@@ -27,7 +27,6 @@ No file IO here: adapters read the file and pass the decoded mapping.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -36,7 +35,7 @@ from specgov.policies.common.types import PolicyTypeError, SlotLayout
 from specgov.policies.common.validation import check_int, check_real, is_int
 
 # Identical to sglang 0.5.23's DEFAULT_ADAPTIVE_CONFIG (checked by a contract test).
-# Treat it as read-only; default_adaptive_config() returns a private copy to edit.
+# Read-only: copy it (copy.deepcopy) to edit.
 DEFAULT_ADAPTIVE_CONFIG: Final[dict[str, dict[str, Any]]] = {
     "1": {
         "candidate_steps": [1, 3, 5, 7],
@@ -75,11 +74,6 @@ DEFAULT_CEILING_COEFF: Final = 0.0
 
 class AdaptiveConfigError(PolicyTypeError):
     """An adaptive config is malformed; the message names the source and the key."""
-
-
-def default_adaptive_config() -> dict[str, dict[str, Any]]:
-    """A fresh, mutable copy of SGLang's default adaptive config."""
-    return copy.deepcopy(DEFAULT_ADAPTIVE_CONFIG)
 
 
 @dataclass(frozen=True, slots=True)
