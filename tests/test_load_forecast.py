@@ -74,7 +74,8 @@ def test_bad_samples_are_refused(
 
 def test_a_rising_ramp_moves_to_plain_before_the_load_crosses() -> None:
     # 4 x 30 = 120 in flight now (inside the band's low side: speculation holds on the
-    # observed load alone), rising 1.5/s: 210 (52 per replica) when a restart is done.
+    # observed load alone), rising 1.5/s: 210 when one restart is done, 480 (120 per
+    # replica) when the fourth is, the whole switch (4 x 60 s).
     ramp = _ramp(120.0 - 1.5 * 55.0, 1.5, 12)
     f = forecast_load(ramp, horizon_s=MODEL.restart_s, window_s=120.0)
     assert f is not None
@@ -82,22 +83,68 @@ def test_a_rising_ramp_moves_to_plain_before_the_load_crosses() -> None:
     assert without.move is None and without.reason == fm.HELD_IN_BAND
     d = decide_mix(_fleet("ssss"), 120.0, MODEL, now_s=0.0, last_move_s=None, forecast=f)
     assert d.move == fm.Move("r0", "plain") and d.reason == fm.MOVE_TO_PLAIN_FORECAST
-    assert d.forecast_drove and d.planned_load == pytest.approx(210.0)
+    assert d.forecast_drove and d.planned_load == pytest.approx(480.0)
     assert "the forecast sets the target" in d.message and "forecast 210 in 60 s" in d.message
+    assert "480 in 240 s (a switch to plain)" in d.message
 
 
-def test_a_falling_load_moves_back_to_spec_early_and_a_flat_one_is_not_the_forecasts() -> None:
+def test_the_horizon_is_the_moves_the_switch_still_needs() -> None:
+    # 100 in flight rising 0.1/s: over one move (60 s) 106, 26.5 per replica, inside the
+    # band; over the whole switch of 4 speculative replicas (240 s) 124, 31 per replica,
+    # still inside; with 3 more to move (3 x 60 s) the same line gives 118.
+    f = forecast_load(_ramp(100.0 - 0.1 * 55.0, 0.1, 12), horizon_s=60.0, window_s=120.0)
+    assert f is not None
+    loads = fm.planned_loads(100.0, 4, MODEL, f)
+    assert (loads.to_plain, loads.to_plain_horizon_s) == (pytest.approx(124.0), 240.0)
+    assert loads.one_move == pytest.approx(106.0)
+    assert fm.planned_loads(100.0, 3, MODEL, f).to_plain == pytest.approx(118.0)
+    # A steeper ramp: 0.4/s is 196 (49 per replica, past 40) over the 4 moves, 172 (43)
+    # over 3, 124 (31, inside the band) over one: the fleet with one speculative replica
+    # left holds it until its own move's horizon crosses.
+    steep = forecast_load(_ramp(100.0 - 0.4 * 55.0, 0.4, 12), horizon_s=60.0, window_s=120.0)
+    assert steep is not None
+    for modes, moves in (("ssss", True), ("sssp", True), ("sppp", False)):
+        d = decide_mix(_fleet(modes), 100.0, MODEL, now_s=0.0, last_move_s=None, forecast=steep)
+        assert (d.move is not None) == moves, (modes, d.reason, d.message)
+    last = decide_mix(_fleet("sppp"), 100.0, MODEL, now_s=0.0, last_move_s=None, forecast=steep)
+    assert last.reason == fm.HELD_IN_BAND and last.target_spec == 1
+    # Without a forecast the observed load is all there is: no horizon.
+    assert fm.planned_loads(100.0, 4, MODEL, None) == fm.PlannedLoads(100.0, 240.0, 100.0)
+
+
+def test_a_falling_load_moves_back_to_spec_only_once_it_is_below_the_band() -> None:
+    # Falling 2/s: 150 in flight now (37.5 per replica, inside the band 24..40), 30 a
+    # restart later. The way back waits for the observed load (early is the costly side).
     falling = forecast_load(_ramp(260.0, -2.0, 12), horizon_s=60.0, window_s=120.0)
     assert falling is not None and falling.projected == pytest.approx(30.0)
     d = decide_mix(
         _fleet("pppp"), falling.now, MODEL, now_s=0.0, last_move_s=None, forecast=falling
     )
-    assert d.move is not None and d.move.to_mode == "spec"
-    assert d.reason == fm.MOVE_TO_SPEC_FORECAST
+    assert d.move is None and d.reason == fm.HELD_IN_BAND and d.target_spec == 0
+    below = decide_mix(_fleet("pppp"), 80.0, MODEL, now_s=0.0, last_move_s=None, forecast=falling)
+    assert below.move is not None and below.move.to_mode == "spec"
+    assert below.reason == fm.MOVE_TO_SPEC and not below.forecast_drove
+    # Below the band now but rising past it within one move: no move back.
+    rising = forecast_load(_ramp(80.0 - 55.0, 1.0, 12), horizon_s=60.0, window_s=120.0)
+    assert rising is not None and rising.projected == pytest.approx(140.0)
+    held = decide_mix(_fleet("pppp"), 80.0, MODEL, now_s=0.0, last_move_s=None, forecast=rising)
+    assert held.move is None and held.reason == fm.HELD_IN_BAND and held.target_spec == 0
+    assert held.forecast_drove
     flat = forecast_load(_ramp(200.0, 0.0, 12), horizon_s=60.0, window_s=120.0)
     assert flat is not None
     same = decide_mix(_fleet("ssss"), 200.0, MODEL, now_s=0.0, last_move_s=None, forecast=flat)
     assert same.reason == fm.MOVE_TO_PLAIN and not same.forecast_drove
+
+
+def test_the_forecast_line_projects_over_any_horizon() -> None:
+    f = forecast_load(_ramp(40.0, 1.0, 12), horizon_s=60.0, window_s=120.0)
+    assert f is not None
+    assert f.at(60.0) == pytest.approx(f.projected) and f.at(0.0) == pytest.approx(f.now)
+    assert f.at(240.0) == pytest.approx(95.0 + 240.0)
+    falling = forecast_load(_ramp(100.0, -1.0, 12), horizon_s=10.0, window_s=120.0)
+    assert falling is not None and falling.at(1000.0) == 0.0
+    with pytest.raises(LoadForecastError, match="horizon_s must be >= 0"):
+        f.at(-1.0)
 
 
 def test_the_capacity_check_weighs_the_forecast_peak() -> None:

@@ -8,6 +8,8 @@ across the fleet) of the last ``window_s``, projected ``horizon_s`` ahead: a ram
 before it arrives. Its level now is the line's value at the last sample (the samples'
 noise averaged out); the projection is clipped at 0. With fewer than ``MIN_SAMPLES``
 samples, or all at one instant, there is no trend: the forecast is the last sample.
+:meth:`LoadForecast.at` projects the same line over another horizon (the mix decision
+asks for one move's and for a whole switch's).
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ class LoadForecast:
     trend_per_s: float
     horizon_s: float
     samples: int
+
+    def at(self, horizon_s: float) -> float:
+        """The line's load ``horizon_s`` after the last sample (clipped at 0)."""
+        if not math.isfinite(horizon_s) or horizon_s < 0:
+            raise LoadForecastError(f"horizon_s must be >= 0, got {horizon_s}")
+        return max(0.0, self.now + self.trend_per_s * horizon_s)
 
     def describe(self) -> str:
         return (
