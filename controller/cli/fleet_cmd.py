@@ -166,8 +166,15 @@ def _model(
         raise click.UsageError(str(exc)) from None
 
 
-def _decision_doc(views: list[ReplicaView], load: float | None, d: MixDecision) -> dict[str, Any]:
+def _decision_doc(
+    views: list[ReplicaView], load: float | None, d: MixDecision, mix: MixModel
+) -> dict[str, Any]:
     return {
+        "model": {
+            "pays_up_to": mix.pays_up_to,
+            "capacity": {"spec": mix.capacity("spec"), "plain": mix.capacity("plain")},
+            "restart_s": mix.restart_s,
+        },
         "replicas": [asdict(v) for v in views],
         "load_requests": load,
         "target_spec": d.target_spec,
@@ -280,7 +287,7 @@ def status_cmd(output: str, **opts: Any) -> None:
     if not views:
         raise click.ClickException(f"gateway {fleet.gateway}: {why}")
     d = decide_mix(views, load, mix, now_s=time.time(), last_move_s=last)
-    doc = _decision_doc(views, load, d)
+    doc = _decision_doc(views, load, d, mix)
     if output == "json":
         click.echo(json.dumps(doc, indent=2))
         return
