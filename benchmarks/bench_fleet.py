@@ -225,7 +225,10 @@ def governor(
     argv += ["--interval-s", f"{cfg.interval_s / s:g}", "--duration-s", f"{wall_s:g}"]
     # The time a moved replica is out: its drain, then the start-up.
     argv += ["--restart-s", f"{(cfg.drain_s + startup_s(cfg)) / s:g}"]
-    argv += ["--forecast-window-s", f"{cfg.forecast_window_s / s:g}"]
+    # The line is projected no further than its samples reach back (docs §11): a window
+    # at least the time a whole switch takes, one replica at a time.
+    window = max(cfg.forecast_window_s, cfg.replicas * (cfg.drain_s + startup_s(cfg)))
+    argv += ["--forecast-window-s", f"{window / s:g}"]
     log = open(audit.with_suffix(".log"), "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(argv, stdout=log, stderr=log)
     try:
