@@ -83,7 +83,8 @@ class Config:
     seed: int = 0
     max_requests: int = 30000
     replicas: int = 4
-    crossover: tuple[int, int] | None = None  # (pays_up_to, capacity); None: plan fleet's
+    # (pays_up_to, plain capacity, speculative capacity); None: plan fleet's
+    crossover: tuple[int, int, int] | None = None
     kinds: tuple[str, ...] = KINDS
 
 
@@ -212,18 +213,22 @@ def write_fleet_file(cfg: Config, urls: Sequence[str], gateway: str, run_dir: Pa
 
 @contextlib.contextmanager
 def governor(
-    cfg: Config, fleet_file: Path, crossover: tuple[int, int], audit: Path, wall_s: float
+    cfg: Config, fleet_file: Path, crossover: tuple[int, int, int], audit: Path, wall_s: float
 ) -> Iterator[None]:
     """``specgov fleet run`` for the ramp, in wall seconds (module docstring)."""
-    pays, capacity = crossover
+    pays, capacity, spec_capacity = crossover
     s = cfg.speed
     argv = [*specgov_argv(), "fleet", "run", "--fleet", str(fleet_file), "--audit", str(audit)]
     argv += ["--pays-up-to", str(pays), "--replica-capacity", str(capacity)]
+    argv += ["--spec-capacity", str(spec_capacity)]
     argv += ["--hysteresis", str(HYSTERESIS), "--dwell-s", f"{cfg.dwell_s / s:g}"]
     argv += ["--interval-s", f"{cfg.interval_s / s:g}", "--duration-s", f"{wall_s:g}"]
     # The time a moved replica is out: its drain, then the start-up.
     argv += ["--restart-s", f"{(cfg.drain_s + startup_s(cfg)) / s:g}"]
-    argv += ["--forecast-window-s", f"{cfg.forecast_window_s / s:g}"]
+    # The line is projected no further than its samples reach back (docs §11): a window
+    # at least the time a whole switch takes, one replica at a time.
+    window = max(cfg.forecast_window_s, cfg.replicas * (cfg.drain_s + startup_s(cfg)))
+    argv += ["--forecast-window-s", f"{window / s:g}"]
     log = open(audit.with_suffix(".log"), "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(argv, stdout=log, stderr=log)
     try:
@@ -308,7 +313,7 @@ async def _drive(cfg: Config, gateway: str, planned: Sequence[Planned]) -> list[
 
 
 def run_fleet(
-    kind: str, cfg: Config, planned: Sequence[Planned], crossover: tuple[int, int], work: Path
+    kind: str, cfg: Config, planned: Sequence[Planned], crossover: tuple[int, int, int], work: Path
 ) -> FleetRun:
     """One fleet under the ramp: governed (all speculative to begin with, the governor
     moves it) or fixed all_spec / all_plain."""
@@ -412,7 +417,9 @@ def _rate_at(curve: list[tuple[float, float]], per_replica: float) -> float | No
     return None
 
 
-def report(cfg: Config, runs: dict[str, FleetRun], crossover: tuple[int, int]) -> dict[str, Any]:
+def report(
+    cfg: Config, runs: dict[str, FleetRun], crossover: tuple[int, int, int]
+) -> dict[str, Any]:
     levels: list[dict[str, Any]] = []
     for i, rate in enumerate(cfg.level_rates_rps):
         level: dict[str, Any] = {"rate_rps": rate}
@@ -440,20 +447,60 @@ def report(cfg: Config, runs: dict[str, FleetRun], crossover: tuple[int, int]) -
         "levels": levels,
         "total": total,
         "targets": targets(levels, total, runs, crossover, cfg),
+        "governed_moves": _move_rows(runs.get("governed")),
+        "governed_move_times": move_times(runs.get("governed")),
     }
+
+
+def move_times(run: FleetRun | None) -> list[dict[str, Any]]:
+    """Each move's measured parts in simulated seconds: the drain (move started to drained)
+    and the restart (the restart command run to the server healthy: the simulated start-up
+    plus the new process's own start, which a busy machine stretches, times the speed)."""
+    out: list[dict[str, Any]] = []
+    started: dict[str, dict[str, float]] = {}
+    for r in [] if run is None else run.audit:
+        mine = started.setdefault(r["replica"], {})
+        if r["reason"] in ("move_started", "no_requests_left", "server_healthy"):
+            mine[r["reason"]] = r["sim_s"]
+        elif r["step"] == "restart":
+            mine.setdefault("restart", r["sim_s"])
+        if r["step"] in ("done", "lost") or r["reason"] == "rolled_back":
+            drain = _span(mine, "move_started", "no_requests_left")
+            restart = _span(mine, "restart", "server_healthy")
+            out.append({"replica": r["replica"], "drain_s": drain, "restart_s": restart})
+            started[r["replica"]] = {}
+    return out
+
+
+def _span(marks: dict[str, float], a: str, b: str) -> float | None:
+    return marks[b] - marks[a] if a in marks and b in marks else None
+
+
+def _move_rows(run: FleetRun | None) -> list[dict[str, Any]]:
+    """The governed fleet's audit rows of its moves (each move's decision and steps),
+    with the simulated time; the hold decisions are left out (one every interval)."""
+    if run is None:
+        return []
+    keep = ("sim_s", "replica", "step", "reason", "load_requests", "planned_load")
+    return [
+        {k: r.get(k) for k in keep}
+        for r in run.audit
+        if r["step"] != "decide" or r["reason"].startswith("move_")
+    ]
 
 
 def crossover_doc(
     cfg: Config,
     runs: dict[str, FleetRun],
     levels: list[dict[str, Any]],
-    crossover: tuple[int, int],
+    crossover: tuple[int, int, int],
 ) -> dict[str, Any]:
     """Where plan fleet puts the crossover and where the governor first moved to plain."""
-    pays, capacity = crossover
+    pays, capacity, spec_capacity = crossover
     doc: dict[str, Any] = {
         "plan_fleet_pays_up_to_per_replica": pays,
         "plan_fleet_replica_capacity": capacity,
+        "plan_fleet_spec_capacity": spec_capacity,
         "hysteresis": HYSTERESIS,
     }
     governed = runs.get("governed")
@@ -483,7 +530,7 @@ def targets(
     levels: list[dict[str, Any]],
     total: dict[str, Any],
     runs: dict[str, FleetRun],
-    crossover: tuple[int, int],
+    crossover: tuple[int, int, int],
     cfg: Config,
 ) -> list[dict[str, Any]]:
     """The issue's targets, each with its measured value and whether it is met."""
@@ -559,20 +606,23 @@ def print_report(doc: dict[str, Any]) -> None:
         print(f"{lv['rate_rps']:6g} | " + " | ".join(cell(lv[k]) for k in KINDS))
     print(f"{'total':>6} | " + " | ".join(cell(doc["total"].get(k)) for k in KINDS))
     print(f"crossover: {json.dumps(doc['crossover'])}")
+    for m in doc.get("governed_move_times", []):
+        drain, restart = num(m["drain_s"]), num(m["restart_s"])
+        print(f"  move of {m['replica']}: drain {drain} s, restart {restart} s (simulated)")
     for t in doc["targets"]:
         value = "-" if t["value"] is None else f"{t['value']:.3f}"
         print(f"  [{'met' if t['met'] else 'MISSED'}] {t['target']}: {value}")
 
 
-def crossover_for(cfg: Config, planned: Sequence[Planned]) -> tuple[int, int]:
-    """plan fleet's crossover and plain capacity for this workload and deployment."""
+def crossover_for(cfg: Config, planned: Sequence[Planned]) -> tuple[int, int, int]:
+    """plan fleet's crossover and both capacities for this workload and deployment."""
     from specgov.simulator.planning.fleet import mix_crossover
     from specgov.simulator.replay.runner import ServerSpec
 
     found = mix_crossover(as_trace(cfg, planned), ServerSpec(), tpot_ms=cfg.tpot_slo_ms)
     if found is None:
         raise SystemExit("bench_fleet: plan fleet has no per-token model for this deployment")
-    return found
+    return found.pays_up_to, found.plain_capacity, found.spec_capacity
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -471,3 +471,142 @@ def test_the_fleet_file_names_the_fleet_manifests_services() -> None:
     assert args["args"][args["args"].index("--worker-urls") + 1 :] == urls
     modes = docs[("ConfigMap", "sglang-modes")]["data"]
     assert modes == {r["name"]: r["mode"] for r in fleet["replicas"]}
+
+
+def _governor_docs() -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for _, d in _documents(K8S_FLEET)}
+
+
+def test_the_fleet_governor_may_do_what_its_restart_command_does_and_no_more() -> None:
+    """fleet-governor.yaml: its Role allows exactly what the restart command calls (patch
+    the modes ConfigMap, delete a replica pod of the StatefulSet), bound to the service
+    account the Deployment runs as; the Deployment mounts the fleet file and the script
+    where the fleet file and its arguments say; `specgov fleet run` accepts its arguments."""
+    from click.testing import CliRunner
+
+    from specgov.controller.cli.fleet_cmd import run_cmd
+
+    docs = _governor_docs()
+    sts = docs[("StatefulSet", "sglang")]
+    pods = [f"sglang-{i}" for i in range(sts["spec"]["replicas"])]
+    role = docs[("Role", "specgov-fleet")]
+    rules = {r["resources"][0]: (r["resourceNames"], sorted(r["verbs"])) for r in role["rules"]}
+    assert rules == {
+        "configmaps": (["sglang-modes"], ["get", "patch"]),
+        "pods": (pods, ["delete", "get"]),
+    }
+    assert all(r["apiGroups"] == [""] for r in role["rules"])
+    binding = docs[("RoleBinding", "specgov-fleet")]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "specgov-fleet",
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "specgov-fleet", "namespace": "llm"}
+    ]
+    assert ("ServiceAccount", "specgov-fleet") in docs
+    pod = docs[("Deployment", "specgov-fleet")]["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "specgov-fleet"
+    (governor,) = pod["containers"]
+    mounts = {m["mountPath"]: m for m in governor["volumeMounts"]}
+    args = governor["args"]
+    assert args[:2] == ["fleet", "run"]
+    assert mounts[args[args.index("--fleet") + 1]]["name"] == "fleet-file"
+    fleet = yaml.safe_load((DEPLOY / "kubernetes/fleet/specgov-fleet.yaml").read_text())
+    script = fleet["restart_command"].split()[0]
+    assert mounts[script]["name"] == "restart"
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["restart"]["configMap"]["name"] == "specgov-fleet-restart"
+    assert volumes["restart"]["configMap"]["defaultMode"] & 0o111, "the script is executable"
+    assert Path(args[args.index("--audit") + 1]).parent == Path(
+        next(p for p, m in mounts.items() if m["name"] == "state")
+    )
+    # The arguments parse as `specgov fleet run` takes them (types and ranges included).
+    ctx = run_cmd.make_context("run", list(args[2:]), resilient_parsing=False)
+    assert ctx.params["spec_capacity"] == 109.0 and ctx.params["restart_s"] == 85.0
+    assert CliRunner().invoke(run_cmd, [*args[2:], "--dwell-s", "-1"]).exit_code == 2
+
+
+def _restart_script(tmp_path: Path) -> Path:
+    text = _governor_docs()[("ConfigMap", "specgov-fleet-restart")]["data"]["restart-replica"]
+    path = tmp_path / "restart-replica"
+    path.write_text(text)
+    path.chmod(0o755)
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "namespace").write_text("llm\n")
+    (sa / "token").write_text("tok-123\n")
+    return path
+
+
+def test_the_restart_script_sets_the_mode_then_deletes_the_pod(tmp_path: Path) -> None:
+    """The shipped restart command against a stand-in for the Kubernetes API: a merge patch
+    of the pod's entry in sglang-modes, then the pod's DELETE, both with the service
+    account's token; an API that refuses makes it exit non-zero with the answer."""
+    import http.server
+    import threading
+
+    calls: list[tuple[str, str, str, str, str]] = []
+    refuse = {"on": False}
+
+    class Api(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0)).decode()
+            calls.append(
+                (
+                    self.command,
+                    self.path,
+                    self.headers.get("Authorization", ""),
+                    self.headers.get("Content-Type", ""),
+                    body,
+                )
+            )
+            status = 403 if refuse["on"] else 200
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"reason": "Forbidden"}' if refuse["on"] else b"{}")
+
+        do_PATCH = do_DELETE = _answer
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Api)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    script = _restart_script(tmp_path)
+    env = {
+        **os.environ,
+        "SERVICEACCOUNT_DIR": str(tmp_path / "sa"),
+        "KUBERNETES_API": f"http://127.0.0.1:{server.server_address[1]}",
+    }
+    try:
+        done = subprocess.run(
+            [sys.executable, str(script), "sglang-2", "plain"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        base = "/api/v1/namespaces/llm"
+        assert [(c[0], c[1]) for c in calls] == [
+            ("PATCH", f"{base}/configmaps/sglang-modes"),
+            ("DELETE", f"{base}/pods/sglang-2"),
+        ]
+        assert all(c[2] == "Bearer tok-123" for c in calls)
+        assert calls[0][3] == "application/merge-patch+json"
+        assert json.loads(calls[0][4]) == {"data": {"sglang-2": "plain"}}
+        refuse["on"] = True
+        failed = subprocess.run(
+            [sys.executable, str(script), "sglang-2", "spec"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert failed.returncode != 0 and "403" in failed.stderr and "Forbidden" in failed.stderr
+        assert len(calls) == 3, "nothing is deleted once the mode could not be set"
+        bad = subprocess.run(
+            [sys.executable, str(script), "sglang-2", "fast"],
+            env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert bad.returncode != 0 and "usage" in bad.stderr and len(calls) == 3
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,6 +1,7 @@
 """The live fleet governor decides with plan fleet's own crossover: mix_crossover gives
 the `speculation_pays_up_to_batch` that `plan fleet` reports for the same deployment and
-trace, and a plain replica's capacity whose predicted time per token meets the TPOT."""
+trace, and a plain and a speculative replica's capacity whose predicted time per token
+meets the TPOT."""
 
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ def test_the_governor_uses_plan_fleets_crossover() -> None:
     planned = doc["replica_kinds"]["static:3"]["speculation_pays_up_to_batch"]
     found = mix_crossover(TRACE, server, "static:3", tpot_ms=40.0)
     assert found is not None
-    pays, capacity = found
-    assert pays == planned and pays > 0
-    per_token_ms = doc["replica_kinds"]["static:3"]["predicted_ms_per_token"]["plain"]
-    assert per_token_ms[capacity - 1] <= 40.0
-    assert capacity == len(per_token_ms) or per_token_ms[capacity] > 40.0
+    assert found.pays_up_to == planned and planned > 0
+    tables = doc["replica_kinds"]["static:3"]["predicted_ms_per_token"]
+    for kind, capacity in (("plain", found.plain_capacity), ("speculative", found.spec_capacity)):
+        per_token_ms = tables[kind]
+        assert per_token_ms[capacity - 1] <= 40.0, kind
+        assert capacity == len(per_token_ms) or per_token_ms[capacity] > 40.0, kind

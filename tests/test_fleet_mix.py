@@ -69,7 +69,41 @@ def test_no_move_when_the_others_cannot_carry_the_load() -> None:
     # 350 in flight: 3 replicas carry 300 at most while the fourth restarts.
     d = decide_mix(_fleet("ssss"), 350.0, MODEL, now_s=0.0, last_move_s=None)
     assert d.move is None and d.reason == fm.HELD_CAPACITY and d.target_spec == 0
-    assert "3 replicas cannot carry 350" in d.message
+    assert "3 other replicas cannot carry 350" in d.message
+
+
+def test_the_capacity_check_counts_each_mode_at_its_own_capacity() -> None:
+    # A speculative replica carries 60 within the SLO, a plain one 100. 200 in flight:
+    # three plain replicas would carry it (300), three speculative ones do not (180).
+    model = MixModel(
+        pays_up_to=32, replica_capacity=100.0, spec_capacity=60.0, hysteresis=0.25, dwell_s=0.0
+    )
+    assert (model.capacity("spec"), model.capacity("plain")) == (60.0, 100.0)
+    d = decide_mix(_fleet("ssss"), 200.0, model, now_s=0.0, last_move_s=None)
+    assert d.move is None and d.reason == fm.HELD_CAPACITY and d.target_spec == 0
+    assert "(180 together: 60 a speculative replica, 100 a plain one)" in d.message
+    # Two already plain: the two that stay plain and one speculative carry 260.
+    mixed = decide_mix(_fleet("sspp"), 200.0, model, now_s=0.0, last_move_s=None)
+    assert mixed.move is not None and mixed.reason == fm.MOVE_TO_PLAIN
+    # Without a speculative capacity both modes count at the plain one (as before).
+    same = MixModel(pays_up_to=32, replica_capacity=100.0, hysteresis=0.25, dwell_s=0.0)
+    assert decide_mix(_fleet("ssss"), 200.0, same, now_s=0.0, last_move_s=None).move is not None
+
+
+def test_a_fleet_past_its_capacity_moves_to_the_mode_that_carries_more() -> None:
+    # 250 in flight is past what four speculative replicas carry (240): holding keeps it
+    # there, a move to plain raises it after one restart. The way back never does this.
+    model = MixModel(
+        pays_up_to=32, replica_capacity=100.0, spec_capacity=60.0, hysteresis=0.25, dwell_s=0.0
+    )
+    d = decide_mix(_fleet("ssss"), 250.0, model, now_s=0.0, last_move_s=None)
+    assert d.move == fm.Move("r0", "plain") and d.reason == fm.MOVE_TO_PLAIN_PAST_CAPACITY
+    assert "past its capacity already" in d.message
+    # When the target mode carries less (here a speculative replica 150, a plain one
+    # 100), a fleet past its capacity holds: that move would lower it for good.
+    plain_fleet = MixModel(pays_up_to=0, replica_capacity=100.0, spec_capacity=150.0)
+    held = decide_mix(_fleet("sppp"), 450.0, plain_fleet, now_s=0.0, last_move_s=None)
+    assert held.move is None and held.reason == fm.HELD_CAPACITY
 
 
 def test_a_replica_not_serving_holds_the_mix() -> None:
@@ -95,6 +129,7 @@ def test_speculation_that_never_pays_targets_plain() -> None:
         ({"pays_up_to": 1, "replica_capacity": 0.0}, "replica_capacity"),
         ({"pays_up_to": 1, "replica_capacity": 1.0, "hysteresis": 1.0}, "hysteresis"),
         ({"pays_up_to": 1, "replica_capacity": 1.0, "dwell_s": -1.0}, "dwell_s"),
+        ({"pays_up_to": 1, "replica_capacity": 1.0, "spec_capacity": 0.0}, "spec_capacity"),
     ],
 )
 def test_bad_models_are_refused(kwargs: dict[str, float], needle: str) -> None:

@@ -6,6 +6,7 @@ through the gateway: none is lost, and the audit rows tell the story."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -176,3 +177,22 @@ def test_a_replica_switches_spec_plain_spec_through_smg_losing_no_request(
         *(r if r else "restart_spec" for r in one_move),
     ]
     assert "fleet sim-restart r0 plain" in audit.rows[2].message
+
+
+def test_the_start_up_counts_from_the_process_launch() -> None:
+    """A server's start-up includes its own process start: the sim-server waits only what
+    is left of it once it has imported and loaded (a busy machine adds nothing)."""
+    from specgov.simulator.server.cli import process_age_s
+
+    if process_age_s() is None:
+        pytest.skip("no /proc on this platform: the start-up counts from the call")
+    code = (
+        "import time; time.sleep(0.5); "
+        "from specgov.simulator.server.cli import process_age_s; print(process_age_s())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    age = float(done.stdout.strip())
+    # At least the sleep; the upper bound is only that it is this process, not the boot.
+    assert 0.5 <= age < 120.0, done.stdout

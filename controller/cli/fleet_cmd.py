@@ -7,9 +7,10 @@ decides and carries out moves, one replica at a time, until stopped (or for
 command the project ships for fleets of sim-servers
 (:mod:`specgov.simulator.server.replica`). The decision is
 :func:`specgov.policies.control.fleet_mix.decide_mix`; its
-crossover and per-replica capacity come from ``--pays-up-to`` / ``--replica-capacity``, or
-are computed from a trace and the deployment with the same per-token tables ``specgov
-plan fleet`` uses (:func:`specgov.simulator.planning.fleet.mix_crossover`). A move is
+crossover and per-replica capacities come from ``--pays-up-to`` / ``--replica-capacity`` /
+``--spec-capacity``, or are computed from a trace and the deployment with the same
+per-token tables ``specgov plan fleet`` uses
+(:func:`specgov.simulator.planning.fleet.mix_crossover`). A move is
 :func:`specgov.controller.fleet.move.execute_move` through the smg gateway
 (:mod:`specgov.controller.fleet.gateway`). Each decision and each step of a move is an
 audit row (JSON lines, ``--audit``); the replicas' current modes and the time of the last
@@ -118,8 +119,7 @@ def _restart_seconds(restart_s: float | None, model: str) -> float:
 
 
 def _model(
-    pays_up_to: int | None,
-    replica_capacity: float | None,
+    numbers: tuple[int | None, float | None, float | None],
     trace: str | None,
     deployment: tuple[str, str, str],
     tpot_ms: float,
@@ -127,11 +127,12 @@ def _model(
     hysteresis: float,
     restart_s: float,
 ) -> MixModel:
+    """The decision's model; ``numbers``: --pays-up-to, --replica-capacity, --spec-capacity
+    (each None: computed from --trace as plan fleet does)."""
     from specgov.policies.control.fleet_mix import FleetMixError, MixModel
 
-    if pays_up_to is None or replica_capacity is None:
-        if trace is None:
-            raise click.UsageError("give --pays-up-to and --replica-capacity, or --trace")
+    pays_up_to, replica_capacity, spec_capacity = numbers
+    if trace is not None and None in numbers:
         from specgov.simulator.planning.fleet import mix_crossover
         from specgov.simulator.replay.runner import ServerSpec
         from specgov.simulator.server.cli import load_trace_arg
@@ -144,8 +145,14 @@ def _model(
         )
         if found is None:
             raise click.ClickException("no per-token model for this deployment: give the numbers")
-        pays_up_to = found[0] if pays_up_to is None else pays_up_to
-        replica_capacity = float(found[1]) if replica_capacity is None else replica_capacity
+        if pays_up_to is None:
+            pays_up_to = found.pays_up_to
+        if replica_capacity is None:
+            replica_capacity = float(found.plain_capacity)
+        if spec_capacity is None:
+            spec_capacity = float(found.spec_capacity)
+    if pays_up_to is None or replica_capacity is None:
+        raise click.UsageError("give --pays-up-to and --replica-capacity, or --trace")
     try:
         return MixModel(
             pays_up_to,
@@ -153,13 +160,21 @@ def _model(
             hysteresis=hysteresis,
             dwell_s=dwell_s,
             restart_s=restart_s,
+            spec_capacity=spec_capacity,
         )
     except FleetMixError as exc:
         raise click.UsageError(str(exc)) from None
 
 
-def _decision_doc(views: list[ReplicaView], load: float | None, d: MixDecision) -> dict[str, Any]:
+def _decision_doc(
+    views: list[ReplicaView], load: float | None, d: MixDecision, mix: MixModel
+) -> dict[str, Any]:
     return {
+        "model": {
+            "pays_up_to": mix.pays_up_to,
+            "capacity": {"spec": mix.capacity("spec"), "plain": mix.capacity("plain")},
+            "restart_s": mix.restart_s,
+        },
         "replicas": [asdict(v) for v in views],
         "load_requests": load,
         "target_spec": d.target_spec,
@@ -190,7 +205,13 @@ _common = [
         "--replica-capacity",
         type=click.FloatRange(min=0, min_open=True),
         default=None,
-        help="Requests in flight one replica carries within the SLO.",
+        help="Requests in flight one plain replica carries within the SLO.",
+    ),
+    click.option(
+        "--spec-capacity",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        help="The same for a speculative replica [default: from --trace, else --replica-capacity].",
     ),
     click.option("--trace", default=None, help="Compute both from this trace (as plan fleet)."),
     click.option("--gpu", default="h100", show_default=True),
@@ -207,8 +228,9 @@ _common = [
         "--restart-s",
         type=click.FloatRange(min=0),
         default=None,
-        help="Seconds a moved replica is out (drain and SGLang start-up), the horizon the "
-        "load is forecast over [default: the catalog --model's startup_s].",
+        help="Seconds one moved replica is out (drain and SGLang start-up); the load is "
+        "forecast over one move and over a whole switch (moves x this) [default: the "
+        "catalog --model's startup_s].",
     ),
 ]
 
@@ -237,8 +259,7 @@ def _prepare(
         raise click.ClickException(str(exc)) from None
     modes, last = _load_state(opts["state_path"], fleet)
     mix = _model(
-        opts["pays_up_to"],
-        opts["replica_capacity"],
+        (opts["pays_up_to"], opts["replica_capacity"], opts["spec_capacity"]),
         opts["trace"],
         (opts["gpu"], opts["model"], opts["drafter"]),
         opts["tpot_ms"],
@@ -266,7 +287,7 @@ def status_cmd(output: str, **opts: Any) -> None:
     if not views:
         raise click.ClickException(f"gateway {fleet.gateway}: {why}")
     d = decide_mix(views, load, mix, now_s=time.time(), last_move_s=last)
-    doc = _decision_doc(views, load, d)
+    doc = _decision_doc(views, load, d, mix)
     if output == "json":
         click.echo(json.dumps(doc, indent=2))
         return

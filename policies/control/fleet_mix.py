@@ -2,25 +2,40 @@
 
 Pure (no IO, no clock: the caller passes the time). Inputs: the replicas as the gateway
 and their servers report them (:class:`ReplicaView`), the load (requests in flight across
-the fleet) observed and forecast (:mod:`~specgov.policies.control.load_forecast`: the
-trend of the recent window projected over ``restart_s``, the time a moved replica is
-out), and the
-:class:`MixModel` built from the same step-cost model and acceptance profile as
-``specgov plan fleet`` (its ``pays_up_to``: the largest batch per replica at which a
-speculative step is faster per output token than a plain one, the crossover).
+the fleet) observed and its trend (:mod:`~specgov.policies.control.load_forecast`), and
+the :class:`MixModel` built from the same step-cost model and acceptance profile as
+``specgov plan fleet``: ``pays_up_to``, the largest batch per replica at which a
+speculative step is faster per output token than a plain one (the crossover), and each
+mode's capacity (requests in flight one replica of that mode carries with its predicted
+time per token within the TPOT SLO).
 
 The rule. With a gateway that balances load, every serving replica sees about the same
-batch ``b = load / serving``; below the crossover speculation wins on every replica,
+batch ``b = load / replicas``; below the crossover speculation wins on every replica,
 above it plain does, so the target is all speculative or all plain, with a hysteresis
 band around the crossover in which the current mix holds (a mixed fleet appears only
-while the governor moves it, one replica at a time). A move drains one replica, so it is
-made only when the others carry the load (``load <= (serving - 1) * replica_capacity``),
-only when every replica serves (no move in flight, none lost), and only after
-``dwell_s`` since the last move. The target comes from the forecast load (a ramp is met
-before it arrives: the replica is back in its new mode when the load it was moved for
-comes), the capacity check from the larger of the observed and forecast loads. Every
-decision carries a reason code and a message; a move the observed load alone would not
-have made has its own reason (``*_forecast``) and says so.
+while the governor moves it, one replica at a time).
+
+The time a switch takes. A move takes a replica out for ``restart_s`` (its drain and
+start-up), one at a time, so a switch of ``k`` replicas is done ``k x restart_s`` after it
+starts. The decision plans for the load at that time (:func:`planned_loads`):
+
+* to plain, for the larger of the observed load and the trend projected over
+  ``(speculative replicas) x restart_s``, the time to finish the switch: the last
+  replica is plain when the load it was moved for arrives, so moves start before the
+  crossover when the forecast crosses it;
+* to speculative, only when both the observed load and the trend over one move are
+  below the band: early is the costly side there (a speculative replica past the
+  crossover loses goodput steeply, a plain one at light load only some TPOT), so the
+  way back waits for the load to fall.
+
+A move drains one replica, so it is made only when every replica serves (no move in
+flight, none lost), ``dwell_s`` after the last move, and when the replicas that stay
+carry the load during the move: the larger of the observed load and the trend over one
+``restart_s`` must be within the sum of their capacities, each at its own mode's
+(:meth:`MixModel.capacity`; a capacity in requests in flight, so a lower bound on what
+the load becomes on fewer replicas). Every decision carries a reason code and a message;
+a move the observed load alone would not have made has its own reason (``*_forecast``)
+and says so.
 """
 
 from __future__ import annotations
@@ -47,6 +62,8 @@ MOVE_TO_PLAIN: Final = "move_to_plain"
 MOVE_TO_SPEC: Final = "move_to_spec"
 MOVE_TO_PLAIN_FORECAST: Final = "move_to_plain_forecast"
 MOVE_TO_SPEC_FORECAST: Final = "move_to_spec_forecast"
+MOVE_TO_PLAIN_PAST_CAPACITY: Final = "move_to_plain_past_capacity"
+MOVE_TO_SPEC_PAST_CAPACITY: Final = "move_to_spec_past_capacity"
 
 
 class FleetMixError(SpecgovError, ValueError):
@@ -77,16 +94,24 @@ class MixModel:
     """What the decision knows of the replicas' speed (module docstring).
 
     ``pays_up_to``: the crossover batch per replica (0: speculation never pays);
-    ``replica_capacity``: requests in flight one replica carries within the SLO;
+    ``replica_capacity``: requests in flight one plain replica carries within the SLO;
+    ``spec_capacity``: the same for a speculative replica (None: ``replica_capacity``);
     ``hysteresis``: the band is ``pays_up_to * (1 ± hysteresis)``; ``dwell_s``: seconds
     between moves; ``restart_s``: seconds a moved replica is out (drain and start-up),
-    the horizon the caller forecasts the load over."""
+    one move of a switch."""
 
     pays_up_to: int
     replica_capacity: float
     hysteresis: float = 0.15
     dwell_s: float = 300.0
     restart_s: float = 0.0
+    spec_capacity: float | None = None
+
+    def capacity(self, mode: Mode) -> float:
+        """Requests in flight one replica of ``mode`` carries within the SLO."""
+        if mode == "spec" and self.spec_capacity is not None:
+            return self.spec_capacity
+        return self.replica_capacity
 
     def __post_init__(self) -> None:
         if self.pays_up_to < 0:
@@ -99,6 +124,9 @@ class MixModel:
             raise FleetMixError(f"dwell_s must be >= 0, got {self.dwell_s}")
         if not math.isfinite(self.restart_s) or self.restart_s < 0:
             raise FleetMixError(f"restart_s must be >= 0, got {self.restart_s}")
+        spec = self.spec_capacity
+        if spec is not None and (not math.isfinite(spec) or spec <= 0):
+            raise FleetMixError(f"spec_capacity must be > 0, got {spec}")
 
 
 @dataclass(frozen=True)
@@ -133,6 +161,38 @@ def target_spec_count(
     return current_spec, True
 
 
+@dataclass(frozen=True)
+class PlannedLoads:
+    """The loads the decision plans for (module docstring): ``to_plain`` over the time
+    the switch to plain takes (``to_plain_horizon_s``), ``one_move`` over one move (the
+    way back to speculative and the capacity check)."""
+
+    to_plain: float
+    to_plain_horizon_s: float
+    one_move: float
+
+
+def planned_loads(
+    observed: float, spec_replicas: int, model: MixModel, forecast: LoadForecast | None
+) -> PlannedLoads:
+    """The observed load, raised to the forecast's where it is higher."""
+    horizon = spec_replicas * model.restart_s
+    if forecast is None:
+        return PlannedLoads(observed, horizon, observed)
+    return PlannedLoads(
+        max(observed, forecast.at(horizon)), horizon, max(observed, forecast.at(model.restart_s))
+    )
+
+
+def _target(spec: int, n: int, loads: PlannedLoads, model: MixModel) -> tuple[int, bool, float]:
+    """(target speculative replicas, inside the band, the load the target is for)."""
+    to_plain, in_band = target_spec_count(spec, n, loads.to_plain / n, model)
+    if to_plain == 0 and not in_band:
+        return 0, False, loads.to_plain
+    target, in_band = target_spec_count(spec, n, loads.one_move / n, model)
+    return target, in_band, loads.one_move
+
+
 def decide_mix(
     replicas: Sequence[ReplicaView],
     load_requests: float | None,
@@ -143,7 +203,7 @@ def decide_mix(
     forecast: LoadForecast | None = None,
 ) -> MixDecision:
     """The target mix and the next move (None: hold), with the reason; ``forecast``: the
-    load over the next ``model.restart_s`` (None: plan for the observed load)."""
+    load's trend (None: plan for the observed load)."""
     n = len(replicas)
     if n == 0:
         raise FleetMixError("the fleet has no replicas")
@@ -160,20 +220,15 @@ def decide_mix(
         )
     if load_requests is None or not math.isfinite(load_requests) or load_requests < 0:
         return MixDecision(spec, None, HELD_NO_LOAD_DATA, "holding the mix: no load data", None)
-    planned = load_requests if forecast is None else forecast.projected
+    loads = planned_loads(load_requests, spec, model, forecast)
+    target, in_band, planned = _target(spec, n, loads, model)
     batch = planned / n
-    target, in_band = target_spec_count(spec, n, batch, model)
-    observed_target = target_spec_count(spec, n, load_requests / n, model)[0]
-    drove = forecast is not None and observed_target != target
-    where = (
-        f"{batch:.1f} requests per replica against a crossover at {model.pays_up_to} "
-        f"(band ±{model.hysteresis:.0%})"
-    )
-    if forecast is not None:
-        where += f"; {forecast.describe()}" + (", the forecast sets the target" if drove else "")
+    observed_only = planned_loads(load_requests, spec, model, None)
+    drove = forecast is not None and target != _target(spec, n, observed_only, model)[0]
+    where = _where(batch, model, loads, forecast, drove)
 
-    def held(reason: str, message: str, tgt: int = target) -> MixDecision:
-        return MixDecision(tgt, None, reason, message, batch, planned, drove)
+    def held(reason: str, message: str) -> MixDecision:
+        return MixDecision(target, None, reason, message, batch, planned, drove)
 
     if in_band:
         return held(HELD_IN_BAND, f"holding {spec}/{n} speculative: {where}")
@@ -184,21 +239,19 @@ def decide_mix(
         return held(
             HELD_DWELL, f"target {target}/{n} speculative; next move in {wait:.0f} s: {where}"
         )
-    peak = max(load_requests, planned)
-    if peak > (n - 1) * model.replica_capacity:
-        return held(
-            HELD_CAPACITY,
-            f"target {target}/{n} speculative, but {n - 1} replicas cannot carry "
-            f"{peak:.0f} requests in flight ({model.replica_capacity:.0f} each) while "
-            f"one restarts",
-        )
     to_mode: Mode = "spec" if target > spec else "plain"
     from_mode = "plain" if to_mode == "spec" else "spec"
     # The replica of the other mode that drains fastest: fewest requests in flight.
     pick = min(
         (r for r in replicas if r.mode == from_mode), key=lambda r: (r.running_requests, r.name)
     )
-    if to_mode == "spec":
+    short = _capacity_shortfall(replicas, pick, to_mode, load_requests, loads, model)
+    if short is not None and not short[1]:
+        return held(HELD_CAPACITY, f"target {target}/{n} speculative, but {short[0]}")
+    if short is not None:
+        reason = MOVE_TO_SPEC_PAST_CAPACITY if to_mode == "spec" else MOVE_TO_PLAIN_PAST_CAPACITY
+        where += f"; {short[0]}, but the fleet is past its capacity already"
+    elif to_mode == "spec":
         reason = MOVE_TO_SPEC_FORECAST if drove else MOVE_TO_SPEC
     else:
         reason = MOVE_TO_PLAIN_FORECAST if drove else MOVE_TO_PLAIN
@@ -211,3 +264,50 @@ def decide_mix(
         planned,
         drove,
     )
+
+
+def _where(
+    batch: float, model: MixModel, loads: PlannedLoads, forecast: LoadForecast | None, drove: bool
+) -> str:
+    """The decision's grounds, for its message."""
+    where = (
+        f"{batch:.1f} requests per replica against a crossover at {model.pays_up_to} "
+        f"(band ±{model.hysteresis:.0%})"
+    )
+    if forecast is None:
+        return where
+    return (
+        f"{where}; {forecast.describe()}, {loads.to_plain:.0f} in "
+        f"{loads.to_plain_horizon_s:.0f} s (a switch to plain)"
+        + (", the forecast sets the target" if drove else "")
+    )
+
+
+def _capacity_shortfall(
+    replicas: Sequence[ReplicaView],
+    pick: ReplicaView,
+    to_mode: Mode,
+    observed: float,
+    loads: PlannedLoads,
+    model: MixModel,
+) -> tuple[str, bool] | None:
+    """None when the replicas that stay carry the load over one move; else (why not,
+    whether to move all the same): only when the observed load is past what the whole
+    fleet carries in its current mix and ``to_mode`` carries more than ``pick``'s mode.
+    Holding then keeps the fleet past its capacity for as long as the load stays; the
+    move lowers it for one restart and raises it after."""
+    staying = sum(model.capacity(r.mode) for r in replicas if r.name != pick.name)
+    if loads.one_move <= staying:
+        return None
+    why = (
+        f"the {len(replicas) - 1} other replicas cannot carry {loads.one_move:.0f} requests "
+        f"in flight ({staying:.0f} together: {_capacities(model)}) while {pick.name} restarts"
+    )
+    whole = staying + model.capacity(pick.mode)
+    raises = model.capacity(to_mode) > model.capacity(pick.mode)
+    return why, observed > whole and raises
+
+
+def _capacities(model: MixModel) -> str:
+    spec, plain = model.capacity("spec"), model.capacity("plain")
+    return f"{spec:.0f} a speculative replica, {plain:.0f} a plain one"

@@ -151,6 +151,18 @@ def _tables(kind: _Kind, plain: _Kind, trace: Trace) -> PerTokenTables | None:
     )
 
 
+@dataclass(frozen=True)
+class MixCrossover:
+    """What the live fleet governor decides with (policies/control/fleet_mix.py): the
+    crossover batch per replica (``PerTokenTables.pays_up_to``), and the requests in flight
+    one plain / one speculative replica carries with its predicted time per token within
+    the TPOT (each table runs to its kind's runnable batch: running cap and KV pool)."""
+
+    pays_up_to: int
+    plain_capacity: int
+    spec_capacity: int
+
+
 def mix_crossover(
     trace: Trace,
     server: ServerSpec,
@@ -158,12 +170,10 @@ def mix_crossover(
     *,
     tpot_ms: float = 50.0,
     seed: int = 0,
-) -> tuple[int, int] | None:
-    """What the live fleet governor decides with (policies/control/fleet_mix.py): the crossover
-    batch per replica (``PerTokenTables.pays_up_to``, from the same tables this plan's
-    spec-aware router scores with) and the requests in flight one plain replica carries
-    with its predicted time per token within ``tpot_ms``. None when the drafter has no
-    per-token model (acceptance from a trace) or a kind does not fit."""
+) -> MixCrossover | None:
+    """The crossover and both kinds' capacity (:class:`MixCrossover`), from the same tables
+    this plan's spec-aware router scores with. None when the drafter has no per-token model
+    (acceptance from a trace) or a kind does not fit."""
     built = resolve(server)
     slo = Slo(tpot_ms=tpot_ms)
     spec = _probe_kind(server, built, policy, seed=seed, slo=slo)
@@ -172,8 +182,11 @@ def mix_crossover(
     if table is None:
         return None
     limit_s = tpot_ms / 1000.0
-    capacity = max((b for b, t in enumerate(table.plain, 1) if t <= limit_s), default=1)
-    return table.pays_up_to, capacity
+
+    def capacity(per_token: tuple[float, ...]) -> int:
+        return max((b for b, t in enumerate(per_token, 1) if t <= limit_s), default=1)
+
+    return MixCrossover(table.pays_up_to, capacity(table.plain), capacity(table.speculative))
 
 
 def _cost(

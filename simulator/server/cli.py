@@ -15,6 +15,7 @@ repeat :class:`~specgov.simulator.replay.runner.ServerSpec`'s for that reason, a
 from __future__ import annotations
 
 import math
+import os
 import signal
 import threading
 from collections.abc import Callable
@@ -113,6 +114,20 @@ def serve(
 
 
 STARTUP_FROM_CATALOG: Final = "catalog"
+
+
+def process_age_s() -> float | None:
+    """Seconds since this process was started (Linux: ``/proc``); None where it cannot be
+    read (the start-up then counts from the call)."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        # Fields after "pid (comm) ": state is the first; starttime (field 22) the 20th.
+        start_ticks = int(stat[stat.rindex(")") + 2 :].split()[19])
+        uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+        ticks_per_s = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime_s - start_ticks / ticks_per_s)
 
 
 def startup_seconds(text: str, model: str, catalog_files: tuple[Path, ...] = ()) -> float:
@@ -298,10 +313,22 @@ def sim_server_cmd(
     def ready(s: SimServer) -> None:
         click.echo(f"simulated SGLang server on {s.url} ({s.policy_name}); Ctrl-C to stop")
 
+    wall_s = startup / speed
+    # The start-up a real server reports (model load, CUDA graphs) counts from its launch,
+    # this process's own start (imports, the trace) included: a busy machine must not add
+    # to it (measured: restarts of 90-150 s for a 60 s start-up at --speed 8).
+    age_s = process_age_s()
+    left_s = wall_s if age_s is None else max(0.0, wall_s - age_s)
     if startup > 0:
-        click.echo(f"starting: {startup:g} s of simulated start-up ({startup / speed:.1f} s wall)")
+        spent = "" if age_s is None else f", {min(age_s, wall_s):.1f} s of it starting this process"
+        click.echo(f"starting: {startup:g} s of simulated start-up ({wall_s:.1f} s wall{spent})")
+        if age_s is not None and age_s > wall_s:
+            click.echo(
+                f"warning: this process took {age_s:.1f} s to start, longer than the "
+                f"simulated start-up's {wall_s:.1f} s of wall time; it lasts that long"
+            )
     try:
-        code = serve(sim, on_ready=ready, startup_wall_s=startup / speed)
+        code = serve(sim, on_ready=ready, startup_wall_s=left_s)
     except (ValueError, OSError) as exc:  # e.g. the port is taken
         raise click.ClickException(f"cannot serve on {host}:{port}: {exc}") from None
     raise SystemExit(code)

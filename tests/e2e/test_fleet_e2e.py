@@ -36,7 +36,7 @@ CFG = replace(
     interval_s=1.0,
     forecast_window_s=10.0,
     max_requests=800,
-    crossover=(8, 100),
+    crossover=(8, 100, 100),
     kinds=("governed",),
 )
 
@@ -45,7 +45,7 @@ def test_the_governor_moves_replicas_as_load_crosses_and_loses_no_request(
     smg_binary: Path, tmp_path: Path
 ) -> None:
     planned = bf.plan_requests(CFG)
-    run = bf.run_fleet("governed", CFG, planned, CFG.crossover or (0, 0), tmp_path)
+    run = bf.run_fleet("governed", CFG, planned, CFG.crossover or (0, 0, 0), tmp_path)
     assert len(run.outcomes) == len(planned) > 100
     lost = [o for o in run.outcomes if o.status != 200]
     assert not lost, f"{len(lost)} requests failed through the gateway: {lost[:3]}"
@@ -57,7 +57,7 @@ def test_the_governor_moves_replicas_as_load_crosses_and_loses_no_request(
     to_plain = bf.first_move_to_plain(run)
     assert to_plain is not None, [r["reason"] for r in decisions]
     # It moved once the load crossed: the load it planned for is past the band's top.
-    pays, _ = CFG.crossover or (0, 0)
+    pays = (CFG.crossover or (0, 0, 0))[0]
     assert to_plain["planned_load"] / CFG.replicas >= pays * (1 + bf.HYSTERESIS)
     assert to_plain["sim_s"] >= CFG.level_s * 0.5  # not while the load was light
     # ... and back to speculative when it fell.
