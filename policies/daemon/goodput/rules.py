@@ -10,12 +10,15 @@ sense from the step-cost model), and cuts the signal axis where the best step ch
 
 Step 0 is charged for the probes the engine runs there (``PROBE_SHARE`` of the slot's
 batches at the rule's probe step): its goodput is that of the mix, so a slot is put at
-0 only where 0 plus its probes beats speculating.
+0 only where 0 plus its probes beats speculating. The probe step has one definition,
+:func:`probe_step` (the cheapest positive step the slot allows); the rule names it
+(``SlotRule.probe``), so the engine probes at exactly the step charged here, whatever
+steps the bands above 0 run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -79,8 +82,7 @@ def slot_rule(
     of the best (``build_rule``).
     """
     cands = list(planned)
-    positive = [k for k in allowed if k > 0]
-    probe = min(positive) if positive else None
+    probe = probe_step(allowed)
     if probe is not None and probe not in cands:
         cands.append(probe)
     if len(cands) < 2 or not mean_rates:
@@ -105,8 +107,15 @@ def slot_rule(
         and (incumbent is None or in_force.steps_at(prior) == incumbent)
         and _still_good(in_force, prior, table, tie)
     ):
-        return SlotRule(thresholds=in_force.thresholds, steps=in_force.steps, prior=prior)
-    return build_rule(table, prior=prior, incumbent=incumbent, tie=tie)
+        return SlotRule(in_force.thresholds, in_force.steps, prior=prior, probe=probe)
+    return build_rule(table, prior=prior, incumbent=incumbent, tie=tie, probe=probe)
+
+
+def probe_step(allowed: Iterable[int]) -> int | None:
+    """The step a slot at 0 steps probes with: the cheapest positive step it allows
+    (None when it allows none)."""
+    positive = [k for k in allowed if k > 0]
+    return min(positive) if positive else None
 
 
 def probe_charged(
@@ -126,6 +135,7 @@ def build_rule(
     *,
     incumbent: int | None = None,
     tie: float = 0.0,
+    probe: int | None = None,
 ) -> SlotRule | None:
     """The rule that picks, at every grid signal, the step with the best score.
 
@@ -134,7 +144,7 @@ def build_rule(
     kept wherever it scores within ``tie`` (a fraction, ``RULE_TIE``) of the best, so
     that the slot's signal wandering between near-tied steps does not switch the
     engine's tier for no measurable gain. None when one step wins everywhere (the slot
-    needs no rule).
+    needs no rule). ``probe``: the step its 0 band probes with (``probe_step``).
     """
     best: list[int] = []
     for scores in table:
@@ -152,7 +162,10 @@ def build_rule(
     if len(steps) == 1:
         return None
     return SlotRule(
-        thresholds=tuple(thresholds), steps=tuple(steps), prior=min(max(prior, 0.0), 1.0)
+        thresholds=tuple(thresholds),
+        steps=tuple(steps),
+        prior=min(max(prior, 0.0), 1.0),
+        probe=probe,
     )
 
 
