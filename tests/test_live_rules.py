@@ -328,21 +328,40 @@ def test_a_near_tie_is_not_a_cut_the_incumbent_step_stays() -> None:
 # ------------------------------------------------------------- the probe step
 
 
-def test_a_tie_merged_rule_probes_at_the_cheapest_allowed_step_it_was_charged_for() -> None:
-    # With a 15 % tie the incumbent 2 steps take the band 1 step had: the bands are
-    # 0 | 2, but step 0 was charged for probes at 1 step, the cheapest allowed.
-    rule = slot_rule((0.5,), (0, 1, 2, 3), (0, 1, 2, 3), 1.0, toy, None, 2, 0.15)
-    assert rule is not None and rule.steps == (0, 2)
+def dear_one(signal: float, k: int) -> RuleEval:
+    """As ``toy``, but any speculation costs 0.5 up front: 1 step never wins."""
+    accept = sum(signal**j for j in range(k + 1))
+    return RuleEval(accept_length=accept, step_s=1.0 + (0.5 + 0.05 * k) * (k > 0), slo_fraction=1)
+
+
+def test_the_probe_is_the_cheapest_allowed_step_it_was_charged_for() -> None:
+    # 1 step never wins, so the bands are 0 | 3; but step 0 was charged for
+    # probes at 1 step, the cheapest allowed, and the rule names it.
+    rule = slot_rule((0.5,), (0, 1, 2, 3), (0, 1, 2, 3), 1.0, dear_one, None, None, 0.0)
+    assert rule is not None and rule.steps[0] == 0 and 1 not in rule.steps
     assert rule.probe == rule.probe_step == 1
     # Without 1 step allowed, the probe is the next cheapest.
-    at_two = slot_rule((0.5,), (0, 2, 3), (0, 2, 3), 1.0, toy, None, 2, 0.15)
-    assert at_two is not None and at_two.probe_step == 2
+    at_two = slot_rule((0.5,), (0, 2, 3), (0, 2, 3), 1.0, dear_one, None, None, 0.0)
+    assert at_two is not None and at_two.probe == at_two.probe_step == 2
     # The engine probes at exactly the rule's probe step (here bands 0 | 3, probe 1).
     clock = Clock()
     low = SlotRule(rule.thresholds, (0, 3), prior=0.1, probe=1)
     policy = table_policy(lambda: rule_table(low, clock()), clock)
     ran = run(policy, clock, random.Random(3), 60.0, 0.1, batch_size=1)
     assert ran.count(0) > 0.95 * len(ran) and {k for k in ran if k > 0} == {1}
+
+
+def test_a_near_tie_never_makes_the_way_back_from_0_harder() -> None:
+    free = slot_rule((0.5,), (0, 1, 2, 3), (0, 1, 2, 3), 1.0, toy, None, None, 0.0)
+    assert free is not None and free.steps[:2] == (0, 1)
+    for incumbent in (0, 1, 2, 3):
+        tied = slot_rule((0.5,), (0, 1, 2, 3), (0, 1, 2, 3), 1.0, toy, None, incumbent, 0.15)
+        assert tied is not None
+        # 0 ends where speculation first wins, whatever the slot runs now ...
+        assert tied.thresholds[0] == free.thresholds[0], incumbent
+        # ... and just above it the cheapest step that beats 0 runs, not the dearer
+        # incumbent near-tied with it.
+        assert tied.steps[:2] == (0, 1), incumbent
 
 
 def test_a_rule_named_probe_is_format_3_and_an_unbuilt_probe_is_refused() -> None:

@@ -145,14 +145,12 @@ def build_rule(
     that the slot's signal wandering between near-tied steps does not switch the
     engine's tier for no measurable gain. None when one step wins everywhere (the slot
     needs no rule). ``probe``: the step its 0 band probes with (``probe_step``).
+
+    The tie never makes the way back from 0 harder (``_tie_pick``): the 0 band ends
+    where speculation first wins, and where it wins by less than ``tie`` (just above
+    the cut) the cheapest step that beats 0 runs, not a dearer near-tied incumbent.
     """
-    best: list[int] = []
-    for scores in table:
-        top = max(scores, key=lambda k: (scores[k], -k))
-        floor = scores[top] * (1.0 - tie)
-        if incumbent is not None and floor > 0.0 and scores.get(incumbent, -1.0) >= floor:
-            top = incumbent
-        best.append(top)
+    best = [_tie_pick(scores, incumbent, tie) for scores in table]
     thresholds: list[float] = []
     steps = [best[0]]
     for i in range(1, len(best)):
@@ -167,6 +165,22 @@ def build_rule(
         prior=min(max(prior, 0.0), 1.0),
         probe=probe,
     )
+
+
+def _tie_pick(scores: Mapping[int, float], incumbent: int | None, tie: float) -> int:
+    """The step a rule runs at one signal: the best, or ``incumbent`` within ``tie``
+    of it; 0 only where it is the best; and where 0 is within ``tie`` of a positive
+    best, the least step that beats 0."""
+    top = max(scores, key=lambda k: (scores[k], -k))
+    floor = scores[top] * (1.0 - tie)
+    if top == 0 or floor <= 0.0:
+        return top
+    zero = scores.get(0)
+    if zero is not None and zero >= floor:
+        return min(k for k in scores if k > 0 and scores[k] > zero)
+    if incumbent is not None and incumbent > 0 and scores.get(incumbent, -1.0) >= floor:
+        return incumbent
+    return top
 
 
 # The rule in force stays (with the new prior) while, over where the signal is likely
