@@ -244,16 +244,6 @@ class SlotRule:
         return tuple(sorted(steps))
 
 
-def _names_probe(pair: object) -> bool:
-    """Whether a serialised (bound, rule) pair names a probe (format 3)."""
-    return (
-        isinstance(pair, list)
-        and len(pair) == 2
-        and isinstance(pair[1], Mapping)
-        and ("probe" in pair[1])
-    )
-
-
 def _least_positive(steps: Iterable[int]) -> int | None:
     positive = [k for k in steps if k > 0]
     return min(positive) if positive else None
@@ -425,9 +415,6 @@ class StepTable:
             )
         if version == 1 and "rules" in data:
             raise PolicyTypeError(f"{where}: key 'rules': format 1 has no rules")
-        rules = data.get("rules")
-        if version == 2 and isinstance(rules, list) and any(_names_probe(r) for r in rules):
-            raise PolicyTypeError(f"{where}: key 'rules': format 2 has no rule 'probe'")
         body = {k: v for k, v in data.items() if k != "schema"}
         return from_data(cls, body, where=where, error=PolicyTypeError)
 

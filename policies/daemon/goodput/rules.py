@@ -1,4 +1,4 @@
-"""The goodput policy's live-acceptance rules (table format 2, :class:`SlotRule`).
+"""The goodput policy's live-acceptance rules (table formats 2 and 3, :class:`SlotRule`).
 
 The daemon's plan is slow (one decision every few seconds) and the acceptance it plans
 with is an average; the engine sees every verify. So, per slot, the policy publishes
@@ -70,8 +70,8 @@ def slot_rule(
     tie: float,
     in_force: SlotRule | None = None,
 ) -> SlotRule | None:
-    """One slot's rule: ``planned`` (the steps its plan weighed) and the least positive
-    ``allowed`` step (the probe a slot at 0 runs) scored at every grid signal by
+    """One slot's rule: ``planned`` (the steps its plan weighed) and ``probe_step(allowed)``
+    (the probe a slot at 0 runs, named in the rule) scored at every grid signal by
     ``evaluate(signal, k)``; goodput in the SLO sense, step 0 charged for its probes.
     A step past ``hard_slo_ms`` (a TPOT SLO without the SLO model) is out while any
     other meets it. None when one step wins at every signal or nothing can be scored.
