@@ -1,4 +1,4 @@
-"""Live-acceptance rules (step table format 2): followed at batch speed in TablePolicy,
+"""Live-acceptance rules (step table formats 2 and 3): followed at batch speed in TablePolicy,
 with hysteresis and dwell, probes that keep a slot at 0 steps learnable, the same answers
 in the plugin as in replay, and the table format versioned both ways."""
 
@@ -17,7 +17,7 @@ import specgov.policies.engine.table as table_mod
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool_table import SpoolTableReader, write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.common.types import SlotRule, StepTable, TierStatsSnapshot
+from specgov.policies.common.types import PolicyTypeError, SlotRule, StepTable, TierStatsSnapshot
 from specgov.policies.daemon.goodput.rules import GRID, RuleEval, slot_rule
 from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.engine.table import (
@@ -260,8 +260,8 @@ def test_a_newer_format_falls_back_to_sglangs_controller_with_a_counted_reason(
     path = write_step_table(tmp_path, table, CANDIDATES)
     document = json.loads(path.read_text())
     assert document["schema"] == 2 and document["table"]["schema"] == 2
-    document["schema"] = document["table"]["schema"] = 3
-    document["table"]["rules"] = [[1, {"a_field_of_format_3": True}]]
+    document["schema"] = document["table"]["schema"] = 4
+    document["table"]["rules"] = [[1, {"a_field_of_format_4": True}]]
     path.write_text(json.dumps(document))
     reader = SpoolTableReader(tmp_path, CANDIDATES, clock)
     policy = table_policy(reader, clock, poll=1)
@@ -323,3 +323,61 @@ def test_a_near_tie_is_not_a_cut_the_incumbent_step_stays() -> None:
         if signal > free.thresholds[-1] - 0.02 and signal < free.thresholds[-1]:
             continue  # the cell the unbiased cut falls in
         assert (signal >= cut) == (near >= best * 0.95 or signal >= free.thresholds[-1]), signal
+
+
+# ------------------------------------------------------------- the probe step
+
+
+def dear_one(signal: float, k: int) -> RuleEval:
+    """As ``toy``, but any speculation costs 0.5 up front: 1 step never wins."""
+    accept = sum(signal**j for j in range(k + 1))
+    return RuleEval(accept_length=accept, step_s=1.0 + (0.5 + 0.05 * k) * (k > 0), slo_fraction=1)
+
+
+def test_the_probe_is_the_cheapest_allowed_step_it_was_charged_for() -> None:
+    # 1 step never wins, so the bands are 0 | 3; but step 0 was charged for
+    # probes at 1 step, the cheapest allowed, and the rule names it.
+    rule = slot_rule((0.5,), (0, 1, 2, 3), (0, 1, 2, 3), 1.0, dear_one, None, None, 0.0)
+    assert rule is not None and rule.steps[0] == 0 and 1 not in rule.steps
+    assert rule.probe == rule.probe_step == 1
+    # Without 1 step allowed, the probe is the next cheapest.
+    at_two = slot_rule((0.5,), (0, 2, 3), (0, 2, 3), 1.0, dear_one, None, None, 0.0)
+    assert at_two is not None and at_two.probe == at_two.probe_step == 2
+    # The engine probes at exactly the rule's probe step (here bands 0 | 3, probe 1).
+    clock = Clock()
+    low = SlotRule(rule.thresholds, (0, 3), prior=0.1, probe=1)
+    policy = table_policy(lambda: rule_table(low, clock()), clock)
+    ran = run(policy, clock, random.Random(3), 60.0, 0.1, batch_size=1)
+    assert ran.count(0) > 0.95 * len(ran) and {k for k in ran if k > 0} == {1}
+
+
+def test_a_near_tie_never_makes_the_way_back_from_0_harder() -> None:
+    free = slot_rule((0.5,), (0, 1, 2, 3), (0, 1, 2, 3), 1.0, toy, None, None, 0.0)
+    assert free is not None and free.steps[:2] == (0, 1)
+    for incumbent in (0, 1, 2, 3):
+        tied = slot_rule((0.5,), (0, 1, 2, 3), (0, 1, 2, 3), 1.0, toy, None, incumbent, 0.15)
+        assert tied is not None
+        # 0 ends where speculation first wins, whatever the slot runs now ...
+        assert tied.thresholds[0] == free.thresholds[0], incumbent
+        # ... and just above it the cheapest step that beats 0 runs, not the dearer
+        # incumbent near-tied with it.
+        assert tied.steps[:2] == (0, 1), incumbent
+
+
+def test_a_rule_named_probe_is_format_3_and_an_unbuilt_probe_is_refused() -> None:
+    clock = Clock()
+    named = rule_table(SlotRule((0.5,), (0, 3), prior=0.2, probe=1), clock())
+    data = json.loads(json.dumps(named.to_dict()))
+    assert data["schema"] == 3 and data["rules"][0][1]["probe"] == 1
+    assert StepTable.from_dict(data) == named and named.slot_steps(1) == (0, 1, 3)
+    # The default probe is not stored: such a table is still format 2.
+    plain = rule_table(SlotRule((0.3, 0.5), (0, 1, 3), prior=0.2, probe=1), clock())
+    assert plain.rules[0][1].probe is None and plain.to_dict()["schema"] == 2
+    with pytest.raises(PolicyTypeError, match=r"SlotRule\.probe: expected None or an int >= 1"):
+        SlotRule((0.5,), (0, 3), prior=0.2, probe=0)
+    # A probe the engine has not built: the table is not followed.
+    unbuilt = rule_table(SlotRule((0.5,), (0, 3), prior=0.2, probe=2), clock())
+    policy = table_policy(lambda: unbuilt, clock)
+    steps = policy.get_steps_for_batch(1)
+    assert policy.table is None and policy.fallback_reasons == {"invalid_step": 1}
+    assert steps in CANDIDATES

@@ -181,8 +181,8 @@ def test_step_table_round_trips_through_json(t: StepTable) -> None:
     [
         (lambda d: d.pop("ttl_s"), r"missing required field `ttl_s`"),
         (lambda d: d.update(extra=1), r"unknown key\(s\) \['extra'\]"),
-        (lambda d: d.update(schema=0), r"key 'schema': expected one of \[1, 2\], got 0"),
-        (lambda d: d.update(schema=3), r"table format 3 is newer than this specgov's 2"),
+        (lambda d: d.update(schema=0), r"key 'schema': expected one of \[1, 2, 3\], got 0"),
+        (lambda d: d.update(schema=4), r"table format 4 is newer than this specgov's 3"),
         (lambda d: d.update(rules=[]), r"key 'rules': format 1 has no rules"),
         (lambda d: d.update(slots={"1": 5}), r"Expected `array`, got `object` - at `\$\.slots`"),
         (lambda d: d.update(slots=[[1, 5], [8]]), r"length 2.* - at `\$\.slots\[1\]`"),

@@ -36,9 +36,11 @@ from specgov.policies.common.validation import (
 
 SCHEMA_VERSION: Final = 1
 # The step table's own format (its "schema" key, and the spool file's): 1 = a step per
-# slot; 2 = also a live-acceptance rule per slot (SlotRule). Version 1 is still read.
-TABLE_SCHEMA: Final = 2
-TABLE_SCHEMAS_READ: Final = (1, 2)
+# slot; 2 = also a live-acceptance rule per slot (SlotRule); 3 = a rule may name the
+# step its 0 band probes with (SlotRule.probe). Versions 1 and 2 are still read, and a
+# table is written in the oldest format that holds it.
+TABLE_SCHEMA: Final = 3
+TABLE_SCHEMAS_READ: Final = (1, 2, 3)
 
 # The engine's slot layout, the one representation every layer uses: per batch-size
 # slot, sorted by lower bound, (bound, candidate steps) -- the steps SGLang captured
@@ -176,7 +178,7 @@ class SpecShape:
 
 @dataclass(frozen=True, slots=True)
 class SlotRule:
-    """One slot's steps as a function of the live acceptance signal (table schema 2).
+    """One slot's steps as a function of the live acceptance signal (table schema 2, 3).
 
     The signal is the slot's recent first-draft acceptance rate, which the in-engine
     policy measures from every verify of the slot at steps >= 1 (``TablePolicy``). A
@@ -185,13 +187,17 @@ class SlotRule:
     ``prior`` is the daemon's estimate of the signal: where the live one starts, and
     what it is shrunk to while its evidence is thin. The daemon computes the thresholds
     from its step-cost and acceptance models, so each step count holds exactly where it
-    maximises expected goodput for the slot; ``probe_step`` (the least positive step in
-    the rule) is what a slot at 0 steps probes with.
+    maximises expected goodput for the slot; ``probe_step`` is what a slot at 0 steps
+    probes with: ``probe`` (format 3; the daemon names the cheapest positive step the
+    slot allows, the one it charged step 0 for) or, without one, the least positive
+    step in the rule. ``probe`` is stored only where it matters and differs from that
+    default (None otherwise), so equal rules compare and serialise equal.
     """
 
     thresholds: tuple[float, ...]
     steps: tuple[int, ...]
     prior: float
+    probe: int | None = None
 
     def __post_init__(self) -> None:
         th, steps = self.thresholds, self.steps
@@ -211,6 +217,11 @@ class SlotRule:
             )
         if not (is_real(self.prior) and 0.0 <= self.prior <= 1.0):
             raise _fail("SlotRule.prior", "expected a number in [0, 1]", self.prior)
+        probe = self.probe
+        if probe is not None and not (is_int(probe) and probe > 0):
+            raise _fail("SlotRule.probe", "expected None or an int >= 1", probe)
+        if probe is not None and (0 not in steps or probe == _least_positive(steps)):
+            object.__setattr__(self, "probe", None)  # the default: not stored
 
     def band_for(self, signal: float) -> int:
         """Index into ``steps`` for ``signal``."""
@@ -222,8 +233,20 @@ class SlotRule:
     @property
     def probe_step(self) -> int | None:
         """The step a slot at 0 steps probes with (None: the rule never speculates)."""
-        positive = [k for k in self.steps if k > 0]
-        return min(positive) if positive else None
+        return self.probe if self.probe is not None else _least_positive(self.steps)
+
+    @property
+    def all_steps(self) -> tuple[int, ...]:
+        """Every step the rule may run (its bands' and its probe's), sorted."""
+        steps = set(self.steps)
+        if self.probe is not None:
+            steps.add(self.probe)
+        return tuple(sorted(steps))
+
+
+def _least_positive(steps: Iterable[int]) -> int | None:
+    positive = [k for k in steps if k > 0]
+    return min(positive) if positive else None
 
 
 def _check_slots(owner: str, slots: object) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -345,7 +368,7 @@ class StepTable:
         """Every step the slot of ``batch_size`` may run (its step and its rule's)."""
         i = self._index(batch_size)
         rule = self._rules[i]
-        return (self._steps[i],) if rule is None else tuple(sorted(set(rule.steps)))
+        return (self._steps[i],) if rule is None else rule.all_steps
 
     def is_expired(self, now_s: float) -> bool:
         return now_s >= self.produced_at_s + self.ttl_s
@@ -354,7 +377,7 @@ class StepTable:
         """Raise :class:`PolicyTypeError` if a slot names a step the engine has not built."""
         allowed = set(candidate_steps)
         bad = [(b, s) for b, s in self.slots if s not in allowed]
-        bad += [(b, s) for b, r in self.rules for s in r.steps if s not in allowed]
+        bad += [(b, s) for b, r in self.rules for s in r.all_steps if s not in allowed]
         if bad:
             raise PolicyTypeError(
                 f"StepTable.slots: every step must be one of the engine's candidate steps "
@@ -362,10 +385,15 @@ class StepTable:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """Format 2 when the table has rules, else format 1 (what older plugins read)."""
-        data = to_versioned(self, TABLE_SCHEMA if self.rules else 1, key="schema")
+        """The oldest format that holds the table (what older plugins read): 3 when a
+        rule names its probe, 2 when the table has rules, else 1."""
+        probes = any(r.probe is not None for _, r in self.rules)
+        data = to_versioned(self, 3 if probes else 2 if self.rules else 1, key="schema")
         if not self.rules:
             del data["rules"]
+        for _, rule in data.get("rules", ()):
+            if rule.get("probe") is None:
+                del rule["probe"]
         return data
 
     @classmethod

@@ -13,7 +13,7 @@
   whose EMA slot lists it; an uncaptured size would silently run eagerly, slower
   than not installing specgov). Then the fallback :class:`EmaPolicy` answers, and the
   reason is counted in ``fallback_reasons`` (per decode batch);
-* follows a slot's live-acceptance rule (table format 2, :class:`SlotRule`) where the
+* follows a slot's live-acceptance rule (table formats 2-3, :class:`SlotRule`) where the
   table has one: the slot's signal is its recent first-draft acceptance rate, fed by
   every verify of the slot at steps >= 1, and the rule maps it to steps with hysteresis
   (a change needs the signal ``RULE_HYSTERESIS`` past a threshold for ``RULE_CONFIRM_S``

@@ -66,6 +66,7 @@ from specgov.policies.daemon.goodput.model import (
 from specgov.policies.daemon.goodput.rules import (
     RULE_TIE,
     RuleEval,
+    probe_step,
     scaled_rates,
     slot_rule,
 )
@@ -74,11 +75,6 @@ from specgov.policies.daemon.goodput.state import (
     generator,
     rng_state_of,
 )
-
-
-def _probe_key(k: int) -> tuple[bool, int]:
-    """Orders steps as a rule's probe is chosen: the least positive first."""
-    return (k <= 0, k)
 
 
 class _Weighing(NamedTuple):
@@ -559,7 +555,7 @@ class GoodputPolicy:
             ran = running_steps.get(bound, cur if cur is not None else best)
             rule = None if current is None else current.rule_for(bound)
             if ran == 0:
-                ran = rule.probe_step or 0 if rule is not None else min(allowed, key=_probe_key)
+                ran = (rule.probe_step if rule is not None else probe_step(allowed)) or 0
             work.append(
                 SlotWork(
                     bound,

@@ -1,4 +1,4 @@
-"""The goodput policy's live-acceptance rules (table format 2, :class:`SlotRule`).
+"""The goodput policy's live-acceptance rules (table formats 2 and 3, :class:`SlotRule`).
 
 The daemon's plan is slow (one decision every few seconds) and the acceptance it plans
 with is an average; the engine sees every verify. So, per slot, the policy publishes
@@ -10,12 +10,15 @@ sense from the step-cost model), and cuts the signal axis where the best step ch
 
 Step 0 is charged for the probes the engine runs there (``PROBE_SHARE`` of the slot's
 batches at the rule's probe step): its goodput is that of the mix, so a slot is put at
-0 only where 0 plus its probes beats speculating.
+0 only where 0 plus its probes beats speculating. The probe step has one definition,
+:func:`probe_step` (the cheapest positive step the slot allows); the rule names it
+(``SlotRule.probe``), so the engine probes at exactly the step charged here, whatever
+steps the bands above 0 run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -67,8 +70,8 @@ def slot_rule(
     tie: float,
     in_force: SlotRule | None = None,
 ) -> SlotRule | None:
-    """One slot's rule: ``planned`` (the steps its plan weighed) and the least positive
-    ``allowed`` step (the probe a slot at 0 runs) scored at every grid signal by
+    """One slot's rule: ``planned`` (the steps its plan weighed) and ``probe_step(allowed)``
+    (the probe a slot at 0 runs, named in the rule) scored at every grid signal by
     ``evaluate(signal, k)``; goodput in the SLO sense, step 0 charged for its probes.
     A step past ``hard_slo_ms`` (a TPOT SLO without the SLO model) is out while any
     other meets it. None when one step wins at every signal or nothing can be scored.
@@ -79,8 +82,7 @@ def slot_rule(
     of the best (``build_rule``).
     """
     cands = list(planned)
-    positive = [k for k in allowed if k > 0]
-    probe = min(positive) if positive else None
+    probe = probe_step(allowed)
     if probe is not None and probe not in cands:
         cands.append(probe)
     if len(cands) < 2 or not mean_rates:
@@ -105,8 +107,15 @@ def slot_rule(
         and (incumbent is None or in_force.steps_at(prior) == incumbent)
         and _still_good(in_force, prior, table, tie)
     ):
-        return SlotRule(thresholds=in_force.thresholds, steps=in_force.steps, prior=prior)
-    return build_rule(table, prior=prior, incumbent=incumbent, tie=tie)
+        return SlotRule(in_force.thresholds, in_force.steps, prior=prior, probe=probe)
+    return build_rule(table, prior=prior, incumbent=incumbent, tie=tie, probe=probe)
+
+
+def probe_step(allowed: Iterable[int]) -> int | None:
+    """The step a slot at 0 steps probes with: the cheapest positive step it allows
+    (None when it allows none)."""
+    positive = [k for k in allowed if k > 0]
+    return min(positive) if positive else None
 
 
 def probe_charged(
@@ -126,6 +135,7 @@ def build_rule(
     *,
     incumbent: int | None = None,
     tie: float = 0.0,
+    probe: int | None = None,
 ) -> SlotRule | None:
     """The rule that picks, at every grid signal, the step with the best score.
 
@@ -134,15 +144,13 @@ def build_rule(
     kept wherever it scores within ``tie`` (a fraction, ``RULE_TIE``) of the best, so
     that the slot's signal wandering between near-tied steps does not switch the
     engine's tier for no measurable gain. None when one step wins everywhere (the slot
-    needs no rule).
+    needs no rule). ``probe``: the step its 0 band probes with (``probe_step``).
+
+    The tie never makes the way back from 0 harder (``_tie_pick``): the 0 band ends
+    where speculation first wins, and where it wins by less than ``tie`` (just above
+    the cut) the cheapest step that beats 0 runs, not a dearer near-tied incumbent.
     """
-    best: list[int] = []
-    for scores in table:
-        top = max(scores, key=lambda k: (scores[k], -k))
-        floor = scores[top] * (1.0 - tie)
-        if incumbent is not None and floor > 0.0 and scores.get(incumbent, -1.0) >= floor:
-            top = incumbent
-        best.append(top)
+    best = [_tie_pick(scores, incumbent, tie) for scores in table]
     thresholds: list[float] = []
     steps = [best[0]]
     for i in range(1, len(best)):
@@ -152,8 +160,27 @@ def build_rule(
     if len(steps) == 1:
         return None
     return SlotRule(
-        thresholds=tuple(thresholds), steps=tuple(steps), prior=min(max(prior, 0.0), 1.0)
+        thresholds=tuple(thresholds),
+        steps=tuple(steps),
+        prior=min(max(prior, 0.0), 1.0),
+        probe=probe,
     )
+
+
+def _tie_pick(scores: Mapping[int, float], incumbent: int | None, tie: float) -> int:
+    """The step a rule runs at one signal: the best, or ``incumbent`` within ``tie``
+    of it; 0 only where it is the best; and where 0 is within ``tie`` of a positive
+    best, the least step that beats 0."""
+    top = max(scores, key=lambda k: (scores[k], -k))
+    floor = scores[top] * (1.0 - tie)
+    if top == 0 or floor <= 0.0:
+        return top
+    zero = scores.get(0)
+    if zero is not None and zero >= floor:
+        return min(k for k in scores if k > 0 and scores[k] > zero)
+    if incumbent is not None and incumbent > 0 and scores.get(incumbent, -1.0) >= floor:
+        return incumbent
+    return top
 
 
 # The rule in force stays (with the new prior) while, over where the signal is likely
