@@ -19,6 +19,7 @@ from specgov.policies.common.types import (
     Plan,
     PolicyTypeError,
     ReasonCode,
+    SlotRule,
     SpecShape,
     StepTable,
     TierStat,
@@ -198,6 +199,16 @@ def test_step_table_from_dict_names_keys(mutate: Any, message: str) -> None:
     mutate(data)
     with pytest.raises(PolicyTypeError, match=message):
         StepTable.from_dict(data)
+
+
+def test_a_probe_needs_format_3() -> None:
+    rule = SlotRule((0.5,), (0, 3), prior=0.2, probe=1)
+    named = dataclasses.replace(table(), rules=((1, rule),)).to_dict()
+    assert named["schema"] == 3
+    assert StepTable.from_dict(named).rules == ((1, rule),)
+    named["schema"] = 2
+    with pytest.raises(PolicyTypeError, match=r"key 'rules': format 2 rules name no 'probe'"):
+        StepTable.from_dict(named)
 
 
 def test_step_table_from_dict_rejects_non_mapping() -> None:

@@ -398,7 +398,7 @@ class StepTable:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepTable:
-        """Formats 1 and 2; a newer one raises :class:`FutureTableFormat`."""
+        """Formats 1 to 3; a newer one raises :class:`FutureTableFormat`."""
         where = "StepTable.from_dict"
         if not isinstance(data, Mapping):
             raise PolicyTypeError(f"{where}: expected an object, got {type(data).__name__}")
@@ -415,8 +415,25 @@ class StepTable:
             )
         if version == 1 and "rules" in data:
             raise PolicyTypeError(f"{where}: key 'rules': format 1 has no rules")
+        if version == 2 and _names_a_probe(data.get("rules")):
+            raise PolicyTypeError(
+                f"{where}: key 'rules': format 2 rules name no 'probe' (that is format 3)"
+            )
         body = {k: v for k, v in data.items() if k != "schema"}
         return from_data(cls, body, where=where, error=PolicyTypeError)
+
+
+def _names_a_probe(rules: Any) -> bool:
+    """Whether a saved table's ``rules`` (``[[bound, rule], ...]``) name a probe step."""
+    if not isinstance(rules, list | tuple):
+        return False
+    return any(
+        isinstance(e, list | tuple)
+        and len(e) == 2
+        and isinstance(e[1], Mapping)
+        and "probe" in e[1]
+        for e in rules
+    )
 
 
 @dataclass(frozen=True, slots=True)
