@@ -55,6 +55,7 @@ import aiohttp
 import numpy as np
 
 from specgov.controller.fleet.gateway import SmgGateway, launched_smg
+from specgov.simulator.planning.fleet import MixCrossover, mix_crossover
 from specgov.simulator.server.replica import restart_replica, stop_replica
 
 HOST = "127.0.0.1"
@@ -83,8 +84,8 @@ class Config:
     seed: int = 0
     max_requests: int = 30000
     replicas: int = 4
-    # (pays_up_to, plain capacity, speculative capacity); None: plan fleet's
-    crossover: tuple[int, int, int] | None = None
+    # The crossover and both modes' capacity; None: plan fleet's for this workload
+    crossover: MixCrossover | None = None
     kinds: tuple[str, ...] = KINDS
 
 
@@ -213,14 +214,14 @@ def write_fleet_file(cfg: Config, urls: Sequence[str], gateway: str, run_dir: Pa
 
 @contextlib.contextmanager
 def governor(
-    cfg: Config, fleet_file: Path, crossover: tuple[int, int, int], audit: Path, wall_s: float
+    cfg: Config, fleet_file: Path, crossover: MixCrossover, audit: Path, wall_s: float
 ) -> Iterator[None]:
     """``specgov fleet run`` for the ramp, in wall seconds (module docstring)."""
-    pays, capacity, spec_capacity = crossover
     s = cfg.speed
     argv = [*specgov_argv(), "fleet", "run", "--fleet", str(fleet_file), "--audit", str(audit)]
-    argv += ["--pays-up-to", str(pays), "--replica-capacity", str(capacity)]
-    argv += ["--spec-capacity", str(spec_capacity)]
+    argv += ["--pays-up-to", str(crossover.pays_up_to)]
+    argv += ["--replica-capacity", str(crossover.plain_capacity)]
+    argv += ["--spec-capacity", str(crossover.spec_capacity)]
     argv += ["--hysteresis", str(HYSTERESIS), "--dwell-s", f"{cfg.dwell_s / s:g}"]
     argv += ["--interval-s", f"{cfg.interval_s / s:g}", "--duration-s", f"{wall_s:g}"]
     # The time a moved replica is out: its drain, then the start-up.
@@ -313,7 +314,7 @@ async def _drive(cfg: Config, gateway: str, planned: Sequence[Planned]) -> list[
 
 
 def run_fleet(
-    kind: str, cfg: Config, planned: Sequence[Planned], crossover: tuple[int, int, int], work: Path
+    kind: str, cfg: Config, planned: Sequence[Planned], crossover: MixCrossover, work: Path
 ) -> FleetRun:
     """One fleet under the ramp: governed (all speculative to begin with, the governor
     moves it) or fixed all_spec / all_plain."""
@@ -417,9 +418,7 @@ def _rate_at(curve: list[tuple[float, float]], per_replica: float) -> float | No
     return None
 
 
-def report(
-    cfg: Config, runs: dict[str, FleetRun], crossover: tuple[int, int, int]
-) -> dict[str, Any]:
+def report(cfg: Config, runs: dict[str, FleetRun], crossover: MixCrossover) -> dict[str, Any]:
     levels: list[dict[str, Any]] = []
     for i, rate in enumerate(cfg.level_rates_rps):
         level: dict[str, Any] = {"rate_rps": rate}
@@ -493,20 +492,19 @@ def crossover_doc(
     cfg: Config,
     runs: dict[str, FleetRun],
     levels: list[dict[str, Any]],
-    crossover: tuple[int, int, int],
+    crossover: MixCrossover,
 ) -> dict[str, Any]:
     """Where plan fleet puts the crossover and where the governor first moved to plain."""
-    pays, capacity, spec_capacity = crossover
     doc: dict[str, Any] = {
-        "plan_fleet_pays_up_to_per_replica": pays,
-        "plan_fleet_replica_capacity": capacity,
-        "plan_fleet_spec_capacity": spec_capacity,
+        "plan_fleet_pays_up_to_per_replica": crossover.pays_up_to,
+        "plan_fleet_replica_capacity": crossover.plain_capacity,
+        "plan_fleet_spec_capacity": crossover.spec_capacity,
         "hysteresis": HYSTERESIS,
     }
     governed = runs.get("governed")
     first = None if governed is None else first_move_to_plain(governed)
     curve = _in_flight_per_replica(levels, cfg)
-    doc["predicted_rate_rps"] = _rate_at(curve, pays)
+    doc["predicted_rate_rps"] = _rate_at(curve, crossover.pays_up_to)
     if first is not None:
         observed = first["load_requests"] / cfg.replicas
         doc["governor_switch"] = {
@@ -530,7 +528,7 @@ def targets(
     levels: list[dict[str, Any]],
     total: dict[str, Any],
     runs: dict[str, FleetRun],
-    crossover: tuple[int, int, int],
+    crossover: MixCrossover,
     cfg: Config,
 ) -> list[dict[str, Any]]:
     """The issue's targets, each with its measured value and whether it is met."""
@@ -614,15 +612,14 @@ def print_report(doc: dict[str, Any]) -> None:
         print(f"  [{'met' if t['met'] else 'MISSED'}] {t['target']}: {value}")
 
 
-def crossover_for(cfg: Config, planned: Sequence[Planned]) -> tuple[int, int, int]:
+def crossover_for(cfg: Config, planned: Sequence[Planned]) -> MixCrossover:
     """plan fleet's crossover and both capacities for this workload and deployment."""
-    from specgov.simulator.planning.fleet import mix_crossover
     from specgov.simulator.replay.runner import ServerSpec
 
     found = mix_crossover(as_trace(cfg, planned), ServerSpec(), tpot_ms=cfg.tpot_slo_ms)
     if found is None:
         raise SystemExit("bench_fleet: plan fleet has no per-token model for this deployment")
-    return found.pays_up_to, found.plain_capacity, found.spec_capacity
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:

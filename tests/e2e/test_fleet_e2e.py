@@ -19,9 +19,11 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks import bench_fleet as bf  # noqa: E402
+from specgov.simulator.planning.fleet import MixCrossover  # noqa: E402
 
 # 2 replicas at 10x; the crossover is given (8 requests per replica, ±10%) so that a
 # small load crosses it: 6 rps of ~380-token answers is ~20 in flight, 10 per replica.
+CROSSOVER = MixCrossover(pays_up_to=8, plain_capacity=100, spec_capacity=100)
 CFG = replace(
     bf.QUICK,
     replicas=2,
@@ -36,7 +38,7 @@ CFG = replace(
     interval_s=1.0,
     forecast_window_s=10.0,
     max_requests=800,
-    crossover=(8, 100, 100),
+    crossover=CROSSOVER,
     kinds=("governed",),
 )
 
@@ -57,7 +59,7 @@ def test_the_governor_moves_replicas_as_load_crosses_and_loses_no_request(
     to_plain = bf.first_move_to_plain(run)
     assert to_plain is not None, [r["reason"] for r in decisions]
     # It moved once the load crossed: the load it planned for is past the band's top.
-    pays = (CFG.crossover or (0, 0, 0))[0]
+    pays = CROSSOVER.pays_up_to
     assert to_plain["planned_load"] / CFG.replicas >= pays * (1 + bf.HYSTERESIS)
     assert to_plain["sim_s"] >= CFG.level_s * 0.5  # not while the load was light
     # ... and back to speculative when it fell.
