@@ -220,7 +220,7 @@ class SlotRule:
         probe = self.probe
         if probe is not None and not (is_int(probe) and probe > 0):
             raise _fail("SlotRule.probe", "expected None or an int >= 1", probe)
-        if probe is not None and (0 not in steps or probe == _least_positive(steps)):
+        if probe is not None and (0 not in steps or probe == least_positive_step(steps)):
             object.__setattr__(self, "probe", None)  # the default: not stored
 
     def band_for(self, signal: float) -> int:
@@ -233,7 +233,7 @@ class SlotRule:
     @property
     def probe_step(self) -> int | None:
         """The step a slot at 0 steps probes with (None: the rule never speculates)."""
-        return self.probe if self.probe is not None else _least_positive(self.steps)
+        return self.probe if self.probe is not None else least_positive_step(self.steps)
 
     @property
     def all_steps(self) -> tuple[int, ...]:
@@ -244,7 +244,9 @@ class SlotRule:
         return tuple(sorted(steps))
 
 
-def _least_positive(steps: Iterable[int]) -> int | None:
+def least_positive_step(steps: Iterable[int]) -> int | None:
+    """The cheapest positive step of ``steps`` (None: none), the step a 0 band probes with
+    unless its rule names another."""
     positive = [k for k in steps if k > 0]
     return min(positive) if positive else None
 

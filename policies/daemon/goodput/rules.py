@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from specgov.policies.common.types import SlotRule
+from specgov.policies.common.types import SlotRule, least_positive_step
 from specgov.policies.engine.table import PROBE_SHARE
 
 # Signal grid: the centres of 50 cells of width 0.02 over [0, 1]; thresholds fall on
@@ -114,8 +114,7 @@ def slot_rule(
 def probe_step(allowed: Iterable[int]) -> int | None:
     """The step a slot at 0 steps probes with: the cheapest positive step it allows
     (None when it allows none)."""
-    positive = [k for k in allowed if k > 0]
-    return min(positive) if positive else None
+    return least_positive_step(allowed)
 
 
 def probe_charged(
