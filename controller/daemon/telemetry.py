@@ -14,7 +14,7 @@ import random
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from specgov.adapters.errors import (
     PermanentScrapeError,
@@ -40,6 +40,19 @@ SERVER_INFO_REFRESH_S = 30.0
 # clock step (NTP slews far less; its steps are larger).
 CLOCK_STEP_TOLERANCE_S = 1.0
 _NONFINITE = re.compile(r"\b(?:nan|[+-]?inf)\b", re.IGNORECASE)
+
+
+class _ScrapeTotals(NamedTuple):
+    """One scrape's counters and gauges, as the restart loop's window reads them."""
+
+    at_s: float
+    requests: float
+    prompt_tokens: float
+    generated_tokens: float
+    running: int | None
+    queued: int | None
+    accept_length: float | None
+    spec_steps: int | None
 
 
 class Telemetry:
@@ -79,11 +92,8 @@ class Telemetry:
         self.server_info: dict[str, Any] | None = None
         self._server_info_at: float | None = None
         self._adaptive_config_path: str | None = None
-        # (time, requests, prompt tokens, generated tokens, running, queued, accept length,
-        # spec steps) per scrape, for the restart loop's workload summary.
-        self._totals: list[
-            tuple[float, float, float, float, int | None, int | None, float | None, int | None]
-        ] = []
+        # One per scrape, for the restart loop's workload summary.
+        self._totals: list[_ScrapeTotals] = []
 
     def take_stats(self) -> tuple[TierStatsSnapshot, ...]:
         """Read the plugin's new statistics from the spool; hand over all not taken yet."""
@@ -209,15 +219,22 @@ class Telemetry:
         if any(v is None for v in values):
             return
         req, prompt, gen = (float(v) for v in values if v is not None)
-        if self._totals and req < self._totals[-1][1]:
+        if self._totals and req < self._totals[-1].requests:
             self._totals.clear()  # counters went down: the server restarted
-        running = None if obs is None else obs.running_requests
-        queued = None if obs is None else obs.queued_requests
-        accept = None if obs is None else obs.accept_length
-        steps = None if obs is None else obs.spec_num_steps
-        self._totals.append((now, req, prompt, gen, running, queued, accept, steps))
+        self._totals.append(
+            _ScrapeTotals(
+                now,
+                req,
+                prompt,
+                gen,
+                None if obs is None else obs.running_requests,
+                None if obs is None else obs.queued_requests,
+                None if obs is None else obs.accept_length,
+                None if obs is None else obs.spec_num_steps,
+            )
+        )
         horizon = now - max(self._config().recommend.interval_s, 60.0)
-        while len(self._totals) > 2 and self._totals[0][0] < horizon:
+        while len(self._totals) > 2 and self._totals[0].at_s < horizon:
             self._totals.pop(0)
 
     def workload_summary(self) -> Any:
@@ -230,25 +247,26 @@ class Telemetry:
 
         if len(self._totals) < 2:
             return None
-        (t0, r0, p0, g0, *_), (t1, r1, p1, g1, *_) = self._totals[0], self._totals[-1]
-        requests = r1 - r0
-        if t1 <= t0 or requests <= 0:
+        first, last = self._totals[0], self._totals[-1]
+        requests = last.requests - first.requests
+        window_s = last.at_s - first.at_s
+        if window_s <= 0 or requests <= 0:
             return None
         obs = self.observation
         table, accept, steps = window_table(
             None if obs is None else obs.table,
-            [t[4] for t in self._totals if t[4] is not None],
-            [(t[6], t[7]) for t in self._totals],
+            [t.running for t in self._totals if t.running is not None],
+            [(t.accept_length, t.spec_steps) for t in self._totals],
             None if obs is None else obs.spec_num_steps,
         )
         return WorkloadSummary(
-            window_s=t1 - t0,
-            request_rate_rps=requests / (t1 - t0),
-            mean_input_tokens=(p1 - p0) / requests,
-            mean_output_tokens=(g1 - g0) / requests,
+            window_s=window_s,
+            request_rate_rps=requests / window_s,
+            mean_input_tokens=(last.prompt_tokens - first.prompt_tokens) / requests,
+            mean_output_tokens=(last.generated_tokens - first.generated_tokens) / requests,
             accept_length=accept,
             current_steps=steps,
-            concurrency=saturated_concurrency([(t[4], t[5]) for t in self._totals]),
+            concurrency=saturated_concurrency([(t.running, t.queued) for t in self._totals]),
             # The table in force is the baseline (what a restart would give up).
             table=table,
         )
