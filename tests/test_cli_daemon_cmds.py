@@ -131,7 +131,7 @@ class FakeDaemon:
             "expected_gain": None,
             "limited_by": ["held_tolerance_band"],
             "inputs_summary": {"running": 6, "queued": 0},
-            "restart_recommendation": None,
+            "restart_trigger": None,
         }
 
     def status(self) -> Mapping[str, Any]:
@@ -219,8 +219,9 @@ class FakeDaemon:
     def recommend(self) -> Mapping[str, Any]:
         return {
             "summary": "restart with EAGLE3 4 steps",
-            "source": "policy",
+            "source": "replay",
             "predicted_gain": 0.061,
+            "metric": "throughput_tok_s",
             "shape": {"algorithm": "EAGLE3", "num_steps": 4, "topk": 1, "num_draft_tokens": 5},
             "launch": {"argv": ["--speculative-algorithm", "EAGLE3"]},
             "applied": None,
@@ -335,7 +336,7 @@ def test_every_command_honours_output_table(fake: tuple[FakeDaemon, str]) -> Non
     assert "goodput:slo_tpot_ms=40" in show and "slo_tpot_ms=40" in show
     assert "model-based" in show
     rec = cli(addr, "recommend").output
-    assert "restart with EAGLE3 4 steps (from policy, predicted +6.1%)" in rec
+    assert "(from replay, predicted +6.1% on throughput_tok_s)" in " ".join(rec.split())
     switched = cli(addr, "policy", "set", "static:3")
     assert switched.exit_code == 0 and switched.output.strip() == "policy switched to static:3"
 

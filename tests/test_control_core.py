@@ -34,7 +34,7 @@ from specgov.policies.common.types import (
     Budget,
     Observation,
     ReasonCode,
-    RestartRecommendation,
+    RestartTrigger,
     StepTable,
     TierStatsSnapshot,
 )
@@ -287,7 +287,7 @@ class Effects:
         self.ok = ok
         self.published: list[Publish] = []
         self.records: list[AuditRecord] = []
-        self.recs: list[RestartRecommendation] = []
+        self.triggers: list[RestartTrigger] = []
 
     def publish(self, publish: Publish) -> bool:
         self.published.append(publish)
@@ -296,8 +296,8 @@ class Effects:
     def record(self, record: AuditRecord) -> None:
         self.records.append(record)
 
-    def recommend(self, recommendation: RestartRecommendation, record: AuditRecord) -> None:
-        self.recs.append(recommendation)
+    def trigger_restart_check(self, trigger: RestartTrigger, record: AuditRecord) -> None:
+        self.triggers.append(trigger)
 
 
 CANDS = ((1, (0, 1, 2, 3)), (8, (0, 1, 2)), (32, (0, 1)))

@@ -19,8 +19,7 @@ from specgov.policies.common.types import (
     Plan,
     PolicyTypeError,
     ReasonCode,
-    RestartRecommendation,
-    SpecShape,
+    RestartTrigger,
     StepTable,
     TierStatsSnapshot,
 )
@@ -97,7 +96,7 @@ class Scripted:
         cyclic: bool = False,
         reason: ReasonCode = H.CHANGED_PREDICTED_GAIN,
         limited_by: tuple[str, ...] = (),
-        restart: RestartRecommendation | None = None,
+        restart: RestartTrigger | None = None,
         name: str = "scripted",
     ) -> None:
         self._script = list(script)
@@ -640,15 +639,13 @@ def test_proposal_equal_to_the_table_after_clamping_is_no_change() -> None:
     assert all("limited_by_candidates" in d.limited_by for d in late)
 
 
-def test_inner_limited_by_and_restart_recommendation_pass_through() -> None:
-    shape = RestartRecommendation(
-        SpecShape("EAGLE3", 3, 1, 4, (0, 1, 3)), "policy", "restart with 3 steps", 0.12
-    )
+def test_inner_limited_by_and_restart_trigger_pass_through() -> None:
+    trigger = RestartTrigger(since_s=0.0, summary="plain has looked better")
     inner = Scripted(
-        [(((1, 9), (8, 3), (32, 1), (64, 0)), 0.1)], limited_by=("limited_by_slo",), restart=shape
+        [(((1, 9), (8, 3), (32, 1), (64, 0)), 0.1)], limited_by=("limited_by_slo",), restart=trigger
     )
     decision = drive(GuardedPolicy(inner), [0.0])[0][1]
-    assert decision.restart_recommendation == shape
+    assert decision.restart_trigger == trigger
     assert decision.limited_by[:2] == ("limited_by_slo", "limited_by_candidates")
     assert decision.table is not None and decision.table.slots[0] == (1, 7)
 

@@ -19,6 +19,8 @@ from specgov.policies.common.types import (
     Plan,
     PolicyTypeError,
     ReasonCode,
+    RestartRecommendation,
+    RestartTrigger,
     SlotRule,
     SpecShape,
     StepTable,
@@ -389,7 +391,7 @@ def test_decision() -> None:
         0.04,
         limited_by=("slo_itl_p99",),
     )
-    assert d.restart_recommendation is None
+    assert d.restart_trigger is None
     hold = Decision(None, ReasonCode.HELD_STALE_TELEMETRY, "metrics 30 s old", None)
     assert hold.table is None
 
@@ -403,7 +405,7 @@ def test_decision() -> None:
         (dict(limited_by=["slo"]), "Decision.limited_by"),
         (dict(limited_by=("",)), "Decision.limited_by"),
         (dict(table="t"), "Decision.table"),
-        (dict(restart_recommendation={"algorithm": "EAGLE"}), "Decision.restart_recommendation"),
+        (dict(restart_trigger={"since_s": 0.0}), "Decision.restart_trigger"),
     ],
 )
 def test_decision_errors_name_the_field(kwargs: dict[str, Any], field: str) -> None:
@@ -412,6 +414,29 @@ def test_decision_errors_name_the_field(kwargs: dict[str, Any], field: str) -> N
     )
     with pytest.raises(PolicyTypeError, match="^" + field.replace(".", r"\.") + ":"):
         Decision(**{**base, **kwargs})
+
+
+def test_a_restart_trigger_predicts_nothing_and_round_trips() -> None:
+    trigger = RestartTrigger(since_s=12.5, summary="plain looked better for 130 s")
+    assert trigger.to_dict() == {"since_s": 12.5, "summary": "plain looked better for 130 s"}
+    assert RestartTrigger.from_dict(trigger.to_dict()) == trigger
+    with pytest.raises(PolicyTypeError, match=r"^RestartTrigger\.summary:"):
+        RestartTrigger(since_s=0.0, summary=" ")
+    with pytest.raises(PolicyTypeError, match=r"^RestartTrigger\.since_s:"):
+        RestartTrigger(since_s=float("nan"), summary="x")
+    with pytest.raises(PolicyTypeError, match="predicted_gain"):
+        RestartTrigger.from_dict({"since_s": 0.0, "summary": "x", "predicted_gain": 0.2})
+
+
+def test_a_restart_recommendation_names_its_metric() -> None:
+    none = SpecShape("NONE", 0, 0, 0, ())
+    rec = RestartRecommendation(none, "replay", "plain", 0.13, metric="throughput_tok_s")
+    assert rec.to_dict()["metric"] == "throughput_tok_s"
+    assert RestartRecommendation.from_dict(rec.to_dict()) == rec
+    legacy = {k: v for k, v in rec.to_dict().items() if k != "metric"}
+    assert RestartRecommendation.from_dict(legacy).metric == "goodput_tok_s"  # older records
+    with pytest.raises(PolicyTypeError, match=r"^RestartRecommendation\.metric:"):
+        RestartRecommendation(none, "replay", "plain", 0.13, metric="slo_attainment")
 
 
 def test_plan() -> None:

@@ -37,7 +37,12 @@ from specgov.controller.daemon.store_errors import (
     StoreUnavailable,
 )
 from specgov.controller.daemon.store_schema import LATEST_SCHEMA_VERSION, Migration
-from specgov.policies.common.types import RestartRecommendation, SpecShape, StepTable
+from specgov.policies.common.types import (
+    RestartRecommendation,
+    RestartTrigger,
+    SpecShape,
+    StepTable,
+)
 from specgov.policies.control.core import AuditRecord
 from specgov.policies.guardrails import Override
 
@@ -75,7 +80,7 @@ def _decision(i: int, **extra: Any) -> dict[str, Any]:
         "table_before": _table(((1, 3),), i),
         "table_after": _table(((1, 2),), i + 1),
         "published": i % 2 == 0,
-        "restart_recommendation": None,
+        "restart_trigger": None,
     }
     data.update(extra)
     return data
@@ -145,7 +150,7 @@ def test_numpy_values_in_summaries_are_stored_as_plain_json(store: StateStore) -
         ({"inputs_summary": {"obj": object()}}, "record_decision.inputs_summary"),
         ({"table_after": [1, 2]}, "record_decision.table_after"),
         ({"table_after": {"version": 1}}, "record_decision.table_after: StepTable.from_dict"),
-        ({"restart_recommendation": {"source": "policy"}}, "record_decision.restart_rec"),
+        ({"restart_trigger": {"summary": "x"}}, "record_decision.restart_trigger"),
     ],
 )
 def test_bad_decision_input_is_rejected_by_field(
@@ -325,7 +330,7 @@ def test_closed_store_refuses_calls(db: Path) -> None:
 def test_one_audit_row_type_from_the_core_to_the_store_and_back(store: StateStore) -> None:
     """The core's AuditRecord is what the store reads back: its persisted form (the
     store's columns, the journal's queued rows) loses nothing of what is persisted."""
-    rec = RestartRecommendation(SpecShape("NONE", 0, 0, 0, ()), "policy", "drafter costs", 0.2)
+    trigger = RestartTrigger(since_s=3.0, summary="plain has looked better for 9 s")
     made = AuditRecord(
         time_s=12.0,
         policy="goodput",
@@ -337,7 +342,7 @@ def test_one_audit_row_type_from_the_core_to_the_store_and_back(store: StateStor
         table_before=StepTable(((1, 3), (8, 1)), 2, 5.0, 30.0),
         table_after=StepTable(((1, 5), (8, 1)), 3, 12.0, 30.0, reason="changed_predicted_gain"),
         published=True,
-        restart_recommendation=rec,
+        restart_trigger=trigger,
         decide_ms=0.5,  # not persisted, like the other fields after ``published``
     )
     row_id = store.record_decision(**made.to_store())
@@ -435,7 +440,7 @@ INSERT INTO overrides (id, slot, steps, disable_speculation, pin_policy, created
 
 
 def test_fresh_file_records_every_migration(store: StateStore, db: Path) -> None:
-    assert schema_version(db) == LATEST_SCHEMA_VERSION == 3
+    assert schema_version(db) == LATEST_SCHEMA_VERSION == 4
     assert integrity(db) == ["ok"]
     with _raw(db) as raw:
         versions = [r[0] for r in raw.execute("SELECT version FROM schema_version ORDER BY 1")]
@@ -447,7 +452,7 @@ def test_migrates_a_v1_file(db: Path) -> None:
     with _raw(db) as raw:
         raw.executescript(V1_DDL)
     with StateStore(db) as s:
-        assert schema_version(db) == 3
+        assert schema_version(db) == 4
         (old,) = s.decisions()
         assert (old.message, old.published, old.inputs_summary) == (
             "from v1",
@@ -455,16 +460,23 @@ def test_migrates_a_v1_file(db: Path) -> None:
             {"running": 3},
         )
         assert old.table_after == StepTable(((1, 3),), 1, 4.0, 30.0)
-        assert old.restart_recommendation is None
+        assert old.restart_trigger is None
         assert [r.id for r in s.list_overrides(now_s=10.0)] == ["old"]
         s.set_setting("policy_spec", "goodput")  # a table v2 added
         new_id = s.record_decision(**_decision(1))
         assert new_id > old.id
+        trigger = RestartTrigger(since_s=1.0, summary="x")
+        rec_id = s.record_decision(**_decision(2, restart_trigger=trigger.to_dict()))
+        assert s.decisions(limit=1)[0].restart_trigger == trigger and rec_id > new_id
+    with _raw(db) as raw:  # a v3 row's own restart prediction (a policy's): not read
         rec = RestartRecommendation(SpecShape("NONE", 0, 0, 0, ()), "policy", "x", 0.1)
-        rec_id = s.record_decision(**_decision(2, restart_recommendation=rec.to_dict()))
-        assert s.decisions(limit=1)[0].restart_recommendation == rec and rec_id > new_id
+        raw.execute(
+            "UPDATE decisions SET restart_recommendation = ? WHERE id = ?",
+            (json.dumps(rec.to_dict()), new_id),
+        )
     with StateStore(db) as s:  # reopening does not migrate again
-        assert schema_version(db) == 3
+        assert schema_version(db) == 4
+        assert s.decisions(limit=2)[1].restart_trigger is None
         assert s.get_setting("policy_spec") == "goodput"
 
 
@@ -472,17 +484,18 @@ def test_a_failing_migration_leaves_the_file_at_the_previous_version(
     db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     StateStore(db).close()
+    latest = store_schema.LATEST_SCHEMA_VERSION
     broken = Migration(
-        version=4,
+        version=latest + 1,
         description="broken",
         steps=("CREATE TABLE extra (x INTEGER)", "ALTER TABLE missing ADD COLUMN y"),
     )
     monkeypatch.setattr(store_schema, "MIGRATIONS", (*store_schema.MIGRATIONS, broken))
-    monkeypatch.setattr(store_schema, "LATEST_SCHEMA_VERSION", 4)
+    monkeypatch.setattr(store_schema, "LATEST_SCHEMA_VERSION", latest + 1)
     with pytest.raises(sqlite3.OperationalError, match="missing"):
         StateStore(db)
     with _raw(db) as raw:
-        assert raw.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 3
+        assert raw.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == latest
         names = {r[0] for r in raw.execute("SELECT name FROM sqlite_master")}
     assert "extra" not in names
 

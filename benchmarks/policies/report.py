@@ -200,6 +200,8 @@ def _row(scenario: Scenario, label: str, run: RunResult) -> dict[str, Any]:
         "restart_recommended": _restart_label(s),
         "restart_predicted_gain": (s.get("restart_recommendation") or {}).get("predicted_gain"),
         "restart_metric": s.get("restart_metric"),
+        # When goodput's restart trigger first asked for the check (None: never).
+        "restart_triggered_s": s.get("restart_triggered_s"),
         "wall_s": s.get("wall_s"),
     }
 
@@ -717,6 +719,7 @@ def restart_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                 "burst": burst,
                 "right": fired == should,
                 "within_tolerance": within,
+                "triggered_s": g.get("restart_triggered_s"),
             }
         )
     return out

@@ -160,6 +160,7 @@ def render_restart_checks(checks: Sequence[Mapping[str, Any]]) -> list[str]:
             "yes" if c["should_fire"] else "no (burst)" if c.get("burst") else "no",
             "ok" if c["right"] else "WRONG",
             "-" if c["within_tolerance"] is None else "yes" if c["within_tolerance"] else "no",
+            "-" if c.get("triggered_s") is None else f"{c['triggered_s']:.0f}",
         ]
         for c in checks
     ]
@@ -176,6 +177,7 @@ def render_restart_checks(checks: Sequence[Mapping[str, Any]]) -> list[str]:
             "",
             f"{right}/{len(checks)} right",
             f"{within}/{len(judged)} within {RESTART_TOLERANCE:.0%}",
+            "",
         ]
     )
     head = [
@@ -187,7 +189,9 @@ def render_restart_checks(checks: Sequence[Mapping[str, Any]]) -> list[str]:
         "should fire",
         "fired?",
     ]
-    return _table([*head, f"within {RESTART_TOLERANCE:.0%}"], body)
+    # The policy's trigger (goodput's, when it first asked for the check) predicts nothing:
+    # in the daemon it only brings the scheduled check forward.
+    return _table([*head, f"within {RESTART_TOLERANCE:.0%}", "policy trigger (s)"], body)
 
 
 # Policies whose tier switches are tabulated.

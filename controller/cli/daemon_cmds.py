@@ -413,7 +413,9 @@ def _recommendation_line(rec: dict[str, Any]) -> str:
     if rec.get("summary") is None:
         return str(rec.get("message") or "none")
     gain = rec.get("predicted_gain")
-    gain_text = f", predicted {gain:+.1%}" if isinstance(gain, float) else ""
+    # The gain is on the recommendation's metric (records without one were on goodput).
+    metric = rec.get("metric") or "goodput_tok_s"
+    gain_text = f", predicted {gain:+.1%} on {metric}" if isinstance(gain, float) else ""
     return f"{rec['summary']} (from {rec.get('source')}{gain_text})"
 
 

@@ -319,13 +319,14 @@ class DaemonMetrics:
         )
         self._restart = Gauge(
             f"{NAMESPACE}_restart_recommended_gain_ratio",
-            "Predicted relative goodput gain of the restart recommendation in force "
-            "(0.1 = +10 %), by who concluded it and the algorithm to restart with; "
-            "absent when there is none.",
-            ["source", "algorithm", "num_steps"],
+            "Predicted relative gain of the restart recommendation in force "
+            "(0.1 = +10 %) on its metric, by who concluded it, the algorithm to restart "
+            "with and the metric (goodput_tok_s, throughput_tok_s, tpot_p50_ms); absent "
+            "when there is none.",
+            ["source", "algorithm", "num_steps", "metric"],
             registry=registry,
         )
-        self._restart_labels: tuple[str, str, str] | None = None
+        self._restart_labels: tuple[str, str, str, str] | None = None
         self._store_failures = _labelled_counter(
             registry,
             "store_failures",
@@ -458,7 +459,12 @@ class DaemonMetrics:
         self._accept = accept
 
     def set_restart_recommendation(
-        self, source: str | None, algorithm: str | None, num_steps: int | None, gain: float | None
+        self,
+        source: str | None,
+        algorithm: str | None,
+        num_steps: int | None,
+        gain: float | None,
+        metric: str | None,
     ) -> None:
         """The restart recommendation in force (``source=None``: none)."""
         if self._restart_labels is not None:
@@ -466,7 +472,7 @@ class DaemonMetrics:
             self._restart_labels = None
         if source is None:
             return
-        labels = (str(source), str(algorithm), str(num_steps))
+        labels = (str(source), str(algorithm), str(num_steps), str(metric))
         self._restart.labels(*labels).set(_finite_or_none(gain) or 0.0)
         self._restart_labels = labels
 

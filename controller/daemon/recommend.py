@@ -53,7 +53,12 @@ from specgov.adapters.launch_config import (
 )
 from specgov.policies.common.codec import to_data
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.types import RestartRecommendation, SpecShape, StepTable
+from specgov.policies.common.types import (
+    RESTART_METRICS,
+    RestartRecommendation,
+    SpecShape,
+    StepTable,
+)
 from specgov.policies.common.validation import is_real
 from specgov.policies.daemon.estimators.step_cost import StepCostPrior
 
@@ -82,7 +87,7 @@ SATURATED_SHARE = 0.5
 CLOSED_DISPERSION = 0.25
 # What a gain can be predicted on (besides TPOT p50, the tie-break): goodput, or for a
 # saturated window throughput (module doc: goodput there is a threshold at the SLO edge).
-RATE_METRICS = ("goodput_tok_s", "throughput_tok_s")
+RATE_METRICS = tuple(m for m in RESTART_METRICS if m != "tpot_p50_ms")
 
 
 class RecommendError(SpecgovError, ValueError):
@@ -242,6 +247,7 @@ class Recommendation:
             summary=f"{self.label} (replay of the recent workload; now: {self.current_label})",
             predicted_gain=gain,
             evidence=tuple((k, float(v)) for k, v in evidence if math.isfinite(v)),
+            metric=self.metric,
         )
 
     # The report's key names (recommendation, current) are not the field names.
@@ -668,12 +674,19 @@ def replay_restart_check(
     """Per daemon policy of one replay (``PolicyRun``s), its ``restart_recommendation``
     (None when it does not fire), also set as that key of the run's summary (the replay
     JSON). Where the replay also ran the recommended configuration on the same trace, the
-    object carries the gain measured there (``measured_gain``)."""
+    object carries the gain measured there (``measured_gain``).
+
+    The check runs over the whole replay, as the daemon's scheduled check does over its
+    window; a policy's restart trigger (goodput's) predicts nothing and adds only when it
+    first asked for a check (``restart_triggered_s`` in the summary, absent when never)."""
     summaries = {r.policy.name: r.summary for r in runs}
     out: dict[str, dict[str, Any] | None] = {}
     for run in runs:
         if run.policy.daemon_spec is None:
             continue
+        triggers = [] if run.loop is None else run.loop.log.restart_triggers
+        if triggers:
+            run.summary["restart_triggered_s"] = triggers[0][0]
         workload = replay_workload(run, requests)
         try:
             rec = recommend(

@@ -63,7 +63,7 @@ from specgov.controller.daemon.store_errors import StoreUnavailable
 from specgov.controller.daemon.store_gateway import SnapshotWrite, StoreGateway, put_override
 from specgov.controller.daemon.store_journal import StoreJournal
 from specgov.controller.daemon.telemetry import Telemetry
-from specgov.policies.common.types import Observation, RestartRecommendation, StepTable
+from specgov.policies.common.types import Observation, RestartTrigger, StepTable
 from specgov.policies.control.core import (
     AuditRecord,
     ControlCore,
@@ -156,7 +156,6 @@ class Daemon:
         self._policy_setting: str | None = None
         # (time, GuardedState.checkpoint_key) of the last policy-state save by a decision.
         self._checkpoint: tuple[float, tuple[object, ...]] | None = None
-        self._background: set[asyncio.Task[None]] = set()
         self.core = self._make_core(config)
         self.gateway.start()
         self.core_state: CoreState = self._restore_state(self._initial_policy_spec())
@@ -422,7 +421,7 @@ class Daemon:
                 "table_before": None,
                 "table_after": None,
                 "published": False,
-                "restart_recommendation": None,
+                "restart_trigger": None,
             }
         )
 
@@ -776,15 +775,6 @@ class _Effects:
     def record(self, record: AuditRecord) -> None:
         self._daemon._record(record)
 
-    def recommend(self, recommendation: RestartRecommendation, record: AuditRecord) -> None:
-        data = self._daemon.restart.surface(recommendation, record.time_s)
-        if not self._daemon.config.recommend.apply_command:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # decided outside the daemon's loop (a test): no hook
-        # The hook is a subprocess: run it beside the loop, never inside the decision.
-        task = loop.create_task(self._daemon.restart.maybe_apply(data))
-        self._daemon._background.add(task)
-        task.add_done_callback(self._daemon._background.discard)
+    def trigger_restart_check(self, trigger: RestartTrigger, record: AuditRecord) -> None:
+        # The check replays beside the loop (restart_loop), never inside the decision.
+        self._daemon.restart.trigger(trigger, record.time_s)

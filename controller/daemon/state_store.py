@@ -544,7 +544,7 @@ class StateStore:
         table_before: Mapping[str, Any] | None = None,
         table_after: Mapping[str, Any] | None = None,
         published: bool = False,
-        restart_recommendation: Mapping[str, Any] | None = None,
+        restart_trigger: Mapping[str, Any] | None = None,
     ) -> int:
         """Append one decision to the audit log; returns its id (ids only grow)."""
         row = decision_row(
@@ -558,7 +558,7 @@ class StateStore:
             table_before=table_before,
             table_after=table_after,
             published=published,
-            restart_recommendation=restart_recommendation,
+            restart_trigger=restart_trigger,
         )
         insert = functools.partial(insert_decision, row=row, keep=self._keep_decisions)
         return self._write("record_decision", insert)

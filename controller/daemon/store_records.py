@@ -46,7 +46,7 @@ __all__ = [
 OVERRIDE_ID: Final = re.compile(r"[\x21-\x7e]{1,100}")
 DECISION_COLUMNS: Final = (
     "id, time_s, policy, reason, message, limited_by, expected_gain, inputs_summary, "
-    "table_before, table_after, published, restart_recommendation"
+    "table_before, table_after, published, restart_trigger"
 )
 OVERRIDE_COLUMNS: Final = (
     "seq, id, slot, steps, disable_speculation, pin_policy, created_at_s, expires_at_s, "
@@ -157,7 +157,7 @@ def _opt_loads(column: str, raw: object) -> dict[str, Any] | None:
 def decision_from_row(row: Sequence[Any]) -> AuditRecord:
     """The audit row of a ``decisions`` row (:data:`DECISION_COLUMNS`)."""
     row_id, t, policy, reason, message, limited, gain, summary, before, after = row[:10]
-    published, rec = row[10], row[11]
+    published, trigger = row[10], row[11]
     limited_by = loads("limited_by", limited, list)
     if not all(isinstance(x, str) for x in limited_by):
         raise BadRow(f"column limited_by: expected a list of str, got {limited_by!r:.80}")
@@ -172,7 +172,7 @@ def decision_from_row(row: Sequence[Any]) -> AuditRecord:
         "table_before": _opt_loads("table_before", before),
         "table_after": _opt_loads("table_after", after),
         "published": bool(published),
-        "restart_recommendation": _opt_loads("restart_recommendation", rec),
+        "restart_trigger": _opt_loads("restart_trigger", trigger),
     }
     try:
         return AuditRecord.from_store(data, id=int(row_id))

@@ -20,7 +20,7 @@ from specgov.controller.daemon.store_records import (
     check_text,
     dumps,
 )
-from specgov.policies.common.types import PolicyTypeError, RestartRecommendation, StepTable
+from specgov.policies.common.types import PolicyTypeError, RestartTrigger, StepTable
 from specgov.policies.common.validation import check_bool, check_opt_int
 from specgov.policies.guardrails import OVERRIDE_VERSION, Override
 
@@ -47,7 +47,7 @@ def decision_row(
     table_before: Mapping[str, Any] | None,
     table_after: Mapping[str, Any] | None,
     published: bool,
-    restart_recommendation: Mapping[str, Any] | None,
+    restart_trigger: Mapping[str, Any] | None,
 ) -> tuple[Any, ...]:
     """The ``decisions`` row of :meth:`StateStore.record_decision`'s arguments, checked
     and encoded (:class:`StoreError` names the bad one)."""
@@ -67,9 +67,7 @@ def decision_row(
     # store takes is never skipped when read back.
     before = _decodable(f"{where}.table_before", table_before, StepTable.from_dict)
     after = _decodable(f"{where}.table_after", table_after, StepTable.from_dict)
-    restart = _decodable(
-        f"{where}.restart_recommendation", restart_recommendation, RestartRecommendation.from_dict
-    )
+    trigger = _decodable(f"{where}.restart_trigger", restart_trigger, RestartTrigger.from_dict)
     return (
         t,
         policy,
@@ -81,7 +79,7 @@ def decision_row(
         None if before is None else dumps(f"{where}.table_before", before),
         None if after is None else dumps(f"{where}.table_after", after),
         int(published),
-        None if restart is None else dumps(f"{where}.restart_recommendation", restart),
+        None if trigger is None else dumps(f"{where}.restart_trigger", trigger),
     )
 
 
@@ -103,7 +101,7 @@ def insert_decision(conn: sqlite3.Connection, *, row: tuple[Any, ...], keep: int
     cur = conn.execute(
         "INSERT INTO decisions (time_s, policy, reason, message, limited_by, "
         "expected_gain, inputs_summary, table_before, table_after, published, "
-        "restart_recommendation) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "restart_trigger) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         row,
     )
     new_id = cur.lastrowid

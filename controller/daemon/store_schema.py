@@ -110,6 +110,13 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
         description="decisions.restart_recommendation (structured, JSON)",
         steps=("ALTER TABLE decisions ADD COLUMN restart_recommendation TEXT",),
     ),
+    # A policy no longer predicts a restart: it triggers the restart check. Version 3's
+    # column stays (rows written before hold a policy's own prediction) and is not read.
+    Migration(
+        version=4,
+        description="decisions.restart_trigger (structured, JSON)",
+        steps=("ALTER TABLE decisions ADD COLUMN restart_trigger TEXT",),
+    ),
 )
 
 LATEST_SCHEMA_VERSION: Final = MIGRATIONS[-1].version

@@ -237,17 +237,19 @@ class Telemetry:
         while len(self._totals) > 2 and self._totals[0].at_s < horizon:
             self._totals.pop(0)
 
-    def workload_summary(self) -> Any:
-        """The recent window for the restart loop (None until two scrapes apart)."""
+    def workload_summary(self, since_s: float | None = None) -> Any:
+        """The recent window for the restart loop (None until two scrapes apart); with
+        *since_s*, only the scrapes from then on (a restart trigger's regime)."""
         from specgov.controller.daemon.recommend import (
             WorkloadSummary,
             saturated_concurrency,
             window_table,
         )
 
-        if len(self._totals) < 2:
+        totals = [t for t in self._totals if since_s is None or t.at_s >= since_s]
+        if len(totals) < 2:
             return None
-        first, last = self._totals[0], self._totals[-1]
+        first, last = totals[0], totals[-1]
         requests = last.requests - first.requests
         window_s = last.at_s - first.at_s
         if window_s <= 0 or requests <= 0:
@@ -255,8 +257,8 @@ class Telemetry:
         obs = self.observation
         table, accept, steps = window_table(
             None if obs is None else obs.table,
-            [t.running for t in self._totals if t.running is not None],
-            [(t.accept_length, t.spec_steps) for t in self._totals],
+            [t.running for t in totals if t.running is not None],
+            [(t.accept_length, t.spec_steps) for t in totals],
             None if obs is None else obs.spec_num_steps,
         )
         return WorkloadSummary(
@@ -266,7 +268,7 @@ class Telemetry:
             mean_output_tokens=(last.generated_tokens - first.generated_tokens) / requests,
             accept_length=accept,
             current_steps=steps,
-            concurrency=saturated_concurrency([(t.running, t.queued) for t in self._totals]),
+            concurrency=saturated_concurrency([(t.running, t.queued) for t in totals]),
             # The table in force is the baseline (what a restart would give up).
             table=table,
         )

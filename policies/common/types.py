@@ -715,17 +715,46 @@ class ReasonCode(StrEnum):
     STATIC_POLICY = "static_policy"
 
 
+# Who concluded a recommendation: "replay", the restart check (the one predictor,
+# controller/daemon/recommend.py). "policy" is only read back: a policy's own prediction,
+# in settings of earlier versions; no policy makes one now (it raises a RestartTrigger).
 RESTART_SOURCES: Final = ("policy", "replay")
+# What a restart's predicted gain is on: goodput, throughput (a saturated window), or TPOT
+# p50 where those are equal (less is better; the gain is then current / predicted - 1).
+RESTART_METRICS: Final = ("goodput_tok_s", "throughput_tok_s", "tpot_p50_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class RestartTrigger:
+    """A policy's reason to run the restart check now, instead of at its next scheduled
+    run: ``since_s``, when the regime it saw began (the window to check); ``summary``, what
+    it saw. It predicts nothing: the gain, its metric and the configuration to restart
+    into come only from the check (one predictor), which the trigger merely schedules."""
+
+    since_s: float
+    summary: str
+
+    def __post_init__(self) -> None:
+        _check_real("RestartTrigger.since_s", self.since_s)
+        if not isinstance(self.summary, str) or not self.summary.strip():
+            raise _fail("RestartTrigger.summary", "expected a non-empty str", self.summary)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"since_s": self.since_s, "summary": self.summary}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RestartTrigger:
+        return from_data(cls, data, where="RestartTrigger.from_dict", error=PolicyTypeError)
 
 
 @dataclass(frozen=True, slots=True)
 class RestartRecommendation:
     """Restart the server with ``shape``: something a step table cannot do.
 
-    ``source`` says who concluded it: ``policy`` (a live policy from its estimators, e.g.
-    goodput when no table beats the server without the drafter) or ``replay`` (the
-    restart loop replaying the recent workload over candidate shapes). ``predicted_gain``
-    is relative (0.1 = +10 % goodput) against what runs now; ``evidence`` holds the
+    ``source`` says who concluded it (``RESTART_SOURCES``): ``replay``, the restart check
+    replaying the recent workload over candidate shapes. ``predicted_gain``
+    is relative (0.1 = +10 %) against what runs now, on ``metric`` (``RESTART_METRICS``;
+    records without one were on goodput); ``evidence`` holds the
     numbers behind it by name. Launch flags are derived from ``shape`` in one place
     (``adapters.launch_config``), never stored here in a second form.
     """
@@ -735,9 +764,12 @@ class RestartRecommendation:
     summary: str
     predicted_gain: float | None
     evidence: tuple[tuple[str, float], ...] = ()
+    metric: str = "goodput_tok_s"
 
     def __post_init__(self) -> None:
         _check_type("RestartRecommendation.shape", self.shape, SpecShape, "expected a SpecShape")
+        if self.metric not in RESTART_METRICS:
+            raise _fail("RestartRecommendation.metric", f"one of {RESTART_METRICS}", self.metric)
         if self.source not in RESTART_SOURCES:
             raise _fail("RestartRecommendation.source", f"one of {RESTART_SOURCES}", self.source)
         if not isinstance(self.summary, str) or not self.summary.strip():
@@ -812,7 +844,7 @@ def predicted_goodput_tok_s(
 @dataclass(frozen=True, slots=True)
 class Decision:
     """A guarded decision: the table the guard publishes (versioned, stamped with its TTL;
-    None: nothing to publish) and/or a restart recommendation, explained. Daemon policies
+    None: nothing to publish) and/or a trigger for the restart check, explained. Daemon policies
     answer with a :class:`Plan`; the guard makes the Decision from it.
 
     ``predictions``: the policy model's goodput per slot and steps (empty: it has no
@@ -825,7 +857,7 @@ class Decision:
     message: str
     expected_gain: float | None
     limited_by: tuple[str, ...] = ()
-    restart_recommendation: RestartRecommendation | None = None
+    restart_trigger: RestartTrigger | None = None
     predictions: tuple[GoodputPrediction, ...] = ()
 
     def __post_init__(self) -> None:
@@ -851,7 +883,7 @@ class Plan:
     message: str
     expected_gain: float | None
     limited_by: tuple[str, ...] = ()
-    restart_recommendation: RestartRecommendation | None = None
+    restart_trigger: RestartTrigger | None = None
     rules: tuple[tuple[int, SlotRule], ...] = ()
     # Slot lower bounds whose step is an experiment (a probe), not a prediction:
     # ``expected_gain`` leaves them out and the tolerance band lets them pass.
@@ -904,11 +936,9 @@ def _check_answer(owner: str, answer: Decision | Plan) -> None:
         isinstance(s, str) and s for s in answer.limited_by
     ):
         raise _fail(f"{owner}.limited_by", "expected a tuple of non-empty str", answer.limited_by)
-    if answer.restart_recommendation is not None and not isinstance(
-        answer.restart_recommendation, RestartRecommendation
+    if answer.restart_trigger is not None and not isinstance(
+        answer.restart_trigger, RestartTrigger
     ):
         raise _fail(
-            f"{owner}.restart_recommendation",
-            "expected None or a RestartRecommendation",
-            answer.restart_recommendation,
+            f"{owner}.restart_trigger", "expected None or a RestartTrigger", answer.restart_trigger
         )

@@ -19,7 +19,7 @@ One decision, in order (:func:`control_step`):
    change, so the next decision retries it with no dwell or rate-limit charge), the
    table in force advances only on success (or, in observe mode, to what would run),
    and the audit row is built (:class:`AuditRecord`).
-4. The executor records the row and surfaces a restart recommendation, if any.
+4. The executor records the row and hands a restart trigger, if any, to its restart check.
 
 No IO, no clock: time comes in :class:`ControlInputs`, CPU time through an injected timer.
 """
@@ -38,7 +38,7 @@ from specgov.policies.common.types import (
     Plan,
     PolicyTypeError,
     ReasonCode,
-    RestartRecommendation,
+    RestartTrigger,
     StepTable,
     TierStat,
     TierStatsSnapshot,
@@ -175,7 +175,8 @@ class AuditRecord:
     table_after: StepTable | None
     published: bool
     not_published: str | None = None
-    restart_recommendation: RestartRecommendation | None = None
+    # The policy asked for the restart check (its recommendation, if any, comes from there).
+    restart_trigger: RestartTrigger | None = None
     decide_ms: float | None = None
     # The table in force once the decision settled (what the engine follows now).
     table_in_force: StepTable | None = None
@@ -206,9 +207,9 @@ class AuditRecord:
             "table_before": None if self.table_before is None else self.table_before.to_dict(),
             "table_after": None if self.table_after is None else self.table_after.to_dict(),
             "published": self.published,
-            "restart_recommendation": None
-            if self.restart_recommendation is None
-            else self.restart_recommendation.to_dict(),
+            "restart_trigger": None
+            if self.restart_trigger is None
+            else self.restart_trigger.to_dict(),
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -246,9 +247,7 @@ class AuditRecord:
             table_before=decoded("table_before", StepTable.from_dict),
             table_after=decoded("table_after", StepTable.from_dict),
             published=bool(data.get("published", False)),
-            restart_recommendation=decoded(
-                "restart_recommendation", RestartRecommendation.from_dict
-            ),
+            restart_trigger=decoded("restart_trigger", RestartTrigger.from_dict),
             id=id,
         )
 
@@ -276,7 +275,9 @@ class ControlEffects(Protocol):
 
     def record(self, record: AuditRecord) -> None: ...
 
-    def recommend(self, recommendation: RestartRecommendation, record: AuditRecord) -> None: ...
+    def trigger_restart_check(self, trigger: RestartTrigger, record: AuditRecord) -> None:
+        """The policy asks for the restart check now (the executor decides when it runs)."""
+        ...
 
 
 PolicyBuilder = Callable[[str], GuardedPolicy[Any]]
@@ -440,7 +441,7 @@ class ControlCore:
             table_after=decision.table,
             published=ok,
             not_published=why if decision.table is not None else None,
-            restart_recommendation=decision.restart_recommendation,
+            restart_trigger=decision.restart_trigger,
             decide_ms=step.decide_ms,
             table_in_force=table,
             # Frozen telemetry: the model's numbers are as old as it; predict nothing.
@@ -493,8 +494,8 @@ def control_step(
     published = effects.publish(step.publish) if step.publish is not None else None
     record, state = core.settle(step, published)
     effects.record(record)
-    if record.restart_recommendation is not None:
-        effects.recommend(record.restart_recommendation, record)
+    if record.restart_trigger is not None:
+        effects.trigger_restart_check(record.restart_trigger, record)
     return record, state
 
 

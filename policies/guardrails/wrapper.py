@@ -387,7 +387,7 @@ def _commit(
         message="; ".join([headline, *notes]),
         expected_gain=gain,
         limited_by=limited,
-        restart_recommendation=ctx.inner_plan.restart_recommendation,
+        restart_trigger=ctx.inner_plan.restart_trigger,
         predictions=ctx.inner_plan.predictions,
     )
     return decision, state

@@ -30,7 +30,7 @@ from typing import Any
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import (
     Observation,
-    RestartRecommendation,
+    RestartTrigger,
     StepTable,
     TierStatsSnapshot,
 )
@@ -74,10 +74,12 @@ class ControlLoopConfig:
 
 @dataclass
 class ClosedLoopLog:
-    """What the loop recorded: the core's audit rows (the daemon's rows, one type)."""
+    """What the loop recorded: the core's audit rows (the daemon's rows, one type), and
+    the decisions' restart triggers (the restart check runs on the whole replay at its
+    end: controller.daemon.recommend.replay_restart_check)."""
 
     decisions: list[AuditRecord] = field(default_factory=list)
-    restart_recommendations: list[tuple[float, RestartRecommendation]] = field(default_factory=list)
+    restart_triggers: list[tuple[float, RestartTrigger]] = field(default_factory=list)
 
     @property
     def table_changes(self) -> int:
@@ -168,8 +170,8 @@ class ClosedLoop:
     def record(self, record: AuditRecord) -> None:
         self.log.decisions.append(record)
 
-    def recommend(self, recommendation: RestartRecommendation, record: AuditRecord) -> None:
-        self.log.restart_recommendations.append((record.time_s, recommendation))
+    def trigger_restart_check(self, trigger: RestartTrigger, record: AuditRecord) -> None:
+        self.log.restart_triggers.append((record.time_s, trigger))
 
     # The daemon tick -----------------------------------------------------------
 

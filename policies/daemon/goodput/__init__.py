@@ -71,15 +71,17 @@ Caution and exploration:
 * hysteresis: the current step is kept unless the best is better by more than
   ``hysteresis`` (relative), so estimation noise does not flip the table.
 
-Restart recommendation. A table cannot remove what the drafter costs at step 0 (the
+Restart trigger. A table cannot remove what the drafter costs at step 0 (the
 draft-extend pass and verify bookkeeping run on every step; the drafter's KV cache and
 the candidate steps' graphs shrink the KV pool). Per busy slot the policy also predicts
 the goodput (SLO sense) of the same server without the drafter (the learned step-0 time
 scaled by the prior's no-drafter/step-0 ratio). When that beats the plan by at least
 ``restart_min_gain`` (verify-weighted over the busy slots) for at least
 ``restart_after_s`` and long enough for the gain to pay back ``restart_cost_s`` of
-restart downtime, every decision carries ``restart_recommendation`` (a ``SpecShape``
-with algorithm ``NONE``) and says why in its message.
+restart downtime, every decision carries ``restart_trigger`` and says why in its message.
+The trigger predicts nothing: it asks the restart check (controller/daemon/recommend.py,
+the one calibrated predictor) to replay the window now; the recommendation, its gain,
+metric and configuration, are the check's.
 
 The decision holds (``HELD_UNKNOWN_TELEMETRY``, no table) when the tier statistics or
 the slot candidates are unknown; estimators still learn from whatever arrived. A

@@ -111,11 +111,12 @@ class GoodputConfig:
     accept_burstiness: float = 3.0
     # A slot is busy when it holds at least this share of the (decayed) verifies.
     busy_share: float = 0.05
-    # Recommend a restart without speculation once a server without the drafter has
-    # been predicted to beat the best table in the busy slots by at least
-    # restart_min_gain (goodput in the SLO sense) for at least restart_after_s (0: never
-    # recommend) and long enough that the gain pays back restart_cost_s, the downtime
-    # of a restart (weights, CUDA graphs), had it lasted as long again.
+    # Trigger the restart check (controller/daemon/recommend.py, which alone predicts a
+    # restart's gain) once a server without the drafter has been predicted to beat the
+    # best table in the busy slots by at least restart_min_gain (goodput in the SLO
+    # sense) for at least restart_after_s (0: never trigger; the check still runs on its
+    # schedule) and long enough that the gain pays back restart_cost_s, the downtime of a
+    # restart (weights, CUDA graphs), had it lasted as long again.
     restart_after_s: float = 60.0
     restart_min_gain: float = 0.05
     restart_cost_s: float = 60.0

@@ -47,10 +47,10 @@ def goodput_plan(
     predicted_moves = any(new != cur for _, new, cur in gains)
     expected_gain = expected_gain_of(gains) if predicted_moves else None
     summary = "; ".join(describe(p) for p in plans)
-    recommendation = None
+    trigger = None
     if restart is not None:
-        recommendation = restart.recommendation()
-        summary += "; " + restart.describe()
+        trigger = restart.trigger()
+        summary += "; " + trigger.summary
     reason = _reason(limited, changed)
     if not changed:
         return (
@@ -60,7 +60,7 @@ def goodput_plan(
                 message=f"goodput: table unchanged ({summary})",
                 expected_gain=expected_gain,
                 limited_by=tuple(limited),
-                restart_recommendation=recommendation,
+                restart_trigger=trigger,
             ),
             state,
         )
@@ -74,7 +74,7 @@ def goodput_plan(
             message=f"goodput: new table{gain_text} ({summary})",
             expected_gain=expected_gain,
             limited_by=tuple(limited),
-            restart_recommendation=recommendation,
+            restart_trigger=trigger,
             rules=rules,
             experiment_slots=experiments,
         ),

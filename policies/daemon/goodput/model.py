@@ -11,9 +11,8 @@ from typing import Final
 
 from specgov.policies.common.types import (
     Observation,
-    RestartRecommendation,
+    RestartTrigger,
     SlotRule,
-    SpecShape,
     TierStat,
     TierStatsSnapshot,
 )
@@ -383,38 +382,30 @@ class SlotWork:
 
 @dataclass(frozen=True, slots=True)
 class Restart:
+    """The policy's restart trigger: a server without the drafter has been predicted
+    better than the best table in the busy slots (by ``restart_min_gain``) since
+    ``since_s``. It only schedules the restart check (``trigger``); its own gain is the
+    condition that held, never shown as a prediction (the check has the one prediction)."""
+
+    since_s: float
     held_s: float
     slots: tuple[int, ...]
     steps: tuple[int, ...]
-    gain: float  # predicted, no drafter vs the best table (SLO-sense goodput)
+    min_gain: float  # the condition: at least this gain predicted without the drafter
     overhead: float  # share of a step-0 step the drafter costs
 
-    def recommendation(self) -> RestartRecommendation:
-        """The structured form the daemon records, shows, exports and may apply."""
-        slots = ", ".join(f"{b}:{k}" for b, k in zip(self.slots, self.steps, strict=True))
-        return RestartRecommendation(
-            shape=SpecShape("NONE", 0, 0, 0, ()),
-            source="policy",
-            summary=(
-                f"no speculation: predicted {self.gain:+.1%} goodput over the best table "
-                f"in the busy slots ({slots}) for {self.held_s:.0f} s"
-            ),
-            predicted_gain=self.gain,
-            evidence=(
-                ("held_s", self.held_s),
-                ("drafter_share_of_step0", self.overhead),
-            ),
-        )
+    def trigger(self) -> RestartTrigger:
+        """What the daemon's restart loop and the replay's restart check are handed."""
+        return RestartTrigger(since_s=self.since_s, summary=self.describe())
 
     def describe(self) -> str:
         slots = ", ".join(f"{b}:{k}" for b, k in zip(self.slots, self.steps, strict=True))
         return (
-            f"restart recommended without speculation (--speculative-algorithm NONE): for "
-            f"{self.held_s:.0f} s a server without the drafter has been predicted "
-            f"{self.gain:+.1%} goodput over the best table in the busy slots ({slots}); "
-            f"a table cannot get there: even at step 0 every step pays the drafter "
-            f"({self.overhead:.1%} of it: draft-extend, verify bookkeeping), and without "
-            f"it the KV pool is larger (no draft KV cache, no candidate-step graphs)"
+            f"restart check triggered: for {self.held_s:.0f} s a server without the drafter "
+            f"has looked at least {self.min_gain:.0%} better than the best table in the busy "
+            f"slots ({slots}); even at step 0 every step pays the drafter "
+            f"({self.overhead:.1%} of it); the restart check replays the window to say "
+            f"whether a restart pays, and into what"
         )
 
 
