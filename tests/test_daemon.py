@@ -395,10 +395,11 @@ def test_overrides_survive_a_policy_switch_and_restart_and_a_clear_survives_a_ki
     asyncio.run(third.close())
 
 
-class _RecommendingPolicy:
-    """A daemon policy that holds the table and recommends a restart without the drafter."""
+class _TriggeringPolicy:
+    """A daemon policy that holds the table and triggers the restart check (a regime it
+    has seen for 300 s), as goodput does when no table beats the plain server."""
 
-    name = "recommender"
+    name = "trigger"
 
     def initial_state(self) -> Any:
         from specgov.policies.daemon.schedules import NonePolicy
@@ -411,27 +412,13 @@ class _RecommendingPolicy:
         return NonePolicy().state_from_dict(data)
 
     def decide(self, observation: Any, state: Any, budget: Any) -> tuple[Any, Any]:
-        from specgov.policies.common.types import (
-            Plan,
-            ReasonCode,
-            RestartRecommendation,
-            SpecShape,
-        )
+        from specgov.policies.common.types import Plan, ReasonCode, RestartTrigger
 
-        rec = RestartRecommendation(
-            SpecShape("NONE", 0, 0, 0, ()),
-            "policy",
-            "no speculation: the drafter costs more than it returns",
-            0.2,
-            (("held_s", 300.0),),
-        )
-        return (
-            Plan(None, ReasonCode.HELD_NO_CHANGE, "holding", None, (), rec),
-            state,
-        )
+        trigger = RestartTrigger(observation.time_s - 300.0, "plain has looked better")
+        return Plan(None, ReasonCode.HELD_NO_CHANGE, "holding", None, (), trigger), state
 
 
-def test_a_restart_recommendation_is_structured_everywhere_and_reaches_the_apply_hook(
+def test_a_trigger_is_audited_and_only_the_restart_checks_recommendation_is_shown(
     sim: SimServer, tmp_path: Path
 ) -> None:
     import sys
@@ -443,6 +430,7 @@ def test_a_restart_recommendation_is_structured_everywhere_and_reaches_the_apply
     from specgov.controller.cli.main import main as cli
     from specgov.controller.daemon.control_api import make_app
     from specgov.controller.daemon.own_metrics import render_metrics
+    from specgov.policies.common.types import RestartRecommendation, SpecShape
     from specgov.policies.control.core import ControlCore
     from specgov.policies.guardrails import GuardedPolicy
 
@@ -451,11 +439,20 @@ def test_a_restart_recommendation_is_structured_everywhere_and_reaches_the_apply
     config = _config(sim, tmp_path, **{"recommend.apply_command": [sys.executable, "-c", hook]})
     store = StateStore(config.state.db_path)
     daemon = Daemon(config, store=store)
-    guarded = GuardedPolicy(_RecommendingPolicy())
+    guarded = GuardedPolicy(_TriggeringPolicy())
     daemon.core = ControlCore(lambda _spec: guarded, config.budget, "plugin")
-    daemon.core_state = daemon.core.initial_state("recommender")
+    daemon.core_state = daemon.core.initial_state("trigger")
+    # What the restart check concludes (controller/daemon/recommend.py): the one predictor.
+    rec = RestartRecommendation(
+        SpecShape("NONE", 0, 0, 0, ()),
+        "replay",
+        "no speculation (replay of the recent workload)",
+        0.2,
+        (("window_s", 300.0),),
+        metric="throughput_tok_s",
+    )
 
-    async def go() -> str:
+    async def go() -> tuple[str, Any]:
         runner = web.AppRunner(make_app(daemon, token=None, listen_host="127.0.0.1"))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -463,6 +460,10 @@ def test_a_restart_recommendation_is_structured_everywhere_and_reaches_the_apply
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         try:
             await _rounds(daemon, 1)
+            # The trigger alone shows no recommendation (a check of a window too short
+            # to replay says nothing).
+            before = (daemon.status()["recommendation"] or {}).get("source")
+            await daemon.restart.maybe_apply(daemon.restart.surface(rec, time.time()))
             end = time.monotonic() + 60
             while not handed.exists() and time.monotonic() < end:
                 await asyncio.sleep(0.05)  # waiting on the hook's file, bounded
@@ -472,24 +473,29 @@ def test_a_restart_recommendation_is_structured_everywhere_and_reaches_the_apply
                 ["recommend", "--output", "json", "--control-addr", f"127.0.0.1:{port}"],
             )
             assert result.exit_code == 0, result.output
-            return result.output
+            return result.output, before
         finally:
             await runner.cleanup()
             await daemon.close()
 
-    cli_out = json.loads(asyncio.run(go()))
-    # The CLI, the status and the audit row carry the same structured recommendation.
-    for doc in (cli_out, daemon.status()["recommendation"]):
-        assert doc["shape"]["algorithm"] == "NONE" and doc["source"] == "policy"
-        assert doc["predicted_gain"] == 0.2 and doc["evidence"] == {"held_s": 300.0}
+    out, before = asyncio.run(go())
+    assert before is None
+    cli_out = json.loads(out)
+    # The audit row carries the trigger, not a prediction.
     (row,) = store.decisions(limit=1)
-    assert row.restart_recommendation is not None
-    assert row.restart_recommendation.shape.algorithm == "NONE"
+    assert (
+        row.restart_trigger is not None and row.restart_trigger.summary == "plain has looked better"
+    )
+    assert "restart_recommendation" not in row.to_dict()
+    # The CLI, the status and the metric carry the check's recommendation and its metric.
+    for doc in (cli_out, daemon.status()["recommendation"]):
+        assert doc["shape"]["algorithm"] == "NONE" and doc["source"] == "replay"
+        assert (doc["predicted_gain"], doc["metric"]) == (0.2, "throughput_tok_s")
     text = render_metrics(daemon.registry)[0].decode()
     assert (
-        'specgov_restart_recommended_gain_ratio{algorithm="NONE",num_steps="0",source="policy"} 0.2'
-        in text
-    )
+        'specgov_restart_recommended_gain_ratio{algorithm="NONE",metric="throughput_tok_s",'
+        'num_steps="0",source="replay"} 0.2'
+    ) in text
     assert handed.exists(), "the apply hook was not run"
     assert json.loads(handed.read_text())["key"] == cli_out["key"]
     store.close()

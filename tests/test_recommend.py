@@ -317,7 +317,7 @@ def test_budget_vram_gib_from_the_config_reaches_the_restart_loop(tmp_path: Path
     class Telemetry:  # the window the restart loop summarises
         observation = None
 
-        def workload_summary(self) -> WorkloadSummary:
+        def workload_summary(self, since_s: float | None = None) -> WorkloadSummary:
             return LIGHT
 
     status = DaemonStatus(started_at_s=0.0)
@@ -352,3 +352,91 @@ def test_a_saturated_window_is_judged_on_throughput() -> None:
     assert measured_gain(rows[1], rows[0], "throughput_tok_s") == pytest.approx(0.15)
     with pytest.raises(RecommendError, match="metric must be one of"):
         choose_candidate(rows, rows[0], "tokens")
+
+
+# ------------------------------------------------------- the policy's restart trigger
+
+# A light load whose table in force runs 0 steps (a poor drafter): the plain server keeps
+# the goodput and cuts TPOT p50 (the check's tie-break), by more than 10 % (measured).
+POOR_AT_ZERO = WorkloadSummary(
+    window_s=300,
+    request_rate_rps=4.0,
+    mean_input_tokens=500,
+    mean_output_tokens=150,
+    accept_length=1.15,
+    current_steps=1,
+    table=((1, 0),),
+)
+
+
+def test_a_policy_trigger_runs_the_calibrated_check_once_per_regime(tmp_path: Path) -> None:
+    """A policy's restart trigger predicts nothing: the daemon's restart loop answers it
+    with the restart check over the trigger's window, whose recommendation (gain, metric,
+    configuration) is the one status, store and metrics show; once per regime."""
+    import asyncio
+    import time
+
+    from prometheus_client import CollectorRegistry
+
+    from specgov.controller.daemon.config import load_config
+    from specgov.controller.daemon.own_metrics import DaemonMetrics, render_metrics
+    from specgov.controller.daemon.restart_loop import RestartLoop
+    from specgov.controller.daemon.status_view import DaemonStatus
+    from specgov.policies.common.types import RestartTrigger
+
+    path = tmp_path / "specgov.yaml"
+    path.write_text("budget:\n  slo_tpot_ms: 50\n", encoding="utf-8")
+    config = load_config(path, env={})
+    windows: list[float | None] = []
+
+    class Telemetry:  # the window the restart loop summarises
+        observation = None
+
+        def workload_summary(self, since_s: float | None = None) -> WorkloadSummary:
+            windows.append(since_s)
+            return POOR_AT_ZERO
+
+    now = [1000.0]
+    stored: dict[str, Any] = {}
+    status = DaemonStatus(started_at_s=0.0)
+    metrics = DaemonMetrics(CollectorRegistry())
+    loop = RestartLoop(
+        lambda: config,
+        telemetry=Telemetry(),  # type: ignore[arg-type]
+        metrics=metrics,
+        status_info=status,
+        clock=lambda: now[0],
+        snapshot=lambda key, _write: stored.setdefault(key, True),
+        stop=asyncio.Event(),
+        every=None,  # type: ignore[arg-type]
+    )
+    young = RestartTrigger(since_s=950.0, summary="plain has looked better for 50 s")
+    trigger = RestartTrigger(since_s=700.0, summary="plain has looked better for 300 s")
+
+    async def go() -> None:
+        assert not loop.trigger(young, now[0])  # a burst so far: no check yet
+        assert loop.trigger(trigger, now[0])
+        assert not loop.trigger(trigger, now[0])  # one check at a time
+        end = time.monotonic() + 300
+        while (status.recommendation is None) and time.monotonic() < end:
+            await asyncio.sleep(0.05)  # waiting on the check's result, bounded
+        now[0] += 600.0
+        assert not loop.trigger(trigger, now[0])  # the same regime: checked once
+
+    asyncio.run(go())
+    assert windows == [trigger.since_s]  # the trigger's regime is the window replayed
+    expected = recommend(
+        POOR_AT_ZERO, **H100, current=None, slo_tpot_ms=50.0, vram_gib=config.budget.vram_gib
+    )
+    assert restart_recommendation(expected, drafter="eagle3") is not None
+    doc = status.recommendation
+    assert doc is not None and doc["source"] == "replay"
+    assert doc["shape"]["algorithm"] == expected.shape.algorithm == "NONE"
+    assert (doc["metric"], doc["predicted_gain"]) == (expected.metric, expected.predicted_gain)
+    assert doc["details"]["trigger"] == trigger.to_dict()
+    assert "setting:recommendation" in stored
+    text = render_metrics(metrics.registry)[0].decode()
+    assert (
+        f'specgov_restart_recommended_gain_ratio{{algorithm="NONE",metric="{expected.metric}",'
+        f'num_steps="0",source="replay"}} {expected.predicted_gain}'
+    ) in text
