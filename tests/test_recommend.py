@@ -161,6 +161,8 @@ def test_the_window_acceptance_at_zero_busy_steps_is_the_last_measured_above_zer
     assert window_acceptance(samples, 3) == (1.0, 3)  # the last sample, at the busy steps
     assert window_acceptance([(None, 0), (1.0, 0)], 0) == (None, 0)  # the catalog's profile
     assert window_acceptance([], None) == (None, None)
+    # A window ending in a drain (nothing verified in its last scrape): the last known one.
+    assert window_acceptance([(1.09, 1), (1.06, 0), (None, 1)], 1) == (1.06, 1)
 
 
 def test_the_baseline_is_the_table_as_its_rules_ran_at_the_windows_acceptance() -> None:

@@ -192,12 +192,12 @@ def dashboard() -> dict[str, Any]:
     )
     d.panel(
         "Restart recommendation",
-        "Predicted relative goodput gain of the restart recommendation in force "
-        "(`specgov recommend` has the launch flags).",
+        "Predicted relative gain of the restart check's recommendation in force, on its "
+        "metric (`specgov recommend` has the launch flags).",
         [
             (
                 "specgov_restart_recommended_gain_ratio",
-                "{{source}}: {{algorithm}} {{num_steps}} steps",
+                "{{source}}: {{algorithm}} {{num_steps}} steps, on {{metric}}",
             )
         ],
         unit="percentunit",
