@@ -64,7 +64,8 @@ class RestartLoop:
 
     def trigger(self, trigger: RestartTrigger, time_s: float) -> bool:
         """A policy's restart trigger at *time_s*: start a check of the window since the
-        trigger's regime began when one is due (module docstring); True when started."""
+        trigger's regime began when one is due (module docstring; never with
+        ``recommend.enabled`` false); True when started."""
         from specgov.controller.daemon.recommend import SUSTAINED_S
 
         due = (
