@@ -40,7 +40,8 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.types import PolicyTypeError, StepTable
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import PolicyTypeError
 from specgov.policies.common.validation import is_int, is_real
 
 logger = logging.getLogger(__name__)

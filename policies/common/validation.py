@@ -30,6 +30,7 @@ __all__ = [
     "check_opt_int",
     "check_opt_real",
     "check_real",
+    "check_type",
     "int_form",
     "is_int",
     "is_real",
@@ -202,3 +203,11 @@ def check_bool(where: str, value: object, *, error: ErrorFactory, form: str = "a
     if not isinstance(value, bool):
         raise error(f"{where}: expected {form}, got {value!r}")
     return value
+
+
+def check_type(
+    where: str, value: object, cls: type | tuple[type, ...], *, error: ErrorFactory, form: str
+) -> None:
+    """Raise ``error`` unless ``value`` is an instance of ``cls`` (``form`` names it)."""
+    if not isinstance(value, cls):
+        raise error(f"{where}: expected {form}, got {value!r}")

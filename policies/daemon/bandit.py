@@ -89,15 +89,9 @@ from typing import Any, Final
 
 import numpy as np
 
-from specgov.policies.common.types import (
-    Budget,
-    Observation,
-    Plan,
-    PolicyTypeError,
-    ReasonCode,
-    TierStat,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.decisions import Plan, ReasonCode
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.types import Budget, PolicyTypeError, TierStat, TierStatsSnapshot
 from specgov.policies.common.validation import check_int, check_real, is_int, is_real
 from specgov.policies.daemon.schedules import (
     PolicyStateError,

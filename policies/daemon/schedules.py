@@ -27,15 +27,10 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
 from specgov.policies.common.codec import from_versioned, to_versioned
+from specgov.policies.common.decisions import Plan, ReasonCode
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.types import (
-    Budget,
-    Observation,
-    Plan,
-    PolicyTypeError,
-    ReasonCode,
-    SlotLayout,
-)
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.types import Budget, PolicyTypeError, SlotLayout
 from specgov.policies.common.validation import check_int, is_int
 
 STATE_VERSION: Final = 1

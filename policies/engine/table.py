@@ -62,13 +62,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-from specgov.policies.common.types import (
-    PolicyTypeError,
-    SlotRule,
-    StepTable,
-    TierStat,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.step_table import SlotRule, StepTable
+from specgov.policies.common.types import PolicyTypeError, TierStat, TierStatsSnapshot
 from specgov.policies.common.validation import is_int, is_real
 from specgov.policies.engine.ema import EmaPolicy
 

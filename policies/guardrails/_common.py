@@ -7,12 +7,9 @@ from dataclasses import fields
 from typing import Any, Final, TypeAlias, TypeVar
 
 from specgov.policies.common.codec import NonNegInt, PosInt
-from specgov.policies.common.types import (
-    Observation,
-    PolicyTypeError,
-    ReasonCode,
-    SlotLayout,
-)
+from specgov.policies.common.decisions import ReasonCode
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.types import PolicyTypeError, SlotLayout
 from specgov.policies.common.validation import (
     check_bool,
     check_int,

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from specgov.policies.common.types import Plan, ReasonCode, StepTable
+from specgov.policies.common.decisions import Plan, ReasonCode
+from specgov.policies.common.step_table import StepTable
 from specgov.policies.daemon.goodput.model import Restart, SlotPlan, describe, expected_gain_of
 from specgov.policies.daemon.goodput.rules import rule_cuts
 from specgov.policies.daemon.goodput.state import GoodputState

@@ -9,16 +9,10 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from specgov.policies.common.types import (
-    Budget,
-    GoodputPrediction,
-    Observation,
-    Plan,
-    ReasonCode,
-    SlotLayout,
-    SlotRule,
-    StepTable,
-)
+from specgov.policies.common.decisions import GoodputPrediction, Plan, ReasonCode
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import SlotRule, StepTable
+from specgov.policies.common.types import Budget, SlotLayout
 from specgov.policies.daemon.estimators.acceptance import (
     acceptance_estimate,
     initial_acceptance_state,

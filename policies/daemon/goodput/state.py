@@ -9,11 +9,8 @@ from typing import Any
 import numpy as np
 
 from specgov.policies.common.codec import from_data, to_data
-from specgov.policies.common.types import (
-    PolicyTypeError,
-    SlotRule,
-    StepTable,
-)
+from specgov.policies.common.step_table import SlotRule, StepTable
+from specgov.policies.common.types import PolicyTypeError
 from specgov.policies.common.validation import all_real, check_int, is_int, is_real
 from specgov.policies.daemon.estimators.acceptance import (
     AcceptanceState,
