@@ -31,7 +31,7 @@ from specgov.policies.common.decisions import Plan, ReasonCode
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.observation import Observation
 from specgov.policies.common.types import Budget, PolicyTypeError, SlotLayout
-from specgov.policies.common.validation import check_int, is_int
+from specgov.policies.common.validation import check_int, check_keys, is_int
 
 STATE_VERSION: Final = 1
 
@@ -114,15 +114,7 @@ def check_state_keys(
 ) -> None:
     """Exactly ``keys`` present (``dropped``: keys older states carry, allowed and
     ignored) and ``version`` == STATE_VERSION, else PolicyStateError."""
-    if not isinstance(data, Mapping):
-        raise PolicyStateError(f"{owner}.from_dict: expected a mapping, got {data!r}")
-    missing = [k for k in keys if k not in data]
-    unknown = sorted(str(k) for k in data if k not in keys and k not in dropped)
-    if missing or unknown:
-        raise PolicyStateError(
-            f"{owner}.from_dict: missing key(s) {missing}, unknown key(s) {unknown}; "
-            f"expected keys {sorted(keys)}"
-        )
+    data = check_keys(f"{owner}.from_dict", data, keys, error=PolicyStateError, ignored=dropped)
     version = data["version"]
     if isinstance(version, bool) or version != STATE_VERSION:
         raise PolicyStateError(

@@ -11,7 +11,7 @@ import numpy as np
 from specgov.policies.common.codec import from_data, to_data
 from specgov.policies.common.step_table import SlotRule, StepTable
 from specgov.policies.common.types import PolicyTypeError
-from specgov.policies.common.validation import all_real, check_int, is_int, is_real
+from specgov.policies.common.validation import all_real, check_int, check_keys, is_int, is_real
 from specgov.policies.daemon.estimators.acceptance import (
     AcceptanceState,
 )
@@ -186,13 +186,7 @@ class GoodputState:
             keys = (keys - {"last_slots", "last_rules"}) | {"last_table"}
         if version in (1, 2, 3):
             keys -= {"first_draft"}
-        missing = sorted(keys - set(data))
-        unknown = sorted(str(k) for k in set(data) - keys)
-        if missing or unknown:
-            raise PolicyTypeError(
-                f"GoodputState.from_dict: missing key(s) {missing}, unknown key(s) {unknown}; "
-                f"expected keys {sorted(keys)}"
-            )
+        check_keys("GoodputState.from_dict", data, sorted(keys), error=PolicyTypeError)
         raw_rng = data["rng_state"]
         try:
             if not isinstance(raw_rng, list | tuple) or len(raw_rng) != 4:
