@@ -17,7 +17,7 @@ from specgov.policies.common.step_table import (
     slot_index,
 )
 from specgov.policies.common.types import PolicyTypeError, SpecShape
-from specgov.policies.common.validation import check_int, check_real, check_type
+from specgov.policies.common.validation import check_fields, check_int, check_real, check_type
 
 
 class ReasonCode(StrEnum):
@@ -117,15 +117,22 @@ class GoodputPrediction:
     share: float
 
     def __post_init__(self) -> None:
-        check_int("GoodputPrediction.slot", self.slot, error=PolicyTypeError, minimum=0)
-        check_int("GoodputPrediction.steps", self.steps, error=PolicyTypeError, minimum=0)
-        check_real(
-            "GoodputPrediction.goodput_tok_s",
-            self.goodput_tok_s,
+        check_fields(
+            "GoodputPrediction",
+            self,
+            ("slot", "steps"),
+            check_int,
+            error=PolicyTypeError,
+            minimum=0,
+        )
+        check_fields(
+            "GoodputPrediction",
+            self,
+            ("goodput_tok_s", "share"),
+            check_real,
             error=PolicyTypeError,
             minimum=0.0,
         )
-        check_real("GoodputPrediction.share", self.share, error=PolicyTypeError, minimum=0.0)
 
 
 def predicted_goodput_tok_s(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
 
 from specgov.policies.common.step_table import StepTable
 from specgov.policies.common.types import (
@@ -14,7 +15,31 @@ from specgov.policies.common.types import (
     SpecShape,
     TierStatsSnapshot,
 )
-from specgov.policies.common.validation import check_opt_int, check_opt_real, check_real, is_int
+from specgov.policies.common.validation import (
+    check_fields,
+    check_opt_int,
+    check_opt_real,
+    check_real,
+    is_int,
+)
+
+# The counts (ints >= 0) and amounts (finite numbers >= 0) an observation may leave
+# unknown (None); the load's counts are also a LoadSnapshot's.
+_LOAD_COUNTS: Final = ("running_requests", "queued_requests", "kv_capacity_tokens")
+_COUNTS: Final = (
+    "generation_tokens",
+    "verify_calls",
+    "retractions",
+    "spec_num_steps",
+    *_LOAD_COUNTS,
+)
+_AMOUNTS: Final = (
+    "window_s",
+    "token_usage",
+    "gen_throughput_tok_s",
+    "accept_length",
+    "staleness_s",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,20 +52,11 @@ class LoadSnapshot:
     kv_capacity_tokens: int | None
 
     def __post_init__(self) -> None:
-        check_opt_int(
-            "LoadSnapshot.running_requests", self.running_requests, error=PolicyTypeError, minimum=0
-        )
-        check_opt_int(
-            "LoadSnapshot.queued_requests", self.queued_requests, error=PolicyTypeError, minimum=0
+        check_fields(
+            "LoadSnapshot", self, _LOAD_COUNTS, check_opt_int, error=PolicyTypeError, minimum=0
         )
         check_opt_real(
             "LoadSnapshot.token_usage", self.token_usage, error=PolicyTypeError, minimum=0.0
-        )
-        check_opt_int(
-            "LoadSnapshot.kv_capacity_tokens",
-            self.kv_capacity_tokens,
-            error=PolicyTypeError,
-            minimum=0,
         )
 
 
@@ -97,19 +113,9 @@ class Observation:
 
     def __post_init__(self) -> None:
         check_real("Observation.time_s", self.time_s, error=PolicyTypeError)
-        check_opt_real("Observation.window_s", self.window_s, error=PolicyTypeError, minimum=0.0)
-        check_opt_int(
-            "Observation.generation_tokens",
-            self.generation_tokens,
-            error=PolicyTypeError,
-            minimum=0,
-        )
-        check_opt_int(
-            "Observation.verify_calls", self.verify_calls, error=PolicyTypeError, minimum=0
-        )
-        check_opt_int("Observation.retractions", self.retractions, error=PolicyTypeError, minimum=0)
-        check_opt_int(
-            "Observation.spec_num_steps", self.spec_num_steps, error=PolicyTypeError, minimum=0
+        check_fields("Observation", self, _COUNTS, check_opt_int, error=PolicyTypeError, minimum=0)
+        check_fields(
+            "Observation", self, _AMOUNTS, check_opt_real, error=PolicyTypeError, minimum=0.0
         )
         if self.slot_candidates is not None:
             bounds = [b for b, _ in self.slot_candidates]

@@ -19,7 +19,13 @@ import msgspec
 
 from specgov.policies.common.codec import NonNegInt, from_versioned, to_versioned
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.validation import check_int, check_opt_real, check_real, is_int
+from specgov.policies.common.validation import (
+    check_fields,
+    check_int,
+    check_opt_real,
+    check_real,
+    is_int,
+)
 
 SCHEMA_VERSION: Final = 1
 
@@ -37,6 +43,9 @@ ALGORITHMS: Final = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"
 # SGLang forces num_draft_tokens = num_steps + 1 when topk == 1 for the EAGLE family
 # (arg_groups/speculative_hook.py, _handle_eagle_family); NGRAM sizes its drafts itself.
 _EAGLE_FAMILY: Final = frozenset({"EAGLE", "EAGLE3", "NEXTN", "STANDALONE"})
+# The sizes of a speculating shape (each >= 1) and the counts of a tier (each >= 0).
+_SHAPE_SIZES: Final = ("num_steps", "topk", "num_draft_tokens")
+_TIER_COUNTS: Final = ("slot", "steps", "verify_calls", "requests")
 
 
 class PolicyTypeError(SpecgovError, ValueError):
@@ -83,7 +92,7 @@ class SpecShape:
             )
         _check_steps_tuple("SpecShape.candidate_steps", self.candidate_steps)
         if self.algorithm == "NONE":
-            for name in ("num_steps", "topk", "num_draft_tokens"):
+            for name in _SHAPE_SIZES:
                 value = getattr(self, name)
                 if not is_int(value) or value != 0:
                     raise PolicyTypeError.bad(
@@ -96,11 +105,7 @@ class SpecShape:
                     self.candidate_steps,
                 )
             return
-        check_int("SpecShape.num_steps", self.num_steps, error=PolicyTypeError, minimum=1)
-        check_int("SpecShape.topk", self.topk, error=PolicyTypeError, minimum=1)
-        check_int(
-            "SpecShape.num_draft_tokens", self.num_draft_tokens, error=PolicyTypeError, minimum=1
-        )
+        check_fields("SpecShape", self, _SHAPE_SIZES, check_int, error=PolicyTypeError, minimum=1)
         if (
             self.algorithm in _EAGLE_FAMILY
             and self.topk == 1
@@ -176,10 +181,7 @@ class TierStat:
     batch_size_sum: int
 
     def __post_init__(self) -> None:
-        check_int("TierStat.slot", self.slot, error=PolicyTypeError, minimum=0)
-        check_int("TierStat.steps", self.steps, error=PolicyTypeError, minimum=0)
-        check_int("TierStat.verify_calls", self.verify_calls, error=PolicyTypeError, minimum=0)
-        check_int("TierStat.requests", self.requests, error=PolicyTypeError, minimum=0)
+        check_fields("TierStat", self, _TIER_COUNTS, check_int, error=PolicyTypeError, minimum=0)
         hist = self.accepted_hist
         if (
             not isinstance(hist, tuple)
