@@ -6,9 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-import numpy as np
-
 from specgov.policies.common.codec import from_data, to_data
+from specgov.policies.common.rng import RngState
 from specgov.policies.common.step_table import SlotRule, StepTable
 from specgov.policies.common.types import PolicyTypeError
 from specgov.policies.common.validation import all_real, check_int, check_keys, is_int, is_real
@@ -25,29 +24,6 @@ from specgov.policies.daemon.goodput.config import (
 
 # ---------------------------------------------------------------------------- state
 
-_RngState = tuple[int, int, int, int]  # PCG64 (state, inc, has_uint32, uinteger)
-
-
-def rng_state_of(gen: np.random.Generator) -> _RngState:
-    st = gen.bit_generator.state
-    return (
-        int(st["state"]["state"]),
-        int(st["state"]["inc"]),
-        int(st["has_uint32"]),
-        int(st["uinteger"]),
-    )
-
-
-def generator(state: _RngState) -> np.random.Generator:
-    bit = np.random.PCG64(0)
-    bit.state = {
-        "bit_generator": "PCG64",
-        "state": {"state": state[0], "inc": state[1]},
-        "has_uint32": state[2],
-        "uinteger": state[3],
-    }
-    return np.random.Generator(bit)
-
 
 @dataclass(frozen=True, slots=True)
 class GoodputState:
@@ -58,7 +34,7 @@ class GoodputState:
     # The steps and live-acceptance rules of the last plan proposed (None: none yet), so
     # a proposal the guardrails held stays pending.
     last_slots: tuple[tuple[int, int], ...] | None
-    rng_state: _RngState
+    rng_state: RngState
     # Per slot: decayed (batch_size_sum, verify_calls), for the representative batch.
     batch: tuple[tuple[int, float, float], ...] = ()
     last_probe_s: float | None = None
