@@ -11,13 +11,12 @@ what a policy sees (``observation``) and what it answers (``decisions``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Final, TypeAlias
+from typing import Annotated, ClassVar, Final, TypeAlias
 
 import msgspec
 
-from specgov.policies.common.codec import NonNegInt, from_versioned, to_versioned
+from specgov.policies.common.codec import NonNegInt, Versioned
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import (
     check_fields,
@@ -73,11 +72,15 @@ def _check_steps_tuple(where: str, value: object) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class SpecShape:
+class SpecShape(Versioned):
     """Restart-level speculation shape: what SGLang can only change at launch."""
 
     # Nested in a recommendation it is in its own to_dict form, with "schema".
     CODEC_TOLERATED_KEYS: ClassVar[frozenset[str]] = frozenset({"schema"})
+    # Versioned under "schema", as launch documents and recommendations carry it.
+    CODEC_VERSION = SCHEMA_VERSION
+    CODEC_VERSION_KEY = "schema"
+    CODEC_ERROR = PolicyTypeError
 
     algorithm: str
     num_steps: int
@@ -116,21 +119,6 @@ class SpecShape:
                 f"expected num_steps + 1 = {self.num_steps + 1} when topk == 1 (as SGLang forces)",
                 self.num_draft_tokens,
             )
-
-    # Versioned under "schema", as launch documents and recommendations carry it.
-    def to_dict(self) -> dict[str, Any]:
-        return to_versioned(self, SCHEMA_VERSION, key="schema")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SpecShape:
-        return from_versioned(
-            cls,
-            data,
-            SCHEMA_VERSION,
-            key="schema",
-            where="SpecShape.from_dict",
-            error=PolicyTypeError,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,8 +220,13 @@ class TierStat:
 
 
 @dataclass(frozen=True, slots=True)
-class TierStatsSnapshot:
+class TierStatsSnapshot(Versioned):
     """Per-tier statistics recorded in one window [window_start_s, window_end_s]."""
+
+    # Versioned under "schema": the spool's stats file, read by another process.
+    CODEC_VERSION = SCHEMA_VERSION
+    CODEC_VERSION_KEY = "schema"
+    CODEC_ERROR = PolicyTypeError
 
     window_start_s: float
     window_end_s: float
@@ -265,18 +258,3 @@ class TierStatsSnapshot:
             if t.slot == slot and t.steps == steps:
                 return t
         return None
-
-    # Versioned under "schema": the spool's stats file, read by another process.
-    def to_dict(self) -> dict[str, Any]:
-        return to_versioned(self, SCHEMA_VERSION, key="schema")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> TierStatsSnapshot:
-        return from_versioned(
-            cls,
-            data,
-            SCHEMA_VERSION,
-            key="schema",
-            where="TierStatsSnapshot.from_dict",
-            error=PolicyTypeError,
-        )

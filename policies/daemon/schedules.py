@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from specgov.policies.common.codec import from_versioned, to_versioned
+from specgov.policies.common.codec import Versioned
 from specgov.policies.common.decisions import Plan, ReasonCode
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.observation import Observation
@@ -89,7 +89,7 @@ class PolicyStateError(SpecgovError, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class FixedState:
+class FixedState(Versioned):
     """State of a fixed policy: nothing (its rule never learns).
 
     A state saved before the guard owned the table versions held the policy's copy of its
@@ -97,16 +97,9 @@ class FixedState:
     """
 
     CODEC_TOLERATED_KEYS: ClassVar[frozenset[str]] = frozenset({"table"})
-
     # The PolicyState protocol's pair (the daemon saves any policy's state), versioned.
-    def to_dict(self) -> dict[str, Any]:
-        return to_versioned(self, STATE_VERSION)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> FixedState:
-        return from_versioned(
-            cls, data, STATE_VERSION, where="FixedState.from_dict", error=PolicyStateError
-        )
+    CODEC_VERSION = STATE_VERSION
+    CODEC_ERROR = PolicyStateError
 
 
 def check_state_keys(
