@@ -1,4 +1,5 @@
-"""Build the policies' :class:`~specgov.policies.common.observation.Observation` from SGLang telemetry.
+"""Build the policies' :class:`~specgov.policies.common.observation.Observation` from
+SGLang telemetry.
 
 :class:`ObservationBuilder` is a pure state machine: feed it, in time order, the client
 time of a scrape, the parsed ``/metrics`` snapshot, and the ``/server_info`` and

@@ -90,10 +90,13 @@ class SlotConfig:
     ceiling_coeff: float = DEFAULT_CEILING_COEFF
 
     def __post_init__(self) -> None:
-        if not is_int(self.bound) or self.bound < 0:
-            raise AdaptiveConfigError(
-                f"SlotConfig.bound: expected a non-negative int, got {self.bound!r}"
-            )
+        check_int(
+            "SlotConfig.bound",
+            self.bound,
+            error=AdaptiveConfigError,
+            minimum=0,
+            form="a non-negative int",
+        )
         steps = self.candidate_steps
         if (
             not isinstance(steps, tuple)
