@@ -27,7 +27,7 @@ from pathlib import Path
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.common.types import SlotRule, StepTable
+from specgov.policies.common.step_table import SlotRule, StepTable
 from specgov.policies.engine.ema import EmaPolicy
 
 BUDGET_GET_US = 2.0
