@@ -233,6 +233,13 @@ _client_options = opt.compose(
         "A table for people, or the daemon's JSON (exact values, epoch seconds) for scripts."
     ),
 )
+
+
+def _slot_option(help: str) -> Callable[[Any], Any]:
+    """``--slot N``: a batch-size slot by its lower bound (none by default)."""
+    return click.option("--slot", type=click.IntRange(min=1), default=None, help=help)
+
+
 _verbose_option = click.option(
     "--verbose",
     "-v",
@@ -467,12 +474,7 @@ def override_group() -> None:
 
 @override_group.command("set")
 @_client_options
-@click.option(
-    "--slot",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Batch-size slot (its lower bound, as `specgov status` lists them).",
-)
+@_slot_option("Batch-size slot (its lower bound, as `specgov status` lists them).")
 @click.option(
     "--steps",
     type=click.IntRange(min=0),
@@ -514,7 +516,7 @@ def override_set(
 @override_group.command("clear")
 @_client_options
 @click.option("--id", "override_id", default=None, help="The override's id (override list).")
-@click.option("--slot", type=click.IntRange(min=1), default=None, help="Every override of a slot.")
+@_slot_option("Every override of a slot.")
 @click.option("--all", "clear_all", is_flag=True, help="Every override.")
 def override_clear(
     control_addr: str | None,

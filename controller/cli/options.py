@@ -6,10 +6,10 @@ the difference as an argument instead of being written again: its help (``--outp
 says what the command's JSON is, ``--gpu`` what the GPU is for), its range
 (``--spec-steps``: plan fleet's speculative replicas need >= 1; ``--num-draft-tokens``)
 or, for the SLO, ``--slo-ttft-ms``'s default (replay judges TPOT alone unless asked, the
-plans size a fleet against both). Options whose meaning differs between the commands stay
-with their command: replay's positional TRACE (the plans take ``--trace``),
-``--rate-scale`` (plan fleet's is exclusive with ``--target-rps``) and the plans' SLO
-percentiles.
+plans size a fleet against both), or, for an SLO percentile, its flag (plan sweep has one
+for TPOT and one for TTFT, plan fleet one for both). Options whose meaning differs between
+the commands stay with their command: replay's positional TRACE (the plans take
+``--trace``) and ``--rate-scale`` (plan fleet's is exclusive with ``--target-rps``).
 
 ``server_spec`` turns the server options a command passes through into the simulated
 server (ServerSpec), naming the fields the flags rename in one place; ``load_config_file``
@@ -114,6 +114,17 @@ def slo_options(*, ttft_default_ms: float | None) -> Callable[[F], F]:
             show_default=ttft_default_ms is not None,
             help=ttft_help + (" (default: none)." if ttft_default_ms is None else "."),
         ),
+    )
+
+
+def percentile_option(name: str, help: str) -> Callable[[F], F]:
+    """A plan's SLO percentile (in (0, 100], default 99): *name* is the flag."""
+    return click.option(
+        name,
+        type=click.FloatRange(min=0.0, max=100.0, min_open=True),
+        default=99.0,
+        show_default=True,
+        help=help,
     )
 
 

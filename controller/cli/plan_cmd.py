@@ -305,17 +305,11 @@ def _print_best_on(console: Console, gpu: str, best: dict[str, Any], doc: dict[s
 )
 @opt.spec_steps_option()
 @opt.slo_options(ttft_default_ms=opt.DEFAULT_PLAN_SLO_TTFT_MS)
-@click.option(
-    "--tpot-percentile",
-    type=click.FloatRange(min=0.0, max=100.0, min_open=True),
-    default=99.0,
-    show_default=True,
+@opt.percentile_option(
+    "--tpot-percentile", "The TPOT percentile that must be within --slo-tpot-ms."
 )
-@click.option(
-    "--ttft-percentile",
-    type=click.FloatRange(min=0.0, max=100.0, min_open=True),
-    default=99.0,
-    show_default=True,
+@opt.percentile_option(
+    "--ttft-percentile", "The TTFT percentile that must be within --slo-ttft-ms."
 )
 @click.option(
     "--target-rps",

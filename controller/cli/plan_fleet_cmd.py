@@ -165,12 +165,9 @@ def render_table(doc: Mapping[str, Any]) -> None:
     "replicas' active-request bound; default computed from the cost model).",
 )
 @opt.slo_options(ttft_default_ms=opt.DEFAULT_PLAN_SLO_TTFT_MS)
-@click.option(
+@opt.percentile_option(
     "--slo-percentile",
-    type=click.FloatRange(min=0.0, max=100.0, min_open=True),
-    default=99.0,
-    show_default=True,
-    help="A fleet holds the SLO when this percentile of TPOT and of TTFT are within it.",
+    "A fleet holds the SLO when this percentile of TPOT and of TTFT are within it.",
 )
 @opt.prices_option
 @opt.seed_option
