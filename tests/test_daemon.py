@@ -412,7 +412,7 @@ class _TriggeringPolicy:
         return NonePolicy().state_from_dict(data)
 
     def decide(self, observation: Any, state: Any, budget: Any) -> tuple[Any, Any]:
-        from specgov.policies.common.types import Plan, ReasonCode, RestartTrigger
+        from specgov.policies.common.decisions import Plan, ReasonCode, RestartTrigger
 
         trigger = RestartTrigger(observation.time_s - 300.0, "plain has looked better")
         return Plan(None, ReasonCode.HELD_NO_CHANGE, "holding", None, (), trigger), state
@@ -430,7 +430,8 @@ def test_a_trigger_is_audited_and_only_the_restart_checks_recommendation_is_show
     from specgov.controller.cli.main import main as cli
     from specgov.controller.daemon.control_api import make_app
     from specgov.controller.daemon.own_metrics import render_metrics
-    from specgov.policies.common.types import RestartRecommendation, SpecShape
+    from specgov.policies.common.decisions import RestartRecommendation
+    from specgov.policies.common.types import SpecShape
     from specgov.policies.control.core import ControlCore
     from specgov.policies.guardrails import GuardedPolicy
 
@@ -460,8 +461,7 @@ def test_a_trigger_is_audited_and_only_the_restart_checks_recommendation_is_show
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         try:
             await _rounds(daemon, 1)
-            # The trigger alone shows no recommendation (a check of a window too short
-            # to replay says nothing).
+            # The trigger alone shows no recommendation (too short a window says nothing).
             before = (daemon.status()["recommendation"] or {}).get("source")
             await daemon.restart.maybe_apply(daemon.restart.surface(rec, time.time()))
             end = time.monotonic() + 60
@@ -483,9 +483,8 @@ def test_a_trigger_is_audited_and_only_the_restart_checks_recommendation_is_show
     cli_out = json.loads(out)
     # The audit row carries the trigger, not a prediction.
     (row,) = store.decisions(limit=1)
-    assert (
-        row.restart_trigger is not None and row.restart_trigger.summary == "plain has looked better"
-    )
+    trigger = row.restart_trigger
+    assert trigger is not None and trigger.summary == "plain has looked better"
     assert "restart_recommendation" not in row.to_dict()
     # The CLI, the status and the metric carry the check's recommendation and its metric.
     for doc in (cli_out, daemon.status()["recommendation"]):

@@ -24,15 +24,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from specgov.policies.common.decisions import Plan, ReasonCode, RestartRecommendation
+from specgov.policies.common.observation import LatencyQuantiles, Observation
+from specgov.policies.common.step_table import StepTable
 from specgov.policies.common.types import (
     Budget,
-    LatencyQuantiles,
-    Observation,
-    Plan,
     PolicyTypeError,
-    ReasonCode,
-    RestartRecommendation,
-    StepTable,
     TierStat,
     TierStatsSnapshot,
 )

@@ -10,20 +10,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specgov.policies.common.types import (
-    Budget,
+from specgov.policies.common.decisions import (
     Decision,
-    LatencyQuantiles,
-    LoadSnapshot,
-    Observation,
     Plan,
-    PolicyTypeError,
     ReasonCode,
     RestartRecommendation,
     RestartTrigger,
-    SlotRule,
+)
+from specgov.policies.common.observation import LatencyQuantiles, LoadSnapshot, Observation
+from specgov.policies.common.step_table import SlotRule, StepTable
+from specgov.policies.common.types import (
+    Budget,
+    PolicyTypeError,
     SpecShape,
-    StepTable,
     TierStat,
     TierStatsSnapshot,
 )

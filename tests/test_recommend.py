@@ -26,7 +26,8 @@ from specgov.controller.daemon.recommend import (
     window_acceptance,
     window_table,
 )
-from specgov.policies.common.types import SlotRule, SpecShape, StepTable
+from specgov.policies.common.step_table import SlotRule, StepTable
+from specgov.policies.common.types import SpecShape
 from specgov.simulator.replay.runner import replay
 from specgov.simulator.workload.traces import Trace
 
@@ -387,7 +388,7 @@ def test_a_policy_trigger_runs_the_calibrated_check_once_per_regime(tmp_path: Pa
     from specgov.controller.daemon.own_metrics import DaemonMetrics, render_metrics
     from specgov.controller.daemon.restart_loop import RestartLoop
     from specgov.controller.daemon.status_view import DaemonStatus
-    from specgov.policies.common.types import RestartTrigger
+    from specgov.policies.common.decisions import RestartTrigger
 
     path = tmp_path / "specgov.yaml"
     path.write_text("budget:\n  slo_tpot_ms: 50\n", encoding="utf-8")

@@ -51,7 +51,8 @@ from specgov.adapters.spool import (
 from specgov.adapters.spool_stats import read_tier_stats, write_tier_stats
 from specgov.adapters.spool_table import SpoolTableReader, write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.common.types import StepTable, TierStat, TierStatsSnapshot
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import TierStat, TierStatsSnapshot
 from specgov.policies.engine.ema import EmaPolicy
 
 CANDIDATES = [0, 1, 3, 5, 7]

@@ -62,7 +62,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from specgov.controller.daemon.health import READINESS_CODES
-from specgov.policies.common.types import StepTable
+from specgov.policies.common.step_table import StepTable
 from specgov.policies.common.validation import is_real
 
 logger = logging.getLogger(__name__)
@@ -319,10 +319,9 @@ class DaemonMetrics:
         )
         self._restart = Gauge(
             f"{NAMESPACE}_restart_recommended_gain_ratio",
-            "Predicted relative gain of the restart recommendation in force "
-            "(0.1 = +10 %) on its metric, by who concluded it, the algorithm to restart "
-            "with and the metric (goodput_tok_s, throughput_tok_s, tpot_p50_ms); absent "
-            "when there is none.",
+            "Predicted relative gain of the restart recommendation in force (0.1 = +10 %) "
+            "on its metric, by who concluded it, the algorithm to restart with and the "
+            "metric (goodput_tok_s, throughput_tok_s, tpot_p50_ms); absent when there is none.",
             ["source", "algorithm", "num_steps", "metric"],
             registry=registry,
         )

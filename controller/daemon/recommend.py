@@ -52,13 +52,10 @@ from specgov.adapters.launch_config import (
     recommend_skip_zero_step,
 )
 from specgov.policies.common.codec import to_data
+from specgov.policies.common.decisions import RESTART_METRICS, RestartRecommendation
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.types import (
-    RESTART_METRICS,
-    RestartRecommendation,
-    SpecShape,
-    StepTable,
-)
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import SpecShape
 from specgov.policies.common.validation import is_real
 from specgov.policies.daemon.estimators.step_cost import StepCostPrior
 

@@ -9,13 +9,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from specgov.policies.common.types import (
-    Observation,
-    RestartTrigger,
-    SlotRule,
-    TierStat,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.decisions import RestartTrigger
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import SlotRule
+from specgov.policies.common.types import TierStat, TierStatsSnapshot
 from specgov.policies.daemon.estimators.acceptance import (
     AcceptanceEstimate,
 )
