@@ -17,7 +17,13 @@ import specgov.policies.engine.table as table_mod
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool_table import SpoolTableReader, write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.common.types import PolicyTypeError, SlotRule, StepTable, TierStatsSnapshot
+from specgov.policies.common.types import (
+    TABLE_SCHEMA,
+    PolicyTypeError,
+    SlotRule,
+    StepTable,
+    TierStatsSnapshot,
+)
 from specgov.policies.daemon.goodput.rules import GRID, RuleEval, slot_rule
 from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.engine.table import (
@@ -260,8 +266,8 @@ def test_a_newer_format_falls_back_to_sglangs_controller_with_a_counted_reason(
     path = write_step_table(tmp_path, table, CANDIDATES)
     document = json.loads(path.read_text())
     assert document["schema"] == 2 and document["table"]["schema"] == 2
-    document["schema"] = document["table"]["schema"] = 4
-    document["table"]["rules"] = [[1, {"a_field_of_format_4": True}]]
+    document["schema"] = document["table"]["schema"] = TABLE_SCHEMA + 1
+    document["table"]["rules"] = [[1, {"a_field_of_a_future_format": True}]]
     path.write_text(json.dumps(document))
     reader = SpoolTableReader(tmp_path, CANDIDATES, clock)
     policy = table_policy(reader, clock, poll=1)

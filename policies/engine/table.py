@@ -117,7 +117,28 @@ RULE_DWELL_S: Final = 10.0
 RULE_CONFIRM_S: Final = 3.0
 PROBE_EVERY_BATCHES: Final = 512
 PROBE_BATCHES: Final = 4
-PROBE_SHARE: Final = PROBE_BATCHES / (PROBE_EVERY_BATCHES + PROBE_BATCHES)
+PROBE_SHARE: Final = PROBE_BATCHES / (PROBE_EVERY_BATCHES + PROBE_BATCHES)  # the least
+# Format 4: a slot at 0 probes as often as costs it PROBE_COST of its goodput, given what
+# a probe batch is expected to lose at its signal, from every PROBE_EVERY_BATCHES down to
+# every PROBE_MIN_EVERY batches: near the cut a probe costs next to nothing and the
+# evidence it buys is what brings the slot back; far below, it costs and says little.
+PROBE_COST: Final = 0.002
+PROBE_MIN_EVERY: Final = 64
+
+
+def probe_every(cost: float) -> int:
+    """Batches at 0 steps between probe bursts where one probe batch is expected to lose
+    ``cost`` (a fraction of the goodput of a batch at 0; <= 0: none): the probes' share
+    times ``cost`` is ``PROBE_COST``, within [PROBE_MIN_EVERY, PROBE_EVERY_BATCHES]."""
+    if cost <= 0.0:
+        return PROBE_MIN_EVERY
+    every = PROBE_BATCHES * (cost / PROBE_COST - 1.0)
+    return round(min(max(every, PROBE_MIN_EVERY), PROBE_EVERY_BATCHES))
+
+
+def probe_share(cost: float) -> float:
+    """The share of a slot's batches at 0 steps that are probes (``probe_every``)."""
+    return PROBE_BATCHES / (probe_every(cost) + PROBE_BATCHES)
 
 
 class _RuleSlot:
@@ -128,6 +149,7 @@ class _RuleSlot:
         "changed_at_s",
         "pending_since_s",
         "pending_up",
+        "probe_every",
         "probe_left",
         "probe_step",
         "rule",
@@ -151,6 +173,7 @@ class _RuleSlot:
         self.pending_up = False
         self.zero_batches = 0
         self.probe_left = 0
+        self.probe_every = PROBE_EVERY_BATCHES
 
     def adopt(self, rule: SlotRule) -> None:
         """A new table's rule for this slot: same evidence, new thresholds and prior.
@@ -180,6 +203,10 @@ class _RuleSlot:
             self.trials + PRIOR_TRIALS
         )
         cur = self.band
+        slopes = rule.slopes
+        if slopes is not None and rule.steps[0] == 0:
+            # What a probe batch would lose at this signal, linearised at the cut out of 0.
+            self.probe_every = probe_every((rule.thresholds[0] - signal) * slopes[0])
         if self.steps == 0 and self.trials < LEAVE_ZERO_TRIALS:
             return False
         up = rule.band_for(signal - RULE_HYSTERESIS)
@@ -225,7 +252,7 @@ class _RuleSlot:
             self.probe_left -= 1
             return self.probe_step
         self.zero_batches += 1
-        if self.zero_batches >= PROBE_EVERY_BATCHES:
+        if self.zero_batches >= self.probe_every:
             self.zero_batches = 0
             self.probe_left = PROBE_BATCHES - 1
             return self.probe_step
