@@ -1,4 +1,4 @@
-"""Live-acceptance rules (step table formats 2 and 3): followed at batch speed in TablePolicy,
+"""Live-acceptance rules (step table formats 2 to 4): followed at batch speed in TablePolicy,
 with hysteresis and dwell, probes that keep a slot at 0 steps learnable, the same answers
 in the plugin as in replay, and the table format versioned both ways."""
 
@@ -27,10 +27,15 @@ from specgov.policies.common.types import (
 from specgov.policies.daemon.goodput.rules import GRID, RuleEval, slot_rule
 from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.engine.table import (
+    PROBE_COST,
+    PROBE_EVERY_BATCHES,
+    PROBE_MIN_EVERY,
     PROBE_SHARE,
     RULE_CONFIRM_S,
     RULE_DWELL_S,
     TablePolicy,
+    probe_every,
+    probe_share,
 )
 
 CANDIDATES = [0, 1, 3, 5, 7]
@@ -387,3 +392,86 @@ def test_a_rule_named_probe_is_format_3_and_an_unbuilt_probe_is_refused() -> Non
     steps = policy.get_steps_for_batch(1)
     assert policy.table is None and policy.fallback_reasons == {"invalid_step": 1}
     assert steps in CANDIDATES
+
+
+# ------------------------------------------------- format 4: the probes' evidence rate
+
+
+def test_the_probe_rate_follows_its_cost_within_its_bounds() -> None:
+    # Far below the cut a probe batch loses much: the slowest probing, PROBE_SHARE.
+    assert probe_every(0.5) == PROBE_EVERY_BATCHES and probe_share(0.5) == PROBE_SHARE
+    # At or above the cut it loses nothing: the fastest.
+    assert probe_every(0.0) == probe_every(-0.1) == PROBE_MIN_EVERY
+    costs = [i / 1000 for i in range(1, 300)]
+    everies = [probe_every(c) for c in costs]
+    assert everies == sorted(everies)  # dearer probes, rarer
+    for c in costs:
+        # Between the bounds, the probes cost the slot PROBE_COST of its goodput.
+        if PROBE_MIN_EVERY < probe_every(c) < PROBE_EVERY_BATCHES:
+            assert probe_share(c) * c == pytest.approx(PROBE_COST, rel=0.05)
+
+
+def _seconds_back_from_zero(slopes: tuple[float, ...] | None) -> float:
+    """A slot at 0 steps just below its cut (acceptance 0.25, cut 0.3): the seconds it
+    takes to speculate again once acceptance rises to 0.45, past the cut by a margin
+    worth 15 % of goodput (slope 1 per unit of signal)."""
+    clock = Clock()
+    rule = SlotRule(thresholds=(0.3,), steps=(0, 3), prior=0.1, slopes=slopes)
+    policy = table_policy(lambda: rule_table(rule, clock()), clock)
+    rng = random.Random(8)
+    poor = run(policy, clock, rng, 120.0, 0.25, batch_size=1)
+    assert poor[-3000:].count(0) > 0.9 * 3000  # off while 0 scores best
+    rich = run(policy, clock, rng, 120.0, 0.45, batch_size=1)
+    # Back: speculating for longer than a probe burst, and from then on.
+    back = next(i for i in range(len(rich)) if set(rich[i : i + 50]) == {3})
+    assert set(rich[back:]) == {3}
+    return back * BATCH_S
+
+
+def test_a_slot_leaves_0_within_10_s_once_its_signal_is_past_the_cut_by_a_gain() -> None:
+    with_slopes = _seconds_back_from_zero((1.0,))
+    assert with_slopes <= 10.0, with_slopes
+    # A format-3 rule (no slopes) probes at the fixed PROBE_SHARE: much slower back.
+    fixed = _seconds_back_from_zero(None)
+    assert fixed > 2 * with_slopes, (fixed, with_slopes)
+
+
+def test_far_below_the_cut_a_slot_at_0_probes_no_more_than_before() -> None:
+    clock = Clock()
+    rule = SlotRule(thresholds=(0.5,), steps=(0, 3), prior=0.1, slopes=(1.0,))
+    policy = table_policy(lambda: rule_table(rule, clock()), clock)
+    ran = run(policy, clock, random.Random(9), 120.0, 0.05, batch_size=1)
+    probes = sum(1 for k in ran[1000:] if k > 0)
+    assert 0 < probes <= 1.2 * PROBE_SHARE * len(ran[1000:])
+
+
+def test_a_steady_signal_near_the_cut_out_of_0_moves_the_slot_at_most_once_per_10_s() -> None:
+    clock = Clock()
+    rule = SlotRule(thresholds=(0.3,), steps=(0, 3), prior=0.3, slopes=(1.0,))
+    policy = table_policy(lambda: rule_table(rule, clock()), clock)
+    run(policy, clock, random.Random(10), 120.0, 0.3, batch_size=1)
+    assert policy.rule_changes <= 120 / RULE_DWELL_S + 1
+
+
+def test_format_4_round_trips_and_an_older_format_carrying_slopes_is_refused() -> None:
+    clock = Clock()
+    table = rule_table(SlotRule((0.3, 0.6), (0, 1, 3), prior=0.2, slopes=(0.9, 0.4)), clock())
+    data = json.loads(json.dumps(table.to_dict()))
+    assert data["schema"] == 4 == TABLE_SCHEMA and data["rules"][0][1]["slopes"] == [0.9, 0.4]
+    assert StepTable.from_dict(data) == table
+    data["schema"] = 3
+    with pytest.raises(PolicyTypeError, match=r"format 3 rules carry no 'slopes'"):
+        StepTable.from_dict(data)
+    with pytest.raises(PolicyTypeError, match=r"SlotRule\.slopes: expected None or 2 finite"):
+        SlotRule((0.3, 0.6), (0, 1, 3), prior=0.2, slopes=(0.9,))
+    with pytest.raises(PolicyTypeError, match=r"SlotRule\.slopes"):
+        SlotRule((0.3,), (0, 1), prior=0.2, slopes=(0.0,))
+
+
+def test_the_daemon_s_rule_carries_the_gain_slope_of_each_cut() -> None:
+    rule = slot_rule((0.5,), (0, 1, 3), (0, 1, 3), 1.0, toy, None, None, 0.0)
+    assert rule is not None and rule.slopes is not None
+    assert len(rule.slopes) == len(rule.thresholds)
+    # toy: 1 step over 0 gains (1 + s) / 1.3 - 1 per unit of s, a slope of 1 / 1.3
+    # (less its probes: the 0 band's score includes them).
+    assert rule.slopes[0] == pytest.approx(1 / 1.3, rel=0.1)
