@@ -13,7 +13,7 @@
   whose EMA slot lists it; an uncaptured size would silently run eagerly, slower
   than not installing specgov). Then the fallback :class:`EmaPolicy` answers, and the
   reason is counted in ``fallback_reasons`` (per decode batch);
-* follows a slot's live-acceptance rule (table formats 2-3, :class:`SlotRule`) where the
+* follows a slot's live-acceptance rule (table formats 2-4, :class:`SlotRule`) where the
   table has one: the slot's signal is its recent first-draft acceptance rate, fed by
   every verify of the slot at steps >= 1, and the rule maps it to steps with hysteresis
   (a change needs the signal ``RULE_HYSTERESIS`` past a threshold for ``RULE_CONFIRM_S``
@@ -25,6 +25,10 @@
 * keeps a slot at 0 steps learnable: every ``PROBE_EVERY_BATCHES`` of its batches it runs
   ``PROBE_BATCHES`` at the rule's ``probe_step`` (under 1 % of the slot's batches; the
   daemon charges that cost when it chooses 0), so the signal sees a rise in acceptance;
+  under a format-4 rule (``SlotRule.slopes``) as often as costs ``PROBE_COST`` of its
+  goodput at its signal (``probe_every``: down to every ``PROBE_MIN_EVERY`` batches near
+  the cut out of 0, where a probe costs next to nothing and its evidence is what brings
+  the slot back within seconds at light load);
 * always feeds the fallback every verify, so it is warm when it takes over;
 * records per-tier statistics keyed by (slot lower bound, steps used) and hands a
   :class:`TierStatsSnapshot` to ``stats_sink`` about every ``flush_interval_s``;
@@ -382,7 +386,9 @@ class TablePolicy:
                 if answer is None:
                     answer = self._answer_slow(self._table, batch_size)
                 slot, steps, live = answer
-                if live is not None:
+                if live is None:
+                    self._tier_owner = slot  # a slot without a rule runs its own step
+                else:
                     steps = live.next_steps()
                     last = self._last_steps
                     if steps == last or live.steps != steps:

@@ -1,4 +1,4 @@
-"""The goodput policy's live-acceptance rules (table formats 2 and 3, :class:`SlotRule`).
+"""The goodput policy's live-acceptance rules (table formats 2 to 4, :class:`SlotRule`).
 
 The daemon's plan is slow (one decision every few seconds) and the acceptance it plans
 with is an average; the engine sees every verify. So, per slot, the policy publishes
@@ -8,9 +8,12 @@ scales the slot's per-position acceptance profile to that first-position rate, s
 each candidate with the same evaluation the plan uses (expected goodput in the SLO
 sense from the step-cost model), and cuts the signal axis where the best step changes.
 
-Step 0 is charged for the probes the engine runs there (``PROBE_SHARE`` of the slot's
-batches at the rule's probe step): its goodput is that of the mix, so a slot is put at
-0 only where 0 plus its probes beats speculating. The probe step has one definition,
+Step 0 is charged for the probes the engine runs there (at the rule's probe step, the
+share ``table.probe_share`` gives for what a probe batch loses at that signal, as the
+engine probes): its goodput is that of the mix, so a slot is put at 0 only where 0
+plus its probes beats speculating. Each cut carries its slope (``cut_slopes``, format
+4): how fast the band above gains on the band below there, from which the engine
+reads what a probe costs at its signal. The probe step has one definition,
 :func:`probe_step` (the cheapest positive step the slot allows); the rule names it
 (``SlotRule.probe``), so the engine probes at exactly the step charged here, whatever
 steps the bands above 0 run.
