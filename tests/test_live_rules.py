@@ -182,29 +182,6 @@ def test_neighbouring_slots_near_a_tie_keep_the_engines_tier(
     assert switches * 3 < alone, (switches, alone)
 
 
-def test_a_slot_without_a_rule_owns_the_tier_its_neighbour_keeps_near_a_tie() -> None:
-    # Slot 1 runs a fixed 5 (no rule: e.g. the daemon's experiment there); slot 8's rule
-    # gives 5 within STICKY_BAND of its signal. Batches cross the boundary all the time.
-    clock = Clock()
-    table = StepTable(
-        ((1, 5), (8, 3)),
-        version=1,
-        produced_at_s=clock(),
-        ttl_s=1e6,
-        rules=((8, SlotRule((0.64,), (3, 5), prior=0.60)),),
-    )
-    policy = table_policy(lambda: table, clock)
-    rng = random.Random(6)
-    ran = []
-    for i in range(3000):
-        batch_size = 7 if i % 3 else 8
-        steps = policy.get_steps_for_batch(batch_size)
-        ran.append(steps)
-        policy.on_verify_complete(draw(rng, steps, batch_size, 0.60), batch_size)
-        clock.now_s += BATCH_S
-    assert sum(1 for a, b in itertools.pairwise(ran) if a != b) <= 12  # of 2,000 crossings
-
-
 def test_a_slot_at_zero_probes_and_returns_within_30_s_when_acceptance_rises() -> None:
     clock = Clock()
     rule = SlotRule(thresholds=(0.35,), steps=(0, 3), prior=0.2)

@@ -112,6 +112,9 @@ RULE_HYSTERESIS: Final = 0.06  # signal units (acceptance rate)
 # cut is where they tie), and batches alternating between neighbouring slots would
 # otherwise switch the engine's tier at every crossing for no measurable gain.
 STICKY_BAND: Final = 2 * RULE_HYSTERESIS
+# Format 4: nor where that loses more than this share of the slot's goodput (at the
+# cut out of 0 a signal 0.12 above it gains about 10 %). Assumed, not swept.
+STICKY_GAIN: Final = 0.03
 RULE_DWELL_S: Final = 10.0
 # A move is made only once the signal has asked for it this long without a break (on
 # the poll clock): a dip shorter than that is the batch's current mix of requests (a
@@ -241,10 +244,20 @@ class _RuleSlot:
         return True
 
     def accepts(self, steps: int) -> bool:
-        """Whether the rule gives ``steps`` within ``STICKY_BAND`` of the signal."""
+        """Whether the rule gives ``steps`` within ``STICKY_BAND`` of the signal; under a
+        format-4 rule, also only across cuts where that loses at most ``STICKY_GAIN``."""
         rule, signal = self.rule, self.signal
-        lo = rule.band_for(signal - STICKY_BAND)
-        hi = rule.band_for(signal + STICKY_BAND)
+        slopes = rule.slopes
+        if slopes is None:
+            lo = rule.band_for(signal - STICKY_BAND)
+            hi = rule.band_for(signal + STICKY_BAND)
+            return steps in rule.steps[lo : hi + 1]
+        th = rule.thresholds
+        lo = hi = rule.band_for(signal)
+        while lo > 0 and signal - th[lo - 1] <= min(STICKY_BAND, STICKY_GAIN / slopes[lo - 1]):
+            lo -= 1
+        while hi < len(th) and th[hi] - signal <= min(STICKY_BAND, STICKY_GAIN / slopes[hi]):
+            hi += 1
         return steps in rule.steps[lo : hi + 1]
 
     def next_steps(self) -> int:
