@@ -114,7 +114,7 @@ RULE_HYSTERESIS: Final = 0.06  # signal units (acceptance rate)
 STICKY_BAND: Final = 2 * RULE_HYSTERESIS
 # Format 4: nor where that loses more than this share of the slot's goodput (at the
 # cut out of 0 a signal 0.12 above it gains about 10 %). Assumed, not swept.
-STICKY_GAIN: Final = 0.03
+STICKY_GAIN: Final = 0.05
 RULE_DWELL_S: Final = 10.0
 # A move is made only once the signal has asked for it this long without a break (on
 # the poll clock): a dip shorter than that is the batch's current mix of requests (a
