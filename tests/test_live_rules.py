@@ -33,6 +33,8 @@ from specgov.policies.engine.table import (
     PROBE_SHARE,
     RULE_CONFIRM_S,
     RULE_DWELL_S,
+    STICKY_BAND,
+    STICKY_GAIN,
     TablePolicy,
     probe_every,
     probe_share,
@@ -180,6 +182,41 @@ def test_neighbouring_slots_near_a_tie_keep_the_engines_tier(
     monkeypatch.setattr(table_mod, "STICKY_BAND", 0.0)
     alone, _ = _alternating_slots_switches()
     assert switches * 3 < alone, (switches, alone)
+
+
+def _crossings_with_a_fixed_neighbour(rule: SlotRule, fixed: int, p: float) -> list[int]:
+    """Slot 1 runs a fixed step (no rule: e.g. the daemon's experiment there), slot 8
+    follows ``rule``; batches cross the slot boundary all the time at acceptance ``p``."""
+    clock = Clock()
+    table = StepTable(
+        ((1, fixed), (8, rule.steps_at(rule.prior))),
+        version=1,
+        produced_at_s=clock(),
+        ttl_s=1e6,
+        rules=((8, rule),),
+    )
+    policy = table_policy(lambda: table, clock)
+    rng = random.Random(6)
+    ran = []
+    for i in range(3000):
+        batch_size = 7 if i % 3 else 8
+        steps = policy.get_steps_for_batch(batch_size)
+        ran.append(steps)
+        policy.on_verify_complete(draw(rng, steps, batch_size, p), batch_size)
+        clock.now_s += BATCH_S
+    return ran
+
+
+def test_a_slot_without_a_rule_owns_the_tier_a_neighbour_keeps_where_it_loses_little() -> None:
+    # Slot 8's rule gives 5 within STICKY_BAND of its signal: it keeps slot 1's tier.
+    near = _crossings_with_a_fixed_neighbour(SlotRule((0.64,), (3, 5), prior=0.60), 5, 0.60)
+    assert sum(1 for a, b in itertools.pairwise(near) if a != b) <= 12  # of 2,000 crossings
+    # Format 4: slot 1 at 0 steps, slot 8's signal 0.1 past its steep cut out of 0 (slope
+    # 1: keeping 0 would lose 10 % > STICKY_GAIN): slot 8 runs its own 3.
+    steep = SlotRule((0.3,), (0, 3), prior=0.4, slopes=(1.0,))
+    ran = _crossings_with_a_fixed_neighbour(steep, 0, 0.4)
+    assert ran[0::3].count(0) < 0.05 * len(ran[0::3])  # slot 8's batches (size 8)
+    assert STICKY_GAIN / 1.0 < 0.1 < STICKY_BAND
 
 
 def test_a_slot_at_zero_probes_and_returns_within_30_s_when_acceptance_rises() -> None:
