@@ -211,11 +211,16 @@ def test_a_slot_without_a_rule_owns_the_tier_a_neighbour_keeps_where_it_loses_li
     # Slot 8's rule gives 5 within STICKY_BAND of its signal: it keeps slot 1's tier.
     near = _crossings_with_a_fixed_neighbour(SlotRule((0.64,), (3, 5), prior=0.60), 5, 0.60)
     assert sum(1 for a, b in itertools.pairwise(near) if a != b) <= 12  # of 2,000 crossings
-    # Format 4: slot 1 at 0 steps, slot 8's signal 0.1 past its steep cut out of 0 (slope
-    # 1: keeping 0 would lose 10 % > STICKY_GAIN): slot 8 runs its own 3.
-    steep = SlotRule((0.3,), (0, 3), prior=0.4, slopes=(1.0,))
-    ran = _crossings_with_a_fixed_neighbour(steep, 0, 0.4)
-    assert ran[0::3].count(0) < 0.05 * len(ran[0::3])  # slot 8's batches (size 8)
+    # Format 4: slot 1 at 1 step, slot 8's signal 0.1 past its steep cut to 3 (slope 1:
+    # keeping 1 would lose 10 % > STICKY_GAIN): slot 8 runs its own 3.
+    steep = SlotRule((0.3,), (1, 3), prior=0.4, slopes=(1.0,))
+    ran = _crossings_with_a_fixed_neighbour(steep, 1, 0.4)
+    assert ran[0::3].count(1) < 0.05 * len(ran[0::3])  # slot 8's batches (size 8)
+    # Without slopes the 0.12 STICKY_BAND holds: slot 8 keeps slot 1's tier while its
+    # signal (about 0.4, 0.1 past the cut) stays within it.
+    flat = SlotRule((0.3,), (1, 3), prior=0.4)
+    ran = _crossings_with_a_fixed_neighbour(flat, 1, 0.4)
+    assert ran[0::3].count(1) > 0.5 * len(ran[0::3])
     assert STICKY_GAIN / 1.0 < 0.1 < STICKY_BAND
 
 

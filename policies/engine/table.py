@@ -245,11 +245,7 @@ class _RuleSlot:
 
     def accepts(self, steps: int) -> bool:
         """Whether the rule gives ``steps`` within ``STICKY_BAND`` of the signal; under a
-        format-4 rule, also only across cuts where that loses at most ``STICKY_GAIN``.
-        Never 0 for a slot that speculates: at 0 it would get no evidence (no verify at
-        steps >= 1) and no probes (it is not at 0 itself), so it could not leave."""
-        if steps == 0 and self.steps > 0:
-            return False
+        format-4 rule, also only across cuts where that loses at most ``STICKY_GAIN``."""
         rule, signal = self.rule, self.signal
         slopes = rule.slopes
         if slopes is None:
