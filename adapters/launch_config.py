@@ -65,7 +65,7 @@ from typing import Any, Final
 
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import ALGORITHMS, PolicyTypeError, SpecShape
-from specgov.policies.common.validation import check_bool, is_int, is_real
+from specgov.policies.common.validation import check_bool, check_int, is_int, is_real
 from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveConfigError,
@@ -202,10 +202,13 @@ class SlotCandidates:
     knobs: tuple[tuple[str, int | float], ...] = ()
 
     def __post_init__(self) -> None:
-        if not is_int(self.bound) or self.bound < 0:
-            raise LaunchConfigError(
-                f"slot bound: expected a non-negative int (a batch size), got {self.bound!r}"
-            )
+        check_int(
+            "slot bound",
+            self.bound,
+            error=LaunchConfigError,
+            minimum=0,
+            form="a non-negative int (a batch size)",
+        )
         steps = self.candidate_steps
         if (
             not isinstance(steps, tuple)

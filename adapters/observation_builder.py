@@ -1,4 +1,5 @@
-"""Build the policies' :class:`~specgov.policies.common.types.Observation` from SGLang telemetry.
+"""Build the policies' :class:`~specgov.policies.common.observation.Observation` from
+SGLang telemetry.
 
 :class:`ObservationBuilder` is a pure state machine: feed it, in time order, the client
 time of a scrape, the parsed ``/metrics`` snapshot, and the ``/server_info`` and
@@ -62,14 +63,8 @@ from specgov.adapters.telemetry import (
     compute_window,
     quantiles,
 )
-from specgov.policies.common.types import (
-    ALGORITHMS,
-    LatencyQuantiles,
-    Observation,
-    PolicyTypeError,
-    SlotLayout,
-    SpecShape,
-)
+from specgov.policies.common.observation import LatencyQuantiles, Observation
+from specgov.policies.common.types import ALGORITHMS, PolicyTypeError, SlotLayout, SpecShape
 from specgov.policies.common.validation import is_int, is_real
 from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,

@@ -78,7 +78,8 @@ from specgov.adapters.spool import SpoolSettings, check_spool_dir
 from specgov.adapters.spool_stats import BackgroundStatsWriter
 from specgov.adapters.spool_table import SpoolTableReader
 from specgov.adapters.tp_sync import TableSync, TpChannel, default_channel
-from specgov.policies.common.types import StepTable, TierStatsSnapshot
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import TierStatsSnapshot
 from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveConfig,

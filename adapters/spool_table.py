@@ -49,13 +49,13 @@ from specgov.adapters.spool import (
     table_owner_problem,
 )
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.types import (
+from specgov.policies.common.step_table import (
     TABLE_SCHEMA,
     TABLE_SCHEMAS_READ,
     FutureTableFormat,
-    PolicyTypeError,
     StepTable,
 )
+from specgov.policies.common.types import PolicyTypeError
 from specgov.policies.common.validation import is_int, is_real
 
 # The spool's one logger, the name it had before the module was split: operators' log

@@ -40,8 +40,9 @@ from collections.abc import Callable
 from typing import Any, Final, Protocol
 
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.types import PolicyTypeError, StepTable
-from specgov.policies.common.validation import is_int, is_real
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import PolicyTypeError
+from specgov.policies.common.validation import check_int, is_real
 
 logger = logging.getLogger(__name__)
 
@@ -95,10 +96,7 @@ class TorchCpuGroupChannel:
             ("world_size", world_size, 1),
             ("src_global_rank", src_global_rank, 0),
         ):
-            if not is_int(value) or value < minimum:
-                raise TpSyncError(
-                    f"TorchCpuGroupChannel.{name}: expected an int >= {minimum}, got {value!r}"
-                )
+            check_int(f"TorchCpuGroupChannel.{name}", value, error=TpSyncError, minimum=minimum)
         if rank >= world_size:
             raise TpSyncError(
                 f"TorchCpuGroupChannel.rank: expected < world_size={world_size}, got {rank}"
@@ -238,10 +236,7 @@ class TableSync:
         every_batches: int,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not is_int(every_batches) or every_batches < 1:
-            raise TpSyncError(
-                f"TableSync.every_batches: expected an int >= 1, got {every_batches!r}"
-            )
+        check_int("TableSync.every_batches", every_batches, error=TpSyncError, minimum=1)
         self._read_table = read_table
         self._factory = channel_factory
         self._every = every_batches

@@ -172,10 +172,26 @@ class Stack:
     daemon: subprocess.Popen[bytes]
     control: str  # host:port of the control API
     metrics: str  # host:port of the daemon's /metrics
+    sim_url: str  # the sim-server's base URL
 
     def check_alive(self) -> None:
         if self.daemon.poll() is not None:
             raise SystemExit((self.root / "daemon.log").read_text()[-3000:])
+
+
+def _launcher(profile: Path | None) -> list[str]:
+    """`specgov`, or the CLI under cProfile writing its stats to *profile*."""
+    if profile is None:
+        return specgov_argv()
+    return [
+        sys.executable,
+        "-m",
+        "cProfile",
+        "-o",
+        str(profile),
+        "-m",
+        "specgov.controller.cli.main",
+    ]
 
 
 @contextlib.contextmanager
@@ -187,26 +203,17 @@ def daemon_stack(
     sim_args: Sequence[str] = (),
     profile: Path | None = None,
     startup_timeout_s: float = STARTUP_TIMEOUT_S,
+    trace: str = TRACE,
+    loop: bool = True,
+    stop_timeout_s: float = 10.0,
 ) -> Iterator[Stack]:
-    """Start the sim-server (TRACE, looped, ``sim_args`` added) and the daemon (plugin
-    mode, the shipped defaults but ``decide_interval_s`` and no restart-recommendation
-    replays) in a temporary directory; yield once the first table is published; stop
-    both on exit. ``profile``: the daemon runs under cProfile, its stats written there
-    when it exits on SIGTERM (its CPU and latencies then include the profiler's own
-    overhead: for finding hot spots, not for the numbers)."""
-    launcher = (
-        specgov_argv()
-        if profile is None
-        else [
-            sys.executable,
-            "-m",
-            "cProfile",
-            "-o",
-            str(profile),
-            "-m",
-            "specgov.controller.cli.main",
-        ]
-    )
+    """Start the sim-server (``trace``, looped unless ``loop`` is false, ``sim_args``
+    added) and the daemon (plugin mode, the shipped defaults but ``decide_interval_s``
+    and no restart-recommendation replays) in a temporary directory; yield once the
+    first table is published; stop both on exit (``stop_timeout_s`` each before a kill).
+    ``profile``: the daemon runs under cProfile, its stats written there when it exits
+    on SIGTERM (its CPU and latencies then include the profiler's own overhead: for
+    finding hot spots, not for the numbers)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
     procs: list[subprocess.Popen[bytes]] = []
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
@@ -216,52 +223,37 @@ def daemon_stack(
             f"loop:\n  decide_interval_s: {decide_interval_s}\nrecommend:\n  enabled: false\n"
         )
         sim_port = free_port()
+        sim_url = f"http://{HOST}:{sim_port}"
         control, metrics = f"{HOST}:{free_port()}", f"{HOST}:{free_port()}"
         try:
             with (root / "sim.log").open("wb") as sim_log, (root / "daemon.log").open("wb") as log:
                 sim_argv = [*specgov_argv(), "sim-server", "--port", str(sim_port)]
-                sim_argv += ["--spool-dir", str(spool), "--trace", TRACE, "--speed", str(speed)]
+                sim_argv += ["--spool-dir", str(spool), "--trace", trace, "--speed", str(speed)]
                 procs.append(
                     subprocess.Popen(
-                        [*sim_argv, "--loop", *sim_args],
+                        [*sim_argv, *(["--loop"] if loop else []), *sim_args],
                         stdout=sim_log,
                         stderr=subprocess.STDOUT,
                         env=env,
                     )
                 )
                 wait_until(
-                    lambda: http_ok(f"http://{HOST}:{sim_port}/health"),
-                    startup_timeout_s,
-                    "the sim-server",
+                    lambda: http_ok(f"{sim_url}/health"), startup_timeout_s, "the sim-server"
                 )
+                run_args = ["run", "--config", str(config), "--server", sim_url]
+                run_args += ["--spool-dir", str(spool), "--state-db", str(db)]
+                run_args += ["--control-addr", control, "--metrics-addr", metrics]
                 daemon = subprocess.Popen(
-                    [
-                        *launcher,
-                        "run",
-                        "--config",
-                        str(config),
-                        "--server",
-                        f"http://{HOST}:{sim_port}",
-                        "--spool-dir",
-                        str(spool),
-                        "--state-db",
-                        str(db),
-                        "--control-addr",
-                        control,
-                        "--metrics-addr",
-                        metrics,
-                        "--mode",
-                        "plugin",
-                    ],
+                    [*_launcher(profile), *run_args, "--mode", "plugin"],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     env=env,
                 )
                 procs.append(daemon)
                 wait_until(lambda: published_tables(db) > 0, startup_timeout_s, "a published table")
-                yield Stack(root, db, daemon, control, metrics)
+                yield Stack(root, db, daemon, control, metrics, sim_url)
         finally:
-            stop_processes(procs)
+            stop_processes(procs, timeout_s=stop_timeout_s)
 
 
 def run(

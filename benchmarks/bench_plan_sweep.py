@@ -75,7 +75,7 @@ def _per_eval(rows: list[dict[str, Any]], pick: Any) -> list[float]:
     ]
 
 
-def main() -> int:
+def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default_data = os.environ.get("SPECGOV_SHARED_DATA", "../shared/data")
     parser.add_argument(
@@ -87,21 +87,13 @@ def main() -> int:
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts")
     parser.add_argument("--target-rps", type=float, default=40.0)
     parser.add_argument("--json", type=Path, default=None, help="write the measurements here")
-    args = parser.parse_args()
-    if not args.trace.is_file():
-        print(f"trace not found: {args.trace} (set SPECGOV_SHARED_DATA)", file=sys.stderr)
-        return 2
-    trace = load_trace(args.trace, "azure", window_end_s=args.window_end_s)
-    settings = SweepSettings()  # TPOT p99 <= 50 ms, TTFT p99 <= 2000 ms, rel_tol 0.05
-    jobs = configurations(trace, settings)
-    counts = [int(w) for w in args.workers.split(",")]
-    summary = trace.summary()
-    print(
-        f"trace {summary['name']} window [0, {args.window_end_s:g}) s: {summary['requests']} "
-        f"requests, {summary['requests'] / summary['duration_s']:.2f} req/s; "
-        f"{len(jobs)} configurations; cpu_count {os.cpu_count()}, "
-        f"loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
-    )
+    return parser.parse_args()
+
+
+def _sweep_per_count(
+    jobs: list[JobSpec], trace: Trace, counts: list[int]
+) -> tuple[dict[int, float], dict[int, list[dict[str, Any]]]]:
+    """The sweep once per worker count: its wall time and its rows, each printed."""
     walls: dict[int, float] = {}
     results: dict[int, list[dict[str, Any]]] = {}
     for workers in counts:
@@ -121,6 +113,12 @@ def main() -> int:
             f"job-seconds {job_s:.1f} (CPU {cpu_s:.1f}), efficiency "
             f"{job_s / (walls[workers] * workers):.2f}, loadavg at start {load:.2f}"
         )
+    return walls, results
+
+
+def _identical(results: dict[int, list[dict[str, Any]]], counts: list[int]) -> bool:
+    """Whether every worker count gave the first one's rows (timing aside); each row
+    that differs is printed."""
     first = results[counts[0]]
     identical = all(_strip(results[w]) == _strip(first) for w in counts)
     print(f"rows identical across worker counts: {identical}")
@@ -131,21 +129,12 @@ def main() -> int:
                     f"  differs ({w} workers): {a['gpu']} {a['drafter']} {a['policy']}: "
                     f"{a['status']} {a['reason']} / {b['status']} {b['reason']}"
                 )
-    out: dict[str, Any] = {
-        "configurations": len(jobs),
-        "requests": summary["requests"],
-        "window_end_s": args.window_end_s,
-        "wall_s": {str(w): walls[w] for w in counts},
-        "identical_rows": identical,
-        "cpu_count": os.cpu_count(),
-    }
-    if 1 in walls and len(walls) > 1:
-        for w in counts:
-            if w != 1:
-                print(f"speed-up with {w} workers: {walls[1] / walls[w]:.2f}x")
-                out[f"speedup_{w}"] = walls[1] / walls[w]
-    # Cost per evaluation, from the inline run (no process contention between jobs).
-    base = results.get(1, first)
+    return identical
+
+
+def _per_eval_costs(base: list[dict[str, Any]], out: dict[str, Any]) -> None:
+    """Seconds per evaluation of the daemon policy against in-engine ones, printed and
+    added to *out* (when the sweep has all three kinds of job)."""
     daemon = _per_eval(base, lambda r: r["policy"] == "goodput")
     ema = _per_eval(base, lambda r: r["policy"] == "sglang-ema")
     in_engine = _per_eval(
@@ -161,14 +150,10 @@ def main() -> int:
         out["per_eval_s"] = {"goodput": d, "sglang-ema": e, "in_engine": i}
         out["daemon_over_ema"] = d / e
         out["daemon_over_in_engine"] = d / i
-    doc = build_document(
-        base,
-        trace=trace,
-        settings=settings,
-        target_rps=args.target_rps,
-        prices=None,
-        executor={"kind": "local"},
-    )
+
+
+def _print_plan(doc: dict[str, Any], target_rps: float) -> None:
+    """The statuses and each GPU's best configuration against the plain server."""
     statuses: dict[str, int] = {}
     for r in doc["configurations"]:
         statuses[r["status"]] = statuses.get(r["status"], 0) + 1
@@ -178,9 +163,53 @@ def main() -> int:
         print(
             f"  {gpu}: best {best['drafter']} {best['policy']} "
             f"{best['max_rps']:.2f} req/s/replica, "
-            f"{best['replicas']} replicas for {args.target_rps:g} req/s "
+            f"{best['replicas']} replicas for {target_rps:g} req/s "
             f"(plain: {plain['max_rps'] or 0:.2f} req/s, {plain['replicas']} replicas)"
         )
+
+
+def main() -> int:
+    args = _args()
+    if not args.trace.is_file():
+        print(f"trace not found: {args.trace} (set SPECGOV_SHARED_DATA)", file=sys.stderr)
+        return 2
+    trace = load_trace(args.trace, "azure", window_end_s=args.window_end_s)
+    settings = SweepSettings()  # TPOT p99 <= 50 ms, TTFT p99 <= 2000 ms, rel_tol 0.05
+    jobs = configurations(trace, settings)
+    counts = [int(w) for w in args.workers.split(",")]
+    summary = trace.summary()
+    print(
+        f"trace {summary['name']} window [0, {args.window_end_s:g}) s: {summary['requests']} "
+        f"requests, {summary['requests'] / summary['duration_s']:.2f} req/s; "
+        f"{len(jobs)} configurations; cpu_count {os.cpu_count()}, "
+        f"loadavg {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    walls, results = _sweep_per_count(jobs, trace, counts)
+    out: dict[str, Any] = {
+        "configurations": len(jobs),
+        "requests": summary["requests"],
+        "window_end_s": args.window_end_s,
+        "wall_s": {str(w): walls[w] for w in counts},
+        "identical_rows": _identical(results, counts),
+        "cpu_count": os.cpu_count(),
+    }
+    if 1 in walls and len(walls) > 1:
+        for w in counts:
+            if w != 1:
+                print(f"speed-up with {w} workers: {walls[1] / walls[w]:.2f}x")
+                out[f"speedup_{w}"] = walls[1] / walls[w]
+    # Cost per evaluation, from the inline run (no process contention between jobs).
+    base = results.get(1, results[counts[0]])
+    _per_eval_costs(base, out)
+    doc = build_document(
+        base,
+        trace=trace,
+        settings=settings,
+        target_rps=args.target_rps,
+        prices=None,
+        executor={"kind": "local"},
+    )
+    _print_plan(doc, args.target_rps)
     if args.json is not None:
         args.json.write_text(json.dumps(out, indent=2))
     return 0

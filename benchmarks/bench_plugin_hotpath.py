@@ -27,7 +27,7 @@ from pathlib import Path
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.common.types import SlotRule, StepTable
+from specgov.policies.common.step_table import SlotRule, StepTable
 from specgov.policies.engine.ema import EmaPolicy
 
 BUDGET_GET_US = 2.0
@@ -80,86 +80,81 @@ def summary(name: str, ns: list[float], budget_us: float | None) -> str:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, default=200_000)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-
-    rng = random.Random(args.seed)
+def _workload(batches: int, seed: int) -> tuple[list[int], Callable[[int, int], list[int]]]:
+    """The decode batches' sizes and each batch's accepted drafts per request."""
+    rng = random.Random(seed)
     # Batch 64 for the verify budget; a few neighbours so routing caches see variety.
     batch_sizes = [
-        64 if rng.random() < 0.8 else rng.choice([48, 56, 60, 64]) for _ in range(args.batches)
+        64 if rng.random() < 0.8 else rng.choice([48, 56, 60, 64]) for _ in range(batches)
     ]
     pool = [[min(7, int(rng.expovariate(0.5))) for _ in range(64)] for _ in range(256)]
 
     def accepted_for(i: int, steps: int) -> list[int]:
         return [min(a, steps) for a in pool[i % len(pool)]]
 
-    overhead = timer_overhead_ns()
-    print(f"timer overhead (subtracted): {overhead:.0f} ns; {args.batches} decode batches each")
+    return batch_sizes, accepted_for
 
-    with tempfile.TemporaryDirectory() as tmp:
-        now = time.time()
-        # TTLs within the plugin's cap (SPECGOV_MAX_TABLE_TTL_S, 300 s by default), or the
-        # table in force is a capped copy and the equality checks below fail.
+
+def _table_cases(tmp: Path, now: float) -> list[tuple[str, StepTable, list[int], str | None]]:
+    """(spool name, table, candidate steps, adaptive config) of the three table runs.
+
+    TTLs within the plugin's cap (SPECGOV_MAX_TABLE_TTL_S, 300 s by default), or the
+    table in force is a capped copy and the equality checks fail.
+    """
+    # (b) and (c): a config whose one slot drafts at every batch size.
+    cfg = tmp / "adaptive.json"
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [1, 3, 5, 7]}}))
+    rule = SlotRule(thresholds=(0.3, 0.6), steps=(1, 3, 5), prior=0.5)
+    return [
         # (a) SGLang's default adaptive config: at batch 64 only step 0 is captured, so
         # the table says 0 there (the verify still does its O(batch) bookkeeping).
-        spool_a = Path(tmp) / "a"
-        table_a = StepTable(
-            ((1, 5), (4, 3), (8, 1), (32, 0)), version=1, produced_at_s=now, ttl_s=300.0
-        )
-        write_step_table(spool_a, table_a, [0, 1, 3, 5, 7])
-        plugin = SpecgovAdaptiveParams(
-            3, None, spool_dir=spool_a, original=None, channel_factory=LocalChannel
-        )
-        plugin.set_cuda_graph_bs(GRAPHS)
-        plugin.get_steps_for_batch(64)  # the first call decides: table mode
-        assert plugin.mode == "table" and plugin.table == table_a
-        get_ns, verify_ns = measure(plugin, batch_sizes, accepted_for, overhead)
-
-        # (b) A config whose one slot drafts at every batch size, table step 3: batch 64
-        # verifies with up to 3 accepted drafts per request.
-        cfg = Path(tmp) / "adaptive.json"
-        cfg.write_text(json.dumps({"1": {"candidate_steps": [1, 3, 5, 7]}}))
-        spool_b = Path(tmp) / "b"
-        table_b = StepTable(((1, 3),), version=1, produced_at_s=now, ttl_s=300.0)
-        write_step_table(spool_b, table_b, [1, 3, 5, 7])
-        plugin3 = SpecgovAdaptiveParams(
-            3, str(cfg), spool_dir=spool_b, original=None, channel_factory=LocalChannel
-        )
-        plugin3.set_cuda_graph_bs(GRAPHS)
-        plugin3.get_steps_for_batch(64)
-        assert plugin3.mode == "table" and plugin3.table == table_b
-        get3_ns, verify3_ns = measure(plugin3, batch_sizes, accepted_for, overhead)
-
+        (
+            "a",
+            StepTable(((1, 5), (4, 3), (8, 1), (32, 0)), version=1, produced_at_s=now, ttl_s=300.0),
+            [0, 1, 3, 5, 7],
+            None,
+        ),
+        # (b) Table step 3: batch 64 verifies with up to 3 accepted drafts per request.
+        (
+            "b",
+            StepTable(((1, 3),), version=1, produced_at_s=now, ttl_s=300.0),
+            [1, 3, 5, 7],
+            str(cfg),
+        ),
         # (c) The same config with a live-acceptance rule (table format 2): the lookup
         # reads the slot's live steps, the verify also feeds the slot's signal.
-        spool_c = Path(tmp) / "c"
-        rule = SlotRule(thresholds=(0.3, 0.6), steps=(1, 3, 5), prior=0.5)
-        table_c = StepTable(
-            ((1, 3),), version=1, produced_at_s=now, ttl_s=300.0, rules=((1, rule),)
-        )
-        write_step_table(spool_c, table_c, [1, 3, 5, 7])
-        plugin_r = SpecgovAdaptiveParams(
-            3, str(cfg), spool_dir=spool_c, original=None, channel_factory=LocalChannel
-        )
-        plugin_r.set_cuda_graph_bs(GRAPHS)
-        plugin_r.get_steps_for_batch(64)
-        assert plugin_r.mode == "table" and plugin_r.table == table_c
-        getr_ns, verifyr_ns = measure(plugin_r, batch_sizes, accepted_for, overhead)
-        for p in (plugin, plugin3, plugin_r):
-            close = getattr(p.stats_writer, "close", None)
-            if close is not None:
-                close(5.0)
+        (
+            "c",
+            StepTable(((1, 3),), version=1, produced_at_s=now, ttl_s=300.0, rules=((1, rule),)),
+            [1, 3, 5, 7],
+            str(cfg),
+        ),
+    ]
 
-    passthrough = SpecgovAdaptiveParams(3, None, spool_dir=None, original=None)
-    passthrough.set_cuda_graph_bs(GRAPHS)
-    pget_ns, pverify_ns = measure(passthrough, batch_sizes, accepted_for, overhead)
-    ema = EmaPolicy(3)
-    ema.set_cuda_graph_bs(GRAPHS)
-    eget_ns, everify_ns = measure(ema, batch_sizes, accepted_for, overhead)
 
+def _table_plugin(
+    spool: Path, table: StepTable, candidates: list[int], config: str | None
+) -> SpecgovAdaptiveParams:
+    """A plugin with *table* in force from a fresh spool (its first call made)."""
+    write_step_table(spool, table, candidates)
+    plugin = SpecgovAdaptiveParams(
+        3, config, spool_dir=spool, original=None, channel_factory=LocalChannel
+    )
+    plugin.set_cuda_graph_bs(GRAPHS)
+    plugin.get_steps_for_batch(64)  # the first call decides: table mode
+    assert plugin.mode == "table" and plugin.table == table
+    return plugin
+
+
+Timings = tuple[list[float], list[float]]  # get_steps_for_batch, on_verify_complete (ns)
+
+
+def _print_report(runs: dict[str, Timings]) -> None:
+    get_ns, verify_ns = runs["a"]
+    get3_ns, verify3_ns = runs["b"]
+    getr_ns, verifyr_ns = runs["c"]
+    pget_ns, pverify_ns = runs["passthrough"]
+    eget_ns, everify_ns = runs["ema"]
     print(summary("table, default cfg: get_steps_for_batch", get_ns, BUDGET_GET_US))
     print(summary("table, default cfg: on_verify_complete (bs 64)", verify_ns, BUDGET_VERIFY_US))
     print(summary("table, step 3 at bs 64: get_steps_for_batch", get3_ns, BUDGET_GET_US))
@@ -170,7 +165,37 @@ def main() -> None:
     print(summary("passthrough (no spool): on_verify_complete", pverify_ns, None))
     print(summary("EmaPolicy alone: get_steps_for_batch", eget_ns, None))
     print(summary("EmaPolicy alone: on_verify_complete", everify_ns, None))
-    reader = plugin.reader
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, default=200_000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    batch_sizes, accepted_for = _workload(args.batches, args.seed)
+    overhead = timer_overhead_ns()
+    print(f"timer overhead (subtracted): {overhead:.0f} ns; {args.batches} decode batches each")
+
+    runs: dict[str, Timings] = {}
+    plugins: list[SpecgovAdaptiveParams] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, table, candidates, config in _table_cases(Path(tmp), time.time()):
+            plugins.append(_table_plugin(Path(tmp) / name, table, candidates, config))
+            runs[name] = measure(plugins[-1], batch_sizes, accepted_for, overhead)
+        for p in plugins:
+            close = getattr(p.stats_writer, "close", None)
+            if close is not None:
+                close(5.0)
+
+    passthrough = SpecgovAdaptiveParams(3, None, spool_dir=None, original=None)
+    passthrough.set_cuda_graph_bs(GRAPHS)
+    runs["passthrough"] = measure(passthrough, batch_sizes, accepted_for, overhead)
+    ema = EmaPolicy(3)
+    ema.set_cuda_graph_bs(GRAPHS)
+    runs["ema"] = measure(ema, batch_sizes, accepted_for, overhead)
+    _print_report(runs)
+    reader = plugins[0].reader
     if reader is not None:
         print(
             f"spool reader: {reader.stats} stat calls, {reader.reads} file reads over "

@@ -31,25 +31,14 @@ import itertools
 import json
 import os
 import sqlite3
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_daemon_overhead import (  # a sibling script, not a package
-    HOST,
-    STARTUP_TIMEOUT_S,
-    free_port,
-    http_ok,
-    published_tables,
-    specgov_argv,
-    stop_processes,
-    wait_until,
-)
+from bench_daemon_overhead import daemon_stack  # a sibling script, not a package
 
 RSS_GROWTH_BOUND_MIB = 16.0
 FD_GROWTH_BOUND = 4
@@ -145,57 +134,45 @@ def run(
         f"synthetic:duration={duration_s:g},rate={rate_rps:g},diurnal=0.8,period={duration_s:g},"
         f"phases=chat@{duration_s:g},seed=9"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPECGOV_")}
-    procs: list[subprocess.Popen[bytes]] = []
-    with tempfile.TemporaryDirectory(prefix="specgov-soak-") as tmp:
-        root = Path(tmp)
-        spool, db, config = root / "spool", root / "state.db", root / "specgov.yaml"
-        config.write_text(
-            f"loop:\n  decide_interval_s: {decide_interval_s}\nrecommend:\n  enabled: false\n"
-        )
-        sim_port = free_port()
-        sim_url = f"http://{HOST}:{sim_port}"
-        control, metrics = f"{HOST}:{free_port()}", f"{HOST}:{free_port()}"
+    with daemon_stack(
+        decide_interval_s=decide_interval_s,
+        speed=speed,
+        prefix="specgov-soak-",
+        trace=trace,
+        loop=False,
+        stop_timeout_s=15.0,
+    ) as stack:
+        start_wall = time.time()
         samples: list[Sample] = []
-        try:
-            with (root / "sim.log").open("wb") as sim_log, (root / "daemon.log").open("wb") as log:
-                procs.append(
-                    subprocess.Popen(
-                        [*specgov_argv(), "sim-server", "--port", str(sim_port)]
-                        + ["--spool-dir", str(spool), "--trace", trace, "--speed", str(speed)],
-                        stdout=sim_log,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                    )
-                )
-                wait_until(lambda: http_ok(f"{sim_url}/health"), STARTUP_TIMEOUT_S, "sim-server")
-                daemon = subprocess.Popen(
-                    [*specgov_argv(), "run", "--config", str(config), "--server", sim_url]
-                    + ["--spool-dir", str(spool), "--state-db", str(db)]
-                    + ["--control-addr", control, "--metrics-addr", metrics, "--mode", "plugin"],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                )
-                procs.append(daemon)
-                wait_until(lambda: published_tables(db) > 0, STARTUP_TIMEOUT_S, "a table")
-                start_wall = time.time()
-                # Until the simulated day has played out (the sim-server slows down when
-                # starved, so its own state, not the wall, says when).
-                while not sim_state(sim_url)[1]:
-                    if daemon.poll() is not None:
-                        raise SystemExit((root / "daemon.log").read_text()[-3000:])
-                    samples.append(sample(daemon.pid, db))
-                    time.sleep(sample_s)  # the sampling period
-                samples.append(sample(daemon.pid, db))
-                counted = decisions_counted(f"http://{metrics}/metrics")
-                # Rows are written right after a decision is counted: one more sample
-                # after a decision interval lets the last one land.
-                time.sleep(decide_interval_s)
-                times = row_times(db)
-                end_sim = sim_time(sim_url)
-        finally:
-            stop_processes(procs, timeout_s=15.0)
+        # Until the simulated day has played out (the sim-server slows down when
+        # starved, so its own state, not the wall, says when).
+        while not sim_state(stack.sim_url)[1]:
+            stack.check_alive()
+            samples.append(sample(stack.daemon.pid, stack.db))
+            time.sleep(sample_s)  # the sampling period
+        samples.append(sample(stack.daemon.pid, stack.db))
+        counted = decisions_counted(f"http://{stack.metrics}/metrics")
+        # Rows are written right after a decision is counted: one more sample
+        # after a decision interval lets the last one land.
+        time.sleep(decide_interval_s)
+        times = row_times(stack.db)
+        end_sim = sim_time(stack.sim_url)
+    return _result(
+        sim_hours, speed, decide_interval_s, samples, start_wall, times, counted, end_sim
+    )
+
+
+def _result(
+    sim_hours: float,
+    speed: float,
+    decide_interval_s: float,
+    samples: list[Sample],
+    start_wall: float,
+    times: list[float],
+    counted: int,
+    end_sim: float,
+) -> SoakResult:
+    """The soak's figures from its samples and the audit rows' times."""
     warm = samples[max(0, len(samples) // 4)]
     end = samples[-1]
     gaps = [b - a for a, b in itertools.pairwise(times)]

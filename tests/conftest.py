@@ -128,7 +128,8 @@ def smg_fleet(smg_binary: Path) -> Iterator[tuple[SmgGateway, list[SimServer]]]:
 
 # The fast tier (`make test-fast`, the inner loop) leaves these out: end-to-end runs of the
 # real processes, the wheel build, property tests and the replay-heavy modules (chosen from
-# `pytest --durations` on the 2-core machine). `make test` (CI) runs everything.
+# `pytest --durations` on the 2-core machine: processes, process pools, kill -9, HTTP
+# fronts, plots, planning sweeps and oracle replays). `make test` (CI) runs everything.
 INTEGRATION_MODULES = frozenset(
     {
         "test_wheel.py",
@@ -148,6 +149,18 @@ INTEGRATION_MODULES = frozenset(
         "test_tp_broadcast.py",
         "test_measure_step_cost.py",
         "test_spool_security.py",
+        "test_plan_fleet_cli.py",
+        "test_plan_fleet.py",
+        "test_oracle.py",
+        "test_http_listener.py",
+        "test_faults.py",
+        "test_plots.py",
+        "test_plan_executor.py",
+        "test_plan_resume.py",
+        "test_store_faults.py",
+        "test_hicache.py",
+        "test_state_store_crash.py",
+        "test_plan_simplicity.py",
     }
 )
 

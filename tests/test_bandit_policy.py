@@ -11,15 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from specgov.policies.common.types import (
-    Budget,
-    Decision,
-    Observation,
-    PolicyTypeError,
-    ReasonCode,
-    TierStat,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.decisions import Decision, ReasonCode
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.types import Budget, PolicyTypeError, TierStat, TierStatsSnapshot
 from specgov.policies.daemon.bandit import (
     ArmStat,
     BanditConfig,

@@ -30,14 +30,10 @@ from specgov.adapters.telemetry import METRICS_READ
 from specgov.controller.daemon.config import load_config
 from specgov.controller.daemon.runtime import Daemon
 from specgov.controller.daemon.state_store import StateStore
-from specgov.policies.common.types import (
-    Budget,
-    Observation,
-    ReasonCode,
-    RestartRecommendation,
-    StepTable,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.decisions import ReasonCode, RestartRecommendation
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import Budget, TierStatsSnapshot
 from specgov.policies.control.core import (
     NOT_PUBLISHED_OBSERVE,
     AuditRecord,

@@ -411,12 +411,8 @@ class _RecommendingPolicy:
         return NonePolicy().state_from_dict(data)
 
     def decide(self, observation: Any, state: Any, budget: Any) -> tuple[Any, Any]:
-        from specgov.policies.common.types import (
-            Plan,
-            ReasonCode,
-            RestartRecommendation,
-            SpecShape,
-        )
+        from specgov.policies.common.decisions import Plan, ReasonCode, RestartRecommendation
+        from specgov.policies.common.types import SpecShape
 
         rec = RestartRecommendation(
             SpecShape("NONE", 0, 0, 0, ()),

@@ -67,7 +67,7 @@ def test_a_restart_continues_from_a_spool_table_newer_than_the_store(tmp_path: P
     # one in force, so its next version is newer than what the engine follows (an e2e
     # run under load published a second, different v9).
     from specgov.adapters.spool_table import write_step_table
-    from specgov.policies.common.types import StepTable
+    from specgov.policies.common.step_table import StepTable
 
     spool = tmp_path / "spool"
     table = StepTable(((1, 3), (8, 1)), version=9, produced_at_s=100.0, ttl_s=30.0)
@@ -109,7 +109,7 @@ def test_a_body_that_cannot_be_decoded_is_a_format_error_not_a_crash(tmp_path: P
 def test_the_dashboards_goodput_and_mode_series_are_exported_by_a_deciding_daemon(
     tmp_path: Path,
 ) -> None:
-    from specgov.policies.common.types import StepTable
+    from specgov.policies.common.step_table import StepTable
     from specgov.policies.control.core import AuditRecord
 
     config = load_config(

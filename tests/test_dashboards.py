@@ -335,7 +335,7 @@ def test_rules_cover_the_failures_an_operator_must_hear_about() -> None:
 
 
 def test_rule_reason_codes_are_real() -> None:
-    from specgov.policies.common.types import ReasonCode
+    from specgov.policies.common.decisions import ReasonCode
 
     codes = {c.value for c in ReasonCode}
     for rule in _rules():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from specgov.policies.common.types import ReasonCode
+from specgov.policies.common.decisions import ReasonCode
 
 REPO = Path(__file__).resolve().parent.parent
 DOCS = REPO / "docs"

@@ -43,13 +43,10 @@ from specgov.adapters.tp_sync import LocalChannel
 from specgov.controller.daemon.config import load_config
 from specgov.controller.daemon.runtime import Daemon
 from specgov.controller.daemon.state_store import StateStore
-from specgov.policies.common.types import (
-    TABLE_SCHEMA,
-    Observation,
-    ReasonCode,
-    StepTable,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.decisions import ReasonCode
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import TABLE_SCHEMA, StepTable
+from specgov.policies.common.types import TierStatsSnapshot
 from specgov.policies.control.core import AuditRecord, ControlInputs, CoreState
 from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.guardrails import GuardrailConfig

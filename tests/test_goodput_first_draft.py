@@ -25,13 +25,9 @@ from test_goodput_policy import (
     run,
 )
 
-from specgov.policies.common.types import (
-    Observation,
-    SlotRule,
-    StepTable,
-    TierStat,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import SlotRule, StepTable
+from specgov.policies.common.types import TierStat, TierStatsSnapshot
 from specgov.policies.daemon.goodput.model import (
     first_draft_ratios,
     first_scaled,

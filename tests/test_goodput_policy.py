@@ -23,15 +23,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from specgov.policies.common.decisions import Plan, ReasonCode
+from specgov.policies.common.observation import LatencyQuantiles, Observation
+from specgov.policies.common.step_table import StepTable
 from specgov.policies.common.types import (
     Budget,
-    LatencyQuantiles,
-    Observation,
-    Plan,
     PolicyTypeError,
-    ReasonCode,
     SpecShape,
-    StepTable,
     TierStat,
     TierStatsSnapshot,
 )

@@ -11,19 +11,10 @@ from typing import Any
 import pytest
 
 from specgov.policies.common.codec import from_data, to_data
-from specgov.policies.common.types import (
-    Budget,
-    Decision,
-    LatencyQuantiles,
-    Observation,
-    Plan,
-    PolicyTypeError,
-    ReasonCode,
-    RestartRecommendation,
-    SpecShape,
-    StepTable,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.decisions import Decision, Plan, ReasonCode, RestartRecommendation
+from specgov.policies.common.observation import LatencyQuantiles, Observation
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import Budget, PolicyTypeError, SpecShape, TierStatsSnapshot
 from specgov.policies.daemon.protocol import DaemonPolicy
 from specgov.policies.guardrails import (
     GUARD_STEPS,

@@ -17,14 +17,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_guardrails import Scripted, Step
 
-from specgov.policies.common.types import (
-    Budget,
-    LatencyQuantiles,
-    Observation,
-    ReasonCode,
-    StepTable,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.decisions import ReasonCode
+from specgov.policies.common.observation import LatencyQuantiles, Observation
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import Budget, TierStatsSnapshot
 from specgov.policies.guardrails import (
     GuardedPolicy,
     GuardedState,

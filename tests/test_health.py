@@ -19,7 +19,7 @@ from specgov.controller.daemon.config import SpecgovConfig, load_config
 from specgov.controller.daemon.control_api import make_app
 from specgov.controller.daemon.health import FailureClock, HealthInputs, liveness, readiness
 from specgov.controller.daemon.runtime import Daemon
-from specgov.policies.common.types import StepTable
+from specgov.policies.common.step_table import StepTable
 from specgov.policies.control.core import Publish
 
 

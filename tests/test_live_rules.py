@@ -17,13 +17,8 @@ import specgov.policies.engine.table as table_mod
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool_table import SpoolTableReader, write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.common.types import (
-    TABLE_SCHEMA,
-    PolicyTypeError,
-    SlotRule,
-    StepTable,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.step_table import TABLE_SCHEMA, SlotRule, StepTable
+from specgov.policies.common.types import PolicyTypeError, TierStatsSnapshot
 from specgov.policies.daemon.goodput.rules import GRID, RuleEval, slot_rule
 from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.engine.table import (

@@ -24,7 +24,8 @@ from specgov.adapters.observation_builder import (
     parse_server_info,
 )
 from specgov.adapters.prometheus_text import MetricsSnapshot, parse_metrics
-from specgov.policies.common.types import LatencyQuantiles, Observation, SpecShape
+from specgov.policies.common.observation import LatencyQuantiles, Observation
+from specgov.policies.common.types import SpecShape
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sglang"
 INDEX = json.loads((FIXTURES / "scrapes.json").read_text())

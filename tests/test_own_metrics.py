@@ -17,7 +17,7 @@ from specgov.controller.daemon.own_metrics import (
     DaemonSnapshot,
     metrics_app,
 )
-from specgov.policies.common.types import StepTable
+from specgov.policies.common.step_table import StepTable
 
 
 def _table(

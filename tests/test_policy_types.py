@@ -10,18 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specgov.policies.common.decisions import Decision, Plan, ReasonCode
+from specgov.policies.common.observation import LatencyQuantiles, LoadSnapshot, Observation
+from specgov.policies.common.step_table import SlotRule, StepTable
 from specgov.policies.common.types import (
     Budget,
-    Decision,
-    LatencyQuantiles,
-    LoadSnapshot,
-    Observation,
-    Plan,
     PolicyTypeError,
-    ReasonCode,
-    SlotRule,
     SpecShape,
-    StepTable,
     TierStat,
     TierStatsSnapshot,
 )

@@ -26,7 +26,8 @@ from specgov.controller.daemon.recommend import (
     window_acceptance,
     window_table,
 )
-from specgov.policies.common.types import SlotRule, SpecShape, StepTable
+from specgov.policies.common.step_table import SlotRule, StepTable
+from specgov.policies.common.types import SpecShape
 from specgov.simulator.replay.runner import replay
 from specgov.simulator.workload.traces import Trace
 

@@ -20,7 +20,8 @@ from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams, load_adaptive_
 from specgov.adapters.spool_stats import read_tier_stats
 from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.tp_sync import LocalChannel, encode_payload
-from specgov.policies.common.types import StepTable, TierStatsSnapshot
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import TierStatsSnapshot
 from specgov.policies.engine.adaptive_config import AdaptiveConfigError
 from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.engine.protocol import AdaptiveSpecPolicy

@@ -31,7 +31,8 @@ from specgov.adapters.prometheus_text import counter_by_dp, gauge_by_dp, parse_m
 from specgov.adapters.spool_stats import TierStatsRecord, read_tier_stats
 from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.telemetry import REALTIME_DECODE_MODE, REALTIME_TOKENS
-from specgov.policies.common.types import Observation, StepTable
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import StepTable
 from specgov.policies.engine.adaptive_config import AdaptiveConfigError, parse_adaptive_config
 from specgov.simulator.replay.runner import (
     SPECGOV_SLOT_CANDIDATES,

@@ -11,14 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specgov.policies.common.types import (
-    Budget,
-    Observation,
-    Plan,
-    PolicyTypeError,
-    ReasonCode,
-    StepTable,
-)
+from specgov.policies.common.decisions import Plan, ReasonCode
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import Budget, PolicyTypeError
 from specgov.policies.daemon.protocol import DaemonPolicy
 from specgov.policies.daemon.schedules import (
     LIMITED_BY_BUDGET,

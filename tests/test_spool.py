@@ -16,7 +16,8 @@ import specgov.adapters.spool as spool
 from specgov.adapters.spool import SpoolError
 from specgov.adapters.spool_stats import BackgroundStatsWriter, read_tier_stats, write_tier_stats
 from specgov.adapters.spool_table import SpoolTableReader, write_step_table
-from specgov.policies.common.types import TABLE_SCHEMA, StepTable, TierStat, TierStatsSnapshot
+from specgov.policies.common.step_table import TABLE_SCHEMA, StepTable
+from specgov.policies.common.types import TierStat, TierStatsSnapshot
 
 CANDIDATES = [0, 1, 3, 5, 7]
 

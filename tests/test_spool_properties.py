@@ -28,7 +28,8 @@ from specgov.adapters import spool, spool_table
 from specgov.adapters.spool import DEFAULT_MAX_TABLE_TTL_S
 from specgov.adapters.spool_stats import TierStatsRecord, read_tier_stats, write_tier_stats
 from specgov.adapters.spool_table import SpoolTableReader
-from specgov.policies.common.types import StepTable, TierStat, TierStatsSnapshot
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import TierStat, TierStatsSnapshot
 
 CANDIDATES = [0, 1, 3, 5, 7]
 NOW = 1_700_000_000.0

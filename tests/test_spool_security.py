@@ -51,7 +51,8 @@ from specgov.adapters.spool import (
 from specgov.adapters.spool_stats import read_tier_stats, write_tier_stats
 from specgov.adapters.spool_table import SpoolTableReader, write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.common.types import StepTable, TierStat, TierStatsSnapshot
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import TierStat, TierStatsSnapshot
 from specgov.policies.engine.ema import EmaPolicy
 
 CANDIDATES = [0, 1, 3, 5, 7]
@@ -587,7 +588,7 @@ DAEMON_UID, SERVER_UID = 40001, 40002
 _DAEMON_PUBLISH = """
 import json, sys
 from specgov.adapters.spool_table import write_step_table
-from specgov.policies.common.types import StepTable
+from specgov.policies.common.step_table import StepTable
 spool, gid = sys.argv[1], int(sys.argv[2])
 t = StepTable(((1, 5),), version=7, produced_at_s=float(sys.argv[3]), ttl_s=30.0)
 write_step_table(spool, t, [0, 1, 3, 5, 7], group_gid=gid)

@@ -37,7 +37,9 @@ from specgov.controller.daemon.store_errors import (
     StoreUnavailable,
 )
 from specgov.controller.daemon.store_schema import LATEST_SCHEMA_VERSION, Migration
-from specgov.policies.common.types import RestartRecommendation, SpecShape, StepTable
+from specgov.policies.common.decisions import RestartRecommendation
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import SpecShape
 from specgov.policies.control.core import AuditRecord
 from specgov.policies.guardrails import Override
 

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specgov.policies.common.types import PolicyTypeError, StepTable, TierStatsSnapshot
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import PolicyTypeError, TierStatsSnapshot
 from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.engine.table import TablePolicy
 

@@ -34,7 +34,7 @@ from specgov.adapters.tp_sync import (
     encode_payload,
     encode_table,
 )
-from specgov.policies.common.types import SlotRule, StepTable
+from specgov.policies.common.step_table import SlotRule, StepTable
 
 GRAPHS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 24, 32, 48, 64]
 CANDIDATES = [0, 1, 3, 5, 7]

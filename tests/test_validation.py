@@ -260,7 +260,7 @@ def test_spool_reader_rejects_a_timestamp_beyond_float_range(tmp_path: Path) -> 
     # A JSON integer of 400 digits is a well-formed but invalid document; it used to
     # escape parse_step_table_document as an OverflowError (counted as internal_error).
     from specgov.adapters.spool_table import SpoolTableReader, write_step_table
-    from specgov.policies.common.types import StepTable
+    from specgov.policies.common.step_table import StepTable
 
     steps = [0, 1, 3, 5]
     table = StepTable(((1, 5), (8, 3)), version=1, produced_at_s=10.0, ttl_s=30.0)

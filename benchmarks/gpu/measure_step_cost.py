@@ -530,6 +530,27 @@ def _sig(value: float) -> float:
     return float(f"{value:.4g}")
 
 
+def _gpu_entry(
+    base_name: str, base: dict[str, Any], bw_eff: float, compute_eff: float, source: str
+) -> dict[str, Any]:
+    """The measured GPU's catalog entry: *base_name*'s datasheet figures and the fitted
+    bandwidth and compute fractions."""
+    return {
+        "memory_gib": base["memory_gib"],
+        "hbm_bandwidth_tb_s": base["hbm_bandwidth_tb_s"],
+        "bf16_tflops": base["bf16_tflops"],
+        "bandwidth_efficiency": _sig(bw_eff),
+        "compute_efficiency": _sig(compute_eff),
+        "provenance": {
+            "memory_gib": f"measured: vendor datasheet ({base_name})",
+            "hbm_bandwidth_tb_s": f"measured: vendor datasheet ({base_name})",
+            "bf16_tflops": f"measured: vendor datasheet ({base_name})",
+            "bandwidth_efficiency": f"fitted: weight read of eager target forwards, {source}",
+            "compute_efficiency": f"fitted: past-the-knee slope of eager target forwards, {source}",
+        },
+    }
+
+
 def catalog_entry(
     args: argparse.Namespace, rows: Sequence[Row], fit: dict[str, float]
 ) -> dict[str, Any]:
@@ -551,20 +572,7 @@ def catalog_entry(
     )
     clip = lambda v: float(min(1.0, max(1e-6, v)))  # noqa: E731 - catalog fractions
     source = f"measure_step_cost.py --config {args.config} on {args.device}"
-    gpu_entry = {
-        "memory_gib": base["memory_gib"],
-        "hbm_bandwidth_tb_s": base["hbm_bandwidth_tb_s"],
-        "bf16_tflops": base["bf16_tflops"],
-        "bandwidth_efficiency": _sig(clip(bw_eff)),
-        "compute_efficiency": _sig(clip(compute_eff)),
-        "provenance": {
-            "memory_gib": f"measured: vendor datasheet ({base_name})",
-            "hbm_bandwidth_tb_s": f"measured: vendor datasheet ({base_name})",
-            "bf16_tflops": f"measured: vendor datasheet ({base_name})",
-            "bandwidth_efficiency": f"fitted: weight read of eager target forwards, {source}",
-            "compute_efficiency": f"fitted: past-the-knee slope of eager target forwards, {source}",
-        },
-    }
+    gpu_entry = _gpu_entry(base_name, base, clip(bw_eff), clip(compute_eff), source)
     # Draft step: what the roofline (with the fitted fractions) leaves is the overhead.
     d_params = _params(cfg, draft=True)
     d_w = d_params * bytes_per / (bw * clip(bw_eff))

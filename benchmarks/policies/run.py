@@ -203,11 +203,67 @@ def run_suite(
     for r in runs:
         parse_policy(r.spec)  # fail before any simulation on a bad policy
     plotted = plot_scenario(scenarios)
+    work = _jobs(
+        scenarios,
+        runs,
+        plotted,
+        data_dir=data,
+        seed=seed,
+        slo=slo,
+        tier_switch_ms=tier_switch_ms,
+        restart_check=restart_check,
+    )
+    results = _run_work(work, jobs, progress, started)
+
+    # Scenario order, then policy order: tables read the same whatever finished first.
+    sc_order = {s.id: i for i, s in enumerate(scenarios)}
+    p_order = {r.label: i for i, r in enumerate(runs)}
+    results.sort(key=lambda r: (sc_order[r.scenario_id], p_order[r.policy]))
+    rows = report.build_rows(scenarios, results, [r.label for r in runs])
+    phase_table = report.phase_rows(scenarios, results)
+    targets = report.evaluate_targets(rows, scenarios)
+    per_prior = report.targets_per_prior(rows, scenarios)
+    missed = report.misses(rows, scenarios, targets)
+    meta = _meta(
+        rows,
+        command=command,
+        scenarios=f"{len(scenarios)} ({len(work)} runs)",
+        slo=slo,
+        seed=seed,
+        wall=f"{time.perf_counter() - started:.0f} s with {jobs} job(s)",
+        policies=policies,
+        priors=priors,
+        accept_priors=accept_priors,
+        tier_switch_ms=tier_switch_ms,
+    )
+    markdown = report_markdown.render_markdown(
+        rows, targets, scenarios, meta, phase_table, per_prior=per_prior, misses=missed
+    )
+    document = _document(meta, targets, per_prior, missed, rows, results)
+    files = _write_files(out_dir, rows, phase_table, markdown, document)
+    if plotted is not None:
+        files += _plot_series(plotted, rows, results, out_dir / "plots" / "timeseries")
+    return SuiteOutput(rows, targets, markdown, files, time.perf_counter() - started)
+
+
+def _jobs(
+    scenarios: Sequence[Scenario],
+    runs: Sequence[PolicyRun],
+    plotted: Scenario | None,
+    *,
+    data_dir: Path,
+    seed: int,
+    slo: Slo,
+    tier_switch_ms: float | None,
+    restart_check: bool,
+) -> list[Job]:
+    """One job per scenario and run, the longest first; the exact-prior runs of the
+    *plotted* scenario keep their time series, the target policy's runs check restarts."""
     work = [
         Job(
             sc,
             r,
-            data,
+            data_dir,
             seed,
             slo,
             keep_series=sc == plotted and r.variant == "exact",
@@ -217,7 +273,13 @@ def run_suite(
         for sc in scenarios
         for r in runs
     ]
-    work.sort(key=_cost, reverse=True)
+    return sorted(work, key=_cost, reverse=True)
+
+
+def _run_work(
+    work: Sequence[Job], jobs: int, progress: bool, started: float
+) -> list[report.RunResult]:
+    """Every job's result, in the order they finish (in this process with one job)."""
     results: list[report.RunResult] = []
     if jobs <= 1:
         for i, job in enumerate(work, 1):
@@ -228,24 +290,29 @@ def run_suite(
             for i, res in enumerate(pool.imap_unordered(run_job, work), 1):
                 results.append(res)
                 _progress(progress, i, len(work), res, started)
+    return results
 
-    # Scenario order, then policy order: tables read the same whatever finished first.
-    sc_order = {s.id: i for i, s in enumerate(scenarios)}
-    p_order = {r.label: i for i, r in enumerate(runs)}
-    results.sort(key=lambda r: (sc_order[r.scenario_id], p_order[r.policy]))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    rows = report.build_rows(scenarios, results, [r.label for r in runs])
-    phase_table = report.phase_rows(scenarios, results)
-    targets = report.evaluate_targets(rows, scenarios)
-    per_prior = report.targets_per_prior(rows, scenarios)
-    missed = report.misses(rows, scenarios, targets)
-    wall = time.perf_counter() - started
-    meta = {
+
+def _meta(
+    rows: Sequence[dict[str, Any]],
+    *,
+    command: str | None,
+    scenarios: str,
+    slo: Slo,
+    seed: int,
+    wall: str,
+    policies: Sequence[str],
+    priors: Sequence[str],
+    accept_priors: Sequence[float],
+    tier_switch_ms: float | None,
+) -> dict[str, str]:
+    """The run's settings, as the markdown's header table and results.json's "meta"."""
+    return {
         "command": f"`{command}`" if command else "run_suite(...)",
-        "scenarios": f"{len(scenarios)} ({len(work)} runs)",
+        "scenarios": scenarios,
         "SLO": f"TPOT <= {slo.tpot_ms} ms" + (f", TTFT <= {slo.ttft_ms} ms" if slo.ttft_ms else ""),
         "seed": str(seed),
-        "wall time": f"{wall:.0f} s with {jobs} job(s)",
+        "wall time": wall,
         "targets apply to": f"{report.TARGET_POLICY}, worst over its prior variants "
         f"({', '.join(report.variants_of(rows, report.TARGET_POLICY))})",
         "batch-table": next((p for p in policies if p.startswith("batch-table")), "-"),
@@ -258,9 +325,48 @@ def run_suite(
         if tier_switch_ms is None
         else f"{tier_switch_ms:g} ms per switch",
     }
-    markdown = report_markdown.render_markdown(
-        rows, targets, scenarios, meta, phase_table, per_prior=per_prior, misses=missed
-    )
+
+
+def _document(
+    meta: dict[str, str],
+    targets: Sequence[report.TargetResult],
+    per_prior: dict[str, list[report.TargetResult]],
+    missed: Any,
+    rows: Sequence[dict[str, Any]],
+    results: Sequence[report.RunResult],
+) -> dict[str, Any]:
+    """results.json: the settings, targets, misses, headline shares and every run."""
+    return {
+        "meta": meta,
+        "targets": [t.__dict__ for t in targets],
+        "targets_per_prior": {k: [t.__dict__ for t in v] for k, v in per_prior.items()},
+        "misses": missed,
+        # Headline: per policy, the median share of each oracle's gain over none.
+        "median_oracle_shares": report.median_shares(rows),
+        "restart_checks": report.restart_checks(rows),
+        "runs": [
+            {
+                "scenario": r.scenario_id,
+                "policy": r.policy,
+                "summary": r.summary,
+                "phase_good_tokens": r.phase_good_tokens,
+                "reason_counts": r.reason_counts,
+                "table_changes": r.changes,
+            }
+            for r in sorted(results, key=lambda r: (r.scenario_id, r.policy))
+        ],
+    }
+
+
+def _write_files(
+    out_dir: Path,
+    rows: Sequence[dict[str, Any]],
+    phase_table: Sequence[dict[str, Any]],
+    markdown: str,
+    document: dict[str, Any],
+) -> list[Path]:
+    """results.csv, phases.csv, results.md, results.json and the goodput heat map."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     files = [
         report_files.write_csv(rows, report.CSV_COLUMNS, out_dir / "results.csv"),
         report_files.write_csv(phase_table, report.PHASE_CSV_COLUMNS, out_dir / "phases.csv"),
@@ -269,40 +375,12 @@ def run_suite(
     md_path.write_text(markdown, encoding="utf-8")
     files.append(md_path)
     json_path = out_dir / "results.json"
-    json_path.write_text(
-        json.dumps(
-            {
-                "meta": meta,
-                "targets": [t.__dict__ for t in targets],
-                "targets_per_prior": {k: [t.__dict__ for t in v] for k, v in per_prior.items()},
-                "misses": missed,
-                # Headline: per policy, the median share of each oracle's gain over none.
-                "median_oracle_shares": report.median_shares(rows),
-                "restart_checks": report.restart_checks(rows),
-                "runs": [
-                    {
-                        "scenario": r.scenario_id,
-                        "policy": r.policy,
-                        "summary": r.summary,
-                        "phase_good_tokens": r.phase_good_tokens,
-                        "reason_counts": r.reason_counts,
-                        "table_changes": r.changes,
-                    }
-                    for r in sorted(results, key=lambda r: (r.scenario_id, r.policy))
-                ],
-            },
-            indent=1,
-            default=str,
-        ),
-        encoding="utf-8",
-    )
+    json_path.write_text(json.dumps(document, indent=1, default=str), encoding="utf-8")
     files.append(json_path)
     heat = report_files.plot_goodput_ratios(rows, out_dir / "plots" / "goodput_vs_ema.png")
     if heat is not None:
         files.append(heat)
-    if plotted is not None:
-        files += _plot_series(plotted, rows, results, out_dir / "plots" / "timeseries")
-    return SuiteOutput(rows, targets, markdown, files, time.perf_counter() - started)
+    return files
 
 
 # Time series plotted for the phase scenario (plus its best static in hindsight).
@@ -343,7 +421,7 @@ def _progress(enabled: bool, i: int, n: int, res: report.RunResult, started: flo
         )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder")
     parser.add_argument("--quick", action="store_true", help="small smoke subset")
@@ -399,42 +477,58 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--slo-tpot-ms", type=float, default=50.0)
     parser.add_argument("--slo-ttft-ms", type=float, default=None)
+    return parser
+
+
+def _checked(args: argparse.Namespace) -> tuple[Slo, list[Scenario]]:
+    """The SLO and the selected scenarios, every name and value checked before anything
+    runs (a ValueError otherwise)."""
+    slo = Slo(tpot_ms=args.slo_tpot_ms, ttft_ms=args.slo_ttft_ms)
+    scenarios = select(args.scenarios, quick=args.quick)
+    # Validate the names before anything runs.
+    suite_runs(
+        priors=args.priors,
+        accept_priors=args.accept_priors,
+        prior_families=args.prior_families,
+    )
+    for m in args.accept_priors:
+        if not 0.0 < m < 1.0:
+            raise ScenarioError(f"--accept-priors: prior_mean must be in (0, 1), got {m:g}")
+    return slo, scenarios
+
+
+def _with_inputs(scenarios: Sequence[Scenario], data_dir: Path) -> list[Scenario]:
+    """The scenarios whose trace files are in *data_dir* (a warning for each one not)."""
+    missing = missing_inputs({s.workload for s in scenarios}, data_dir)
+    for name, path in sorted(missing.items()):
+        print(f"warning: skipping {name}: {path} not found", file=sys.stderr)
+    return [s for s in scenarios if s.workload.name not in missing]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs must be >= 1, got {args.jobs}")
     if args.tier_switch_ms is not None and not 0.0 <= args.tier_switch_ms < float("inf"):
         parser.error(f"--tier-switch-ms must be a number >= 0, got {args.tier_switch_ms}")
     try:
-        slo = Slo(tpot_ms=args.slo_tpot_ms, ttft_ms=args.slo_ttft_ms)
-        scenarios = select(args.scenarios, quick=args.quick)
-        # Validate the names before anything runs.
-        suite_runs(
-            priors=args.priors,
-            accept_priors=args.accept_priors,
-            prior_families=args.prior_families,
-        )
-        for m in args.accept_priors:
-            if not 0.0 < m < 1.0:
-                raise ScenarioError(f"--accept-priors: prior_mean must be in (0, 1), got {m:g}")
+        slo, scenarios = _checked(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     data_dir = args.data_dir or default_data_dir()
-    missing = missing_inputs({s.workload for s in scenarios}, data_dir)
-    if missing:
-        for name, path in sorted(missing.items()):
-            print(f"warning: skipping {name}: {path} not found", file=sys.stderr)
-        scenarios = [s for s in scenarios if s.workload.name not in missing]
-        if not scenarios:
-            print(
-                "error: no scenario left to run (set SPECGOV_SHARED_DATA or --data-dir)",
-                file=sys.stderr,
-            )
-            return 2
+    runnable = _with_inputs(scenarios, data_dir)
+    if scenarios and not runnable:
+        print(
+            "error: no scenario left to run (set SPECGOV_SHARED_DATA or --data-dir)",
+            file=sys.stderr,
+        )
+        return 2
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
     try:
         out = run_suite(
-            scenarios,
+            runnable,
             out_dir=args.out,
             jobs=args.jobs,
             data_dir=data_dir,

@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from specgov.controller.cli import options as opt
+
 
 def catalog_rows(extra_files: tuple[Path, ...] = ()) -> dict[str, list[dict[str, Any]]]:
     """The catalog as JSON-ready rows per section (gpus, models, drafters)."""
@@ -78,24 +80,13 @@ def catalog_group() -> None:
     """The simulator's catalog of GPUs, models and drafters (offline)."""
 
 
-# Both commands read the same extra files.
-_catalog_files = click.option(
-    "--catalog",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    multiple=True,
-    help="Extra catalog YAML file (GPUs, models, drafters); repeatable, later names win.",
-)
+# Both commands print more than one table.
+_output_option = opt.output_option("Tables for people, or JSON for scripts.")
 
 
 @catalog_group.command("list")
-@_catalog_files
-@click.option(
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="Tables for people, or JSON for scripts.",
-)
+@opt.catalog_option
+@_output_option
 def catalog_list(catalog: tuple[Path, ...], output: str) -> None:
     """GPUs, target models and drafters, by the names replay and the config take."""
     from specgov.simulator.catalog import CatalogError
@@ -279,11 +270,9 @@ def _find(cat: Any, name: str) -> tuple[str, Any]:
 
 @catalog_group.command("show")
 @click.argument("name")
-@_catalog_files
-@click.option("--gpu", default="h100", show_default=True, help="GPU for a drafter's step-0 terms.")
-@click.option(
-    "--model", default="llama-3.1-8b", show_default=True, help="Target for the step-0 terms."
-)
+@opt.catalog_option
+@opt.gpu_option("GPU for a drafter's step-0 terms.")
+@opt.model_option("Target for the step-0 terms.")
 @click.option(
     "--context-tokens",
     type=click.IntRange(min=1),
@@ -291,7 +280,7 @@ def _find(cat: Any, name: str) -> tuple[str, Any]:
     show_default=True,
     help="KV tokens per request for the step-0 terms and the saturation batch.",
 )
-@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@_output_option
 def catalog_show(
     name: str, catalog: tuple[Path, ...], gpu: str, model: str, context_tokens: int, output: str
 ) -> None:

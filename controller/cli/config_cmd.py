@@ -11,26 +11,13 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
-from specgov.controller.cli.format import BadInput
-
-if TYPE_CHECKING:
-    from specgov.controller.daemon.config import SpecgovConfig
+from specgov.controller.cli import options as opt
 
 EXIT_OK = 0
-
-
-def _load(path: Path | None) -> SpecgovConfig:
-    from specgov.controller.daemon.config import load_config
-    from specgov.controller.daemon.config_values import ConfigError
-
-    try:
-        return load_config(path)
-    except ConfigError as exc:
-        raise BadInput(str(exc)) from None
 
 
 def _display(value: Any) -> str:
@@ -59,7 +46,7 @@ def validate(file: Path | None) -> None:
     from specgov.controller.daemon.config import check_secrets
     from specgov.controller.daemon.config_values import ConfigError
 
-    cfg = _load(file)
+    cfg = opt.load_config_file(file)
     overrides = sorted({origin for origin in cfg.sources.values() if origin.startswith("env ")})
     where = str(file) if file is not None else "packaged defaults"
     if overrides:
@@ -76,20 +63,8 @@ def validate(file: Path | None) -> None:
 
 
 @config_group.command("show")
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Config file (default: the packaged defaults).",
-)
-@click.option(
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table for people, or stable JSON for scripts.",
-)
+@opt.config_option()
+@opt.output_option("A table for people, or stable JSON for scripts.")
 def show(config_file: Path | None, output: str) -> None:
     """Print the effective configuration and where each value came from.
 
@@ -99,7 +74,7 @@ def show(config_file: Path | None, output: str) -> None:
     """
     from specgov.controller.daemon.config import effective_config_dict, secret_status
 
-    cfg = _load(config_file)
+    cfg = opt.load_config_file(config_file)
     data = effective_config_dict(cfg)
     secrets = secret_status(cfg)
     if output == "json":

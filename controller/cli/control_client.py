@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from types import TracebackType
 from typing import Any, Final
 from urllib.parse import urlsplit
 
@@ -138,12 +137,7 @@ class ControlClient:
     def __enter__(self) -> ControlClient:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     # ---------------------------------------------------------------- routes

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 
 import click
 
+from specgov.controller.cli import options as opt
 from specgov.controller.cli.policy_help import kinds_help
 
 EXIT_FAILED = 1
@@ -34,18 +35,6 @@ _POLICY_KINDS = kinds_help(replay=False)
 def _fail(message: str, code: int) -> NoReturn:
     click.echo(f"Error: {message}", err=True)
     sys.exit(code)
-
-
-def _load(config_file: Path | None, overrides: dict[str, Any]) -> Any:
-    from specgov.controller.daemon.config import load_config
-    from specgov.controller.daemon.config_values import ConfigError
-
-    try:
-        return load_config(config_file, overrides=overrides)
-    except ConfigError as exc:
-        _fail(str(exc), EXIT_USAGE)
-    except OSError as exc:
-        _fail(f"cannot read config {config_file}: {exc}", EXIT_USAGE)
 
 
 def _configure_logging(fmt: str, level: str) -> None:
@@ -107,13 +96,7 @@ def run_overrides(params: dict[str, Any]) -> dict[str, Any]:
 
 
 @click.command("run")
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(path_type=Path),
-    default=None,
-    help="Config file (default: the packaged defaults, as in config.yaml).",
-)
+@opt.config_option()
 @click.option("--server", default=None, help="SGLang base URL (server.url).")
 @click.option(
     "--spool-dir",
@@ -146,7 +129,7 @@ def run_cmd(
     """Run the daemon next to one SGLang server (flags override the config file)."""
     from specgov.controller.daemon.serve import freeze_startup_heap, serve_daemon
 
-    config = _load(config_file, run_overrides(click.get_current_context().params))
+    config = opt.load_config_file(config_file, run_overrides(click.get_current_context().params))
     _configure_logging(config.log.format, config.log.level)
     try:
         code = asyncio.run(serve_daemon(config, ready=freeze_startup_heap))
@@ -238,19 +221,25 @@ def _emit(data: Any, output: str, render: Callable[[Any], None]) -> None:
         render(data)
 
 
-_control_option = click.option(
-    "--control-addr",
-    default=None,
-    help="HOST:PORT of the daemon's control API (default: $SPECGOV_CONTROL_ADDR, "
-    "else the config's control.listen, 127.0.0.1:9465).",
+# Every command that asks the daemon: where it listens, and how to print its answer.
+_client_options = opt.compose(
+    click.option(
+        "--control-addr",
+        default=None,
+        help="HOST:PORT of the daemon's control API (default: $SPECGOV_CONTROL_ADDR, "
+        "else the config's control.listen, 127.0.0.1:9465).",
+    ),
+    opt.output_option(
+        "A table for people, or the daemon's JSON (exact values, epoch seconds) for scripts."
+    ),
 )
-_output_option = click.option(
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table for people, or the daemon's JSON (exact values, epoch seconds) for scripts.",
-)
+
+
+def _slot_option(help: str) -> Callable[[Any], Any]:
+    """``--slot N``: a batch-size slot by its lower bound (none by default)."""
+    return click.option("--slot", type=click.IntRange(min=1), default=None, help=help)
+
+
 _verbose_option = click.option(
     "--verbose",
     "-v",
@@ -300,8 +289,7 @@ def _decision_line(row: dict[str, Any], now_s: float, verbose: bool) -> str:
 
 
 @click.command("status")
-@_control_option
-@_output_option
+@_client_options
 @_verbose_option
 def status_cmd(control_addr: str | None, output: str, verbose: bool) -> None:
     """What the daemon is doing: policy, table per slot, telemetry, overrides."""
@@ -418,8 +406,7 @@ def _recommendation_line(rec: dict[str, Any]) -> str:
 
 
 @click.command("decisions")
-@_control_option
-@_output_option
+@_client_options
 @_verbose_option
 @click.option("--since", default=None, help="Only decisions newer than this duration (e.g. 10m).")
 @click.option(
@@ -486,14 +473,8 @@ def override_group() -> None:
 
 
 @override_group.command("set")
-@_control_option
-@_output_option
-@click.option(
-    "--slot",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Batch-size slot (its lower bound, as `specgov status` lists them).",
-)
+@_client_options
+@_slot_option("Batch-size slot (its lower bound, as `specgov status` lists them).")
 @click.option(
     "--steps",
     type=click.IntRange(min=0),
@@ -533,10 +514,9 @@ def override_set(
 
 
 @override_group.command("clear")
-@_control_option
-@_output_option
+@_client_options
 @click.option("--id", "override_id", default=None, help="The override's id (override list).")
-@click.option("--slot", type=click.IntRange(min=1), default=None, help="Every override of a slot.")
+@_slot_option("Every override of a slot.")
 @click.option("--all", "clear_all", is_flag=True, help="Every override.")
 def override_clear(
     control_addr: str | None,
@@ -561,8 +541,7 @@ def override_clear(
 
 
 @override_group.command("list")
-@_control_option
-@_output_option
+@_client_options
 def override_list(control_addr: str | None, output: str) -> None:
     """Active overrides."""
     client = _client(control_addr)
@@ -599,8 +578,7 @@ def policy_group() -> None:
 
 
 @policy_group.command("list")
-@_control_option
-@_output_option
+@_client_options
 def policy_list(control_addr: str | None, output: str) -> None:
     """Known policy kinds, with examples and keys; the current one if a daemon answers.
 
@@ -656,8 +634,7 @@ def _key_default(value: Any) -> str:
 
 
 @policy_group.command("show")
-@_control_option
-@_output_option
+@_client_options
 def policy_show(control_addr: str | None, output: str) -> None:
     """The current policy and its parameters."""
     client = _client(control_addr)
@@ -684,8 +661,7 @@ def policy_show(control_addr: str | None, output: str) -> None:
 
 
 @policy_group.command("set")
-@_control_option
-@_output_option
+@_client_options
 @click.argument("spec")
 def policy_set(control_addr: str | None, output: str, spec: str) -> None:
     """Switch the policy (e.g. `goodput:slo_tpot_ms=40`); a bad spec exits 2."""
@@ -698,8 +674,7 @@ def policy_set(control_addr: str | None, output: str, spec: str) -> None:
 
 
 @click.command("recommend")
-@_control_option
-@_output_option
+@_client_options
 def recommend_cmd(control_addr: str | None, output: str) -> None:
     """The latest restart recommendation (shape, candidates) with its predicted gain."""
     client = _client(control_addr)

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 import click
 
+from specgov.controller.cli import options as opt
 from specgov.controller.cli.format import BadInput
 
 if TYPE_CHECKING:
@@ -695,10 +696,7 @@ def run_doctor(options: DoctorOptions, *, clock: Callable[[], float] = time.time
 
 @click.command(name="doctor")
 @click.option("--server", default=None, help="SGLang base URL (default: server.url).")
-@click.option(
-    "--config", "config_file", type=click.Path(path_type=Path), default=None,
-    help="The daemon's config file: server URL, API key variable, spool directory.",
-)  # fmt: skip
+@opt.config_option("The daemon's config file: server URL, API key variable, spool directory.")
 @click.option(
     "--spool-dir", type=click.Path(path_type=Path), default=None,
     help="The spool shared with the server (default: spool.dir).",
@@ -715,7 +713,7 @@ def run_doctor(options: DoctorOptions, *, clock: Callable[[], float] = time.time
     "--fleet", "fleet_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
     help="A fleet file (specgov fleet): also check that its smg gateway lists its replicas.",
 )  # fmt: skip
-@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@opt.output_option("One line per check with its fix for people, or one JSON object for scripts.")
 def doctor_cmd(
     server: str | None,
     config_file: Path | None,

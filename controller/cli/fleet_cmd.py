@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from specgov.controller.cli import options as opt
+
 if TYPE_CHECKING:
     from specgov.controller.fleet.gateway import SmgGateway
     from specgov.controller.fleet.move import FleetFile
@@ -184,7 +186,8 @@ def _decision_doc(
     }
 
 
-_common = [
+# The options every fleet command takes.
+_options = opt.compose(
     click.option(
         "--fleet", "fleet_path", type=click.Path(dir_okay=False, path_type=Path), required=True
     ),
@@ -214,9 +217,9 @@ _common = [
         help="The same for a speculative replica [default: from --trace, else --replica-capacity].",
     ),
     click.option("--trace", default=None, help="Compute both from this trace (as plan fleet)."),
-    click.option("--gpu", default="h100", show_default=True),
-    click.option("--model", default="llama-3.1-8b", show_default=True),
-    click.option("--drafter", default="eagle3", show_default=True),
+    opt.gpu_option(),
+    opt.model_option(),
+    opt.drafter_option("Speculative replicas' drafter."),
     click.option(
         "--tpot-ms", type=click.FloatRange(min=0, min_open=True), default=50.0, show_default=True
     ),
@@ -232,13 +235,7 @@ _common = [
         "forecast over one move and over a whole switch (moves x this) [default: the "
         "catalog --model's startup_s].",
     ),
-]
-
-
-def _options(f: Any) -> Any:
-    for option in reversed(_common):
-        f = option(f)
-    return f
+)
 
 
 @click.group("fleet")
@@ -272,7 +269,7 @@ def _prepare(
 
 @fleet_group.command("status")
 @_options
-@click.option("--output", type=click.Choice(["table", "json"]), default="table")
+@opt.output_option("Lines for people, or one JSON object for scripts.")
 def status_cmd(output: str, **opts: Any) -> None:
     """The replicas, their mode and load, and the next planned move."""
     from specgov.controller.fleet.gateway import SmgGateway, gateway_token

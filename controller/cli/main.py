@@ -202,30 +202,13 @@ def _write_plots(report: ReplayReport, plot: Path, slo_tpot_ms: float | None) ->
     click.echo(f"plots: {', '.join(str(p) for p in written)}", err=True)
 
 
-_server_options = [
-    opt.gpu_option,
-    opt.model_option,
-    click.option("--drafter", default="eagle3", show_default=True, help="Drafter."),
-    click.option(
-        "--spec-steps",
-        type=click.IntRange(min=0),
-        default=3,
-        show_default=True,
-        help="--speculative-num-steps (the initial step of adaptive policies).",
-    ),
-    click.option(
-        "--topk",
-        type=click.IntRange(min=1),
-        default=1,
-        show_default=True,
-        help="--speculative-eagle-topk: 1 is a chain; more is a tree (no adaptive steps).",
-    ),
-    click.option(
-        "--num-draft-tokens",
-        type=click.IntRange(min=1),
-        default=None,
-        help="Tree verify width (topk > 1); chains use steps + 1.",
-    ),
+_with_server_options = opt.compose(
+    opt.gpu_option(),
+    opt.model_option(),
+    opt.drafter_option(),
+    opt.spec_steps_option(),
+    opt.topk_option("--speculative-eagle-topk: 1 is a chain; more is a tree (no adaptive steps)."),
+    opt.num_draft_tokens_option(min_tokens=1),
     opt.acceptance_profile_option,
     click.option(
         "--burstiness",
@@ -253,7 +236,7 @@ _server_options = [
     opt.catalog_option,
     opt.slo_options(ttft_default_ms=None),
     opt.seed_option,
-    opt.output_option,
+    opt.output_option(),
     click.option(
         "--plot",
         type=click.Path(file_okay=False, path_type=Path),
@@ -261,13 +244,7 @@ _server_options = [
         help="Write PNG figures into this folder: per policy (load, steps per slot, "
         "throughput, TPOT with the SLO) and a comparison.",
     ),
-]
-
-
-def _with_server_options(fn: Callable[..., Any]) -> Callable[..., Any]:
-    for option in reversed(_server_options):
-        fn = option(fn)
-    return fn
+)
 
 
 @main.command()

@@ -1,14 +1,19 @@
-"""Click options that replay, plan sweep and plan fleet share: one declaration each, so
-the same option has the same type, range, default and help text in every command.
+"""Click options that more than one command takes: one declaration each, so the same
+option has the same type, range, default and help text in every command.
 
-Options whose meaning differs between the commands stay with their command: replay's
-positional TRACE (the plans take ``--trace``), ``--rate-scale`` (plan fleet's is
-exclusive with ``--target-rps``), ``--spec-steps`` (plan fleet's replicas need >= 1) and
-the plans' SLO percentiles. Only ``--slo-ttft-ms``'s default is the command's to choose:
-replay judges TPOT alone unless asked, the plans size a fleet against both.
+Where a command's option means more (or less) than the shared one, the declaration takes
+the difference as an argument instead of being written again: its help (``--output``
+says what the command's JSON is, ``--gpu`` what the GPU is for), its range
+(``--spec-steps``: plan fleet's speculative replicas need >= 1; ``--num-draft-tokens``)
+or, for the SLO, ``--slo-ttft-ms``'s default (replay judges TPOT alone unless asked, the
+plans size a fleet against both), or, for an SLO percentile, its flag (plan sweep has one
+for TPOT and one for TTFT, plan fleet one for both). Options whose meaning differs between
+the commands stay with their command: replay's positional TRACE (the plans take
+``--trace``) and ``--rate-scale`` (plan fleet's is exclusive with ``--target-rps``).
 
 ``server_spec`` turns the server options a command passes through into the simulated
-server (ServerSpec), naming the fields the flags rename in one place.
+server (ServerSpec), naming the fields the flags rename in one place; ``load_config_file``
+loads the daemon configuration ``--config`` names, a bad file one line and exit 2.
 
 Importing this module imports click only (the CLI's start-up stays light).
 """
@@ -22,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 if TYPE_CHECKING:
+    from specgov.controller.daemon.config import SpecgovConfig
     from specgov.simulator.replay.runner import ServerSpec
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -111,14 +117,69 @@ def slo_options(*, ttft_default_ms: float | None) -> Callable[[F], F]:
     )
 
 
+def percentile_option(name: str, help: str) -> Callable[[F], F]:
+    """A plan's SLO percentile (in (0, 100], default 99): *name* is the flag."""
+    return click.option(
+        name,
+        type=click.FloatRange(min=0.0, max=100.0, min_open=True),
+        default=99.0,
+        show_default=True,
+        help=help,
+    )
+
+
 # ---------------------------------------------------- the simulated deployment
 
-gpu_option = click.option(
-    "--gpu", default="h100", show_default=True, help="GPU name from the catalog."
-)
-model_option = click.option(
-    "--model", default="llama-3.1-8b", show_default=True, help="Target model."
-)
+
+def gpu_option(help: str = "GPU name from the catalog.") -> Callable[[F], F]:
+    """``--gpu`` (default h100); *help* where the command says what the GPU is for."""
+    return click.option("--gpu", default="h100", show_default=True, help=help)
+
+
+def model_option(help: str = "Target model.") -> Callable[[F], F]:
+    """``--model`` (default llama-3.1-8b)."""
+    return click.option("--model", default="llama-3.1-8b", show_default=True, help=help)
+
+
+def drafter_option(help: str = "Drafter.") -> Callable[[F], F]:
+    """``--drafter`` (default eagle3)."""
+    return click.option("--drafter", default="eagle3", show_default=True, help=help)
+
+
+def spec_steps_option(
+    *,
+    min_steps: int = 0,
+    help: str = "--speculative-num-steps (the initial step of adaptive policies).",
+) -> Callable[[F], F]:
+    """``--spec-steps`` (default 3, at least *min_steps*)."""
+    return click.option(
+        "--spec-steps",
+        type=click.IntRange(min=min_steps),
+        default=3,
+        show_default=True,
+        help=help,
+    )
+
+
+def topk_option(
+    help: str = "--speculative-eagle-topk: 1 is a chain; more is a tree.",
+) -> Callable[[F], F]:
+    """``--topk`` (default 1, a chain)."""
+    return click.option(
+        "--topk", type=click.IntRange(min=1), default=1, show_default=True, help=help
+    )
+
+
+def num_draft_tokens_option(*, min_tokens: int) -> Callable[[F], F]:
+    """``--num-draft-tokens`` (no default: a chain's is steps + 1), at least *min_tokens*."""
+    return click.option(
+        "--num-draft-tokens",
+        type=click.IntRange(min=min_tokens),
+        default=None,
+        help="Tree verify width (topk > 1); chains use steps + 1.",
+    )
+
+
 acceptance_profile_option = click.option(
     "--acceptance-profile",
     default=None,
@@ -141,7 +202,7 @@ catalog_option = click.option(
     "--catalog",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     multiple=True,
-    help="Extra catalog YAML file (GPUs, models, drafters); repeatable.",
+    help="Extra catalog YAML file (GPUs, models, drafters); repeatable, later names win.",
 )
 prices_option = click.option(
     "--prices",
@@ -160,13 +221,56 @@ seed_option = click.option(
     show_default=True,
     help="Seed of every random draw (acceptance, sampling, synthetic traces).",
 )
-output_option = click.option(
-    "--output",
-    type=click.Choice(["table", "json"]),
-    default="table",
-    show_default=True,
-    help="A table for people, or one JSON object for scripts (see the README).",
-)
+
+
+def output_option(
+    help: str = "A table for people, or one JSON object for scripts (see the README).",
+) -> Callable[[F], F]:
+    """``--output table|json`` (default table); *help* says what the command's JSON is."""
+    return click.option(
+        "--output",
+        type=click.Choice(["table", "json"]),
+        default="table",
+        show_default=True,
+        help=help,
+    )
+
+
+def report_option(help: str) -> Callable[[F], F]:
+    """``--report DIR``: the plans' offline HTML report (none by default)."""
+    return click.option(
+        "--report", type=click.Path(file_okay=False, path_type=Path), default=None, help=help
+    )
+
+
+# ----------------------------------------------------- the daemon's configuration
+
+
+def config_option(
+    help: str = "Config file (default: the packaged defaults, as in config.yaml).",
+) -> Callable[[F], F]:
+    """``--config FILE`` (as ``config_file``; none: the packaged defaults)."""
+    return click.option(
+        "--config", "config_file", type=click.Path(path_type=Path), default=None, help=help
+    )
+
+
+def load_config_file(
+    config_file: Path | None, overrides: Mapping[str, Any] | None = None
+) -> SpecgovConfig:
+    """The daemon configuration from *config_file* (None: the packaged defaults), the
+    environment and *overrides* (config keys); an invalid or unreadable file is one line
+    on stderr naming it and exit 2 (BadInput)."""
+    from specgov.controller.cli.format import BadInput
+    from specgov.controller.daemon.config import load_config
+    from specgov.controller.daemon.config_values import ConfigError
+
+    try:
+        return load_config(config_file, overrides=overrides or {})
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from None
+    except OSError as exc:
+        raise BadInput(f"cannot read config {config_file}: {exc}") from None
 
 
 # ----------------------------------------------------- options to a ServerSpec

@@ -65,17 +65,12 @@ def _write_report(out_dir: Path, **documents: Any) -> Path:
 
 @plan_group.command(name="vram")
 @click.option("--gpu", "gpus", default="h100", show_default=True, help="GPU(s), comma-separated.")
-@opt.model_option
+@opt.model_option()
 @click.option("--tp-size", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--drafter", default="eagle3", show_default=True, help="Drafter, or 'none'.")
+@opt.drafter_option("Drafter, or 'none'.")
 @click.option("--steps", type=click.IntRange(min=0), default=3, show_default=True)
-@click.option("--topk", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option(
-    "--num-draft-tokens",
-    type=click.IntRange(min=2),
-    default=None,
-    help="Tree verify width (topk > 1); chains use steps + 1.",
-)
+@opt.topk_option()
+@opt.num_draft_tokens_option(min_tokens=2)
 @click.option(
     "--candidates",
     default=None,
@@ -91,13 +86,8 @@ def _write_report(out_dir: Path, **documents: Any) -> Path:
 @opt.max_running_requests_option
 @click.option("--cuda-graph-max-bs", type=click.IntRange(min=1), default=None)
 @opt.catalog_option
-@opt.output_option
-@click.option(
-    "--report",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Write the HTML report (with the breakdowns) into this folder.",
-)
+@opt.output_option()
+@opt.report_option("Write the HTML report (with the breakdowns) into this folder.")
 def vram_cmd(
     gpus: str,
     model: str,
@@ -294,7 +284,7 @@ def _print_best_on(console: Console, gpu: str, best: dict[str, Any], doc: dict[s
 @opt.trace_source_option
 @opt.trace_selection_options
 @click.option("--gpus", default="h100", show_default=True, help="Comma-separated GPUs.")
-@opt.model_option
+@opt.model_option()
 @click.option(
     "--drafters",
     default="eagle3,ngram,none",
@@ -313,25 +303,13 @@ def _print_best_on(console: Console, gpu: str, best: dict[str, Any], doc: dict[s
     show_default=True,
     help="Comma-separated tree shapes: chain, treeTxD (topk T, D draft tokens).",
 )
-@click.option(
-    "--spec-steps",
-    type=click.IntRange(min=0),
-    default=3,
-    show_default=True,
-    help="--speculative-num-steps of adaptive policies (their initial step).",
-)
+@opt.spec_steps_option()
 @opt.slo_options(ttft_default_ms=opt.DEFAULT_PLAN_SLO_TTFT_MS)
-@click.option(
-    "--tpot-percentile",
-    type=click.FloatRange(min=0.0, max=100.0, min_open=True),
-    default=99.0,
-    show_default=True,
+@opt.percentile_option(
+    "--tpot-percentile", "The TPOT percentile that must be within --slo-tpot-ms."
 )
-@click.option(
-    "--ttft-percentile",
-    type=click.FloatRange(min=0.0, max=100.0, min_open=True),
-    default=99.0,
-    show_default=True,
+@opt.percentile_option(
+    "--ttft-percentile", "The TTFT percentile that must be within --slo-ttft-ms."
 )
 @click.option(
     "--target-rps",
@@ -378,14 +356,9 @@ def _print_best_on(console: Console, gpu: str, best: dict[str, Any], doc: dict[s
     default=None,
     help="Write each finished job here; jobs already there are not run again.",
 )
-@click.option(
-    "--report",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Write the HTML report into this folder.",
-)
+@opt.report_option("Write the HTML report into this folder.")
 @opt.seed_option
-@opt.output_option
+@opt.output_option()
 def sweep_cmd(
     trace_source: str,
     fmt: str | None,

@@ -124,16 +124,11 @@ def render_table(doc: Mapping[str, Any]) -> None:
     default=None,
     help="Scale the trace so the fleet receives this many requests per second on average.",
 )
-@opt.gpu_option
-@opt.model_option
-@click.option(
-    "--drafter", default="eagle3", show_default=True, help="Speculative replicas' drafter."
-)
-@click.option(
-    "--spec-steps",
-    type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
+@opt.gpu_option()
+@opt.model_option()
+@opt.drafter_option("Speculative replicas' drafter.")
+@opt.spec_steps_option(
+    min_steps=1,
     help="--speculative-num-steps of speculative replicas (adaptive policies start there).",
 )
 @opt.acceptance_profile_option
@@ -170,23 +165,16 @@ def render_table(doc: Mapping[str, Any]) -> None:
     "replicas' active-request bound; default computed from the cost model).",
 )
 @opt.slo_options(ttft_default_ms=opt.DEFAULT_PLAN_SLO_TTFT_MS)
-@click.option(
+@opt.percentile_option(
     "--slo-percentile",
-    type=click.FloatRange(min=0.0, max=100.0, min_open=True),
-    default=99.0,
-    show_default=True,
-    help="A fleet holds the SLO when this percentile of TPOT and of TTFT are within it.",
+    "A fleet holds the SLO when this percentile of TPOT and of TTFT are within it.",
 )
 @opt.prices_option
 @opt.seed_option
-@click.option(
-    "--report",
-    "report_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="Write an offline HTML report (figures as PNG, data as CSV/JSON) into this folder.",
+@opt.report_option(
+    "Write an offline HTML report (figures as PNG, data as CSV/JSON) into this folder."
 )
-@opt.output_option
+@opt.output_option()
 def fleet_cmd(
     trace_source: str,
     fmt: str | None,
@@ -205,7 +193,7 @@ def fleet_cmd(
     slo_percentile: float,
     prices: Path | None,
     seed: int,
-    report_dir: Path | None,
+    report: Path | None,
     output: str,
     **server_options: Any,
 ) -> None:
@@ -256,10 +244,10 @@ def fleet_cmd(
             doc = plan_fleet(trace, server, cfg, target_rps=target_rps, progress=progress)
         finally:
             stop()
-        if report_dir is not None:
+        if report is not None:
             from specgov.simulator.planning.report import write_report
 
-            index = write_report(report_dir, vram=None, sweep=None, fleet=doc)
+            index = write_report(report, vram=None, sweep=None, fleet=doc)
             doc["report"] = str(index)
             if output == "table":
                 click.echo(f"report: {index}", err=True)

@@ -62,7 +62,7 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from specgov.controller.daemon.health import READINESS_CODES
-from specgov.policies.common.types import StepTable
+from specgov.policies.common.step_table import StepTable
 from specgov.policies.common.validation import is_real
 
 logger = logging.getLogger(__name__)

@@ -52,8 +52,10 @@ from specgov.adapters.launch_config import (
     recommend_skip_zero_step,
 )
 from specgov.policies.common.codec import to_data
+from specgov.policies.common.decisions import RestartRecommendation
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.types import RestartRecommendation, SpecShape, StepTable
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import SpecShape
 from specgov.policies.common.validation import is_real
 from specgov.policies.daemon.estimators.step_cost import StepCostPrior
 

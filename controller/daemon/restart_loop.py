@@ -18,7 +18,7 @@ from specgov.controller.daemon.own_metrics import DaemonMetrics
 from specgov.controller.daemon.status_view import DaemonStatus
 from specgov.controller.daemon.store_gateway import SnapshotWrite
 from specgov.controller.daemon.telemetry import Telemetry
-from specgov.policies.common.types import RestartRecommendation
+from specgov.policies.common.decisions import RestartRecommendation
 
 log = logging.getLogger("specgov.daemon")
 

@@ -63,7 +63,9 @@ from specgov.controller.daemon.store_errors import StoreUnavailable
 from specgov.controller.daemon.store_gateway import SnapshotWrite, StoreGateway, put_override
 from specgov.controller.daemon.store_journal import StoreJournal
 from specgov.controller.daemon.telemetry import Telemetry
-from specgov.policies.common.types import Observation, RestartRecommendation, StepTable
+from specgov.policies.common.decisions import RestartRecommendation
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import StepTable
 from specgov.policies.control.core import (
     AuditRecord,
     ControlCore,

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from specgov.policies.common.types import Observation, StepTable
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import StepTable
 from specgov.policies.control.core import inputs_summary
 from specgov.policies.guardrails import Override, active_overrides, slot_winners
 

@@ -20,7 +20,9 @@ from specgov.controller.daemon.store_records import (
     check_text,
     dumps,
 )
-from specgov.policies.common.types import PolicyTypeError, RestartRecommendation, StepTable
+from specgov.policies.common.decisions import RestartRecommendation
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import PolicyTypeError
 from specgov.policies.common.validation import check_bool, check_opt_int
 from specgov.policies.guardrails import OVERRIDE_VERSION, Override
 

@@ -31,7 +31,8 @@ from specgov.controller.daemon.config import SpecgovConfig
 from specgov.controller.daemon.health import FailureClock
 from specgov.controller.daemon.own_metrics import DaemonMetrics
 from specgov.controller.daemon.status_view import DaemonStatus
-from specgov.policies.common.types import Observation, TierStatsSnapshot
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.types import TierStatsSnapshot
 
 log = logging.getLogger("specgov.daemon")
 

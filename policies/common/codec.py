@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Hashable, Mapping
-from typing import Annotated, Any, Final, TypeAlias, TypeVar
+from typing import Annotated, Any, ClassVar, Final, Self, TypeAlias, TypeVar
 
 import msgspec
 import msgspec.inspect as mi
@@ -48,6 +48,7 @@ __all__ = [
     "PosInt",
     "PosReal",
     "Real",
+    "Versioned",
     "from_data",
     "from_versioned",
     "to_data",
@@ -172,6 +173,33 @@ def from_versioned(
     if type(got) is not int or got != version:
         raise error(f"{where}: key {key!r}: expected {version}, got {got!r}")
     return from_data(kind, {k: v for k, v in data.items() if k != key}, where=where, error=error)
+
+
+class Versioned:
+    """A record's ``to_dict``/``from_dict`` pair through :func:`to_versioned` and
+    :func:`from_versioned`, written once: a frozen dataclass that derives from it names
+    its format version (``CODEC_VERSION``), the key that carries it
+    (``CODEC_VERSION_KEY``, ``"version"`` unless set) and its error type
+    (``CODEC_ERROR``); ``from_dict`` errors name ``<Class>.from_dict``."""
+
+    __slots__ = ()
+    CODEC_VERSION: ClassVar[int]
+    CODEC_VERSION_KEY: ClassVar[str] = "version"
+    CODEC_ERROR: ClassVar[Callable[[str], Exception]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_versioned(self, self.CODEC_VERSION, key=self.CODEC_VERSION_KEY)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Self:
+        return from_versioned(
+            cls,
+            data,
+            cls.CODEC_VERSION,
+            key=cls.CODEC_VERSION_KEY,
+            where=f"{cls.__name__}.from_dict",
+            error=cls.CODEC_ERROR,
+        )
 
 
 def _drop_derived(data: Any) -> Any:

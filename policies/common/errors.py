@@ -30,7 +30,7 @@ The tree (module: class, its other bases in parentheses)::
     |       ValueError)
     |       `-- ControlAuthError
     |-- policies.common.types: PolicyTypeError (ValueError)
-    |   |-- policies.common.types: FutureTableFormat
+    |   |-- policies.common.step_table: FutureTableFormat
     |   |-- policies.common.roofline: RooflineError
     |   |-- policies.engine.adaptive_config: AdaptiveConfigError
     |   `-- policies.guardrails._common: GuardrailError

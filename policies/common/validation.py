@@ -19,17 +19,20 @@ the caller's error type, so each module keeps its own typed error (``PolicyTypeE
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import TypeGuard, cast
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeGuard, cast
 
 __all__ = [
     "ErrorFactory",
     "all_real",
     "check_bool",
+    "check_fields",
     "check_int",
+    "check_keys",
     "check_opt_int",
     "check_opt_real",
     "check_real",
+    "check_type",
     "int_form",
     "is_int",
     "is_real",
@@ -202,3 +205,54 @@ def check_bool(where: str, value: object, *, error: ErrorFactory, form: str = "a
     if not isinstance(value, bool):
         raise error(f"{where}: expected {form}, got {value!r}")
     return value
+
+
+def check_type(
+    where: str, value: object, cls: type | tuple[type, ...], *, error: ErrorFactory, form: str
+) -> None:
+    """Raise ``error`` unless ``value`` is an instance of ``cls`` (``form`` names it)."""
+    if not isinstance(value, cls):
+        raise error(f"{where}: expected {form}, got {value!r}")
+
+
+def check_fields(
+    owner: str,
+    record: object,
+    names: Iterable[str],
+    check: Callable[..., object],
+    *,
+    error: ErrorFactory,
+    **bounds: Any,
+) -> None:
+    """Run ``check`` (:func:`check_int`, :func:`check_opt_real` ...) with ``bounds`` on
+    each named attribute of ``record``, in order, as ``f"{owner}.{name}"``: the one
+    table-driven form of a record's per-field checks."""
+    for name in names:
+        check(f"{owner}.{name}", getattr(record, name), error=error, **bounds)
+
+
+def check_keys(
+    where: str,
+    data: object,
+    required: Sequence[str],
+    *,
+    error: ErrorFactory,
+    optional: Iterable[str] = (),
+    ignored: Iterable[str] = (),
+    form: str = "a mapping",
+) -> Mapping[str, Any]:
+    """``data`` as a mapping holding every ``required`` key and nothing beyond them and
+    ``optional`` (``ignored``: keys older forms carry, allowed and not read); otherwise
+    raise ``error`` naming the missing and unknown keys (``form`` names the mapping)."""
+    if not isinstance(data, Mapping):
+        raise error(f"{where}: expected {form}, got {data!r}")
+    allowed = set(required).union(optional)
+    skip = allowed.union(ignored)
+    missing = [k for k in required if k not in data]
+    unknown = sorted(str(k) for k in data if k not in skip)
+    if missing or unknown:
+        raise error(
+            f"{where}: missing key(s) {missing}, unknown key(s) {unknown}; "
+            f"expected keys {sorted(allowed)}"
+        )
+    return data

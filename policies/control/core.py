@@ -31,19 +31,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, Protocol
 
-from specgov.policies.common.types import (
-    Budget,
+from specgov.policies.common.decisions import (
     Decision,
-    Observation,
     Plan,
-    PolicyTypeError,
     ReasonCode,
     RestartRecommendation,
-    StepTable,
-    TierStat,
-    TierStatsSnapshot,
     predicted_goodput_tok_s,
 )
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import Budget, PolicyTypeError, TierStat, TierStatsSnapshot
 from specgov.policies.daemon.estimators.step_cost import StepCostPrior
 from specgov.policies.daemon.protocol import DaemonPolicy
 from specgov.policies.daemon.schedules import NonePolicy

@@ -89,15 +89,10 @@ from typing import Any, Final
 
 import numpy as np
 
-from specgov.policies.common.types import (
-    Budget,
-    Observation,
-    Plan,
-    PolicyTypeError,
-    ReasonCode,
-    TierStat,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.decisions import Plan, ReasonCode
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.rng import RngState, generator, rng_state_of, seeded_rng_state
+from specgov.policies.common.types import Budget, PolicyTypeError, TierStat, TierStatsSnapshot
 from specgov.policies.common.validation import check_int, check_real, is_int, is_real
 from specgov.policies.daemon.schedules import (
     PolicyStateError,
@@ -131,9 +126,6 @@ _CUSUM_SLACK: Final = 0.02
 _CUSUM_LIMIT: Final = 0.15
 _CUSUM_LIMIT_SIGMAS: Final = 5.0
 _CUSUM_MIN_WEIGHT: Final = 2.0
-
-RngState = tuple[int, int, int, int]
-
 
 # ------------------------------------------------------------------------- config
 
@@ -238,27 +230,6 @@ class ArmStat:
         ]
 
 
-def _seed_rng_state(seed: int) -> RngState:
-    return _pack_rng(np.random.PCG64(seed))
-
-
-def _pack_rng(bit_generator: np.random.BitGenerator) -> RngState:
-    raw = bit_generator.state
-    inner = raw["state"]
-    return (int(inner["state"]), int(inner["inc"]), int(raw["has_uint32"]), int(raw["uinteger"]))
-
-
-def _unpack_rng(state: RngState) -> np.random.Generator:
-    bit_generator = np.random.PCG64()
-    bit_generator.state = {
-        "bit_generator": "PCG64",
-        "state": {"state": state[0], "inc": state[1]},
-        "has_uint32": state[2],
-        "uinteger": state[3],
-    }
-    return np.random.Generator(bit_generator)
-
-
 @dataclass(frozen=True, slots=True)
 class BanditState:
     """Everything the bandit learned, serialisable (``to_dict``/``from_dict``, versioned).
@@ -332,7 +303,7 @@ class BanditState:
             if not isinstance(rng, list | tuple) or len(rng) != 4:
                 raise ValueError("expected 4 decimal strings")
             packed: RngState = (int(rng[0]), int(rng[1]), int(rng[2]), int(rng[3]))
-            _unpack_rng(packed)  # numpy validates the values
+            generator(packed)  # numpy validates the values
         except (ValueError, TypeError, OverflowError) as exc:
             raise PolicyStateError(
                 f"{where}: key 'rng': expected PCG64 [state, inc, has_uint32, uinteger] as "
@@ -403,7 +374,7 @@ class BanditPolicy:
         return "bandit:" + ",".join(parts) if parts else "bandit"
 
     def initial_state(self) -> BanditState:
-        return BanditState(rng=_seed_rng_state(self._config.seed))
+        return BanditState(rng=seeded_rng_state(self._config.seed))
 
     def state_from_dict(self, data: Mapping[str, Any]) -> BanditState:
         return BanditState.from_dict(data)
@@ -432,7 +403,7 @@ class BanditPolicy:
 
         arms, active, shift_notes = self._update(state, snapshot, slots, observation.time_s)
         index = {(a.slot, a.steps): a for a in arms}
-        rng = _unpack_rng(state.rng)
+        rng = generator(state.rng)
         prior_choice = dict(state.choice)
         views = [self._view(bound, cands, index, rng) for bound, cands in slots]
 
@@ -468,7 +439,7 @@ class BanditPolicy:
             _expected_gain(moves, views) if changed else None,
         )
         new_state = BanditState(
-            rng=_pack_rng(rng.bit_generator),
+            rng=rng_state_of(rng),
             arms=arms,
             choice=choice,
             time_s=time_s,

@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
-from specgov.policies.common.types import Budget, Observation, Plan
+from specgov.policies.common.decisions import Plan
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.types import Budget
 
 StateT = TypeVar("StateT")
 

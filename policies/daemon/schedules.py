@@ -26,17 +26,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from specgov.policies.common.codec import from_versioned, to_versioned
+from specgov.policies.common.codec import Versioned
+from specgov.policies.common.decisions import Plan, ReasonCode
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.types import (
-    Budget,
-    Observation,
-    Plan,
-    PolicyTypeError,
-    ReasonCode,
-    SlotLayout,
-)
-from specgov.policies.common.validation import check_int, is_int
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.types import Budget, PolicyTypeError, SlotLayout
+from specgov.policies.common.validation import check_int, check_keys, is_int
 
 STATE_VERSION: Final = 1
 
@@ -94,7 +89,7 @@ class PolicyStateError(SpecgovError, ValueError):
 
 
 @dataclass(frozen=True, slots=True)
-class FixedState:
+class FixedState(Versioned):
     """State of a fixed policy: nothing (its rule never learns).
 
     A state saved before the guard owned the table versions held the policy's copy of its
@@ -102,16 +97,9 @@ class FixedState:
     """
 
     CODEC_TOLERATED_KEYS: ClassVar[frozenset[str]] = frozenset({"table"})
-
     # The PolicyState protocol's pair (the daemon saves any policy's state), versioned.
-    def to_dict(self) -> dict[str, Any]:
-        return to_versioned(self, STATE_VERSION)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> FixedState:
-        return from_versioned(
-            cls, data, STATE_VERSION, where="FixedState.from_dict", error=PolicyStateError
-        )
+    CODEC_VERSION = STATE_VERSION
+    CODEC_ERROR = PolicyStateError
 
 
 def check_state_keys(
@@ -119,15 +107,7 @@ def check_state_keys(
 ) -> None:
     """Exactly ``keys`` present (``dropped``: keys older states carry, allowed and
     ignored) and ``version`` == STATE_VERSION, else PolicyStateError."""
-    if not isinstance(data, Mapping):
-        raise PolicyStateError(f"{owner}.from_dict: expected a mapping, got {data!r}")
-    missing = [k for k in keys if k not in data]
-    unknown = sorted(str(k) for k in data if k not in keys and k not in dropped)
-    if missing or unknown:
-        raise PolicyStateError(
-            f"{owner}.from_dict: missing key(s) {missing}, unknown key(s) {unknown}; "
-            f"expected keys {sorted(keys)}"
-        )
+    data = check_keys(f"{owner}.from_dict", data, keys, error=PolicyStateError, ignored=dropped)
     version = data["version"]
     if isinstance(version, bool) or version != STATE_VERSION:
         raise PolicyStateError(

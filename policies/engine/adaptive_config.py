@@ -27,7 +27,7 @@ No file IO here: adapters read the file and pass the decoded mapping.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -90,10 +90,13 @@ class SlotConfig:
     ceiling_coeff: float = DEFAULT_CEILING_COEFF
 
     def __post_init__(self) -> None:
-        if not is_int(self.bound) or self.bound < 0:
-            raise AdaptiveConfigError(
-                f"SlotConfig.bound: expected a non-negative int, got {self.bound!r}"
-            )
+        check_int(
+            "SlotConfig.bound",
+            self.bound,
+            error=AdaptiveConfigError,
+            minimum=0,
+            form="a non-negative int",
+        )
         steps = self.candidate_steps
         if (
             not isinstance(steps, tuple)
@@ -146,48 +149,33 @@ class AdaptiveConfig:
 # ----------------------------------------------------------------------- validation
 
 
-def _check_alpha(where: str, value: object) -> None:
-    check_real(
-        where,
-        value,
-        error=AdaptiveConfigError,
-        minimum=0.0,
-        maximum=1.0,
-        form="a number in [0, 1]",
-    )
+def _knob(check: Callable[..., object], **bounds: Any) -> Callable[[str, object], None]:
+    """A knob's check: ``check`` (validation's) with its bounds, raising
+    AdaptiveConfigError."""
 
+    def run(where: str, value: object) -> None:
+        check(where, value, error=AdaptiveConfigError, **bounds)
 
-def _check_interval(where: str, value: object) -> None:
-    check_int(where, value, error=AdaptiveConfigError, minimum=1)
-
-
-def _check_warmup(where: str, value: object) -> None:
-    check_int(where, value, error=AdaptiveConfigError, minimum=0)
-
-
-def _check_hysteresis(where: str, value: object) -> None:
-    check_real(where, value, error=AdaptiveConfigError)
-
-
-def _check_ceiling(where: str, value: object) -> None:
-    check_real(
-        where,
-        value,
-        error=AdaptiveConfigError,
-        minimum=0.0,
-        form="a finite number >= 0 (0 disables the ceiling)",
-    )
+    return run
 
 
 # knob -> (validator, default, is float). Floats are stored as float: int and float
 # operands give bit-identical results in SGLang's arithmetic, so converting is exact.
-_KNOBS: Final[dict[str, tuple[Any, float | int, bool]]] = {
-    "ema_alpha": (_check_alpha, DEFAULT_EMA_ALPHA, True),
-    "update_interval": (_check_interval, DEFAULT_UPDATE_INTERVAL, False),
-    "warmup_batches": (_check_warmup, DEFAULT_WARMUP_BATCHES, False),
-    "down_hysteresis": (_check_hysteresis, DEFAULT_DOWN_HYSTERESIS, True),
-    "up_hysteresis": (_check_hysteresis, DEFAULT_UP_HYSTERESIS, True),
-    "ceiling_coeff": (_check_ceiling, DEFAULT_CEILING_COEFF, True),
+_KNOBS: Final[dict[str, tuple[Callable[[str, object], None], float | int, bool]]] = {
+    "ema_alpha": (
+        _knob(check_real, minimum=0.0, maximum=1.0, form="a number in [0, 1]"),
+        DEFAULT_EMA_ALPHA,
+        True,
+    ),
+    "update_interval": (_knob(check_int, minimum=1), DEFAULT_UPDATE_INTERVAL, False),
+    "warmup_batches": (_knob(check_int, minimum=0), DEFAULT_WARMUP_BATCHES, False),
+    "down_hysteresis": (_knob(check_real), DEFAULT_DOWN_HYSTERESIS, True),
+    "up_hysteresis": (_knob(check_real), DEFAULT_UP_HYSTERESIS, True),
+    "ceiling_coeff": (
+        _knob(check_real, minimum=0.0, form="a finite number >= 0 (0 disables the ceiling)"),
+        DEFAULT_CEILING_COEFF,
+        True,
+    ),
 }
 
 

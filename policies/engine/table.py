@@ -68,14 +68,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Final
 
-from specgov.policies.common.types import (
-    PolicyTypeError,
-    SlotRule,
-    StepTable,
-    TierStat,
-    TierStatsSnapshot,
-)
-from specgov.policies.common.validation import is_int, is_real
+from specgov.policies.common.step_table import SlotRule, StepTable
+from specgov.policies.common.types import PolicyTypeError, TierStat, TierStatsSnapshot
+from specgov.policies.common.validation import check_int, check_real
 from specgov.policies.engine.ema import EmaPolicy
 
 logger = logging.getLogger(__name__)
@@ -321,15 +316,12 @@ class TablePolicy:
             raise PolicyTypeError(
                 f"TablePolicy.fallback: expected an EmaPolicy, got {type(fallback).__name__}"
             )
-        if not is_real(flush_interval_s) or flush_interval_s <= 0:
-            raise PolicyTypeError(
-                f"TablePolicy.flush_interval_s: expected a finite number > 0, "
-                f"got {flush_interval_s!r}"
-            )
-        if not is_int(poll_every_batches) or poll_every_batches < 1:
-            raise PolicyTypeError(
-                f"TablePolicy.poll_every_batches: expected an int >= 1, got {poll_every_batches!r}"
-            )
+        check_real(
+            "TablePolicy.flush_interval_s", flush_interval_s, error=PolicyTypeError, positive=True
+        )
+        check_int(
+            "TablePolicy.poll_every_batches", poll_every_batches, error=PolicyTypeError, minimum=1
+        )
         self._source = table_source
         self._sink = stats_sink
         self._clock = clock

@@ -7,15 +7,13 @@ from dataclasses import fields
 from typing import Any, Final, TypeAlias, TypeVar
 
 from specgov.policies.common.codec import NonNegInt, PosInt
-from specgov.policies.common.types import (
-    Observation,
-    PolicyTypeError,
-    ReasonCode,
-    SlotLayout,
-)
+from specgov.policies.common.decisions import ReasonCode
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.types import PolicyTypeError, SlotLayout
 from specgov.policies.common.validation import (
     check_bool,
     check_int,
+    check_keys,
     check_opt_int,
     check_opt_real,
     check_real,
@@ -81,17 +79,7 @@ def guard_bool(where: str, value: object) -> bool:
 def _keys(
     owner: str, data: object, required: Sequence[str], optional: Sequence[str] = ()
 ) -> Mapping[str, Any]:
-    if not isinstance(data, Mapping):
-        raise GuardrailError(f"{owner}: expected a mapping, got {data!r}")
-    allowed = set(required) | set(optional)
-    missing = [k for k in required if k not in data]
-    unknown = sorted(str(k) for k in data if k not in allowed)
-    if missing or unknown:
-        raise GuardrailError(
-            f"{owner}: missing key(s) {missing}, unknown key(s) {unknown}; "
-            f"expected keys {sorted(allowed)}"
-        )
-    return data
+    return check_keys(owner, data, required, error=GuardrailError, optional=optional)
 
 
 def _list(where: str, value: object) -> list[Any]:

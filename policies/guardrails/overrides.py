@@ -4,11 +4,10 @@ The daemon's state store is their only home; every decision receives them."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
-from specgov.policies.common.codec import from_versioned, to_versioned
+from specgov.policies.common.codec import Versioned
 from specgov.policies.guardrails._common import (
     OVERRIDE_VERSION,
     GuardrailError,
@@ -22,7 +21,7 @@ from specgov.policies.guardrails._common import (
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Override:
+class Override(Versioned):
     """An operator override, active until ``expires_at_s``.
 
     Exactly one action: ``steps`` (K draft steps), ``disable_speculation`` (0 steps), or
@@ -30,6 +29,10 @@ class Override:
     ``slot`` is a slot lower bound, or None for every slot. Step overrides are clamped to
     the slot's candidates and the Budget like any decision.
     """
+
+    # Versioned: a stored override outlives the build that wrote it.
+    CODEC_VERSION = OVERRIDE_VERSION
+    CODEC_ERROR = GuardrailError
 
     expires_at_s: float
     reason: str
@@ -102,16 +105,6 @@ class Override:
         else:
             what = f"{where} -> {self.steps}"
         return f"{what} ({self.reason!r}, until {self.expires_at_s:.1f} s)"
-
-    # Versioned: a stored override outlives the build that wrote it.
-    def to_dict(self) -> dict[str, Any]:
-        return to_versioned(self, OVERRIDE_VERSION)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Override:
-        return from_versioned(
-            cls, data, OVERRIDE_VERSION, where="Override.from_dict", error=GuardrailError
-        )
 
 
 # ------------------------------------------------------------------ override helpers

@@ -17,12 +17,9 @@ from specgov.policies.common.codec import (
     from_data,
     to_data,
 )
-from specgov.policies.common.types import (
-    Observation,
-    ReasonCode,
-    SlotRule,
-    StepTable,
-)
+from specgov.policies.common.decisions import ReasonCode
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import SlotRule, StepTable
 from specgov.policies.common.validation import (
     is_int,
 )

@@ -8,12 +8,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, TypeAlias
 
-from specgov.policies.common.types import (
-    Budget,
-    Observation,
-    Plan,
-    ReasonCode,
-)
+from specgov.policies.common.decisions import Plan, ReasonCode
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.types import Budget
 from specgov.policies.guardrails._common import (
     MAX_SAMPLES,
     ROLLBACK_COOLDOWN,

@@ -8,15 +8,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic
 
-from specgov.policies.common.types import (
-    Budget,
-    Decision,
-    Observation,
-    Plan,
-    ReasonCode,
-    SlotRule,
-    StepTable,
-)
+from specgov.policies.common.decisions import Decision, Plan, ReasonCode
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import SlotRule, StepTable
+from specgov.policies.common.types import Budget
 from specgov.policies.daemon.protocol import DaemonPolicy
 from specgov.policies.guardrails._common import (
     CHANGE_CODES,

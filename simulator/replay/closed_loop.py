@@ -27,13 +27,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from specgov.policies.common.decisions import RestartRecommendation
 from specgov.policies.common.errors import SpecgovError
-from specgov.policies.common.types import (
-    Observation,
-    RestartRecommendation,
-    StepTable,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import TierStatsSnapshot
 from specgov.policies.control.core import (
     AuditRecord,
     ControlCore,

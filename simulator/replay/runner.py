@@ -17,7 +17,8 @@ from typing import Any
 
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.telemetry import METRICS_READ
-from specgov.policies.common.types import Budget, Observation, SlotLayout
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.types import Budget, SlotLayout
 from specgov.policies.common.validation import is_real
 from specgov.policies.control.core import ControlCore, policy_builder
 from specgov.policies.daemon.estimators.step_cost import StepCostPrior

@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from specgov.policies.common.types import StepTable, TierStatsSnapshot
+from specgov.policies.common.step_table import StepTable
+from specgov.policies.common.types import TierStatsSnapshot
 from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     DEFAULT_CEILING_COEFF,

@@ -38,7 +38,7 @@ from click.testing import CliRunner
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.common.types import StepTable
+from specgov.policies.common.step_table import StepTable
 
 from .sglang_loader import load_adaptive_runtime_state, load_adaptive_spec_params
 from .test_sglang_plugin_contract import GRAPHS_256, Clock, FakeWorker, draw_accepted

@@ -44,7 +44,7 @@ import specgov.adapters.sglang_plugin as plugin_mod
 from specgov.adapters.sglang_plugin import HOOK_TARGET, SpecgovAdaptiveParams
 from specgov.adapters.spool_table import write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.common.types import StepTable
+from specgov.policies.common.step_table import StepTable
 
 from .sglang_loader import load_adaptive_runtime_state, load_adaptive_spec_params
 

@@ -78,7 +78,7 @@ BASE_CONFIG: dict[str, Any] = {
     "log": {"format": "text", "level": "info"},
 }
 
-# The decision reasons the daemon may record (specgov.policies.common.types.ReasonCode).
+# The decision reasons the daemon may record (specgov.policies.common.decisions.ReasonCode).
 TELEMETRY_HOLDS = frozenset({"held_stale_telemetry", "held_unknown_telemetry"})
 
 

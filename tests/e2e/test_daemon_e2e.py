@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from specgov.policies.common.types import ReasonCode
+from specgov.policies.common.decisions import ReasonCode
 
 from .conftest import (
     E2E,

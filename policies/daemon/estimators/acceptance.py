@@ -64,7 +64,7 @@ from typing import Any, Final
 
 from specgov.policies.common.codec import from_data
 from specgov.policies.common.types import PolicyTypeError, TierStatsSnapshot
-from specgov.policies.common.validation import all_real, check_int, check_real
+from specgov.policies.common.validation import all_real, check_fields, check_int, check_real
 from specgov.policies.daemon.estimators._common import is_int, is_real
 
 __all__ = [
@@ -136,24 +136,14 @@ class AcceptanceConfig:
             raise PolicyTypeError(
                 f"AcceptanceConfig.max_steps: expected an int in 1..64, got {self.max_steps!r}"
             )
-        positive = (
-            "half_life_s",
-            "fast_half_life_s",
-            "prior_strength",
-            "change_overdispersion",
+        positive = ("half_life_s", "fast_half_life_s", "prior_strength", "change_overdispersion")
+        check_fields(
+            "AcceptanceConfig", self, positive, check_real, error=PolicyTypeError, positive=True
         )
-        for name in positive:
-            value = getattr(self, name)
-            if not is_real(value) or value <= 0:
-                raise PolicyTypeError(
-                    f"AcceptanceConfig.{name}: expected a finite number > 0, got {value!r}"
-                )
-        for name in ("pool_strength", "lower_z", "min_trials", "change_min_trials", "change_z"):
-            value = getattr(self, name)
-            if not is_real(value) or value < 0:
-                raise PolicyTypeError(
-                    f"AcceptanceConfig.{name}: expected a finite number >= 0, got {value!r}"
-                )
+        non_negative = ("pool_strength", "lower_z", "min_trials", "change_min_trials", "change_z")
+        check_fields(
+            "AcceptanceConfig", self, non_negative, check_real, error=PolicyTypeError, minimum=0.0
+        )
         if not is_real(self.prior_mean) or not 0.0 < self.prior_mean < 1.0:
             raise PolicyTypeError(
                 f"AcceptanceConfig.prior_mean: expected a number in (0, 1), got {self.prior_mean!r}"

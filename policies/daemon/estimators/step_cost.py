@@ -67,7 +67,8 @@ from typing import Any, Final
 import numpy as np
 
 from specgov.policies.common.types import PolicyTypeError, TierStatsSnapshot
-from specgov.policies.daemon.estimators._common import check_keys, is_int, is_real
+from specgov.policies.common.validation import check_keys
+from specgov.policies.daemon.estimators._common import is_int, is_real
 from specgov.policies.daemon.estimators.step_cost_fit import (
     fit,
     median_sorted,
@@ -188,9 +189,11 @@ class StepCostState:
                     f"{version!r}; this build reads version {STEP_COST_STATE_VERSION}"
                 )
         check_keys(
-            "StepCostState",
+            "StepCostState.from_dict",
             data,
-            ("version", "prior", "samples", "coefficients", "last_time_s", "fits"),
+            sorted(("version", "prior", "samples", "coefficients", "last_time_s", "fits")),
+            error=PolicyTypeError,
+            form="a JSON object (mapping)",
         )
         raw = data["samples"]
         if not isinstance(raw, list | tuple):

@@ -14,8 +14,8 @@ from typing import Any, Final
 
 from specgov.policies.common.roofline import Roofline, RooflineCoefficients, RooflineError
 from specgov.policies.common.types import PolicyTypeError
-from specgov.policies.common.validation import check_bool
-from specgov.policies.daemon.estimators._common import check_keys, is_int, is_real
+from specgov.policies.common.validation import check_bool, check_keys
+from specgov.policies.daemon.estimators._common import is_int, is_real
 
 __all__ = [
     "FEATURE_NAMES",
@@ -174,7 +174,13 @@ class StepCostPrior:
             # States saved before the roofline was shared lack these two (both were 0:
             # the fixed TP latency was folded into fixed_overhead_s, prefill unused).
             data = {name: 0.0 for name in _LEGACY_OPTIONAL_KEYS if name not in data} | dict(data)
-        check_keys("StepCostPrior", data, _PRIOR_KEYS)
+        check_keys(
+            "StepCostPrior.from_dict",
+            data,
+            sorted(_PRIOR_KEYS),
+            error=PolicyTypeError,
+            form="a JSON object (mapping)",
+        )
         shape = ("speculative", "topk", "num_draft_tokens")
         try:
             coefficients = RooflineCoefficients(**{k: v for k, v in data.items() if k not in shape})

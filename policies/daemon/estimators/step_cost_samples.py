@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specgov.policies.common.types import PolicyTypeError
+from specgov.policies.common.validation import check_fields, check_int, check_real
 from specgov.policies.daemon.estimators._common import is_int, is_real
 from specgov.policies.daemon.estimators.step_cost_prior import N_FEATURES, StepCostPrior
 
@@ -45,27 +46,16 @@ class StepCostConfig:
     default_kv_tokens_per_request: float = 1024.0
 
     def __post_init__(self) -> None:
-        if not is_int(self.max_samples) or self.max_samples < 1:
-            raise PolicyTypeError(
-                f"StepCostConfig.max_samples: expected an int >= 1, got {self.max_samples!r}"
-            )
-        if not is_int(self.irls_iterations) or self.irls_iterations < 1:
-            raise PolicyTypeError(
-                f"StepCostConfig.irls_iterations: expected an int >= 1, "
-                f"got {self.irls_iterations!r}"
-            )
-        for name in ("half_life_s", "prior_strength", "huber_delta", "min_rel_scale"):
-            value = getattr(self, name)
-            if not is_real(value) or value <= 0:
-                raise PolicyTypeError(
-                    f"StepCostConfig.{name}: expected a finite number > 0, got {value!r}"
-                )
-        for name in ("count_saturation", "default_kv_tokens_per_request"):
-            value = getattr(self, name)
-            if not is_real(value) or value < 0:
-                raise PolicyTypeError(
-                    f"StepCostConfig.{name}: expected a finite number >= 0, got {value!r}"
-                )
+        counts = ("max_samples", "irls_iterations")
+        check_fields("StepCostConfig", self, counts, check_int, error=PolicyTypeError, minimum=1)
+        positive = ("half_life_s", "prior_strength", "huber_delta", "min_rel_scale")
+        check_fields(
+            "StepCostConfig", self, positive, check_real, error=PolicyTypeError, positive=True
+        )
+        non_negative = ("count_saturation", "default_kv_tokens_per_request")
+        check_fields(
+            "StepCostConfig", self, non_negative, check_real, error=PolicyTypeError, minimum=0.0
+        )
 
 
 @dataclass(frozen=True, slots=True)

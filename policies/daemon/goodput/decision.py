@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from specgov.policies.common.types import Plan, ReasonCode, StepTable
+from specgov.policies.common.decisions import Plan, ReasonCode
+from specgov.policies.common.step_table import StepTable
 from specgov.policies.daemon.goodput.model import Restart, SlotPlan, describe, expected_gain_of
 from specgov.policies.daemon.goodput.rules import rule_cuts
 from specgov.policies.daemon.goodput.state import GoodputState
@@ -52,34 +53,27 @@ def goodput_plan(
         recommendation = restart.recommendation()
         summary += "; " + restart.describe()
     reason = _reason(limited, changed)
-    if not changed:
-        return (
-            Plan(
-                slots=None,
-                reason=reason,
-                message=f"goodput: table unchanged ({summary})",
-                expected_gain=expected_gain,
-                limited_by=tuple(limited),
-                restart_recommendation=recommendation,
-            ),
-            state,
-        )
-    gain_text = "" if expected_gain is None else f", predicted gain {expected_gain:+.1%}"
-    if experiments:
-        gain_text += f", probing slot(s) {list(experiments)}"
-    return (
-        Plan(
-            slots=slots,
-            reason=reason,
-            message=f"goodput: new table{gain_text} ({summary})",
-            expected_gain=expected_gain,
-            limited_by=tuple(limited),
-            restart_recommendation=recommendation,
-            rules=rules,
-            experiment_slots=experiments,
-        ),
-        replace(state, last_slots=slots, last_rules=rules),
+    if changed:
+        message = "goodput: new table"
+        if expected_gain is not None:
+            message += f", predicted gain {expected_gain:+.1%}"
+        if experiments:
+            message += f", probing slot(s) {list(experiments)}"
+        state = replace(state, last_slots=slots, last_rules=rules)
+    else:
+        message = "goodput: table unchanged"
+    plan = Plan(
+        # Unchanged: a hold (None), and the guard keeps the table in force.
+        slots=slots if changed else None,
+        reason=reason,
+        message=f"{message} ({summary})",
+        expected_gain=expected_gain,
+        limited_by=tuple(limited),
+        restart_recommendation=recommendation,
+        rules=rules if changed else (),
+        experiment_slots=experiments if changed else (),
     )
+    return plan, state
 
 
 def _reason(limited: Sequence[str], changed: bool) -> ReasonCode:

@@ -9,14 +9,10 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Final
 
-from specgov.policies.common.types import (
-    Observation,
-    RestartRecommendation,
-    SlotRule,
-    SpecShape,
-    TierStat,
-    TierStatsSnapshot,
-)
+from specgov.policies.common.decisions import RestartRecommendation
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.step_table import SlotRule
+from specgov.policies.common.types import SpecShape, TierStat, TierStatsSnapshot
 from specgov.policies.daemon.estimators.acceptance import (
     AcceptanceEstimate,
 )

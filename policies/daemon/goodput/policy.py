@@ -9,16 +9,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from specgov.policies.common.types import (
-    Budget,
-    GoodputPrediction,
-    Observation,
-    Plan,
-    ReasonCode,
-    SlotLayout,
-    SlotRule,
-    StepTable,
-)
+from specgov.policies.common.decisions import GoodputPrediction, Plan, ReasonCode
+from specgov.policies.common.observation import Observation
+from specgov.policies.common.rng import generator, rng_state_of, seeded_rng_state
+from specgov.policies.common.step_table import SlotRule, StepTable
+from specgov.policies.common.types import Budget, SlotLayout
 from specgov.policies.daemon.estimators.acceptance import (
     acceptance_estimate,
     initial_acceptance_state,
@@ -70,11 +65,7 @@ from specgov.policies.daemon.goodput.rules import (
     scaled_rates,
     slot_rule,
 )
-from specgov.policies.daemon.goodput.state import (
-    GoodputState,
-    generator,
-    rng_state_of,
-)
+from specgov.policies.daemon.goodput.state import GoodputState
 
 
 class _Weighing(NamedTuple):
@@ -124,7 +115,7 @@ class GoodputPolicy:
             acceptance=initial_acceptance_state((), self._acc_cfg),
             step_cost=initial_step_cost_state(self._prior, self._cost_cfg),
             last_slots=None,
-            rng_state=rng_state_of(np.random.default_rng(self._config.seed)),
+            rng_state=seeded_rng_state(self._config.seed),
         )
 
     def state_from_dict(self, data: Mapping[str, Any]) -> GoodputState:

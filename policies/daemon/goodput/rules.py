@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from specgov.policies.common.types import SlotRule, least_positive_step
+from specgov.policies.common.step_table import SlotRule, least_positive_step
 from specgov.policies.engine.table import probe_share
 
 # Signal grid: the centres of 50 cells of width 0.02 over [0, 1]; thresholds fall on

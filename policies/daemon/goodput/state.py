@@ -6,15 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-import numpy as np
-
 from specgov.policies.common.codec import from_data, to_data
-from specgov.policies.common.types import (
-    PolicyTypeError,
-    SlotRule,
-    StepTable,
-)
-from specgov.policies.common.validation import all_real, check_int, is_int, is_real
+from specgov.policies.common.rng import RngState
+from specgov.policies.common.step_table import SlotRule, StepTable
+from specgov.policies.common.types import PolicyTypeError
+from specgov.policies.common.validation import all_real, check_int, check_keys, is_int, is_real
 from specgov.policies.daemon.estimators.acceptance import (
     AcceptanceState,
 )
@@ -28,29 +24,6 @@ from specgov.policies.daemon.goodput.config import (
 
 # ---------------------------------------------------------------------------- state
 
-_RngState = tuple[int, int, int, int]  # PCG64 (state, inc, has_uint32, uinteger)
-
-
-def rng_state_of(gen: np.random.Generator) -> _RngState:
-    st = gen.bit_generator.state
-    return (
-        int(st["state"]["state"]),
-        int(st["state"]["inc"]),
-        int(st["has_uint32"]),
-        int(st["uinteger"]),
-    )
-
-
-def generator(state: _RngState) -> np.random.Generator:
-    bit = np.random.PCG64(0)
-    bit.state = {
-        "bit_generator": "PCG64",
-        "state": {"state": state[0], "inc": state[1]},
-        "has_uint32": state[2],
-        "uinteger": state[3],
-    }
-    return np.random.Generator(bit)
-
 
 @dataclass(frozen=True, slots=True)
 class GoodputState:
@@ -61,7 +34,7 @@ class GoodputState:
     # The steps and live-acceptance rules of the last plan proposed (None: none yet), so
     # a proposal the guardrails held stays pending.
     last_slots: tuple[tuple[int, int], ...] | None
-    rng_state: _RngState
+    rng_state: RngState
     # Per slot: decayed (batch_size_sum, verify_calls), for the representative batch.
     batch: tuple[tuple[int, float, float], ...] = ()
     last_probe_s: float | None = None
@@ -189,13 +162,7 @@ class GoodputState:
             keys = (keys - {"last_slots", "last_rules"}) | {"last_table"}
         if version in (1, 2, 3):
             keys -= {"first_draft"}
-        missing = sorted(keys - set(data))
-        unknown = sorted(str(k) for k in set(data) - keys)
-        if missing or unknown:
-            raise PolicyTypeError(
-                f"GoodputState.from_dict: missing key(s) {missing}, unknown key(s) {unknown}; "
-                f"expected keys {sorted(keys)}"
-            )
+        check_keys("GoodputState.from_dict", data, sorted(keys), error=PolicyTypeError)
         raw_rng = data["rng_state"]
         try:
             if not isinstance(raw_rng, list | tuple) or len(raw_rng) != 4:
