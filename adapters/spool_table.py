@@ -1,10 +1,10 @@
 """The step-table side of the spool (:mod:`specgov.adapters.spool`): the daemon writes
 ``step_table.json``, the plugin follows it.
 
-The step-table file (schema 1, 2 or 3: the table's own format, ``TABLE_SCHEMA``; 1 is
-a step per slot, 2 adds live-acceptance rules, 3 lets a rule name its probe step; a
-plugin reads all three and counts a newer one as ``future_version``, falling back to
-SGLang's controller)::
+The step-table file (schema 1 to 4: the table's own format, ``TABLE_SCHEMA``; 1 is
+a step per slot, 2 adds live-acceptance rules, 3 lets a rule name its probe step, 4
+gives each rule's cuts their goodput slopes; a plugin reads all four and counts a newer
+one as ``future_version``, falling back to SGLang's controller)::
 
     {"schema": 2, "kind": "specgov.step_table",
      "table": StepTable.to_dict(),

@@ -939,7 +939,7 @@ def test_the_guarded_policy_publishes_live_rules_and_charges_step_0_its_probes()
     world = World(LOW, TWO_SLOTS)
     tables = [t for t in run_guarded(world, policy(), 12) if t is not None]
     table = tables[-1]
-    assert table.to_dict()["schema"] == 2
+    assert table.to_dict()["schema"] == 4  # its rules carry their cuts' slopes
     rule = table.rule_for(128)
     assert rule is not None and table.steps_for(128) in rule.steps
     assert rule.steps[0] == 0 and rule.probe_step == 1  # off now, a probe to learn by

@@ -1,4 +1,4 @@
-"""Live-acceptance rules (step table formats 2 and 3): followed at batch speed in TablePolicy,
+"""Live-acceptance rules (step table formats 2 to 4): followed at batch speed in TablePolicy,
 with hysteresis and dwell, probes that keep a slot at 0 steps learnable, the same answers
 in the plugin as in replay, and the table format versioned both ways."""
 
@@ -17,15 +17,22 @@ import specgov.policies.engine.table as table_mod
 from specgov.adapters.sglang_plugin import SpecgovAdaptiveParams
 from specgov.adapters.spool_table import SpoolTableReader, write_step_table
 from specgov.adapters.tp_sync import LocalChannel
-from specgov.policies.common.step_table import SlotRule, StepTable
+from specgov.policies.common.step_table import TABLE_SCHEMA, SlotRule, StepTable
 from specgov.policies.common.types import PolicyTypeError, TierStatsSnapshot
 from specgov.policies.daemon.goodput.rules import GRID, RuleEval, slot_rule
 from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.engine.table import (
+    PROBE_COST,
+    PROBE_EVERY_BATCHES,
+    PROBE_MIN_EVERY,
     PROBE_SHARE,
     RULE_CONFIRM_S,
     RULE_DWELL_S,
+    STICKY_BAND,
+    STICKY_GAIN,
     TablePolicy,
+    probe_every,
+    probe_share,
 )
 
 CANDIDATES = [0, 1, 3, 5, 7]
@@ -172,6 +179,46 @@ def test_neighbouring_slots_near_a_tie_keep_the_engines_tier(
     assert switches * 3 < alone, (switches, alone)
 
 
+def _crossings_with_a_fixed_neighbour(rule: SlotRule, fixed: int, p: float) -> list[int]:
+    """Slot 1 runs a fixed step (no rule: e.g. the daemon's experiment there), slot 8
+    follows ``rule``; batches cross the slot boundary all the time at acceptance ``p``."""
+    clock = Clock()
+    table = StepTable(
+        ((1, fixed), (8, rule.steps_at(rule.prior))),
+        version=1,
+        produced_at_s=clock(),
+        ttl_s=1e6,
+        rules=((8, rule),),
+    )
+    policy = table_policy(lambda: table, clock)
+    rng = random.Random(6)
+    ran = []
+    for i in range(3000):
+        batch_size = 7 if i % 3 else 8
+        steps = policy.get_steps_for_batch(batch_size)
+        ran.append(steps)
+        policy.on_verify_complete(draw(rng, steps, batch_size, p), batch_size)
+        clock.now_s += BATCH_S
+    return ran
+
+
+def test_a_slot_without_a_rule_owns_the_tier_a_neighbour_keeps_where_it_loses_little() -> None:
+    # Slot 8's rule gives 5 within STICKY_BAND of its signal: it keeps slot 1's tier.
+    near = _crossings_with_a_fixed_neighbour(SlotRule((0.64,), (3, 5), prior=0.60), 5, 0.60)
+    assert sum(1 for a, b in itertools.pairwise(near) if a != b) <= 12  # of 2,000 crossings
+    # Format 4: slot 1 at 1 step, slot 8's signal 0.1 past its steep cut to 3 (slope 1:
+    # keeping 1 would lose 10 % > STICKY_GAIN): slot 8 runs its own 3.
+    steep = SlotRule((0.3,), (1, 3), prior=0.4, slopes=(1.0,))
+    ran = _crossings_with_a_fixed_neighbour(steep, 1, 0.4)
+    assert ran[0::3].count(1) < 0.05 * len(ran[0::3])  # slot 8's batches (size 8)
+    # Without slopes the 0.12 STICKY_BAND holds: slot 8 keeps slot 1's tier while its
+    # signal (about 0.4, 0.1 past the cut) stays within it.
+    flat = SlotRule((0.3,), (1, 3), prior=0.4)
+    ran = _crossings_with_a_fixed_neighbour(flat, 1, 0.4)
+    assert ran[0::3].count(1) > 0.5 * len(ran[0::3])
+    assert STICKY_GAIN / 1.0 < 0.1 < STICKY_BAND
+
+
 def test_a_slot_at_zero_probes_and_returns_within_30_s_when_acceptance_rises() -> None:
     clock = Clock()
     rule = SlotRule(thresholds=(0.35,), steps=(0, 3), prior=0.2)
@@ -261,8 +308,8 @@ def test_a_newer_format_falls_back_to_sglangs_controller_with_a_counted_reason(
     path = write_step_table(tmp_path, table, CANDIDATES)
     document = json.loads(path.read_text())
     assert document["schema"] == 2 and document["table"]["schema"] == 2
-    document["schema"] = document["table"]["schema"] = 4
-    document["table"]["rules"] = [[1, {"a_field_of_format_4": True}]]
+    document["schema"] = document["table"]["schema"] = TABLE_SCHEMA + 1
+    document["table"]["rules"] = [[1, {"a_field_of_a_future_format": True}]]
     path.write_text(json.dumps(document))
     reader = SpoolTableReader(tmp_path, CANDIDATES, clock)
     policy = table_policy(reader, clock, poll=1)
@@ -382,3 +429,86 @@ def test_a_rule_named_probe_is_format_3_and_an_unbuilt_probe_is_refused() -> Non
     steps = policy.get_steps_for_batch(1)
     assert policy.table is None and policy.fallback_reasons == {"invalid_step": 1}
     assert steps in CANDIDATES
+
+
+# ------------------------------------------------- format 4: the probes' evidence rate
+
+
+def test_the_probe_rate_follows_its_cost_within_its_bounds() -> None:
+    # Far below the cut a probe batch loses much: the slowest probing, PROBE_SHARE.
+    assert probe_every(0.5) == PROBE_EVERY_BATCHES and probe_share(0.5) == PROBE_SHARE
+    # At or above the cut it loses nothing: the fastest.
+    assert probe_every(0.0) == probe_every(-0.1) == PROBE_MIN_EVERY
+    costs = [i / 1000 for i in range(1, 300)]
+    everies = [probe_every(c) for c in costs]
+    assert everies == sorted(everies)  # dearer probes, rarer
+    for c in costs:
+        # Between the bounds, the probes cost the slot PROBE_COST of its goodput.
+        if PROBE_MIN_EVERY < probe_every(c) < PROBE_EVERY_BATCHES:
+            assert probe_share(c) * c == pytest.approx(PROBE_COST, rel=0.05)
+
+
+def _seconds_back_from_zero(slopes: tuple[float, ...] | None) -> float:
+    """A slot at 0 steps just below its cut (acceptance 0.25, cut 0.3): the seconds it
+    takes to speculate again once acceptance rises to 0.45, past the cut by a margin
+    worth 15 % of goodput (slope 1 per unit of signal)."""
+    clock = Clock()
+    rule = SlotRule(thresholds=(0.3,), steps=(0, 3), prior=0.1, slopes=slopes)
+    policy = table_policy(lambda: rule_table(rule, clock()), clock)
+    rng = random.Random(8)
+    poor = run(policy, clock, rng, 120.0, 0.25, batch_size=1)
+    assert poor[-3000:].count(0) > 0.9 * 3000  # off while 0 scores best
+    rich = run(policy, clock, rng, 120.0, 0.45, batch_size=1)
+    # Back: speculating for longer than a probe burst, and from then on.
+    back = next(i for i in range(len(rich)) if set(rich[i : i + 50]) == {3})
+    assert set(rich[back:]) == {3}
+    return back * BATCH_S
+
+
+def test_a_slot_leaves_0_within_10_s_once_its_signal_is_past_the_cut_by_a_gain() -> None:
+    with_slopes = _seconds_back_from_zero((1.0,))
+    assert with_slopes <= 10.0, with_slopes
+    # A format-3 rule (no slopes) probes at the fixed PROBE_SHARE: much slower back.
+    fixed = _seconds_back_from_zero(None)
+    assert fixed > 2 * with_slopes, (fixed, with_slopes)
+
+
+def test_far_below_the_cut_a_slot_at_0_probes_no_more_than_before() -> None:
+    clock = Clock()
+    rule = SlotRule(thresholds=(0.5,), steps=(0, 3), prior=0.1, slopes=(1.0,))
+    policy = table_policy(lambda: rule_table(rule, clock()), clock)
+    ran = run(policy, clock, random.Random(9), 120.0, 0.05, batch_size=1)
+    probes = sum(1 for k in ran[1000:] if k > 0)
+    assert 0 < probes <= 1.2 * PROBE_SHARE * len(ran[1000:])
+
+
+def test_a_steady_signal_near_the_cut_out_of_0_moves_the_slot_at_most_once_per_10_s() -> None:
+    clock = Clock()
+    rule = SlotRule(thresholds=(0.3,), steps=(0, 3), prior=0.3, slopes=(1.0,))
+    policy = table_policy(lambda: rule_table(rule, clock()), clock)
+    run(policy, clock, random.Random(10), 120.0, 0.3, batch_size=1)
+    assert policy.rule_changes <= 120 / RULE_DWELL_S + 1
+
+
+def test_format_4_round_trips_and_an_older_format_carrying_slopes_is_refused() -> None:
+    clock = Clock()
+    table = rule_table(SlotRule((0.3, 0.6), (0, 1, 3), prior=0.2, slopes=(0.9, 0.4)), clock())
+    data = json.loads(json.dumps(table.to_dict()))
+    assert data["schema"] == 4 == TABLE_SCHEMA and data["rules"][0][1]["slopes"] == [0.9, 0.4]
+    assert StepTable.from_dict(data) == table
+    data["schema"] = 3
+    with pytest.raises(PolicyTypeError, match=r"format 3 rules carry no 'slopes'"):
+        StepTable.from_dict(data)
+    with pytest.raises(PolicyTypeError, match=r"SlotRule\.slopes: expected None or 2 finite"):
+        SlotRule((0.3, 0.6), (0, 1, 3), prior=0.2, slopes=(0.9,))
+    with pytest.raises(PolicyTypeError, match=r"SlotRule\.slopes"):
+        SlotRule((0.3,), (0, 1), prior=0.2, slopes=(0.0,))
+
+
+def test_the_daemon_s_rule_carries_the_gain_slope_of_each_cut() -> None:
+    rule = slot_rule((0.5,), (0, 1, 3), (0, 1, 3), 1.0, toy, None, None, 0.0)
+    assert rule is not None and rule.slopes is not None
+    assert len(rule.slopes) == len(rule.thresholds)
+    # toy: 1 step over 0 gains (1 + s) / 1.3 - 1 per unit of s, a slope of 1 / 1.3
+    # (less its probes: the 0 band's score includes them).
+    assert rule.slopes[0] == pytest.approx(1 / 1.3, rel=0.1)

@@ -183,8 +183,8 @@ def test_step_table_round_trips_through_json(t: StepTable) -> None:
     [
         (lambda d: d.pop("ttl_s"), r"missing required field `ttl_s`"),
         (lambda d: d.update(extra=1), r"unknown key\(s\) \['extra'\]"),
-        (lambda d: d.update(schema=0), r"key 'schema': expected one of \[1, 2, 3\], got 0"),
-        (lambda d: d.update(schema=4), r"table format 4 is newer than this specgov's 3"),
+        (lambda d: d.update(schema=0), r"key 'schema': expected one of \[1, 2, 3, 4\], got 0"),
+        (lambda d: d.update(schema=5), r"table format 5 is newer than this specgov's 4"),
         (lambda d: d.update(rules=[]), r"key 'rules': format 1 has no rules"),
         (lambda d: d.update(slots={"1": 5}), r"Expected `array`, got `object` - at `\$\.slots`"),
         (lambda d: d.update(slots=[[1, 5], [8]]), r"length 2.* - at `\$\.slots\[1\]`"),
@@ -208,7 +208,7 @@ def test_a_probe_needs_format_3() -> None:
     assert named["schema"] == 3
     assert StepTable.from_dict(named).rules == ((1, rule),)
     named["schema"] = 2
-    with pytest.raises(PolicyTypeError, match=r"key 'rules': format 2 rules name no 'probe'"):
+    with pytest.raises(PolicyTypeError, match=r"key 'rules': format 2 rules carry no 'probe'"):
         StepTable.from_dict(named)
 
 

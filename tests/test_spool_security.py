@@ -588,7 +588,7 @@ DAEMON_UID, SERVER_UID = 40001, 40002
 _DAEMON_PUBLISH = """
 import json, sys
 from specgov.adapters.spool_table import write_step_table
-from specgov.policies.common.types import StepTable
+from specgov.policies.common.step_table import StepTable
 spool, gid = sys.argv[1], int(sys.argv[2])
 t = StepTable(((1, 5),), version=7, produced_at_s=float(sys.argv[3]), ttl_s=30.0)
 write_step_table(spool, t, [0, 1, 3, 5, 7], group_gid=gid)

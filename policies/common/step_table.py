@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final
@@ -19,15 +20,16 @@ from specgov.policies.common.validation import check_int, check_real, check_type
 
 # The step table's own format (its "schema" key, and the spool file's): 1 = a step per
 # slot; 2 = also a live-acceptance rule per slot (SlotRule); 3 = a rule may name the
-# step its 0 band probes with (SlotRule.probe). Versions 1 and 2 are still read, and a
-# table is written in the oldest format that holds it.
-TABLE_SCHEMA: Final = 3
-TABLE_SCHEMAS_READ: Final = (1, 2, 3)
+# step its 0 band probes with (SlotRule.probe); 4 = a rule carries how fast goodput
+# changes with the signal at each cut (SlotRule.slopes). Versions 1 to 3 are still read,
+# and a table is written in the oldest format that holds it.
+TABLE_SCHEMA: Final = 4
+TABLE_SCHEMAS_READ: Final = (1, 2, 3, 4)
 
 
 @dataclass(frozen=True, slots=True)
 class SlotRule:
-    """One slot's steps as a function of the live acceptance signal (table schema 2, 3).
+    """One slot's steps as a function of the live acceptance signal (table schema 2-4).
 
     The signal is the slot's recent first-draft acceptance rate, which the in-engine
     policy measures from every verify of the slot at steps >= 1 (``TablePolicy``). A
@@ -41,12 +43,18 @@ class SlotRule:
     slot allows, the one it charged step 0 for) or, without one, the least positive
     step in the rule. ``probe`` is stored only where it matters and differs from that
     default (None otherwise), so equal rules compare and serialise equal.
+    ``slopes`` (format 4): per threshold, how fast the expected goodput of the band
+    above it gains on the band below as the signal rises there (d/dsignal of
+    ``goodput_above / goodput_below - 1`` at the cut, per unit of signal, > 0): the
+    engine moves across a cut only where the gain is worth a stated fraction
+    (``TablePolicy``). None (formats 2-3): a fixed hysteresis in signal units.
     """
 
     thresholds: tuple[float, ...]
     steps: tuple[int, ...]
     prior: float
     probe: int | None = None
+    slopes: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         th, steps = self.thresholds, self.steps
@@ -75,6 +83,17 @@ class SlotRule:
             raise PolicyTypeError.bad("SlotRule.probe", "expected None or an int >= 1", probe)
         if probe is not None and (0 not in steps or probe == least_positive_step(steps)):
             object.__setattr__(self, "probe", None)  # the default: not stored
+        slopes = self.slopes
+        if slopes is not None and (
+            not isinstance(slopes, tuple)
+            or len(slopes) != len(th)
+            or not all(is_real(g) and 0.0 < g < math.inf for g in slopes)
+        ):
+            raise PolicyTypeError.bad(
+                "SlotRule.slopes",
+                f"expected None or {len(th)} finite numbers > 0 (one per threshold)",
+                slopes,
+            )
 
     def band_for(self, signal: float) -> int:
         """Index into ``steps`` for ``signal``."""
@@ -244,20 +263,31 @@ class StepTable:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """The oldest format that holds the table (what older plugins read): 3 when a
-        rule names its probe, 2 when the table has rules, else 1."""
-        probes = any(r.probe is not None for _, r in self.rules)
-        data = to_versioned(self, 3 if probes else 2 if self.rules else 1, key="schema")
+        """The oldest format that holds the table (what older plugins read): 4 when a
+        rule carries slopes, 3 when one names its probe, 2 when the table has rules,
+        else 1."""
+        rules = [r for _, r in self.rules]
+        version = (
+            4
+            if any(r.slopes is not None for r in rules)
+            else 3
+            if any(r.probe is not None for r in rules)
+            else 2
+            if rules
+            else 1
+        )
+        data = to_versioned(self, version, key="schema")
         if not self.rules:
             del data["rules"]
         for _, rule in data.get("rules", ()):
-            if rule.get("probe") is None:
-                del rule["probe"]
+            for key in _RULE_OPTIONAL_KEYS:
+                if rule.get(key) is None:
+                    del rule[key]
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StepTable:
-        """Formats 1 to 3; a newer one raises :class:`FutureTableFormat`."""
+        """Formats 1 to 4; a newer one raises :class:`FutureTableFormat`."""
         where = "StepTable.from_dict"
         if not isinstance(data, Mapping):
             raise PolicyTypeError(f"{where}: expected an object, got {type(data).__name__}")
@@ -274,22 +304,25 @@ class StepTable:
             )
         if version == 1 and "rules" in data:
             raise PolicyTypeError(f"{where}: key 'rules': format 1 has no rules")
-        if version == 2 and _names_a_probe(data.get("rules")):
-            raise PolicyTypeError(
-                f"{where}: key 'rules': format 2 rules name no 'probe' (that is format 3)"
-            )
+        for key, since in _RULE_OPTIONAL_KEYS.items():
+            if version < since and _rules_name(data.get("rules"), key):
+                raise PolicyTypeError(
+                    f"{where}: key 'rules': format {version} rules carry no {key!r} "
+                    f"(that is format {since})"
+                )
         body = {k: v for k, v in data.items() if k != "schema"}
         return from_data(cls, body, where=where, error=PolicyTypeError)
 
 
-def _names_a_probe(rules: Any) -> bool:
-    """Whether a saved table's ``rules`` (``[[bound, rule], ...]``) name a probe step."""
+# A SlotRule's optional keys, each stored only when set, and the format that added it.
+_RULE_OPTIONAL_KEYS: Final = {"probe": 3, "slopes": 4}
+
+
+def _rules_name(rules: Any, key: str) -> bool:
+    """Whether a saved table's ``rules`` (``[[bound, rule], ...]``) carry ``key``."""
     if not isinstance(rules, list | tuple):
         return False
     return any(
-        isinstance(e, list | tuple)
-        and len(e) == 2
-        and isinstance(e[1], Mapping)
-        and "probe" in e[1]
+        isinstance(e, list | tuple) and len(e) == 2 and isinstance(e[1], Mapping) and key in e[1]
         for e in rules
     )

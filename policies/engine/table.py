@@ -13,18 +13,24 @@
   whose EMA slot lists it; an uncaptured size would silently run eagerly, slower
   than not installing specgov). Then the fallback :class:`EmaPolicy` answers, and the
   reason is counted in ``fallback_reasons`` (per decode batch);
-* follows a slot's live-acceptance rule (table formats 2-3, :class:`SlotRule`) where the
+* follows a slot's live-acceptance rule (table formats 2-4, :class:`SlotRule`) where the
   table has one: the slot's signal is its recent first-draft acceptance rate, fed by
   every verify of the slot at steps >= 1, and the rule maps it to steps with hysteresis
   (a change needs the signal ``RULE_HYSTERESIS`` past a threshold for ``RULE_CONFIRM_S``
   on end) and a dwell (at most one change per slot per ``RULE_DWELL_S``), both judged on
   the poll clock; see "Live rules";
 * keeps the engine's tier when a batch's slot would switch it for a near-tie: a slot
-  whose rule gives the running step within ``STICKY_BAND`` of its signal runs it, so
-  batches alternating between neighbouring slots do not flip the tier each time;
+  whose rule gives the running step within ``STICKY_BAND`` of its signal (under a
+  format-4 rule, also losing at most ``STICKY_GAIN`` of goodput) runs it, so batches
+  alternating between neighbouring slots do not flip the tier each time; a slot
+  without a rule (a fixed step) owns the tier it runs, as a rule's own choice does;
 * keeps a slot at 0 steps learnable: every ``PROBE_EVERY_BATCHES`` of its batches it runs
   ``PROBE_BATCHES`` at the rule's ``probe_step`` (under 1 % of the slot's batches; the
   daemon charges that cost when it chooses 0), so the signal sees a rise in acceptance;
+  under a format-4 rule (``SlotRule.slopes``) as often as costs ``PROBE_COST`` of its
+  goodput at its signal (``probe_every``: down to every ``PROBE_MIN_EVERY`` batches near
+  the cut out of 0, where a probe costs next to nothing and its evidence is what brings
+  the slot back within seconds at light load);
 * always feeds the fallback every verify, so it is warm when it takes over;
 * records per-tier statistics keyed by (slot lower bound, steps used) and hands a
   :class:`TierStatsSnapshot` to ``stats_sink`` about every ``flush_interval_s``;
@@ -103,6 +109,10 @@ RULE_HYSTERESIS: Final = 0.06  # signal units (acceptance rate)
 # cut is where they tie), and batches alternating between neighbouring slots would
 # otherwise switch the engine's tier at every crossing for no measurable gain.
 STICKY_BAND: Final = 2 * RULE_HYSTERESIS
+# Format 4: nor where that loses more than this share of the slot's goodput (at the
+# cut out of 0 a signal 0.12 above it gains about 10 %). Measured on the Azure
+# conversation trace at 1x: 0.03 gave 171 tier switches (sglang-ema 44), 0.05 81.
+STICKY_GAIN: Final = 0.05
 RULE_DWELL_S: Final = 10.0
 # A move is made only once the signal has asked for it this long without a break (on
 # the poll clock): a dip shorter than that is the batch's current mix of requests (a
@@ -112,7 +122,28 @@ RULE_DWELL_S: Final = 10.0
 RULE_CONFIRM_S: Final = 3.0
 PROBE_EVERY_BATCHES: Final = 512
 PROBE_BATCHES: Final = 4
-PROBE_SHARE: Final = PROBE_BATCHES / (PROBE_EVERY_BATCHES + PROBE_BATCHES)
+PROBE_SHARE: Final = PROBE_BATCHES / (PROBE_EVERY_BATCHES + PROBE_BATCHES)  # the least
+# Format 4: a slot at 0 probes as often as costs it PROBE_COST of its goodput, given what
+# a probe batch is expected to lose at its signal, from every PROBE_EVERY_BATCHES down to
+# every PROBE_MIN_EVERY batches: near the cut a probe costs next to nothing and the
+# evidence it buys is what brings the slot back; far below, it costs and says little.
+PROBE_COST: Final = 0.002
+PROBE_MIN_EVERY: Final = 64
+
+
+def probe_every(cost: float) -> int:
+    """Batches at 0 steps between probe bursts where one probe batch is expected to lose
+    ``cost`` (a fraction of the goodput of a batch at 0; <= 0: none): the probes' share
+    times ``cost`` is ``PROBE_COST``, within [PROBE_MIN_EVERY, PROBE_EVERY_BATCHES]."""
+    if cost <= 0.0:
+        return PROBE_MIN_EVERY
+    every = PROBE_BATCHES * (cost / PROBE_COST - 1.0)
+    return round(min(max(every, PROBE_MIN_EVERY), PROBE_EVERY_BATCHES))
+
+
+def probe_share(cost: float) -> float:
+    """The share of a slot's batches at 0 steps that are probes (``probe_every``)."""
+    return PROBE_BATCHES / (probe_every(cost) + PROBE_BATCHES)
 
 
 class _RuleSlot:
@@ -123,6 +154,7 @@ class _RuleSlot:
         "changed_at_s",
         "pending_since_s",
         "pending_up",
+        "probe_every",
         "probe_left",
         "probe_step",
         "rule",
@@ -146,6 +178,7 @@ class _RuleSlot:
         self.pending_up = False
         self.zero_batches = 0
         self.probe_left = 0
+        self.probe_every = PROBE_EVERY_BATCHES
 
     def adopt(self, rule: SlotRule) -> None:
         """A new table's rule for this slot: same evidence, new thresholds and prior.
@@ -175,6 +208,10 @@ class _RuleSlot:
             self.trials + PRIOR_TRIALS
         )
         cur = self.band
+        slopes = rule.slopes
+        if slopes is not None and rule.steps[0] == 0:
+            # What a probe batch would lose at this signal, linearised at the cut out of 0.
+            self.probe_every = probe_every((rule.thresholds[0] - signal) * slopes[0])
         if self.steps == 0 and self.trials < LEAVE_ZERO_TRIALS:
             return False
         up = rule.band_for(signal - RULE_HYSTERESIS)
@@ -205,10 +242,20 @@ class _RuleSlot:
         return True
 
     def accepts(self, steps: int) -> bool:
-        """Whether the rule gives ``steps`` within ``STICKY_BAND`` of the signal."""
+        """Whether the rule gives ``steps`` within ``STICKY_BAND`` of the signal; under a
+        format-4 rule, also only across cuts where that loses at most ``STICKY_GAIN``."""
         rule, signal = self.rule, self.signal
-        lo = rule.band_for(signal - STICKY_BAND)
-        hi = rule.band_for(signal + STICKY_BAND)
+        slopes = rule.slopes
+        if slopes is None:
+            lo = rule.band_for(signal - STICKY_BAND)
+            hi = rule.band_for(signal + STICKY_BAND)
+            return steps in rule.steps[lo : hi + 1]
+        th = rule.thresholds
+        lo = hi = rule.band_for(signal)
+        while lo > 0 and signal - th[lo - 1] <= min(STICKY_BAND, STICKY_GAIN / slopes[lo - 1]):
+            lo -= 1
+        while hi < len(th) and th[hi] - signal <= min(STICKY_BAND, STICKY_GAIN / slopes[hi]):
+            hi += 1
         return steps in rule.steps[lo : hi + 1]
 
     def next_steps(self) -> int:
@@ -220,7 +267,7 @@ class _RuleSlot:
             self.probe_left -= 1
             return self.probe_step
         self.zero_batches += 1
-        if self.zero_batches >= PROBE_EVERY_BATCHES:
+        if self.zero_batches >= self.probe_every:
             self.zero_batches = 0
             self.probe_left = PROBE_BATCHES - 1
             return self.probe_step
@@ -347,7 +394,9 @@ class TablePolicy:
                 if answer is None:
                     answer = self._answer_slow(self._table, batch_size)
                 slot, steps, live = answer
-                if live is not None:
+                if live is None:
+                    self._tier_owner = slot  # a slot without a rule runs its own step
+                else:
                     steps = live.next_steps()
                     last = self._last_steps
                     if steps == last or live.steps != steps:

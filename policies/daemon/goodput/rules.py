@@ -1,4 +1,4 @@
-"""The goodput policy's live-acceptance rules (table formats 2 and 3, :class:`SlotRule`).
+"""The goodput policy's live-acceptance rules (table formats 2 to 4, :class:`SlotRule`).
 
 The daemon's plan is slow (one decision every few seconds) and the acceptance it plans
 with is an average; the engine sees every verify. So, per slot, the policy publishes
@@ -8,9 +8,12 @@ scales the slot's per-position acceptance profile to that first-position rate, s
 each candidate with the same evaluation the plan uses (expected goodput in the SLO
 sense from the step-cost model), and cuts the signal axis where the best step changes.
 
-Step 0 is charged for the probes the engine runs there (``PROBE_SHARE`` of the slot's
-batches at the rule's probe step): its goodput is that of the mix, so a slot is put at
-0 only where 0 plus its probes beats speculating. The probe step has one definition,
+Step 0 is charged for the probes the engine runs there (at the rule's probe step, the
+share ``table.probe_share`` gives for what a probe batch loses at that signal, as the
+engine probes): its goodput is that of the mix, so a slot is put at 0 only where 0
+plus its probes beats speculating. Each cut carries its slope (``cut_slopes``, format
+4): how fast the band above gains on the band below there, from which the engine
+reads what a probe costs at its signal. The probe step has one definition,
 :func:`probe_step` (the cheapest positive step the slot allows); the rule names it
 (``SlotRule.probe``), so the engine probes at exactly the step charged here, whatever
 steps the bands above 0 run.
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from specgov.policies.common.step_table import SlotRule, least_positive_step
-from specgov.policies.engine.table import PROBE_SHARE
+from specgov.policies.engine.table import probe_share
 
 # Signal grid: the centres of 50 cells of width 0.02 over [0, 1]; thresholds fall on
 # cell edges, so the same evidence gives the same rule (a refresh is no change).
@@ -107,7 +110,13 @@ def slot_rule(
         and (incumbent is None or in_force.steps_at(prior) == incumbent)
         and _still_good(in_force, prior, table, tie)
     ):
-        return SlotRule(in_force.thresholds, in_force.steps, prior=prior, probe=probe)
+        return SlotRule(
+            in_force.thresholds,
+            in_force.steps,
+            prior=prior,
+            probe=probe,
+            slopes=cut_slopes(table, in_force.thresholds, in_force.steps),
+        )
     return build_rule(table, prior=prior, incumbent=incumbent, tie=tie, probe=probe)
 
 
@@ -120,8 +129,12 @@ def probe_step(allowed: Iterable[int]) -> int | None:
 def probe_charged(
     tokens_0: float, time_0_s: float, tokens_p: float, time_p_s: float
 ) -> tuple[float, float]:
-    """(tokens, seconds) per batch of a slot at 0 steps with its probes mixed in."""
-    share = PROBE_SHARE
+    """(tokens, seconds) per batch of a slot at 0 steps with its probes mixed in, at the
+    share the engine probes with where a probe batch loses what it loses here
+    (``table.probe_share``)."""
+    rate_0 = tokens_0 / time_0_s if time_0_s > 0 else 0.0
+    rate_p = tokens_p / time_p_s if time_p_s > 0 else 0.0
+    share = probe_share(1.0 - rate_p / rate_0 if rate_0 > 0 else 0.0)
     return (
         (1.0 - share) * tokens_0 + share * tokens_p,
         (1.0 - share) * time_0_s + share * time_p_s,
@@ -163,7 +176,46 @@ def build_rule(
         steps=tuple(steps),
         prior=min(max(prior, 0.0), 1.0),
         probe=probe,
+        slopes=cut_slopes(table, thresholds, steps),
     )
+
+
+# A cut's slope is fitted over this many grid cells either side of it (0.06 of signal):
+# wide enough to average the grid's rounding, narrow enough to stay local to the cut.
+_SLOPE_CELLS: Final = 3
+# A floor for a cut where the band above does not gain on the band below as the signal
+# rises (a near-tie kept by ``tie``, or scores that bend): crossing it then takes the
+# engine's largest margin, not an infinite one.
+_MIN_SLOPE: Final = 1e-3
+
+
+def cut_slopes(
+    table: Sequence[Mapping[int, float]],
+    thresholds: Sequence[float],
+    steps: Sequence[int],
+) -> tuple[float, ...] | None:
+    """Per cut, how fast the band above gains on the band below as the signal rises
+    (``SlotRule.slopes``): the least-squares slope over the grid cells near the cut of
+    ``score_above / score_below - 1``. None where a band's step was not scored (the
+    rule then keeps the engine's fixed hysteresis)."""
+    slopes = []
+    n = len(table)
+    for t, lo, hi in zip(thresholds, steps, steps[1:], strict=False):
+        cut = round(t / _GRID_STEP)
+        xs, ys = [], []
+        for i in range(max(0, cut - _SLOPE_CELLS), min(n, cut + _SLOPE_CELLS)):
+            below, above = table[i].get(lo), table[i].get(hi)
+            if below is None or above is None or below <= 0.0:
+                continue
+            xs.append(GRID[i])
+            ys.append(above / below - 1.0)
+        if len(xs) < 2:
+            return None
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        sxx = sum((x - mx) ** 2 for x in xs)
+        sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True))
+        slopes.append(max(sxy / sxx, _MIN_SLOPE))
+    return tuple(slopes)
 
 
 def _tie_pick(scores: Mapping[int, float], incumbent: int | None, tie: float) -> int:
