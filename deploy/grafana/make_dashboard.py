@@ -107,6 +107,42 @@ class Layout:
 
 def dashboard() -> dict[str, Any]:
     d = Layout()
+    load_row(d)
+    speculation_row(d)
+    decisions_row(d)
+    latency_row(d)
+    errors_row(d)
+    fleet_row(d)
+    return {
+        "title": "specgov: speculation governor",
+        "uid": "specgov-overview",
+        "description": "specgov's decisions beside SGLang's own metrics (deploy/grafana).",
+        "tags": ["specgov", "sglang"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "time": {"from": "now-3h", "to": "now"},
+        "refresh": "30s",
+        "timezone": "",
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Prometheus",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                }
+            ]
+        },
+        "annotations": {"list": []},
+        "panels": d.panels,
+    }
+
+
+def load_row(d: Layout) -> None:
+    """SGLang's load: requests, KV usage, generated tokens."""
     d.row("Load (SGLang)")
     d.panel(
         "Requests running and queued",
@@ -131,6 +167,10 @@ def dashboard() -> dict[str, Any]:
         ],
         unit="short",
     )
+
+
+def speculation_row(d: Layout) -> None:
+    """Acceptance and the steps in force."""
     d.row("Speculation")
     d.panel(
         "Accept length",
@@ -159,6 +199,10 @@ def dashboard() -> dict[str, Any]:
             ("specgov_goodput_observed_tokens_per_second", "observed"),
         ],
     )
+
+
+def decisions_row(d: Layout) -> None:
+    """The daemon's decisions and table changes."""
     d.row("Decisions")
     d.panel(
         "Decisions by reason",
@@ -208,6 +252,10 @@ def dashboard() -> dict[str, Any]:
         [("specgov_info", "{{version}} {{policy}} {{mode}}")],
         kind="stat",
     )
+
+
+def latency_row(d: Layout) -> None:
+    """SGLang's latency quantiles."""
     d.row("Latency (SGLang)")
     d.panel(
         "TPOT p50 / p99",
@@ -232,6 +280,10 @@ def dashboard() -> dict[str, Any]:
         [(_quantile(0.99, "sglang:time_to_first_token_seconds"), "p99")],
         unit="s",
     )
+
+
+def errors_row(d: Layout) -> None:
+    """Fallbacks, errors and dropped input."""
     d.row("Errors")
     d.panel(
         "Telemetry scrape errors",
@@ -285,33 +337,6 @@ def dashboard() -> dict[str, Any]:
         ],
         unit="reqps",
     )
-    fleet_row(d)
-    return {
-        "title": "specgov: speculation governor",
-        "uid": "specgov-overview",
-        "description": "specgov's decisions beside SGLang's own metrics (deploy/grafana).",
-        "tags": ["specgov", "sglang"],
-        "schemaVersion": 39,
-        "version": 1,
-        "editable": True,
-        "time": {"from": "now-3h", "to": "now"},
-        "refresh": "30s",
-        "timezone": "",
-        "templating": {
-            "list": [
-                {
-                    "name": "datasource",
-                    "label": "Prometheus",
-                    "type": "datasource",
-                    "query": "prometheus",
-                    "current": {},
-                    "hide": 0,
-                }
-            ]
-        },
-        "annotations": {"list": []},
-        "panels": d.panels,
-    }
 
 
 def fleet_row(d: Layout) -> None:
