@@ -13,10 +13,20 @@ sustain and back. The same ramp runs against an all-speculative and an all-plain
 Time. The sim-servers run at ``--speed`` simulated seconds per wall second; every rate,
 duration, latency and start-up below is simulated (wall = simulated / speed), the
 governor's intervals, dwell and restart time are given to it in wall seconds (the
-simulated figure / speed). A restart costs the catalog model's ``startup_s`` (SGLang's
-model load and CUDA graph capture, with its source in the catalog) unless ``--startup-s``
-says otherwise; ``--quick`` shortens it (said in the output) so that the run fits in
-under 3 minutes on a 2-core machine.
+simulated figure / speed), its rates per wall second (x speed). A restart costs the
+catalog model's ``startup_s`` (SGLang's model load and CUDA graph capture, with its
+source in the catalog) unless ``--startup-s`` says otherwise; ``--quick`` shortens it
+(said in the output) so that the run fits in under 3 minutes on a 2-core machine. The
+governor restarts a replica in place (``fleet sim-restart --in-place``): the server
+drops what it has in flight and refuses connections for the start-up, counted from the
+restart command's launch, so a loaded machine's slow process start does not lengthen it
+(measured before: 90-150 s simulated for a 60 s start-up at speed 8).
+
+The governor reads the load as the arrival rate (``fleet run --load arrival-rate``) and
+decides with plan fleet's rates per replica (``MixCrossover``: the crossover and each
+mode's sustainable rate). A level lasts 600 s, against a whole switch of about 424 s at
+the catalog's costs (4 x (40 s drain + 60 s start-up) + dwell): at 240 s a switch that
+starts in a level ends two levels later, and a level's score measured the switch.
 
 Per level and over the whole ramp: goodput (output tokens of requests that met the SLO,
 per simulated second), TPOT p50/p99 and TTFT p99 (simulated, as each server reports them
@@ -69,18 +79,24 @@ HYSTERESIS = 0.10
 class Config:
     """One run's settings; rates and durations in simulated units (module docstring)."""
 
-    speed: float = 8.0
+    speed: float = 10.0
     level_rates_rps: tuple[float, ...] = (2.0, 5.0, 8.0, 11.0, 14.0, 11.0, 8.0, 5.0, 2.0)
-    level_s: float = 240.0
+    # A level is long against a whole switch (4 x (drain + start-up) + 3 dwells, 424 s at
+    # the catalog's 60 s start-up) so that a level's score is not one switch's cost.
+    level_s: float = 600.0
     prompt_tokens: int = 256
     output_tokens: tuple[int, int] = (1536, 3072)  # uniform range
     tpot_slo_ms: float = 18.0
     ttft_slo_ms: float = 3000.0
     startup_s: float | None = None  # None: the catalog model's
-    drain_s: float = 25.0  # expected drain (a request's time near the crossover)
+    drain_s: float = 40.0  # expected drain (measured 40.5-41.5 s: the longest request)
     dwell_s: float = 8.0
     interval_s: float = 4.0  # the governor's decision interval
+    rate_window_s: float = 60.0  # the arrivals each rate is read over
     forecast_window_s: float = 240.0
+    # The ramp is a staircase: a line through a step projects it onward, and the rate
+    # edge (policies/control/fleet_mix.py, band) already starts the switch in time.
+    forecast: bool = False
     seed: int = 0
     max_requests: int = 30000
     replicas: int = 4
@@ -98,6 +114,7 @@ QUICK = Config(
     startup_s=12.0,
     dwell_s=4.0,
     interval_s=2.0,
+    rate_window_s=20.0,
     forecast_window_s=24.0,
     max_requests=4000,
 )
@@ -198,7 +215,8 @@ def startup_s(cfg: Config) -> float:
 
 def write_fleet_file(cfg: Config, urls: Sequence[str], gateway: str, run_dir: Path) -> Path:
     command = " ".join(specgov_argv()) + " fleet sim-restart {name} {mode} {url}"
-    command += f" --run-dir {run_dir} --startup-s {startup_s(cfg):g} -- "
+    # In place: the catalog's start-up, not the loaded machine's process start (replica.py).
+    command += f" --run-dir {run_dir} --startup-s {startup_s(cfg):g} --in-place -- "
     command += "--speed {speed}".format(speed=f"{cfg.speed:g}")
     fleet = {
         "gateway": gateway,
@@ -216,12 +234,16 @@ def write_fleet_file(cfg: Config, urls: Sequence[str], gateway: str, run_dir: Pa
 def governor(
     cfg: Config, fleet_file: Path, crossover: MixCrossover, audit: Path, wall_s: float
 ) -> Iterator[None]:
-    """``specgov fleet run`` for the ramp, in wall seconds (module docstring)."""
+    """``specgov fleet run`` for the ramp, in wall seconds (module docstring): the load is
+    the arrival rate, so the crossover and capacities are plan fleet's rates per replica,
+    per wall second (the simulated rate x the speed)."""
     s = cfg.speed
     argv = [*specgov_argv(), "fleet", "run", "--fleet", str(fleet_file), "--audit", str(audit)]
-    argv += ["--pays-up-to", str(crossover.pays_up_to)]
-    argv += ["--replica-capacity", str(crossover.plain_capacity)]
-    argv += ["--spec-capacity", str(crossover.spec_capacity)]
+    argv += ["--load", "arrival-rate", "--rate-window-s", f"{cfg.rate_window_s / s:g}"]
+    argv += ["--pays-up-to", f"{crossover.pays_up_to_rps * s:g}"]
+    argv += ["--replica-capacity", f"{crossover.plain_rps * s:g}"]
+    argv += ["--spec-capacity", f"{crossover.spec_rps * s:g}"]
+    argv += ["--forecast" if cfg.forecast else "--no-forecast"]
     argv += ["--hysteresis", str(HYSTERESIS), "--dwell-s", f"{cfg.dwell_s / s:g}"]
     argv += ["--interval-s", f"{cfg.interval_s / s:g}", "--duration-s", f"{wall_s:g}"]
     # The time a moved replica is out: its drain, then the start-up.
@@ -494,11 +516,20 @@ def crossover_doc(
     levels: list[dict[str, Any]],
     crossover: MixCrossover,
 ) -> dict[str, Any]:
-    """Where plan fleet puts the crossover and where the governor first moved to plain."""
+    """Where plan fleet puts the crossover and where the governor first moved to plain.
+
+    ``predicted_rate_rps`` (the target's): the rate at which the all-speculative fleet's
+    measured requests in flight per replica reach plan fleet's crossover batch (Little's
+    law on the measured request time); ``plan_fleet_crossover_rate_rps``: plan fleet's own
+    rate (its per-token tables, no queueing), for comparison. The governor's load is the
+    arrival rate it measured (per wall second; here per simulated second)."""
     doc: dict[str, Any] = {
         "plan_fleet_pays_up_to_per_replica": crossover.pays_up_to,
         "plan_fleet_replica_capacity": crossover.plain_capacity,
         "plan_fleet_spec_capacity": crossover.spec_capacity,
+        "plan_fleet_crossover_rate_rps": crossover.pays_up_to_rps * cfg.replicas,
+        "plan_fleet_spec_rps_per_replica": crossover.spec_rps,
+        "plan_fleet_plain_rps_per_replica": crossover.plain_rps,
         "hysteresis": HYSTERESIS,
     }
     governed = runs.get("governed")
@@ -506,16 +537,14 @@ def crossover_doc(
     curve = _in_flight_per_replica(levels, cfg)
     doc["predicted_rate_rps"] = _rate_at(curve, crossover.pays_up_to)
     if first is not None:
-        observed = first["load_requests"] / cfg.replicas
         doc["governor_switch"] = {
             "sim_s": first["sim_s"],
             "reason": first["reason"],
-            "observed_per_replica": observed,
-            "planned_per_replica": first["planned_load"] / cfg.replicas,
             "offered_rate_rps": cfg.level_rates_rps[
                 min(int(first["sim_s"] // cfg.level_s), len(levels) - 1)
             ],
-            "rate_rps": _rate_at(curve, observed),
+            "rate_rps": first["load_requests"] / cfg.speed,
+            "planned_rate_rps": first["planned_load"] / cfg.speed,
         }
     return doc
 
