@@ -63,3 +63,19 @@ def test_bad_readings_are_refused() -> None:
     meter.update(5.0, {})
     with pytest.raises(ArrivalRateError, match="time order"):
         meter.update(4.0, {})
+
+
+def test_a_gap_in_one_replica_does_not_lump_its_arrivals_into_the_fleets_rate() -> None:
+    # Both at 1/s; b is not read for 40 s: the rate stays 2/s, neither falling while b
+    # is silent nor jumping when it answers again.
+    meter = ArrivalMeter(window_s=30.0)
+    for t in range(0, 101, 5):
+        readings = {"a": ReplicaCount(float(t), 0)}
+        if not 40 <= t < 80:
+            readings["b"] = ReplicaCount(float(t), 0)
+        meter.update(float(t), readings)
+        if t >= 5 and not 70 <= t < 80:  # b's last reading within the window
+            assert meter.rate() == pytest.approx(2.0), t
+    # Silent for longer than the window: the fleet's rate is unknown, not 1/s.
+    meter.update(140.0, {"a": ReplicaCount(140.0, 0)})
+    assert meter.rate() is None

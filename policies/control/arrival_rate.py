@@ -45,48 +45,60 @@ class ReplicaCount:
 
 
 class ArrivalMeter:
-    """Cumulative arrivals across the fleet, and their rate over ``window_s``."""
+    """Each replica's cumulative arrivals and their rate over ``window_s``; the fleet's
+    rate is the sum (module docstring)."""
 
     def __init__(self, window_s: float) -> None:
         if not math.isfinite(window_s) or window_s <= 0:
             raise ArrivalRateError(f"window_s must be > 0, got {window_s}")
         self.window_s = float(window_s)
         self._last: dict[str, ReplicaCount] = {}
+        self._history: dict[str, deque[tuple[float, float]]] = {}
+        self._now = -math.inf
         self._arrived = 0.0
-        self._history: deque[tuple[float, float]] = deque()
 
     @property
     def arrived(self) -> float:
-        """Arrivals counted since the first reading."""
+        """Arrivals counted since each replica's first reading, summed."""
         return self._arrived
 
     def update(self, at_s: float, readings: Mapping[str, ReplicaCount]) -> None:
         """Count the arrivals since the last reading of each replica in ``readings``."""
         if not math.isfinite(at_s):
             raise ArrivalRateError(f"at_s must be finite, got {at_s}")
-        if self._history and at_s < self._history[-1][0]:
+        if at_s < self._now:
             raise ArrivalRateError("readings must be in time order")
+        self._now = at_s
         for name, now in readings.items():
+            history = self._history.setdefault(name, deque())
             before = self._last.get(name)
-            if before is not None:
-                self._arrived += _arrivals(before, now)
+            step = _arrivals(before, now)
+            self._arrived += step
+            history.append((at_s, history[-1][1] + step if history else 0.0))
             self._last[name] = now
-        self._history.append((at_s, self._arrived))
-        while len(self._history) > 2 and self._history[1][0] <= at_s - self.window_s:
-            self._history.popleft()
+            # Keep one reading at or before the window's start: the rate spans the window.
+            while len(history) > 2 and history[1][0] <= at_s - self.window_s:
+                history.popleft()
 
     def rate(self) -> float | None:
-        """Arrivals per second over the last ``window_s`` (None: under two readings)."""
-        if len(self._history) < 2:
+        """Arrivals per second over the last ``window_s``, summed over the replicas, each
+        over its own readings; None when a replica has under two readings, or none within
+        the window (unknown, not zero)."""
+        if not self._history:
             return None
-        (t0, a0), (t1, a1) = self._history[0], self._history[-1]
-        if t1 <= t0:
-            return None
-        return max(0.0, (a1 - a0) / (t1 - t0))
+        total = 0.0
+        for history in self._history.values():
+            (t0, a0), (t1, a1) = history[0], history[-1]
+            if t1 <= t0 or t1 < self._now - self.window_s:
+                return None
+            total += (a1 - a0) / (t1 - t0)
+        return max(0.0, total)
 
 
-def _arrivals(before: ReplicaCount, now: ReplicaCount) -> float:
+def _arrivals(before: ReplicaCount | None, now: ReplicaCount) -> float:
     """Arrivals at one replica between two readings (module docstring)."""
+    if before is None:
+        return 0.0
     if now.finished < before.finished:  # restarted: its counts start again
         return now.finished + now.in_flight
     return now.finished - before.finished + now.in_flight - before.in_flight

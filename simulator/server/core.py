@@ -45,6 +45,7 @@ restart the restart sequence.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -290,7 +291,7 @@ class SimServer:
                 )
             thread = threading.Thread(
                 target=self._restart_sequence,
-                args=(down, starting, speculative),
+                args=(time.monotonic() + down, starting, speculative),
                 name="specgov-sim-restart",
                 daemon=True,
             )
@@ -403,25 +404,34 @@ class SimServer:
         old.cleanup()
         self._launch.write_adaptive_config()
 
-    def _restart_sequence(self, down_s: float, starting_s: float, speculative: bool | None) -> None:
+    def _restart_sequence(
+        self, down_until: float, starting_s: float, speculative: bool | None
+    ) -> None:
+        """Stop the engine, refuse connections until ``down_until`` (monotonic; the down
+        window counts from the restart's request, and the new engine is built inside it,
+        as a relaunched server builds its own within its start-up), then serve."""
         try:
             old = self._gen
             if old is not None:
                 old.stop()
                 self._done_generations.append(old)
-            if speculative is not None and speculative != self._launch.speculative:
-                self._relaunch(speculative)
+            outage: concurrent.futures.Future[None] | None = None
+            down_s = down_until - time.monotonic()
             if down_s > 0:
                 try:
-                    self._http.outage(down_s, "refuse").result()
-                except concurrent.futures.CancelledError:
-                    pass  # ended early (resume() or stop())
+                    outage = self._http.outage(down_s, "refuse")
                 except SimServerError as exc:
                     logger.warning("specgov sim-server: restart without a down window: %s", exc)
-            if self._stop_event.is_set():
-                return
+            if speculative is not None and speculative != self._launch.speculative:
+                self._relaunch(speculative)
             gen = self._new_generation()
             gen.launch = self._launch_info(gen)
+            if outage is not None:
+                # Ended early (resume() or stop()): cancelled.
+                with contextlib.suppress(concurrent.futures.CancelledError):
+                    outage.result()
+            if self._stop_event.is_set():
+                return
             self._feed.rewind()
             self._gen = gen
             if starting_s > 0 and self._stop_event.wait(starting_s):
