@@ -16,14 +16,19 @@ def test_arrivals_are_finished_plus_the_change_in_flight() -> None:
     # a: 4 finished, in flight 5 -> 8 (7 arrived); b: 2 finished, 1 in flight (3 arrived).
     meter.update(10.0, {"a": ReplicaCount(14, 8), "b": ReplicaCount(2, 1)})
     assert meter.arrived == 10.0
-    assert meter.rate() == pytest.approx(1.0)
+    assert meter.rate() is None  # 10 s of readings: not yet a window's
+    meter.update(100.0, {"a": ReplicaCount(100, 12), "b": ReplicaCount(2, 1)})
+    assert meter.rate() == pytest.approx((10 + 86 + 4) / 100.0)
 
 
 def test_a_rising_load_shows_at_once_not_a_request_time_later() -> None:
     # Requests arrive at 2/s and none finishes yet (each takes longer than the window):
     # a rate of finishes would read 0, the meter reads what arrived.
     meter = ArrivalMeter(window_s=30.0)
-    for t in range(0, 31, 5):
+    meter.update(0.0, {"a": ReplicaCount(0, 0)})
+    meter.update(5.0, {"a": ReplicaCount(0, 10)})
+    assert meter.rate() is None  # 5 s of readings are not a rate
+    for t in range(10, 31, 5):
         meter.update(float(t), {"a": ReplicaCount(0, 2.0 * t)})
     assert meter.rate() == pytest.approx(2.0)
 
@@ -37,7 +42,7 @@ def test_a_restarted_replica_counts_again_from_zero() -> None:
 
 
 def test_a_replica_that_did_not_answer_counts_at_its_next_reading() -> None:
-    meter = ArrivalMeter(window_s=100.0)
+    meter = ArrivalMeter(window_s=20.0)
     meter.update(0.0, {"a": ReplicaCount(0, 0), "b": ReplicaCount(0, 0)})
     meter.update(10.0, {"a": ReplicaCount(10, 0)})  # b silent
     assert meter.arrived == 10.0
@@ -74,7 +79,7 @@ def test_a_gap_in_one_replica_does_not_lump_its_arrivals_into_the_fleets_rate() 
         if not 40 <= t < 80:
             readings["b"] = ReplicaCount(float(t), 0)
         meter.update(float(t), readings)
-        if t >= 5 and not 70 <= t < 80:  # b's last reading within the window
+        if t >= 30 and not 70 <= t < 80:  # a window's readings, b's last within it
             assert meter.rate() == pytest.approx(2.0), t
     # Silent for longer than the window: the fleet's rate is unknown, not 1/s.
     meter.update(140.0, {"a": ReplicaCount(140.0, 0)})

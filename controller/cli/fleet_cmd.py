@@ -33,6 +33,7 @@ import click
 
 if TYPE_CHECKING:
     from specgov.controller.fleet.gateway import SmgGateway
+    from specgov.controller.fleet.metrics import FleetMetrics
     from specgov.controller.fleet.move import FleetFile
     from specgov.policies.control.arrival_rate import ArrivalMeter, ReplicaCount
     from specgov.policies.control.fleet_mix import MixDecision, MixModel, Mode, ReplicaView
@@ -441,13 +442,7 @@ def run_cmd(
     samples: deque[LoadSample] = deque(maxlen=max(8, int(forecast_window_s / interval_s) + 2))
     metrics = FleetMetrics()
     if metrics_addr is not None:
-        host, _, port = metrics_addr.rpartition(":")
-        if not host or not port.isdigit():
-            raise click.UsageError(f"--metrics-addr: expected HOST:PORT, got {metrics_addr!r}")
-        try:
-            metrics.serve(host, int(port))
-        except OSError as exc:
-            raise click.ClickException(f"--metrics-addr {metrics_addr}: {exc}") from None
+        _serve_metrics(metrics, metrics_addr)
     audit = AuditLog(audit_path)
     gw = SmgGateway(fleet.gateway, token=gateway_token())
     end = None if duration_s is None else time.monotonic() + duration_s
@@ -499,6 +494,16 @@ def run_cmd(
     finally:
         gw.close()
         _save_state(state_path, modes, last)
+
+
+def _serve_metrics(metrics: FleetMetrics, metrics_addr: str) -> None:
+    host, _, port = metrics_addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise click.UsageError(f"--metrics-addr: expected HOST:PORT, got {metrics_addr!r}")
+    try:
+        metrics.serve(host, int(port))
+    except OSError as exc:
+        raise click.ClickException(f"--metrics-addr {metrics_addr}: {exc}") from None
 
 
 def _rate_now(

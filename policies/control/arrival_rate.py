@@ -82,14 +82,15 @@ class ArrivalMeter:
 
     def rate(self) -> float | None:
         """Arrivals per second over the last ``window_s``, summed over the replicas, each
-        over its own readings; None when a replica has under two readings, or none within
-        the window (unknown, not zero)."""
+        over its own readings; None (unknown, not zero) when a replica's readings span
+        less than the window (a rate over a few seconds is noise) or it has none within
+        the window."""
         if not self._history:
             return None
         total = 0.0
         for history in self._history.values():
             (t0, a0), (t1, a1) = history[0], history[-1]
-            if t1 <= t0 or t1 < self._now - self.window_s:
+            if t1 - t0 < self.window_s or t1 < self._now - self.window_s:
                 return None
             total += (a1 - a0) / (t1 - t0)
         return max(0.0, total)
