@@ -158,12 +158,14 @@ def specgov_argv() -> list[str]:
     return [sys.executable, "-m", "specgov.controller.cli.main"]
 
 
-def smg_gateway(urls: Sequence[str]) -> contextlib.AbstractContextManager[SmgGateway]:
+def smg_gateway(
+    urls: Sequence[str], metrics_port: int
+) -> contextlib.AbstractContextManager[SmgGateway]:
     return launched_smg(
         smg_binary(),
         urls,
         port=free_port(),
-        metrics_port=free_port(),
+        metrics_port=metrics_port,
         policy=GATEWAY_POLICY,
         host=HOST,
         healthy_within_s=DEADLINE_S,
@@ -232,14 +234,22 @@ def write_fleet_file(cfg: Config, urls: Sequence[str], gateway: str, run_dir: Pa
 
 @contextlib.contextmanager
 def governor(
-    cfg: Config, fleet_file: Path, crossover: MixCrossover, audit: Path, wall_s: float
+    cfg: Config,
+    fleet_file: Path,
+    crossover: MixCrossover,
+    audit: Path,
+    wall_s: float,
+    gateway_metrics: str,
 ) -> Iterator[None]:
     """``specgov fleet run`` for the ramp, in wall seconds (module docstring): the load is
     the arrival rate, so the crossover and capacities are plan fleet's rates per replica,
     per wall second (the simulated rate x the speed)."""
     s = cfg.speed
     argv = [*specgov_argv(), "fleet", "run", "--fleet", str(fleet_file), "--audit", str(audit)]
+    # Arrivals counted at the gateway: the demand, even while a replica it marked
+    # unhealthy gets none (measured: counts at the replicas fell to a third at 11 rps).
     argv += ["--load", "arrival-rate", "--rate-window-s", f"{cfg.rate_window_s / s:g}"]
+    argv += ["--gateway-metrics", gateway_metrics]
     argv += ["--pays-up-to", f"{crossover.pays_up_to_rps * s:g}"]
     argv += ["--replica-capacity", f"{crossover.plain_rps * s:g}"]
     argv += ["--spec-capacity", f"{crossover.spec_rps * s:g}"]
@@ -345,12 +355,14 @@ def run_fleet(
     modes = ["plain" if kind == "all_plain" else "spec"] * cfg.replicas
     ramp_wall_s = len(cfg.level_rates_rps) * cfg.level_s / cfg.speed
     run = FleetRun(kind)
-    with replicas(cfg, modes, run_dir) as urls, smg_gateway(urls) as gw:
+    metrics_port = free_port()
+    with replicas(cfg, modes, run_dir) as urls, smg_gateway(urls, metrics_port) as gw:
         audit = run_dir / "audit.jsonl"
         guard: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if kind == "governed":
             fleet_file = write_fleet_file(cfg, urls, gw.url, run_dir)
-            guard = governor(cfg, fleet_file, crossover, audit, ramp_wall_s + DEADLINE_S)
+            metrics = f"http://{HOST}:{metrics_port}"
+            guard = governor(cfg, fleet_file, crossover, audit, ramp_wall_s + DEADLINE_S, metrics)
         with guard:
             t0 = time.monotonic()
             run.outcomes = asyncio.run(_drive(cfg, gw.url, planned))
@@ -440,14 +452,21 @@ def _rate_at(curve: list[tuple[float, float]], per_replica: float) -> float | No
     return None
 
 
-def report(cfg: Config, runs: dict[str, FleetRun], crossover: MixCrossover) -> dict[str, Any]:
+def report(
+    cfg: Config,
+    runs: dict[str, FleetRun],
+    crossover: MixCrossover,
+    reused: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON document; ``reused``: an earlier run's document (``--baselines``) whose
+    fleets this run did not run are taken from it, said so under ``config``."""
     levels: list[dict[str, Any]] = []
     for i, rate in enumerate(cfg.level_rates_rps):
         level: dict[str, Any] = {"rate_rps": rate}
         for kind in KINDS:
             run = runs.get(kind)
             if run is None:
-                level[kind] = None
+                level[kind] = None if reused is None else reused["levels"][i].get(kind)
                 continue
             mine = [o for o in run.outcomes if o.level == i]
             doc = summarize(mine, cfg, cfg.level_s)
@@ -458,12 +477,20 @@ def report(cfg: Config, runs: dict[str, FleetRun], crossover: MixCrossover) -> d
         levels.append(level)
     total: dict[str, Any] = {}
     seconds = len(cfg.level_rates_rps) * cfg.level_s
-    for kind, run in runs.items():
+    for kind in KINDS:
+        run = runs.get(kind)
+        if run is None:
+            if reused is not None and reused["total"].get(kind) is not None:
+                total[kind] = reused["total"][kind]
+            continue
         total[kind] = summarize(run.outcomes, cfg, seconds)
         total[kind]["restarts"] = _restarts(run, None, cfg)
         total[kind]["wall_s"] = run.wall_s
+    config = {**asdict(cfg), "startup_s": startup_s(cfg), "gateway_policy": GATEWAY_POLICY}
+    if reused is not None:
+        config["reused_from_an_earlier_run"] = sorted(set(KINDS) - set(runs))
     return {
-        "config": {**asdict(cfg), "startup_s": startup_s(cfg), "gateway_policy": GATEWAY_POLICY},
+        "config": config,
         "crossover": crossover_doc(cfg, runs, levels, crossover),
         "levels": levels,
         "total": total,
@@ -561,7 +588,7 @@ def targets(
     cfg: Config,
 ) -> list[dict[str, Any]]:
     """The issue's targets, each with its measured value and whether it is met."""
-    if not all(k in runs for k in KINDS):
+    if any(lv[k] is None for lv in levels for k in KINDS) or set(total) != set(KINDS):
         return []
     out: list[dict[str, Any]] = []
     for i, lv in enumerate(levels):
@@ -661,6 +688,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kinds", default=",".join(KINDS), help="fleets to run (comma list)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target misses")
+    ap.add_argument(
+        "--baselines",
+        type=Path,
+        default=None,
+        help="an earlier run's --json with the same ramp: the fleets not in --kinds come "
+        "from it (said so in the output's config)",
+    )
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else Config()
     kinds = tuple(k for k in args.kinds.split(",") if k)
@@ -671,7 +705,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = replace(cfg, speed=args.speed)
     if args.startup_s is not None:
         cfg = replace(cfg, startup_s=args.startup_s)
-    doc = run_bench(cfg)
+    reused = None if args.baselines is None else load_baselines(args.baselines, cfg)
+    doc = run_bench(cfg, reused)
     if args.json is not None:
         args.json.write_text(json.dumps(doc, indent=2))
     if args.output == "json":
@@ -682,14 +717,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if args.strict and missed else 0
 
 
-def run_bench(cfg: Config) -> dict[str, Any]:
+RAMP_KEYS = ("speed", "level_rates_rps", "level_s", "prompt_tokens", "output_tokens",
+             "tpot_slo_ms", "ttft_slo_ms", "seed", "max_requests", "replicas")  # fmt: skip
+
+
+def load_baselines(path: Path, cfg: Config) -> dict[str, Any]:
+    """An earlier run's document, refused unless its ramp is this one's."""
+    try:
+        doc = json.loads(path.read_text())
+        theirs = doc["config"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = f"bench_fleet: --baselines {path}: not a bench_fleet JSON ({exc})"
+        raise SystemExit(why) from None
+    mine = json.loads(json.dumps(asdict(cfg)))
+    differ = [k for k in RAMP_KEYS if theirs.get(k) != mine[k]]
+    if differ:
+        raise SystemExit(f"bench_fleet: --baselines {path}: another ramp ({', '.join(differ)})")
+    return dict(doc)
+
+
+def run_bench(cfg: Config, reused: dict[str, Any] | None = None) -> dict[str, Any]:
     planned = plan_requests(cfg)
     crossover = cfg.crossover if cfg.crossover is not None else crossover_for(cfg, planned)
     runs: dict[str, FleetRun] = {}
     with tempfile.TemporaryDirectory(prefix="bench_fleet_") as tmp:
         for kind in cfg.kinds:
             runs[kind] = run_fleet(kind, cfg, planned, crossover, Path(tmp))
-    return report(cfg, runs, crossover)
+    return report(cfg, runs, crossover, reused)
 
 
 if __name__ == "__main__":

@@ -103,10 +103,21 @@ def _counts(url: str) -> ReplicaCount | None:
     return ReplicaCount(sum(v.value for v in finished.values()), flight)
 
 
-def observe_counts(fleet: FleetFile) -> dict[str, ReplicaCount]:
-    """Each answering replica's counts (:func:`_counts`), for the arrival rate."""
-    found = {r.name: _counts(r.url) for r in fleet.replicas}
-    return {name: c for name, c in found.items() if c is not None}
+def observe_counts(
+    fleet: FleetFile, gateway_metrics: str | None
+) -> tuple[dict[str, ReplicaCount], list[str]]:
+    """The counts the arrival rate is read from, and the names expected: the gateway's
+    requests received (``--gateway-metrics``: the demand, refused requests included), else
+    each answering replica's (:func:`_counts`)."""
+    from specgov.controller.fleet.gateway import gateway_requests
+    from specgov.policies.control.arrival_rate import ReplicaCount
+
+    if gateway_metrics is not None:
+        received = gateway_requests(gateway_metrics)
+        found = {} if received is None else {"gateway": ReplicaCount(received, 0.0)}
+        return found, ["gateway"]
+    counts = {r.name: _counts(r.url) for r in fleet.replicas}
+    return {n: c for n, c in counts.items() if c is not None}, [r.name for r in fleet.replicas]
 
 
 def observe(
@@ -247,6 +258,14 @@ _common = [
         "/metrics). The three numbers below are in its unit, per replica.",
     ),
     click.option(
+        "--gateway-metrics",
+        default=None,
+        metavar="URL",
+        help="--load arrival-rate: count arrivals at the gateway, smg's Prometheus endpoint "
+        "(smg launch --prometheus-port; its requests received, refused ones included), "
+        "instead of at each replica.",
+    ),
+    click.option(
         "--pays-up-to",
         type=click.FloatRange(min=0),
         default=None,
@@ -343,15 +362,16 @@ def _prepare(
 STATUS_RATE_MAX_S = 5.0  # status reads the arrival rate over at most this long
 
 
-def _status_rate(fleet: FleetFile, window_s: float) -> float | None:
+def _status_rate(fleet: FleetFile, window_s: float, gateway_metrics: str | None) -> float | None:
     """The arrival rate over two readings ``min(window_s, 5 s)`` apart (status is one
     look, not a loop)."""
     from specgov.policies.control.arrival_rate import ArrivalMeter
 
-    meter = ArrivalMeter(window_s)
-    meter.update(time.time(), observe_counts(fleet))
-    time.sleep(min(window_s, STATUS_RATE_MAX_S))
-    meter.update(time.time(), observe_counts(fleet))
+    wait_s = min(window_s, STATUS_RATE_MAX_S)
+    meter = ArrivalMeter(wait_s)
+    meter.update(time.time(), observe_counts(fleet, gateway_metrics)[0])
+    time.sleep(wait_s)
+    meter.update(time.time(), observe_counts(fleet, gateway_metrics)[0])
     return meter.rate()
 
 
@@ -368,7 +388,7 @@ def status_cmd(output: str, **opts: Any) -> None:
     try:
         views, load, why = observe(fleet, gw, modes)
         if opts["load_measure"] == "arrival-rate":
-            load = _status_rate(fleet, opts["rate_window_s"])
+            load = _status_rate(fleet, opts["rate_window_s"], opts["gateway_metrics"])
     finally:
         gw.close()
     if not views:
@@ -451,7 +471,7 @@ def run_cmd(
             views, load, why = observe(fleet, gw, modes)
             now = time.time()
             if meter is not None:
-                load, why = _rate_now(meter, fleet, now, why)
+                load, why = _rate_now(meter, fleet, now, why, opts["gateway_metrics"])
             if not views:
                 metrics.held("held_gateway_unreachable")
                 audit.write(
@@ -507,12 +527,12 @@ def _serve_metrics(metrics: FleetMetrics, metrics_addr: str) -> None:
 
 
 def _rate_now(
-    meter: ArrivalMeter, fleet: FleetFile, now: float, why: str | None
+    meter: ArrivalMeter, fleet: FleetFile, now: float, why: str | None, gateway_metrics: str | None
 ) -> tuple[float | None, str | None]:
-    """The arrival rate with this reading counted, and why a replica is missing from it."""
-    counts = observe_counts(fleet)
+    """The arrival rate with this reading counted, and why a count is missing from it."""
+    counts, expected = observe_counts(fleet, gateway_metrics)
     meter.update(now, counts)
-    missing = [r.name for r in fleet.replicas if r.name not in counts]
+    missing = [name for name in expected if name not in counts]
     if missing:
         why = (why + "; " if why else "") + f"no request counts from {', '.join(missing)}"
     return meter.rate(), why
