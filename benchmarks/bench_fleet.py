@@ -99,7 +99,8 @@ class Config:
     # edge (policies/control/fleet_mix.py, band) already starts the switch in time.
     forecast: bool = False
     seed: int = 0
-    max_requests: int = 30000
+    # The ramp plans 600 s x 66 req/s = 39600 (30000 cut the last three levels off).
+    max_requests: int = 45000
     replicas: int = 4
     # The crossover and both modes' capacity; None: plan fleet's for this workload
     crossover: MixCrossover | None = None
