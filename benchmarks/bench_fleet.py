@@ -22,10 +22,11 @@ drops what it has in flight and refuses connections for the start-up, counted fr
 restart command's launch, so a loaded machine's slow process start does not lengthen it
 (measured before: 90-150 s simulated for a 60 s start-up at speed 8).
 
-The governor reads the load as the arrival rate counted at the gateway (``fleet run --load
-arrival-rate --gateway-metrics``) and decides with plan fleet's rates per replica (``MixCrossover``: the crossover and each
-mode's sustainable rate). A level lasts 600 s, against a whole switch of about 424 s at
-the catalog's costs (4 x (40 s drain + 60 s start-up) + dwell): at 240 s a switch that
+The governor reads the load as the arrival rate counted at the gateway (``fleet run
+--load arrival-rate --gateway-metrics``) and decides with plan fleet's rates per replica
+(``MixCrossover``: the crossover and each mode's sustainable rate). A level lasts 600 s,
+against a whole switch of about 424 s at the catalog's costs (4 x (40 s drain + 60 s
+start-up) + dwell; measured 515 s, drains of 51 s, restarts of 62-67 s): at 240 s a switch that
 starts in a level ends two levels later, and a level's score measured the switch.
 
 Per level and over the whole ramp: goodput (output tokens of requests that met the SLO,
