@@ -13,10 +13,21 @@ sustain and back. The same ramp runs against an all-speculative and an all-plain
 Time. The sim-servers run at ``--speed`` simulated seconds per wall second; every rate,
 duration, latency and start-up below is simulated (wall = simulated / speed), the
 governor's intervals, dwell and restart time are given to it in wall seconds (the
-simulated figure / speed). A restart costs the catalog model's ``startup_s`` (SGLang's
-model load and CUDA graph capture, with its source in the catalog) unless ``--startup-s``
-says otherwise; ``--quick`` shortens it (said in the output) so that the run fits in
-under 3 minutes on a 2-core machine.
+simulated figure / speed), its rates per wall second (x speed). A restart costs the
+catalog model's ``startup_s`` (SGLang's model load and CUDA graph capture, with its
+source in the catalog) unless ``--startup-s`` says otherwise; ``--quick`` shortens it
+(said in the output) so that the run fits in under 3 minutes on a 2-core machine. The
+governor restarts a replica in place (``fleet sim-restart --in-place``): the server
+drops what it has in flight and refuses connections for the start-up, counted from the
+restart command's launch, so a loaded machine's slow process start does not lengthen it
+(measured before: 90-150 s simulated for a 60 s start-up at speed 8).
+
+The governor reads the load as the arrival rate counted at the gateway (``fleet run
+--load arrival-rate --gateway-metrics``) and decides with plan fleet's rates per replica
+(``MixCrossover``: the crossover and each mode's sustainable rate). A level lasts 600 s,
+against a whole switch of about 424 s at the catalog's costs (4 x (40 s drain + 60 s
+start-up) + dwell; measured 515 s, drains of 51 s, restarts of 62-67 s): at 240 s a switch that
+starts in a level ends two levels later, and a level's score measured the switch.
 
 Per level and over the whole ramp: goodput (output tokens of requests that met the SLO,
 per simulated second), TPOT p50/p99 and TTFT p99 (simulated, as each server reports them
@@ -29,6 +40,7 @@ replica, and as a rate through Little's law with the all-speculative fleet's req
 time at that level). It is a measurement: exit 0 unless ``--strict`` and a target misses.
 
     .venv/bin/python benchmarks/bench_fleet.py [--quick] [--output json] [--json FILE]
+        [--kinds governed --baselines EARLIER.json]  # rerun the governed fleet only
 """
 
 from __future__ import annotations
@@ -69,20 +81,27 @@ HYSTERESIS = 0.10
 class Config:
     """One run's settings; rates and durations in simulated units (module docstring)."""
 
-    speed: float = 8.0
+    speed: float = 10.0
     level_rates_rps: tuple[float, ...] = (2.0, 5.0, 8.0, 11.0, 14.0, 11.0, 8.0, 5.0, 2.0)
-    level_s: float = 240.0
+    # A level is long against a whole switch (4 x (drain + start-up) + 3 dwells, 424 s at
+    # the catalog's 60 s start-up) so that a level's score is not one switch's cost.
+    level_s: float = 600.0
     prompt_tokens: int = 256
     output_tokens: tuple[int, int] = (1536, 3072)  # uniform range
     tpot_slo_ms: float = 18.0
     ttft_slo_ms: float = 3000.0
     startup_s: float | None = None  # None: the catalog model's
-    drain_s: float = 25.0  # expected drain (a request's time near the crossover)
+    drain_s: float = 40.0  # expected drain (measured 40.5-41.5 s: the longest request)
     dwell_s: float = 8.0
     interval_s: float = 4.0  # the governor's decision interval
+    rate_window_s: float = 60.0  # the arrivals each rate is read over
     forecast_window_s: float = 240.0
+    # The ramp is a staircase: a line through a step projects it onward, and the rate
+    # edge (policies/control/fleet_mix.py, band) already starts the switch in time.
+    forecast: bool = False
     seed: int = 0
-    max_requests: int = 30000
+    # The ramp plans 600 s x 66 req/s = 39600 (30000 cut the last three levels off).
+    max_requests: int = 45000
     replicas: int = 4
     # The crossover and both modes' capacity; None: plan fleet's for this workload
     crossover: MixCrossover | None = None
@@ -98,6 +117,7 @@ QUICK = Config(
     startup_s=12.0,
     dwell_s=4.0,
     interval_s=2.0,
+    rate_window_s=20.0,
     forecast_window_s=24.0,
     max_requests=4000,
 )
@@ -141,12 +161,14 @@ def specgov_argv() -> list[str]:
     return [sys.executable, "-m", "specgov.controller.cli.main"]
 
 
-def smg_gateway(urls: Sequence[str]) -> contextlib.AbstractContextManager[SmgGateway]:
+def smg_gateway(
+    urls: Sequence[str], metrics_port: int
+) -> contextlib.AbstractContextManager[SmgGateway]:
     return launched_smg(
         smg_binary(),
         urls,
         port=free_port(),
-        metrics_port=free_port(),
+        metrics_port=metrics_port,
         policy=GATEWAY_POLICY,
         host=HOST,
         healthy_within_s=DEADLINE_S,
@@ -198,7 +220,8 @@ def startup_s(cfg: Config) -> float:
 
 def write_fleet_file(cfg: Config, urls: Sequence[str], gateway: str, run_dir: Path) -> Path:
     command = " ".join(specgov_argv()) + " fleet sim-restart {name} {mode} {url}"
-    command += f" --run-dir {run_dir} --startup-s {startup_s(cfg):g} -- "
+    # In place: the catalog's start-up, not the loaded machine's process start (replica.py).
+    command += f" --run-dir {run_dir} --startup-s {startup_s(cfg):g} --in-place -- "
     command += "--speed {speed}".format(speed=f"{cfg.speed:g}")
     fleet = {
         "gateway": gateway,
@@ -214,14 +237,26 @@ def write_fleet_file(cfg: Config, urls: Sequence[str], gateway: str, run_dir: Pa
 
 @contextlib.contextmanager
 def governor(
-    cfg: Config, fleet_file: Path, crossover: MixCrossover, audit: Path, wall_s: float
+    cfg: Config,
+    fleet_file: Path,
+    crossover: MixCrossover,
+    audit: Path,
+    wall_s: float,
+    gateway_metrics: str,
 ) -> Iterator[None]:
-    """``specgov fleet run`` for the ramp, in wall seconds (module docstring)."""
+    """``specgov fleet run`` for the ramp, in wall seconds (module docstring): the load is
+    the arrival rate, so the crossover and capacities are plan fleet's rates per replica,
+    per wall second (the simulated rate x the speed)."""
     s = cfg.speed
     argv = [*specgov_argv(), "fleet", "run", "--fleet", str(fleet_file), "--audit", str(audit)]
-    argv += ["--pays-up-to", str(crossover.pays_up_to)]
-    argv += ["--replica-capacity", str(crossover.plain_capacity)]
-    argv += ["--spec-capacity", str(crossover.spec_capacity)]
+    # Arrivals counted at the gateway: the demand, even while a replica it marked
+    # unhealthy gets none (measured: counts at the replicas fell to a third at 11 rps).
+    argv += ["--load", "arrival-rate", "--rate-window-s", f"{cfg.rate_window_s / s:g}"]
+    argv += ["--gateway-metrics", gateway_metrics]
+    argv += ["--pays-up-to", f"{crossover.pays_up_to_rps * s:g}"]
+    argv += ["--replica-capacity", f"{crossover.plain_rps * s:g}"]
+    argv += ["--spec-capacity", f"{crossover.spec_rps * s:g}"]
+    argv += ["--forecast" if cfg.forecast else "--no-forecast"]
     argv += ["--hysteresis", str(HYSTERESIS), "--dwell-s", f"{cfg.dwell_s / s:g}"]
     argv += ["--interval-s", f"{cfg.interval_s / s:g}", "--duration-s", f"{wall_s:g}"]
     # The time a moved replica is out: its drain, then the start-up.
@@ -323,12 +358,14 @@ def run_fleet(
     modes = ["plain" if kind == "all_plain" else "spec"] * cfg.replicas
     ramp_wall_s = len(cfg.level_rates_rps) * cfg.level_s / cfg.speed
     run = FleetRun(kind)
-    with replicas(cfg, modes, run_dir) as urls, smg_gateway(urls) as gw:
+    metrics_port = free_port()
+    with replicas(cfg, modes, run_dir) as urls, smg_gateway(urls, metrics_port) as gw:
         audit = run_dir / "audit.jsonl"
         guard: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
         if kind == "governed":
             fleet_file = write_fleet_file(cfg, urls, gw.url, run_dir)
-            guard = governor(cfg, fleet_file, crossover, audit, ramp_wall_s + DEADLINE_S)
+            metrics = f"http://{HOST}:{metrics_port}"
+            guard = governor(cfg, fleet_file, crossover, audit, ramp_wall_s + DEADLINE_S, metrics)
         with guard:
             t0 = time.monotonic()
             run.outcomes = asyncio.run(_drive(cfg, gw.url, planned))
@@ -418,14 +455,21 @@ def _rate_at(curve: list[tuple[float, float]], per_replica: float) -> float | No
     return None
 
 
-def report(cfg: Config, runs: dict[str, FleetRun], crossover: MixCrossover) -> dict[str, Any]:
+def report(
+    cfg: Config,
+    runs: dict[str, FleetRun],
+    crossover: MixCrossover,
+    reused: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The JSON document; ``reused``: an earlier run's document (``--baselines``) whose
+    fleets this run did not run are taken from it, said so under ``config``."""
     levels: list[dict[str, Any]] = []
     for i, rate in enumerate(cfg.level_rates_rps):
         level: dict[str, Any] = {"rate_rps": rate}
         for kind in KINDS:
             run = runs.get(kind)
             if run is None:
-                level[kind] = None
+                level[kind] = None if reused is None else reused["levels"][i].get(kind)
                 continue
             mine = [o for o in run.outcomes if o.level == i]
             doc = summarize(mine, cfg, cfg.level_s)
@@ -436,12 +480,20 @@ def report(cfg: Config, runs: dict[str, FleetRun], crossover: MixCrossover) -> d
         levels.append(level)
     total: dict[str, Any] = {}
     seconds = len(cfg.level_rates_rps) * cfg.level_s
-    for kind, run in runs.items():
+    for kind in KINDS:
+        run = runs.get(kind)
+        if run is None:
+            if reused is not None and reused["total"].get(kind) is not None:
+                total[kind] = reused["total"][kind]
+            continue
         total[kind] = summarize(run.outcomes, cfg, seconds)
         total[kind]["restarts"] = _restarts(run, None, cfg)
         total[kind]["wall_s"] = run.wall_s
+    config = {**asdict(cfg), "startup_s": startup_s(cfg), "gateway_policy": GATEWAY_POLICY}
+    if reused is not None:
+        config["reused_from_an_earlier_run"] = sorted(set(KINDS) - set(runs))
     return {
-        "config": {**asdict(cfg), "startup_s": startup_s(cfg), "gateway_policy": GATEWAY_POLICY},
+        "config": config,
         "crossover": crossover_doc(cfg, runs, levels, crossover),
         "levels": levels,
         "total": total,
@@ -494,11 +546,20 @@ def crossover_doc(
     levels: list[dict[str, Any]],
     crossover: MixCrossover,
 ) -> dict[str, Any]:
-    """Where plan fleet puts the crossover and where the governor first moved to plain."""
+    """Where plan fleet puts the crossover and where the governor first moved to plain.
+
+    ``predicted_rate_rps`` (the target's): the rate at which the all-speculative fleet's
+    measured requests in flight per replica reach plan fleet's crossover batch (Little's
+    law on the measured request time); ``plan_fleet_crossover_rate_rps``: plan fleet's own
+    rate (its per-token tables, no queueing), for comparison. The governor's load is the
+    arrival rate it measured (per wall second; here per simulated second)."""
     doc: dict[str, Any] = {
         "plan_fleet_pays_up_to_per_replica": crossover.pays_up_to,
         "plan_fleet_replica_capacity": crossover.plain_capacity,
         "plan_fleet_spec_capacity": crossover.spec_capacity,
+        "plan_fleet_crossover_rate_rps": crossover.pays_up_to_rps * cfg.replicas,
+        "plan_fleet_spec_rps_per_replica": crossover.spec_rps,
+        "plan_fleet_plain_rps_per_replica": crossover.plain_rps,
         "hysteresis": HYSTERESIS,
     }
     governed = runs.get("governed")
@@ -506,16 +567,14 @@ def crossover_doc(
     curve = _in_flight_per_replica(levels, cfg)
     doc["predicted_rate_rps"] = _rate_at(curve, crossover.pays_up_to)
     if first is not None:
-        observed = first["load_requests"] / cfg.replicas
         doc["governor_switch"] = {
             "sim_s": first["sim_s"],
             "reason": first["reason"],
-            "observed_per_replica": observed,
-            "planned_per_replica": first["planned_load"] / cfg.replicas,
             "offered_rate_rps": cfg.level_rates_rps[
                 min(int(first["sim_s"] // cfg.level_s), len(levels) - 1)
             ],
-            "rate_rps": _rate_at(curve, observed),
+            "rate_rps": first["load_requests"] / cfg.speed,
+            "planned_rate_rps": first["planned_load"] / cfg.speed,
         }
     return doc
 
@@ -532,7 +591,7 @@ def targets(
     cfg: Config,
 ) -> list[dict[str, Any]]:
     """The issue's targets, each with its measured value and whether it is met."""
-    if not all(k in runs for k in KINDS):
+    if any(lv[k] is None for lv in levels for k in KINDS) or set(total) != set(KINDS):
         return []
     out: list[dict[str, Any]] = []
     for i, lv in enumerate(levels):
@@ -632,6 +691,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--kinds", default=",".join(KINDS), help="fleets to run (comma list)")
     ap.add_argument("--strict", action="store_true", help="exit 1 when a target misses")
+    ap.add_argument(
+        "--baselines",
+        type=Path,
+        default=None,
+        help="an earlier run's --json with the same ramp: the fleets not in --kinds come "
+        "from it (said so in the output's config)",
+    )
     args = ap.parse_args(argv)
     cfg = QUICK if args.quick else Config()
     kinds = tuple(k for k in args.kinds.split(",") if k)
@@ -642,7 +708,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = replace(cfg, speed=args.speed)
     if args.startup_s is not None:
         cfg = replace(cfg, startup_s=args.startup_s)
-    doc = run_bench(cfg)
+    reused = None if args.baselines is None else load_baselines(args.baselines, cfg)
+    doc = run_bench(cfg, reused)
     if args.json is not None:
         args.json.write_text(json.dumps(doc, indent=2))
     if args.output == "json":
@@ -653,14 +720,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if args.strict and missed else 0
 
 
-def run_bench(cfg: Config) -> dict[str, Any]:
+RAMP_KEYS = ("speed", "level_rates_rps", "level_s", "prompt_tokens", "output_tokens",
+             "tpot_slo_ms", "ttft_slo_ms", "seed", "max_requests", "replicas")  # fmt: skip
+
+
+def load_baselines(path: Path, cfg: Config) -> dict[str, Any]:
+    """An earlier run's document, refused unless its ramp is this one's."""
+    try:
+        doc = json.loads(path.read_text())
+        theirs = doc["config"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        why = f"bench_fleet: --baselines {path}: not a bench_fleet JSON ({exc})"
+        raise SystemExit(why) from None
+    mine = json.loads(json.dumps(asdict(cfg)))
+    differ = [k for k in RAMP_KEYS if theirs.get(k) != mine[k]]
+    if differ:
+        raise SystemExit(f"bench_fleet: --baselines {path}: another ramp ({', '.join(differ)})")
+    return dict(doc)
+
+
+def run_bench(cfg: Config, reused: dict[str, Any] | None = None) -> dict[str, Any]:
     planned = plan_requests(cfg)
     crossover = cfg.crossover if cfg.crossover is not None else crossover_for(cfg, planned)
     runs: dict[str, FleetRun] = {}
     with tempfile.TemporaryDirectory(prefix="bench_fleet_") as tmp:
         for kind in cfg.kinds:
             runs[kind] = run_fleet(kind, cfg, planned, crossover, Path(tmp))
-    return report(cfg, runs, crossover)
+    return report(cfg, runs, crossover, reused)
 
 
 if __name__ == "__main__":

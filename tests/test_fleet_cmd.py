@@ -66,6 +66,24 @@ def test_status_of_an_idle_fleet(
     assert refused.exit_code == 2 and "--spec-capacity" in refused.output
 
 
+def test_status_reads_the_arrival_rate_in_its_own_unit(
+    tmp_path: Path, smg_fleet: tuple[SmgGateway, list[SimServer]]
+) -> None:
+    """--load arrival-rate: the load is arrivals per second read from each replica's
+    /metrics (an idle fleet: 0), the numbers are rates per replica, the messages say so."""
+    gw, servers = smg_fleet
+    fleet = _fleet_file(tmp_path, gw, servers, "true {name}")
+    args = ["fleet", "status", "--fleet", str(fleet), "--load", "arrival-rate",
+            "--rate-window-s", "0.5", "--pays-up-to", "2.5", "--replica-capacity", "3.5",
+            "--spec-capacity", "2.7", "--output", "json"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["load_requests"] == 0.0 and doc["reason"] == "held_at_target"
+    assert doc["model"]["pays_up_to"] == 2.5
+    assert "0.0 req/s per replica against a crossover at 2.5" in doc["message"]
+
+
 def test_a_failed_restart_is_rolled_back_through_the_gateway(
     tmp_path: Path, smg_fleet: tuple[SmgGateway, list[SimServer]]
 ) -> None:

@@ -144,3 +144,48 @@ def test_bad_replicas_are_refused() -> None:
         ReplicaView("x", "spec", True, -1.0)
     with pytest.raises(FleetMixError, match="no replicas"):
         decide_mix([], 0.0, MODEL, now_s=0.0, last_move_s=None)
+
+
+# EAGLE-3 on llama-3.1-8b as the bench's plan fleet gives it, in arrival rates per replica:
+# the crossover is where a speculative replica's rate peaks (2.78 req/s), so a band around
+# it lies past what three of four speculative replicas carry (8.33 req/s).
+RATES = MixModel(
+    pays_up_to=2.78,
+    replica_capacity=3.57,
+    spec_capacity=2.78,
+    hysteresis=0.10,
+    dwell_s=0.0,
+    restart_s=100.0,
+    unit="req/s",
+)
+
+
+def test_the_switch_to_plain_starts_while_the_replicas_left_carry_a_move() -> None:
+    low, high = fm.band(4, RATES)
+    # (1 - 10% headroom) x 3 x 2.78 / 4 = 1.88 per replica, below the crossover's 3.06.
+    assert high == pytest.approx(0.9 * 3 * 2.78 / 4)
+    assert low == pytest.approx(high * 0.9 / 1.1)  # the band keeps its ratio
+    d = decide_mix(_fleet("ssss"), 8.0, RATES, now_s=0.0, last_move_s=None)
+    assert d.move == fm.Move("r0", "plain") and d.reason == fm.MOVE_TO_PLAIN_BEFORE_CAPACITY
+    assert "2.0 req/s per replica" in d.message and "3 speculative replicas carry" in d.message
+    # Below the lowered top it holds; past what three carry it cannot move at all.
+    assert decide_mix(_fleet("ssss"), 7.0, RATES, now_s=0.0, last_move_s=None).move is None
+    late = decide_mix(_fleet("ssss"), 8.5, RATES, now_s=0.0, last_move_s=None)
+    assert late.move is None and late.reason == fm.HELD_CAPACITY
+
+
+def test_the_lowered_band_holds_plain_until_the_load_falls_below_its_bottom() -> None:
+    for load in (7.0, 8.0, 11.0):  # above the bottom (6.13): plain holds
+        d = decide_mix(_fleet("pppp"), load, RATES, now_s=0.0, last_move_s=None)
+        assert d.move is None, load
+    back = decide_mix(_fleet("pppp"), 5.0, RATES, now_s=0.0, last_move_s=None)
+    assert back.move is not None and back.move.to_mode == "spec"
+    assert back.reason == fm.MOVE_TO_SPEC
+
+
+def test_without_the_capacity_limit_the_band_is_the_crossovers() -> None:
+    # Where n - 1 speculative replicas carry more than the band's top, nothing changes.
+    assert fm.band(4, MODEL) == pytest.approx((32 * 0.75, 32 * 1.25))
+    assert fm.band(1, RATES)[1] == pytest.approx(2.78 * 1.1)  # one replica: no n - 1
+    with pytest.raises(FleetMixError, match="headroom"):
+        MixModel(pays_up_to=1, replica_capacity=1.0, headroom=1.0)

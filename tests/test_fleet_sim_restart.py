@@ -23,9 +23,10 @@ from specgov.controller.fleet.gateway import SmgGateway
 from specgov.controller.fleet.move import AuditLog, execute_move, parse_fleet
 from specgov.policies.control.fleet_mix import Move
 from specgov.simulator.server.core import SimServer
-from specgov.simulator.server.replica import stop_replica
+from specgov.simulator.server.replica import restart_in_place, stop_replica
 
 TOKENS = 30
+SPEED_30 = ("--speed", "30")
 DEADLINE_S = 60.0
 
 
@@ -86,6 +87,34 @@ def test_a_restarted_replica_serves_only_after_its_start_up(
     assert healthy_after_s >= 2.0
     fast = _restart(run_dir, "r0", "spec", url, "--startup-s", "3", "--", "--speed", "30")
     assert "3 s of simulated start-up" in fast and "as spec" in fast
+
+
+def test_an_in_place_restart_keeps_the_process_and_costs_the_start_up_from_its_launch(
+    run_dir: Path, free_port: Callable[[], int]
+) -> None:
+    """``--in-place``: the running sim-server restarts itself in the other mode (same
+    pid), refusing connections for the start-up; the start-up counts from when the
+    restart began, so time already spent (the command's own start) is not added."""
+    url = f"http://127.0.0.1:{free_port()}"
+    first = restart_in_place("r0", "spec", url, run_dir, sim_args=SPEED_30, startup_s="0")
+    assert first.mode == "spec"  # no server of its own yet: a process start
+    began = time.monotonic()
+    moved = restart_in_place("r0", "plain", url, run_dir, sim_args=SPEED_30, startup_s="60")
+    # llama-3.1-8b's 60 s at --speed 30: 2 s of wall time before it serves again.
+    assert moved.pid == first.pid and moved.mode == "plain"
+    assert time.monotonic() - began >= 2.0 and moved.simulated_startup_s == 60.0
+    info = httpx.get(f"{url}/server_info", timeout=DEADLINE_S).json()
+    assert info["speculative_algorithm"] is None
+    # Begun 1.5 s ago (say, a slow process start): only what is left of the 2 s remains.
+    began = time.monotonic()
+    back = restart_in_place(
+        "r0", "spec", url, run_dir, sim_args=SPEED_30, startup_s="60", launched_s=began - 1.5
+    )
+    assert back.pid == first.pid and back.mode == "spec" and back.startup_s >= 2.0
+    assert time.monotonic() - began >= 0.5
+    # The command line: --in-place, and the same refusal of a bad mode.
+    out = _restart(run_dir, "r0", "plain", url, "--startup-s", "3", "--in-place", "--", *SPEED_30)
+    assert f"pid {first.pid} serves {url} as plain" in out
 
 
 def test_a_replica_switches_spec_plain_spec_through_smg_losing_no_request(

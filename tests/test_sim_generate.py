@@ -439,3 +439,49 @@ def test_stop_ends_open_requests_with_an_error() -> None:
     t.join(DEADLINE_S)
     assert result["status"] == 503
     server.stop()
+
+
+def test_a_restart_in_the_other_mode_drops_open_requests_and_serves_in_that_mode() -> None:
+    """A fleet's restart in place (``restart(speculative=...)``, the route's ``mode``): the
+    open request ends with an error as in a process restart, the port refuses connections
+    for ``down_s``, and the server comes back plain, then speculative again."""
+    server = SimServer([], speed=1.0)
+    server.start()
+    server.wait_ready()
+    result: dict[str, object] = {}
+
+    def call() -> None:
+        r = httpx.post(
+            f"{server.url}/v1/completions",
+            json={"model": MODEL, "prompt": "x", "max_tokens": 100_000},
+            timeout=DEADLINE_S,
+        )
+        result["status"] = r.status_code
+
+    try:
+        assert server.speculative_algorithm is not None
+        t = threading.Thread(target=call)
+        t.start()
+        feed = server.live_feed()
+        assert feed is not None
+        _wait(lambda: feed.open_requests == 1, "the request to be open")
+        r = httpx.post(
+            f"{server.url}/specgov-sim/restart",
+            json={"mode": "plain", "down_s": 0.5},
+            timeout=DEADLINE_S,
+        )
+        assert r.status_code == 202
+        t.join(DEADLINE_S)
+        assert result["status"] == 503
+        server.wait_ready(DEADLINE_S)
+        info = httpx.get(f"{server.url}/server_info", timeout=DEADLINE_S).json()
+        assert info["speculative_algorithm"] is None and server.policy_name == "none"
+        assert server.generation == 1
+        server.restart(speculative=True, wait=True)
+        server.wait_ready(DEADLINE_S)
+        info = httpx.get(f"{server.url}/server_info", timeout=DEADLINE_S).json()
+        assert info["speculative_algorithm"] == server.speculative_algorithm is not None
+        bad = httpx.post(f"{server.url}/specgov-sim/restart", json={"mode": "fast"}, timeout=10)
+        assert bad.status_code == 400 and "mode: expected spec or plain" in bad.json()["error"]
+    finally:
+        server.stop()

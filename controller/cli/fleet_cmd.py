@@ -35,7 +35,9 @@ from specgov.controller.cli import options as opt
 
 if TYPE_CHECKING:
     from specgov.controller.fleet.gateway import SmgGateway
+    from specgov.controller.fleet.metrics import FleetMetrics
     from specgov.controller.fleet.move import FleetFile
+    from specgov.policies.control.arrival_rate import ArrivalMeter, ReplicaCount
     from specgov.policies.control.fleet_mix import MixDecision, MixModel, Mode, ReplicaView
 
 
@@ -76,6 +78,48 @@ def _in_flight(url: str) -> float | None:
         return float(load["num_running_reqs"]) + float(load["num_waiting_reqs"])
     except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError):
         return None
+
+
+def _counts(url: str) -> ReplicaCount | None:
+    """A replica's requests finished (``sglang:num_requests_total``) and in flight
+    (running and queued), from one ``/metrics`` scrape; None when it does not answer."""
+    import httpx
+
+    from specgov.adapters import telemetry as tm
+    from specgov.adapters.prometheus_text import counter_by_dp, gauge_by_dp, parse_metrics
+    from specgov.policies.control.arrival_rate import ReplicaCount
+
+    try:
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            r = client.get(f"{url}/metrics")
+        r.raise_for_status()
+        snap = parse_metrics(r.text, families={tm.NUM_REQUESTS, tm.NUM_RUNNING, tm.NUM_QUEUE})
+    except (httpx.HTTPError, ValueError):
+        return None
+    finished = counter_by_dp(snap, tm.NUM_REQUESTS)
+    if not finished:
+        return None
+    flight = sum(
+        v.value for m in (tm.NUM_RUNNING, tm.NUM_QUEUE) for v in gauge_by_dp(snap, m).values()
+    )
+    return ReplicaCount(sum(v.value for v in finished.values()), flight)
+
+
+def observe_counts(
+    fleet: FleetFile, gateway_metrics: str | None
+) -> tuple[dict[str, ReplicaCount], list[str]]:
+    """The counts the arrival rate is read from, and the names expected: the gateway's
+    requests received (``--gateway-metrics``: the demand, refused requests included), else
+    each answering replica's (:func:`_counts`)."""
+    from specgov.controller.fleet.gateway import gateway_requests
+    from specgov.policies.control.arrival_rate import ReplicaCount
+
+    if gateway_metrics is not None:
+        received = gateway_requests(gateway_metrics)
+        found = {} if received is None else {"gateway": ReplicaCount(received, 0.0)}
+        return found, ["gateway"]
+    counts = {r.name: _counts(r.url) for r in fleet.replicas}
+    return {n: c for n, c in counts.items() if c is not None}, [r.name for r in fleet.replicas]
 
 
 def observe(
@@ -120,19 +164,24 @@ def _restart_seconds(restart_s: float | None, model: str) -> float:
     return found
 
 
+LOADS = ("in-flight", "arrival-rate")
+UNITS = {"in-flight": "requests", "arrival-rate": "req/s"}
+
+
 def _model(
-    numbers: tuple[int | None, float | None, float | None],
+    numbers: tuple[float | None, float | None, float | None],
     trace: str | None,
     deployment: tuple[str, str, str],
     tpot_ms: float,
-    dwell_s: float,
-    hysteresis: float,
-    restart_s: float,
+    knobs: tuple[float, float, float, float],
+    load: str,
 ) -> MixModel:
     """The decision's model; ``numbers``: --pays-up-to, --replica-capacity, --spec-capacity
-    (each None: computed from --trace as plan fleet does)."""
+    in the --load unit (each None: computed from --trace as plan fleet does); ``knobs``:
+    --dwell-s, --hysteresis, --restart-s, --headroom."""
     from specgov.policies.control.fleet_mix import FleetMixError, MixModel
 
+    dwell_s, hysteresis, restart_s, headroom = knobs
     pays_up_to, replica_capacity, spec_capacity = numbers
     if trace is not None and None in numbers:
         from specgov.simulator.planning.fleet import mix_crossover
@@ -147,12 +196,13 @@ def _model(
         )
         if found is None:
             raise click.ClickException("no per-token model for this deployment: give the numbers")
+        rate = load == "arrival-rate"
         if pays_up_to is None:
-            pays_up_to = found.pays_up_to
+            pays_up_to = found.pays_up_to_rps if rate else found.pays_up_to
         if replica_capacity is None:
-            replica_capacity = float(found.plain_capacity)
+            replica_capacity = found.plain_rps if rate else float(found.plain_capacity)
         if spec_capacity is None:
-            spec_capacity = float(found.spec_capacity)
+            spec_capacity = found.spec_rps if rate else float(found.spec_capacity)
     if pays_up_to is None or replica_capacity is None:
         raise click.UsageError("give --pays-up-to and --replica-capacity, or --trace")
     try:
@@ -163,6 +213,8 @@ def _model(
             dwell_s=dwell_s,
             restart_s=restart_s,
             spec_capacity=spec_capacity,
+            headroom=headroom,
+            unit=UNITS[load],
         )
     except FleetMixError as exc:
         raise click.UsageError(str(exc)) from None
@@ -199,16 +251,34 @@ _options = opt.compose(
         help="The governor's state file (modes, last move).",
     ),
     click.option(
-        "--pays-up-to",
-        type=click.IntRange(min=0),
+        "--load",
+        "load_measure",
+        type=click.Choice(LOADS),
+        default="in-flight",
+        show_default=True,
+        help="The load the decision reads: requests in flight, or the arrival rate "
+        "(requests per second: finished plus the change in flight, from each replica's "
+        "/metrics). The three numbers below are in its unit, per replica.",
+    ),
+    click.option(
+        "--gateway-metrics",
         default=None,
-        help="Crossover: requests per replica up to which speculation pays.",
+        metavar="URL",
+        help="--load arrival-rate: count arrivals at the gateway, smg's Prometheus endpoint "
+        "(smg launch --prometheus-port; its requests received, refused ones included), "
+        "instead of at each replica.",
+    ),
+    click.option(
+        "--pays-up-to",
+        type=click.FloatRange(min=0),
+        default=None,
+        help="Crossover: the load per replica up to which speculation pays.",
     ),
     click.option(
         "--replica-capacity",
         type=click.FloatRange(min=0, min_open=True),
         default=None,
-        help="Requests in flight one plain replica carries within the SLO.",
+        help="The load one plain replica carries within the SLO.",
     ),
     click.option(
         "--spec-capacity",
@@ -224,6 +294,21 @@ _options = opt.compose(
         "--tpot-ms", type=click.FloatRange(min=0, min_open=True), default=50.0, show_default=True
     ),
     click.option("--dwell-s", type=click.FloatRange(min=0), default=300.0, show_default=True),
+    click.option(
+        "--headroom",
+        type=click.FloatRange(0, 1, max_open=True),
+        default=0.10,
+        show_default=True,
+        help="Share of what n-1 speculative replicas carry left free when a switch to plain "
+        "starts (it starts inside the band when waiting would strand them).",
+    ),
+    click.option(
+        "--rate-window-s",
+        type=click.FloatRange(min=0, min_open=True),
+        default=60.0,
+        show_default=True,
+        help="--load arrival-rate: the seconds of arrivals each rate is read over.",
+    ),
     click.option(
         "--hysteresis", type=click.FloatRange(0, 1, max_open=True), default=0.15, show_default=True
     ),
@@ -260,11 +345,31 @@ def _prepare(
         opts["trace"],
         (opts["gpu"], opts["model"], opts["drafter"]),
         opts["tpot_ms"],
-        opts["dwell_s"],
-        opts["hysteresis"],
-        _restart_seconds(opts["restart_s"], opts["model"]),
+        (
+            opts["dwell_s"],
+            opts["hysteresis"],
+            _restart_seconds(opts["restart_s"], opts["model"]),
+            opts["headroom"],
+        ),
+        opts["load_measure"],
     )
     return fleet, modes, last, mix
+
+
+STATUS_RATE_MAX_S = 5.0  # status reads the arrival rate over at most this long
+
+
+def _status_rate(fleet: FleetFile, window_s: float, gateway_metrics: str | None) -> float | None:
+    """The arrival rate over two readings ``min(window_s, 5 s)`` apart (status is one
+    look, not a loop)."""
+    from specgov.policies.control.arrival_rate import ArrivalMeter
+
+    wait_s = min(window_s, STATUS_RATE_MAX_S)
+    meter = ArrivalMeter(wait_s)
+    meter.update(time.time(), observe_counts(fleet, gateway_metrics)[0])
+    time.sleep(wait_s)
+    meter.update(time.time(), observe_counts(fleet, gateway_metrics)[0])
+    return meter.rate()
 
 
 @fleet_group.command("status")
@@ -279,6 +384,8 @@ def status_cmd(output: str, **opts: Any) -> None:
     gw = SmgGateway(fleet.gateway, token=gateway_token())
     try:
         views, load, why = observe(fleet, gw, modes)
+        if opts["load_measure"] == "arrival-rate":
+            load = _status_rate(fleet, opts["rate_window_s"], opts["gateway_metrics"])
     finally:
         gw.close()
     if not views:
@@ -320,34 +427,39 @@ def status_cmd(output: str, **opts: Any) -> None:
     show_default=True,
     help="The recent load samples the trend is fitted on (projected over --restart-s).",
 )
+@click.option(
+    "--forecast/--no-forecast",
+    default=True,
+    show_default=True,
+    help="Plan for the load's trend (a line through the recent samples); without it the "
+    "decision plans for the load now (a staircase load: a line through a step projects "
+    "the step onward).",
+)
 def run_cmd(
     audit_path: Path,
     interval_s: float,
     duration_s: float | None,
     metrics_addr: str | None,
     forecast_window_s: float,
+    forecast: bool,
     **opts: Any,
 ) -> None:
     """Observe, decide and move replicas, one at a time (audit rows in --audit)."""
     from specgov.controller.fleet.gateway import SmgGateway, gateway_token
     from specgov.controller.fleet.metrics import FleetMetrics
     from specgov.controller.fleet.move import AuditLog, AuditRow, execute_move
+    from specgov.policies.control.arrival_rate import ArrivalMeter
     from specgov.policies.control.fleet_mix import decide_mix
     from specgov.policies.control.load_forecast import LoadSample, forecast_load
 
     fleet, modes, last, mix = _prepare(opts)
     state_path: Path | None = opts["state_path"]
+    meter = ArrivalMeter(opts["rate_window_s"]) if opts["load_measure"] == "arrival-rate" else None
     # The samples the forecast fits; bounded (the window at the polling interval).
     samples: deque[LoadSample] = deque(maxlen=max(8, int(forecast_window_s / interval_s) + 2))
     metrics = FleetMetrics()
     if metrics_addr is not None:
-        host, _, port = metrics_addr.rpartition(":")
-        if not host or not port.isdigit():
-            raise click.UsageError(f"--metrics-addr: expected HOST:PORT, got {metrics_addr!r}")
-        try:
-            metrics.serve(host, int(port))
-        except OSError as exc:
-            raise click.ClickException(f"--metrics-addr {metrics_addr}: {exc}") from None
+        _serve_metrics(metrics, metrics_addr)
     audit = AuditLog(audit_path)
     gw = SmgGateway(fleet.gateway, token=gateway_token())
     end = None if duration_s is None else time.monotonic() + duration_s
@@ -355,6 +467,8 @@ def run_cmd(
         while end is None or time.monotonic() < end:
             views, load, why = observe(fleet, gw, modes)
             now = time.time()
+            if meter is not None:
+                load, why = _rate_now(meter, fleet, now, why, opts["gateway_metrics"])
             if not views:
                 metrics.held("held_gateway_unreachable")
                 audit.write(
@@ -365,10 +479,12 @@ def run_cmd(
             else:
                 if load is not None and why is None:
                     samples.append(LoadSample(now, load))
-                forecast = forecast_load(
-                    samples, horizon_s=mix.restart_s, window_s=forecast_window_s
+                trend = (
+                    forecast_load(samples, horizon_s=mix.restart_s, window_s=forecast_window_s)
+                    if forecast
+                    else None
                 )
-                d = decide_mix(views, load, mix, now_s=now, last_move_s=last, forecast=forecast)
+                d = decide_mix(views, load, mix, now_s=now, last_move_s=last, forecast=trend)
                 metrics.observe(views, load, d)
                 note = f" ({why})" if why else ""
                 audit.write(
@@ -397,6 +513,28 @@ def run_cmd(
         _save_state(state_path, modes, last)
 
 
+def _serve_metrics(metrics: FleetMetrics, metrics_addr: str) -> None:
+    host, _, port = metrics_addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise click.UsageError(f"--metrics-addr: expected HOST:PORT, got {metrics_addr!r}")
+    try:
+        metrics.serve(host, int(port))
+    except OSError as exc:
+        raise click.ClickException(f"--metrics-addr {metrics_addr}: {exc}") from None
+
+
+def _rate_now(
+    meter: ArrivalMeter, fleet: FleetFile, now: float, why: str | None, gateway_metrics: str | None
+) -> tuple[float | None, str | None]:
+    """The arrival rate with this reading counted, and why a count is missing from it."""
+    counts, expected = observe_counts(fleet, gateway_metrics)
+    meter.update(now, counts)
+    missing = [name for name in expected if name not in counts]
+    if missing:
+        why = (why + "; " if why else "") + f"no request counts from {', '.join(missing)}"
+    return meter.rate(), why
+
+
 @fleet_group.command("sim-restart")
 @click.argument("name")
 @click.argument("mode", type=click.Choice(["spec", "plain"]))
@@ -422,6 +560,13 @@ def run_cmd(
     help="The simulated start-up of the new server (model load, CUDA graph capture; "
     "wall time: this / its --speed): seconds, or 'catalog', the model's startup_s.",
 )
+@click.option(
+    "--in-place",
+    is_flag=True,
+    help="Restart the running sim-server of NAME inside its process (in-flight requests "
+    "lost, the port closed for the start-up, counted from this command's launch), so a "
+    "busy machine's process start does not lengthen it; starts a process when none runs.",
+)
 @click.argument("sim_args", nargs=-1, type=click.UNPROCESSED)
 def sim_restart_cmd(
     name: str,
@@ -430,6 +575,7 @@ def sim_restart_cmd(
     run_dir: Path,
     timeout_s: float,
     startup_s: str,
+    in_place: bool,
     sim_args: tuple[str, ...],
 ) -> None:
     """Restart sim-server replica NAME in MODE (spec or plain) on URL's port; returns once
@@ -437,12 +583,31 @@ def sim_restart_cmd(
     ``restart_command: "specgov fleet sim-restart {name} {mode} {url} --run-dir /run/fleet
     -- --speed 1"``; arguments after ``--`` go to ``specgov sim-server`` (default
     ``--trace none``)."""
-    from specgov.simulator.server.replica import ReplicaError, restart_replica
+    from specgov.simulator.server.cli import process_age_s
+    from specgov.simulator.server.replica import ReplicaError, restart_in_place, restart_replica
 
     try:
-        started = restart_replica(
-            name, mode, url, run_dir, sim_args=sim_args, timeout_s=timeout_s, startup_s=startup_s
-        )
+        if in_place:
+            started = restart_in_place(
+                name,
+                mode,
+                url,
+                run_dir,
+                sim_args=sim_args,
+                timeout_s=timeout_s,
+                startup_s=startup_s,
+                launched_s=time.monotonic() - (process_age_s() or 0.0),
+            )
+        else:
+            started = restart_replica(
+                name,
+                mode,
+                url,
+                run_dir,
+                sim_args=sim_args,
+                timeout_s=timeout_s,
+                startup_s=startup_s,
+            )
     except ReplicaError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(

@@ -47,6 +47,10 @@ from specgov.policies.common.errors import SpecgovError
 DEFAULT_TIMEOUT_S: Final = 5.0
 DEFAULT_POLL_S: Final = 0.25
 TOKEN_ENV: Final = "SPECGOV_FLEET_GATEWAY_TOKEN"
+# smg 1.13's count of the generation requests its router received, per label set (router
+# and backend type, endpoint, streaming). Counted on arrival: measured against its
+# workers' finished and in-flight counts (sum finished < it <= sum finished + in flight).
+SMG_ROUTER_REQUESTS: Final = "smg_router_requests_total"
 
 
 def gateway_token(env: Mapping[str, str] = os.environ) -> str | None:
@@ -200,6 +204,24 @@ class SmgGateway:
             return w is not None and w.healthy and w.status == "ready"
 
         self._wait(ready, f"{worker_url} to be healthy in the gateway", timeout_s)
+
+
+def gateway_requests(metrics_url: str, timeout_s: float = DEFAULT_TIMEOUT_S) -> float | None:
+    """The requests smg's router has received (:data:`SMG_ROUTER_REQUESTS`, every label
+    set summed), from its Prometheus endpoint (``smg launch --prometheus-port``); None
+    when it does not answer or exports no such count. The fleet's demand: requests the
+    gateway refused or failed count too, as they would not at the replicas."""
+    from specgov.adapters.prometheus_text import parse_metrics
+
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+            r = client.get(f"{metrics_url.rstrip('/')}/metrics")
+        r.raise_for_status()
+        snap = parse_metrics(r.text, families={SMG_ROUTER_REQUESTS})
+    except (httpx.HTTPError, ValueError):
+        return None
+    found = [v for k, v in snap.counters.items() if k.name == SMG_ROUTER_REQUESTS]
+    return sum(found) if found else None
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@
 * ``specgov_fleet_replica_serving{replica}``: 1 while the replica is in the gateway and
   healthy, else 0;
 * ``specgov_fleet_target_spec_replicas``: the replicas the last decision wants speculative;
-* ``specgov_fleet_load_requests``: requests in flight across the fleet (NaN: unknown);
+* ``specgov_fleet_load_requests``: the load the decision read (``fleet run --load``:
+  requests in flight across the fleet, or their arrival rate per second; NaN: unknown);
 * ``specgov_fleet_decisions_total{reason}``: decisions by reason code;
 * ``specgov_fleet_moves_total{outcome}``: moves by outcome (``move_done``,
   ``rolled_back``, ``replica_lost``, ``drain_failed``, ``drain_timeout``).
@@ -39,7 +40,9 @@ class FleetMetrics:
             registry=r,
         )
         self.load = Gauge(
-            "specgov_fleet_load_requests", "Requests in flight across the fleet", registry=r
+            "specgov_fleet_load_requests",
+            "The fleet load the decision read: requests in flight, or arrivals per second (--load)",
+            registry=r,
         )
         self.decisions = Counter(
             "specgov_fleet_decisions", "Fleet decisions by reason", ["reason"], registry=r

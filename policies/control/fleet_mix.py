@@ -28,6 +28,25 @@ starts. The decision plans for the load at that time (:func:`planned_loads`):
   crossover loses goodput steeply, a plain one at light load only some TPOT), so the
   way back waits for the load to fall.
 
+The last safe moment. While one replica restarts the others carry its load, so a
+switch to plain can start only while the ``n - 1`` replicas left carry the load; past
+that a speculative fleet is stranded (holding loses, moving loses more). Inside the
+band, where either mode is within the hysteresis of the other, the switch to plain
+therefore starts once the planned load passes ``(1 - headroom)`` of what ``n - 1``
+speculative replicas carry, when that is below the band's top (:func:`band`; reason
+``move_to_plain_before_capacity``); the band's bottom, where the fleet moves back, is
+lowered with it (the band keeps its ratio, so the mix does not flap at the new top).
+Measured why (benchmarks/bench_fleet.py): with EAGLE-3 on llama-3.1-8b the crossover
+batch is where a speculative replica's rate peaks, so a band around it lies past what
+three of four speculative replicas carry, and a switch that waits for it strands them.
+
+The load's unit. The decision compares load per replica with the crossover and the
+capacities, all in one unit (``MixModel.unit``): requests in flight, or the arrival
+rate (requests per second, the governor's ``--load arrival-rate``). A rate is the same
+whatever mode serves it and however many replicas share it, so the capacity check is
+exact for a rate; for requests in flight it is a lower bound (fewer replicas run each
+request slower, and more of them are in flight).
+
 A move drains one replica, so it is made only when every replica serves (no move in
 flight, none lost), ``dwell_s`` after the last move, and when the replicas that stay
 carry the load during the move: the larger of the observed load and the trend over one
@@ -63,6 +82,7 @@ MOVE_TO_SPEC: Final = "move_to_spec"
 MOVE_TO_PLAIN_FORECAST: Final = "move_to_plain_forecast"
 MOVE_TO_SPEC_FORECAST: Final = "move_to_spec_forecast"
 MOVE_TO_PLAIN_PAST_CAPACITY: Final = "move_to_plain_past_capacity"
+MOVE_TO_PLAIN_BEFORE_CAPACITY: Final = "move_to_plain_before_capacity"
 MOVE_TO_SPEC_PAST_CAPACITY: Final = "move_to_spec_past_capacity"
 
 
@@ -93,19 +113,23 @@ class ReplicaView:
 class MixModel:
     """What the decision knows of the replicas' speed (module docstring).
 
-    ``pays_up_to``: the crossover batch per replica (0: speculation never pays);
-    ``replica_capacity``: requests in flight one plain replica carries within the SLO;
-    ``spec_capacity``: the same for a speculative replica (None: ``replica_capacity``);
-    ``hysteresis``: the band is ``pays_up_to * (1 ± hysteresis)``; ``dwell_s``: seconds
-    between moves; ``restart_s``: seconds a moved replica is out (drain and start-up),
-    one move of a switch."""
+    All loads in ``unit`` (module docstring): ``pays_up_to``: the crossover load per
+    replica (0: speculation never pays); ``replica_capacity``: the load one plain replica
+    carries within the SLO; ``spec_capacity``: the same for a speculative replica (None:
+    ``replica_capacity``); ``hysteresis``: the band is ``pays_up_to * (1 ± hysteresis)``;
+    ``dwell_s``: seconds between moves; ``restart_s``: seconds a moved replica is out
+    (drain and start-up), one move of a switch; ``headroom``: the share of the ``n - 1``
+    speculative replicas' capacity left free when a switch to plain starts inside the
+    band (:func:`band`)."""
 
-    pays_up_to: int
+    pays_up_to: float
     replica_capacity: float
     hysteresis: float = 0.15
     dwell_s: float = 300.0
     restart_s: float = 0.0
     spec_capacity: float | None = None
+    headroom: float = 0.10
+    unit: str = "requests"
 
     def capacity(self, mode: Mode) -> float:
         """Requests in flight one replica of ``mode`` carries within the SLO."""
@@ -114,8 +138,10 @@ class MixModel:
         return self.replica_capacity
 
     def __post_init__(self) -> None:
-        if self.pays_up_to < 0:
+        if not math.isfinite(self.pays_up_to) or self.pays_up_to < 0:
             raise FleetMixError(f"pays_up_to must be >= 0, got {self.pays_up_to}")
+        if not 0 <= self.headroom < 1:
+            raise FleetMixError(f"headroom must be in [0, 1), got {self.headroom}")
         if not math.isfinite(self.replica_capacity) or self.replica_capacity <= 0:
             raise FleetMixError(f"replica_capacity must be > 0, got {self.replica_capacity}")
         if not 0 <= self.hysteresis < 1:
@@ -148,12 +174,24 @@ class MixDecision:
     forecast_drove: bool = False  # the observed load alone gives another target
 
 
+def band(replicas: int, model: MixModel) -> tuple[float, float]:
+    """(bottom, top) of the band, load per replica: the fleet moves to plain at or above
+    the top and back to speculative at or below the bottom. The top is the crossover's
+    ``pays_up_to * (1 + hysteresis)``, or lower where ``n - 1`` speculative replicas,
+    less the headroom, carry less than that (the last safe moment to start a switch,
+    module docstring); the bottom keeps the band's ratio, ``top * (1 - h) / (1 + h)``."""
+    h = model.hysteresis
+    top = model.pays_up_to * (1.0 + h)
+    if replicas >= 2:
+        top = min(top, (1.0 - model.headroom) * (replicas - 1) * model.capacity("spec") / replicas)
+    return top * (1.0 - h) / (1.0 + h), top
+
+
 def target_spec_count(
     current_spec: int, replicas: int, batch: float, model: MixModel
 ) -> tuple[int, bool]:
     """(replicas that should run speculative, whether ``batch`` is inside the band)."""
-    low = model.pays_up_to * (1.0 - model.hysteresis)
-    high = model.pays_up_to * (1.0 + model.hysteresis)
+    low, high = band(replicas, model)
     if model.pays_up_to == 0 or batch >= high:
         return 0, False
     if batch <= low:
@@ -253,6 +291,12 @@ def decide_mix(
         where += f"; {short[0]}, but the fleet is past its capacity already"
     elif to_mode == "spec":
         reason = MOVE_TO_SPEC_FORECAST if drove else MOVE_TO_SPEC
+    elif batch < model.pays_up_to * (1.0 + model.hysteresis):
+        reason = MOVE_TO_PLAIN_BEFORE_CAPACITY
+        where += (
+            f"; past {_num(band(n, model)[1])} per replica, the last load at which "
+            f"{n - 1} speculative replicas carry a move with {model.headroom:.0%} headroom"
+        )
     else:
         reason = MOVE_TO_PLAIN_FORECAST if drove else MOVE_TO_PLAIN
     return MixDecision(
@@ -271,13 +315,13 @@ def _where(
 ) -> str:
     """The decision's grounds, for its message."""
     where = (
-        f"{batch:.1f} requests per replica against a crossover at {model.pays_up_to} "
+        f"{batch:.1f} {model.unit} per replica against a crossover at {model.pays_up_to:g} "
         f"(band ±{model.hysteresis:.0%})"
     )
     if forecast is None:
         return where
     return (
-        f"{where}; {forecast.describe()}, {loads.to_plain:.0f} in "
+        f"{where}; {forecast.describe()}, {_num(loads.to_plain)} in "
         f"{loads.to_plain_horizon_s:.0f} s (a switch to plain)"
         + (", the forecast sets the target" if drove else "")
     )
@@ -300,8 +344,9 @@ def _capacity_shortfall(
     if loads.one_move <= staying:
         return None
     why = (
-        f"the {len(replicas) - 1} other replicas cannot carry {loads.one_move:.0f} requests "
-        f"in flight ({staying:.0f} together: {_capacities(model)}) while {pick.name} restarts"
+        f"the {len(replicas) - 1} other replicas cannot carry {_num(loads.one_move)} "
+        f"{model.unit} ({_num(staying)} together: {_capacities(model)}) while {pick.name} "
+        "restarts"
     )
     whole = staying + model.capacity(pick.mode)
     raises = model.capacity(to_mode) > model.capacity(pick.mode)
@@ -310,4 +355,9 @@ def _capacity_shortfall(
 
 def _capacities(model: MixModel) -> str:
     spec, plain = model.capacity("spec"), model.capacity("plain")
-    return f"{spec:.0f} a speculative replica, {plain:.0f} a plain one"
+    return f"{_num(spec)} a speculative replica, {_num(plain)} a plain one"
+
+
+def _num(x: float) -> str:
+    """A load for a message: whole above 100, else three significant digits."""
+    return f"{x:.0f}" if abs(x) >= 100 else f"{x:.3g}"

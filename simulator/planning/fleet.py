@@ -156,11 +156,23 @@ class MixCrossover:
     """What the live fleet governor decides with (policies/control/fleet_mix.py): the
     crossover batch per replica (``PerTokenTables.pays_up_to``), and the requests in flight
     one plain / one speculative replica carries with its predicted time per token within
-    the TPOT (each table runs to its kind's runnable batch: running cap and KV pool)."""
+    the TPOT (each table runs to its kind's runnable batch: running cap and KV pool).
+
+    The same as arrival rates per replica (the governor's ``--load arrival-rate``), by
+    Little's law from the same tables: a replica running ``b`` requests at ``t(b)``
+    seconds per output token, each of the trace's mean output length ``L``, finishes
+    ``b / (L t(b))`` requests a second. ``pays_up_to_rps``: a speculative replica's rate
+    at the crossover batch; ``plain_rps`` / ``spec_rps``: the most a replica of that kind
+    sustains with its time per token within the TPOT (at any batch up to its capacity).
+    Estimates: prefill time and the queueing of a random arrival stream are not counted,
+    so a sustainable rate is an upper bound."""
 
     pays_up_to: int
     plain_capacity: int
     spec_capacity: int
+    pays_up_to_rps: float = 0.0
+    plain_rps: float = 0.0
+    spec_rps: float = 0.0
 
 
 def mix_crossover(
@@ -186,7 +198,23 @@ def mix_crossover(
     def capacity(per_token: tuple[float, ...]) -> int:
         return max((b for b, t in enumerate(per_token, 1) if t <= limit_s), default=1)
 
-    return MixCrossover(table.pays_up_to, capacity(table.plain), capacity(table.speculative))
+    output = sum(r.output_tokens for r in trace.requests) / len(trace.requests)
+
+    def rate(per_token: tuple[float, ...], batch: int) -> float:
+        return batch / (output * per_token[batch - 1])
+
+    def sustained(per_token: tuple[float, ...]) -> float:
+        return max(rate(per_token, b) for b in range(1, capacity(per_token) + 1))
+
+    pays = table.pays_up_to
+    return MixCrossover(
+        pays,
+        capacity(table.plain),
+        capacity(table.speculative),
+        pays_up_to_rps=rate(table.speculative, pays) if pays > 0 else 0.0,
+        plain_rps=sustained(table.plain),
+        spec_rps=sustained(table.speculative),
+    )
 
 
 def _cost(

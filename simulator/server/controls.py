@@ -5,8 +5,10 @@ API is :meth:`SimServer.restart <specgov.simulator.server.core.SimServer.restart
 ``pause`` and ``resume``):
 
 * ``GET /specgov-sim/state``: what the server is doing (``SimServer.state()``).
-* ``POST /specgov-sim/restart`` ``{"down_s": S, "starting_s": S}`` (both optional): a
-  server restart; 202 ``{"restarting": true, "previous_generation": N}``.
+* ``POST /specgov-sim/restart`` ``{"down_s": S, "starting_s": S, "mode": "spec"|"plain"}``
+  (each optional): a server restart, in ``mode`` when given (a fleet's restart in the
+  other mode, performed in place: ``specgov fleet sim-restart --in-place``); 202
+  ``{"restarting": true, "previous_generation": N}``.
 * ``POST /specgov-sim/outage`` ``{"seconds": S, "mode": "refuse"|"503"}``: an outage of
   the HTTP front; 202 ``{"outage": MODE}``.
 
@@ -28,6 +30,7 @@ ADMIN_PREFIX: Final = "/specgov-sim"
 
 OutageMode = Literal["refuse", "503"]
 OUTAGE_MODES: Final = ("refuse", "503")
+RESTART_MODES: Final = ("spec", "plain")
 
 
 class SimServerError(SpecgovError, ValueError):
@@ -59,7 +62,12 @@ class Controlled(Protocol):
 
     # Both raise SimServerError for a request they refuse.
     def restart(
-        self, *, down_s: float = ..., starting_s: float = ..., wait: bool = ...
+        self,
+        *,
+        down_s: float = ...,
+        starting_s: float = ...,
+        wait: bool = ...,
+        speculative: bool | None = ...,
     ) -> None: ...
 
     def pause(self, seconds: float, *, mode: OutageMode = ...) -> None: ...
@@ -79,13 +87,19 @@ def add_admin_routes(router: web.UrlDispatcher, server: Controlled) -> None:
         previous = server.generation
         try:
             body = await _json_object(request)
-            unknown = set(body) - {"down_s", "starting_s"}
+            unknown = set(body) - {"down_s", "starting_s", "mode"}
             if unknown:
                 raise SimServerError(
-                    f"body: unknown keys {sorted(unknown)} (expected down_s, starting_s)"
+                    f"body: unknown keys {sorted(unknown)} (expected down_s, starting_s, mode)"
                 )
+            mode = body.get("mode")
+            if mode not in (None, *RESTART_MODES):
+                raise SimServerError(f"mode: expected spec or plain, got {mode!r}")
             server.restart(
-                down_s=body.get("down_s", 0.0), starting_s=body.get("starting_s", 0.0), wait=False
+                down_s=body.get("down_s", 0.0),
+                starting_s=body.get("starting_s", 0.0),
+                wait=False,
+                speculative=None if mode is None else mode == "spec",
             )
         except SimServerError as exc:
             return web.json_response({"error": str(exc)}, status=400)

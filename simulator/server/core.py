@@ -45,6 +45,7 @@ restart the restart sequence.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import os
 import threading
@@ -113,15 +114,8 @@ class SimServer:
         self._feed = TraceFeed(requests, loop=loop_trace)
         self._clock = RealTime(self.speed, self._feed.first_arrival_s)
 
-        self._launch = Launch(
-            self.server,
-            spool_dir=self.spool_dir,
-            adaptive_config=adaptive_config,
-            seed=seed,
-            speed=self.speed,
-            stats_interval_s=self.stats_interval_s,
-            speculative=speculative,
-        )
+        self._adaptive_config = adaptive_config
+        self._launch = self._new_launch(self.server, speculative)
         # What the launch runs (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND applied).
         self.server = self._launch.server
         self.policy_name = self._launch.policy_name
@@ -268,13 +262,24 @@ class SimServer:
         self._http.stop()
         self._launch.cleanup()
 
-    def restart(self, *, down_s: float = 0.0, starting_s: float = 0.0, wait: bool = True) -> None:
+    def restart(
+        self,
+        *,
+        down_s: float = 0.0,
+        starting_s: float = 0.0,
+        wait: bool = True,
+        speculative: bool | None = None,
+    ) -> None:
         """Restart the simulated server: stop the engine (in-flight requests are lost),
         refuse connections for ``down_s``, answer 503 on /health for ``starting_s``, then
         serve again with fresh counters, a fresh plugin and no overrides. The trace
-        continues at the current simulated time."""
+        continues at the current simulated time. ``speculative``: relaunch speculative
+        (the drafter's algorithm) or plain (``--speculative-algorithm NONE``), as a fleet
+        restarts a replica in the other mode; None keeps this launch's mode."""
         down = check_seconds("down_s", down_s)
         starting = check_seconds("starting_s", starting_s)
+        if speculative is not None and not isinstance(speculative, bool):
+            raise SimServerError(f"speculative: expected true or false, got {speculative!r}")
         with self._lifecycle:
             if not self._started or self._stopped:
                 raise SimServerError("SimServer.restart: the server is not running")
@@ -286,7 +291,7 @@ class SimServer:
                 )
             thread = threading.Thread(
                 target=self._restart_sequence,
-                args=(down, starting),
+                args=(time.monotonic() + down, starting, speculative),
                 name="specgov-sim-restart",
                 daemon=True,
             )
@@ -378,23 +383,55 @@ class SimServer:
             gen, host=self.host, port=self.port, api_key_set=self._api_key is not None
         )
 
-    def _restart_sequence(self, down_s: float, starting_s: float) -> None:
+    def _new_launch(self, server: ServerSpec, speculative: bool) -> Launch:
+        return Launch(
+            server,
+            spool_dir=self.spool_dir,
+            adaptive_config=self._adaptive_config,
+            seed=self.seed,
+            speed=self.speed,
+            stats_interval_s=self.stats_interval_s,
+            speculative=speculative,
+        )
+
+    def _relaunch(self, speculative: bool) -> None:
+        """The launch of a restart in the other mode (the old engine has stopped): its
+        algorithm, KV pool and policy are the new mode's, as a relaunched SGLang's."""
+        old = self._launch
+        self._launch = self._new_launch(old.server, speculative)
+        self.server = self._launch.server
+        self.policy_name = self._launch.policy_name
+        old.cleanup()
+        self._launch.write_adaptive_config()
+
+    def _restart_sequence(
+        self, down_until: float, starting_s: float, speculative: bool | None
+    ) -> None:
+        """Stop the engine, refuse connections until ``down_until`` (monotonic; the down
+        window counts from the restart's request, and the new engine is built inside it,
+        as a relaunched server builds its own within its start-up), then serve."""
         try:
             old = self._gen
             if old is not None:
                 old.stop()
                 self._done_generations.append(old)
+            outage: concurrent.futures.Future[None] | None = None
+            down_s = down_until - time.monotonic()
             if down_s > 0:
                 try:
-                    self._http.outage(down_s, "refuse").result()
-                except concurrent.futures.CancelledError:
-                    pass  # ended early (resume() or stop())
+                    outage = self._http.outage(down_s, "refuse")
                 except SimServerError as exc:
                     logger.warning("specgov sim-server: restart without a down window: %s", exc)
-            if self._stop_event.is_set():
-                return
+            if speculative is not None and speculative != self._launch.speculative:
+                self._relaunch(speculative)
             gen = self._new_generation()
             gen.launch = self._launch_info(gen)
+            if outage is not None:
+                # Ended early (resume() or stop()): cancelled.
+                with contextlib.suppress(concurrent.futures.CancelledError):
+                    outage.result()
+            if self._stop_event.is_set():
+                return
             self._feed.rewind()
             self._gen = gen
             if starting_s > 0 and self._stop_event.wait(starting_s):

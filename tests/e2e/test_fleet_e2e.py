@@ -21,9 +21,17 @@ if str(REPO_ROOT) not in sys.path:
 from benchmarks import bench_fleet as bf  # noqa: E402
 from specgov.simulator.planning.fleet import MixCrossover  # noqa: E402
 
-# 2 replicas at 10x; the crossover is given (8 requests per replica, ±10%) so that a
-# small load crosses it: 6 rps of ~380-token answers is ~20 in flight, 10 per replica.
-CROSSOVER = MixCrossover(pays_up_to=8, plain_capacity=100, spec_capacity=100)
+# 2 replicas at 10x; the governor reads the arrival rate, and the crossover is given
+# (1.5 requests per second per replica, ±10%) so that a small load crosses it: 6 rps is
+# 3 per replica, 0.5 rps 0.25. The capacities are large: no capacity limit lowers the band.
+CROSSOVER = MixCrossover(
+    pays_up_to=8,
+    plain_capacity=100,
+    spec_capacity=100,
+    pays_up_to_rps=1.5,
+    plain_rps=50.0,
+    spec_rps=50.0,
+)
 CFG = replace(
     bf.QUICK,
     replicas=2,
@@ -58,9 +66,11 @@ def test_the_governor_moves_replicas_as_load_crosses_and_loses_no_request(
     decisions = [r for r in run.audit if r["step"] == "decide"]
     to_plain = bf.first_move_to_plain(run)
     assert to_plain is not None, [r["reason"] for r in decisions]
-    # It moved once the load crossed: the load it planned for is past the band's top.
-    pays = CROSSOVER.pays_up_to
-    assert to_plain["planned_load"] / CFG.replicas >= pays * (1 + bf.HYSTERESIS)
+    # It moved once the load crossed: the rate it planned for (per wall second, so / the
+    # speed) is past the band's top.
+    pays = CROSSOVER.pays_up_to_rps
+    planned_rps = to_plain["planned_load"] / CFG.speed
+    assert planned_rps / CFG.replicas >= pays * (1 + bf.HYSTERESIS)
     assert to_plain["sim_s"] >= CFG.level_s * 0.5  # not while the load was light
     # ... and back to speculative when it fell.
     later = [r for r in decisions if r["at_s"] > to_plain["at_s"]]
