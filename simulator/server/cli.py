@@ -169,6 +169,25 @@ def load_trace_arg(text: str, *, seed: int = 0) -> Trace:
     return load_trace(Path(text), seed=seed)
 
 
+def _startup_wall_left_s(startup_s: float, speed: float) -> float:
+    """Wall seconds of simulated start-up still to wait, said on stdout."""
+    wall_s = startup_s / speed
+    # The start-up a real server reports (model load, CUDA graphs) counts from its launch,
+    # this process's own start (imports, the trace) included: a busy machine must not add
+    # to it (measured: restarts of 90-150 s for a 60 s start-up at --speed 8).
+    age_s = process_age_s()
+    left_s = wall_s if age_s is None else max(0.0, wall_s - age_s)
+    if startup_s > 0:
+        spent = "" if age_s is None else f", {min(age_s, wall_s):.1f} s of it starting this process"
+        click.echo(f"starting: {startup_s:g} s of simulated start-up ({wall_s:.1f} s wall{spent})")
+        if age_s is not None and age_s > wall_s:
+            click.echo(
+                f"warning: this process took {age_s:.1f} s to start, longer than the "
+                f"simulated start-up's {wall_s:.1f} s of wall time; it lasts that long"
+            )
+    return left_s
+
+
 @click.command("sim-server")
 @click.option(
     "--port",
@@ -315,20 +334,7 @@ def sim_server_cmd(
     def ready(s: SimServer) -> None:
         click.echo(f"simulated SGLang server on {s.url} ({s.policy_name}); Ctrl-C to stop")
 
-    wall_s = startup / speed
-    # The start-up a real server reports (model load, CUDA graphs) counts from its launch,
-    # this process's own start (imports, the trace) included: a busy machine must not add
-    # to it (measured: restarts of 90-150 s for a 60 s start-up at --speed 8).
-    age_s = process_age_s()
-    left_s = wall_s if age_s is None else max(0.0, wall_s - age_s)
-    if startup > 0:
-        spent = "" if age_s is None else f", {min(age_s, wall_s):.1f} s of it starting this process"
-        click.echo(f"starting: {startup:g} s of simulated start-up ({wall_s:.1f} s wall{spent})")
-        if age_s is not None and age_s > wall_s:
-            click.echo(
-                f"warning: this process took {age_s:.1f} s to start, longer than the "
-                f"simulated start-up's {wall_s:.1f} s of wall time; it lasts that long"
-            )
+    left_s = _startup_wall_left_s(startup, speed)
     try:
         code = serve(sim, on_ready=ready, startup_wall_s=left_s)
     except (ValueError, OSError) as exc:  # e.g. the port is taken
