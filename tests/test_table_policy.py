@@ -448,3 +448,34 @@ def test_never_raises_and_always_answers_a_candidate(ops: list[Any], poll: int) 
             state[kind] = op[1]
     policy.flush()
     assert policy.errors >= 0
+
+
+def test_fallback_under_specgov_launch_config_holds_its_tier_near_a_midpoint() -> None:
+    # specgov's slots step by 1; with SGLang's default hysteresis the one-request EMA at
+    # light load crossed the 0.25 overlap of adjacent steps every few batches (issue 20:
+    # 11 switches in the 10 s before the daemon's first table).
+    from specgov.simulator.replay.runner import specgov_adaptive_config
+
+    config = specgov_adaptive_config()
+    policy = TablePolicy(
+        table_source=Source(None),
+        stats_sink=lambda _s: None,
+        clock=Clock(),
+        fallback=EmaPolicy(3, config),
+    )
+    bare = EmaPolicy(3, config)  # SGLang's controller on the same launch config
+    changes = 0
+    last = policy.get_steps_for_batch(1)
+    for i in range(600):
+        accepted = [1 + i % 2]  # mean 1.5: the EMA hovers at the 2/3 midpoint
+        assert policy.get_steps_for_batch(1) == bare.get_steps_for_batch(1)
+        policy.on_verify_complete(accepted, 1)
+        bare.on_verify_complete(accepted, 1)
+        steps = policy.get_steps_for_batch(1)
+        changes += steps != last
+        last = steps
+    assert changes <= 1
+    for _ in range(200):  # a sustained fall in acceptance still moves it down
+        policy.get_steps_for_batch(1)
+        policy.on_verify_complete([0], 1)
+    assert policy.get_steps_for_batch(1) < 2

@@ -12,7 +12,12 @@ from specgov.adapters.launch_config import (
     make_shape,
 )
 from specgov.policies.common.types import SpecShape
-from specgov.simulator.replay.runner import SPECGOV_SLOT_CANDIDATES, InEnginePolicy, ServerSpec
+from specgov.simulator.replay.runner import (
+    SPECGOV_EMA_KNOBS,
+    SPECGOV_SLOT_CANDIDATES,
+    InEnginePolicy,
+    ServerSpec,
+)
 
 
 def launch_args(
@@ -39,7 +44,10 @@ def launch_args(
             steps = server.spec_steps
             shape = make_shape(algorithm, steps, 1, steps + 1, f"policy {policy.name}")
             if policy.daemon_spec is not None:
-                slots = tuple(SlotCandidates.of(bound, ks) for bound, ks in SPECGOV_SLOT_CANDIDATES)
+                slots = tuple(
+                    SlotCandidates.of(bound, ks, **SPECGOV_EMA_KNOBS)
+                    for bound, ks in SPECGOV_SLOT_CANDIDATES
+                )
                 daemon = policy.name
             else:
                 slots = default_slots()

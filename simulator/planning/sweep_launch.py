@@ -32,7 +32,7 @@ def fill_launch(row: dict[str, Any], settings: SweepSettings, catalog: Catalog) 
         shape_from_flags,
     )
     from specgov.policies.common.types import SpecShape
-    from specgov.simulator.replay.runner import SPECGOV_SLOT_CANDIDATES
+    from specgov.simulator.replay.runner import SPECGOV_EMA_KNOBS, SPECGOV_SLOT_CANDIDATES
 
     policy = parse_policy(row["policy"])
     knobs: dict[str, Any] = {
@@ -48,7 +48,8 @@ def fill_launch(row: dict[str, Any], settings: SweepSettings, catalog: Catalog) 
             if policy.adaptive:
                 if policy.daemon_spec is not None:
                     slots = tuple(
-                        SlotCandidates.of(bound, steps) for bound, steps in SPECGOV_SLOT_CANDIDATES
+                        SlotCandidates.of(bound, steps, **SPECGOV_EMA_KNOBS)
+                        for bound, steps in SPECGOV_SLOT_CANDIDATES
                     )
                     row["daemon_policy"] = policy.name
                 else:

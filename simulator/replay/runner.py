@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from specgov.adapters.observation_builder import ObservationBuilder
 from specgov.adapters.telemetry import METRICS_READ
@@ -80,9 +80,25 @@ SPECGOV_SLOT_CANDIDATES: SlotLayout = (
 SPECGOV_ADAPTIVE_CONFIG_NAME = "specgov-adaptive.json"
 
 
+# SGLang's EMA knobs in that config (per slot). SGLang's default table steps by 2 in
+# its batch-size-1 slot (1, 3, 5, 7), so from 3 its EMA must leave (0.25, 2.5] to move;
+# specgov's slots step by 1, where SGLang's default hysteresis (up 0, down -0.25) leaves
+# adjacent steps only 0.25 of overlap (from k up above k - 0.5, from k + 1 down at or
+# below k - 0.75), and the EMA of one request's accepted drafts per batch (alpha 0.2)
+# swings wider than that every few batches at light load. An up hysteresis of 0.25 makes
+# the overlap 0.5. Measured on conv-1x/h100/eagle3 (seed 0, exact prior): the EMA
+# fallback's tier switches before the daemon's first table 11 -> 4, all in slot 1.
+# Every launch path writes them (fleet_launch, sweep_launch, the simulated server).
+SPECGOV_EMA_KNOBS: Final[dict[str, float]] = {"up_hysteresis": 0.25, "down_hysteresis": -0.25}
+
+
 def specgov_adaptive_config() -> dict[str, Any]:
-    """SPECGOV_SLOT_CANDIDATES as a --speculative-adaptive-config JSON object."""
-    return {str(slot): {"candidate_steps": list(steps)} for slot, steps in SPECGOV_SLOT_CANDIDATES}
+    """SPECGOV_SLOT_CANDIDATES (and SPECGOV_EMA_KNOBS) as a --speculative-adaptive-config
+    JSON object."""
+    return {
+        str(slot): {"candidate_steps": list(steps), **SPECGOV_EMA_KNOBS}
+        for slot, steps in SPECGOV_SLOT_CANDIDATES
+    }
 
 
 @dataclass(frozen=True)
