@@ -441,3 +441,17 @@ def test_equal_cost_fleets_go_to_the_simpler_then_by_slo_headroom() -> None:
     rows.append(_row("1+2", "mixed", 3, 20.0, 9800.0))
     spec_only = [r for r in rows if r["kind"] != "plain"]
     assert choose(spec_only, priced=False, slo=slo)["best"]["fleet"] == "1+2"
+
+
+def test_a_daemon_replica_launches_with_the_config_replay_simulates() -> None:
+    # The EMA fallback must be exactly SGLang's controller on the launched config, so the
+    # launch flags carry specgov's slots and EMA knobs (up_hysteresis) as replay runs them.
+    from specgov.policies.engine.adaptive_config import parse_adaptive_config
+    from specgov.simulator.planning.fleet_launch import launch_args
+    from specgov.simulator.replay.runner import ServerSpec, parse_policy, specgov_adaptive_config
+
+    args = launch_args(parse_policy("goodput"), algorithm="EAGLE3", server=ServerSpec())
+    assert args.get("error") is None
+    launched = parse_adaptive_config(args["adaptive_config"])
+    assert launched == parse_adaptive_config(specgov_adaptive_config())
+    assert {s.up_hysteresis for s in launched.slots} == {0.25}
