@@ -112,9 +112,22 @@ def test_an_in_place_restart_keeps_the_process_and_costs_the_start_up_from_its_l
     )
     assert back.pid == first.pid and back.mode == "spec" and back.startup_s >= 2.0
     assert time.monotonic() - began >= 0.5
+    # Launched long ago (a long-lived caller, e.g. this test process): no start-up is
+    # left, and the health wait still gets its whole timeout from now.
+    late = restart_in_place(
+        "r0",
+        "plain",
+        url,
+        run_dir,
+        sim_args=SPEED_30,
+        startup_s="60",
+        launched_s=time.monotonic() - 1000.0,
+        timeout_s=30.0,
+    )
+    assert late.pid == first.pid and late.mode == "plain"
     # The command line: --in-place, and the same refusal of a bad mode.
-    out = _restart(run_dir, "r0", "plain", url, "--startup-s", "3", "--in-place", "--", *SPEED_30)
-    assert f"pid {first.pid} serves {url} as plain" in out
+    out = _restart(run_dir, "r0", "spec", url, "--startup-s", "3", "--in-place", "--", *SPEED_30)
+    assert f"pid {first.pid} serves {url} as spec" in out
 
 
 def test_a_replica_switches_spec_plain_spec_through_smg_losing_no_request(

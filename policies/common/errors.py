@@ -37,6 +37,7 @@ The tree (module: class, its other bases in parentheses)::
     |-- policies.daemon.spec: PolicySpecError (ValueError)
     |-- policies.daemon.schedules: PolicyStateError (ValueError)
     |-- policies.daemon.goodput.config: GoodputConfigError (ValueError)
+    |-- policies.control.arrival_rate: ArrivalRateError (ValueError)
     |-- policies.control.fleet_mix: FleetMixError (ValueError)
     |-- policies.control.load_forecast: LoadForecastError (ValueError)
     |-- adapters.errors: ScrapeError

@@ -207,7 +207,10 @@ def restart_in_place(
         raise ReplicaError(f"{name!r} on {url}: the restart request failed: {exc}") from None
     if r.status_code != 202:
         raise ReplicaError(f"{name!r} on {url}: restart refused ({r.status_code}): {r.text[:300]}")
-    deadline = started_s + startup_wall_s + timeout_s
+    # timeout_s counts from when the server should serve again (now + what is left of
+    # its start-up), never from the launch: a launch long ago (a long-lived caller)
+    # must not leave a deadline already past.
+    deadline = time.monotonic() + down_s + timeout_s
     while True:
         answer = _answers(url)
         if answer is not None and answer.status_code == 200 and _mode_of(url) == mode:
