@@ -28,7 +28,6 @@ from specgov.policies.engine.table import (
     PROBE_SHARE,
     RULE_CONFIRM_S,
     RULE_DWELL_S,
-    RULE_HYSTERESIS,
     STICKY_BAND,
     STICKY_GAIN,
     TablePolicy,
@@ -247,20 +246,6 @@ def test_a_new_table_keeps_the_slots_evidence() -> None:
     tables.append(rule_table(SlotRule((0.5,), (1, 5), prior=0.2), clock() + 1))
     assert run(policy, clock, rng, 1.0, 0.9) == [5] * 100
     assert policy.live_rules[1][0] > 0.8
-
-
-def test_a_refresh_without_the_running_step_moves_no_further_than_hysteresis() -> None:
-    clock = Clock()
-    tables = [rule_table(SlotRule((0.3,), (0, 3), prior=0.5), clock())]
-    policy = table_policy(lambda: tables[-1], clock)
-    rng = random.Random(2)
-    assert run(policy, clock, rng, 12.0, 0.34)[-1] == 3
-    signal = policy.live_rules[1][0]
-    assert 0.38 - RULE_HYSTERESIS <= signal < 0.38  # just under the new cut out of 0
-    # The new rule has no 3: the slot goes to the band nearest 3 that hysteresis
-    # allows (1), not to the signal's own band (0), where only probes would tell.
-    tables.append(rule_table(SlotRule((0.38, 0.6), (0, 1, 5), prior=0.34), clock() + 1))
-    assert run(policy, clock, rng, 1.0, 0.34)[20:] == [1] * 80
 
 
 # ------------------------------------------------------------ plugin == replay

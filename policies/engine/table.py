@@ -185,26 +185,15 @@ class _RuleSlot:
 
         The slot keeps running its steps where the new rule has them (in the band
         nearest the signal); from there hysteresis and dwell judge any move, as for a
-        change of the signal. Only a rule without those steps moves the slot at once,
-        and then no further than hysteresis allows: to the band nearest its steps
-        among those within ``RULE_HYSTERESIS`` of the signal (a slot at 2 steps whose
-        new rule runs 0, 1, 3 goes to 1 at a signal just under the cut out of 0, not
-        to 0, from where only probes and a dwell would bring it back).
+        change of the signal. Only a rule without those steps moves the slot at once.
         """
         self.rule = rule
         self.probe_step = rule.probe_step
-        signal = self.signal = (self.succ + rule.prior * PRIOR_TRIALS) / (
-            self.trials + PRIOR_TRIALS
-        )
-        band = rule.band_for(signal)
+        self.signal = (self.succ + rule.prior * PRIOR_TRIALS) / (self.trials + PRIOR_TRIALS)
+        band = rule.band_for(self.signal)
         keep = [i for i, k in enumerate(rule.steps) if k == self.steps]
         if keep:
             band = min(keep, key=lambda i: abs(i - band))
-        else:
-            near = range(
-                rule.band_for(signal - RULE_HYSTERESIS), rule.band_for(signal + RULE_HYSTERESIS) + 1
-            )
-            band = min(near, key=lambda i: (abs(rule.steps[i] - self.steps), abs(i - band)))
         self.band = band
         self.steps = rule.steps[band]
 
