@@ -416,10 +416,9 @@ def test_through_the_smg_gateway(smg_fleet: tuple[SmgGateway, list[SimServer]]) 
     assert sum(finished) == 6 and min(finished) >= 1
 
 
-def test_stop_ends_open_requests_with_an_error() -> None:
-    server = SimServer([], speed=1.0)
-    server.start()
-    server.wait_ready()
+def _open_long_request(server: SimServer) -> tuple[threading.Thread, dict[str, object]]:
+    """A completion far longer than any test, sent on a thread and awaited until the
+    engine holds it open; ``result["status"]`` is its HTTP status once it ends."""
     result: dict[str, object] = {}
 
     def call() -> None:
@@ -435,6 +434,14 @@ def test_stop_ends_open_requests_with_an_error() -> None:
     feed = server.live_feed()
     assert feed is not None
     _wait(lambda: feed.open_requests == 1, "the request to be open")
+    return t, result
+
+
+def test_stop_ends_open_requests_with_an_error() -> None:
+    server = SimServer([], speed=1.0)
+    server.start()
+    server.wait_ready()
+    t, result = _open_long_request(server)
     server.restart(wait=True)
     t.join(DEADLINE_S)
     assert result["status"] == 503
@@ -448,23 +455,9 @@ def test_a_restart_in_the_other_mode_drops_open_requests_and_serves_in_that_mode
     server = SimServer([], speed=1.0)
     server.start()
     server.wait_ready()
-    result: dict[str, object] = {}
-
-    def call() -> None:
-        r = httpx.post(
-            f"{server.url}/v1/completions",
-            json={"model": MODEL, "prompt": "x", "max_tokens": 100_000},
-            timeout=DEADLINE_S,
-        )
-        result["status"] = r.status_code
-
     try:
         assert server.speculative_algorithm is not None
-        t = threading.Thread(target=call)
-        t.start()
-        feed = server.live_feed()
-        assert feed is not None
-        _wait(lambda: feed.open_requests == 1, "the request to be open")
+        t, result = _open_long_request(server)
         r = httpx.post(
             f"{server.url}/specgov-sim/restart",
             json={"mode": "plain", "down_s": 0.5},
