@@ -54,13 +54,16 @@ def test_status_of_an_idle_fleet(
     assert (doc["target_spec"], doc["next_move"], doc["reason"]) == (2, None, "held_at_target")
     # Without --spec-capacity a speculative replica counts at --replica-capacity.
     assert doc["model"]["capacity"] == {"spec": 100.0, "plain": 100.0}
-    given = CliRunner().invoke(main, [*args, "--spec-capacity", "60", "--restart-s", "85"])
+    given = CliRunner().invoke(
+        main, [*args, "--spec-capacity", "60", "--restart-s", "85", "--headroom", "0.2"]
+    )
     assert given.exit_code == 0, given.output
     model = json.loads(given.output)["model"]
     assert model == {
         "pays_up_to": 32,
         "capacity": {"spec": 60.0, "plain": 100.0},
         "restart_s": 85.0,
+        "headroom": 0.2,
     }
     refused = CliRunner().invoke(main, [*args, "--spec-capacity", "0"])
     assert refused.exit_code == 2 and "--spec-capacity" in refused.output

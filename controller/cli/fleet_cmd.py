@@ -228,6 +228,7 @@ def _decision_doc(
             "pays_up_to": mix.pays_up_to,
             "capacity": {"spec": mix.capacity("spec"), "plain": mix.capacity("plain")},
             "restart_s": mix.restart_s,
+            "headroom": mix.headroom,
         },
         "replicas": [asdict(v) for v in views],
         "load_requests": load,
