@@ -147,6 +147,18 @@ _SUM = -2
 
 
 @dataclass(frozen=True, slots=True)
+class FinishedRequest:
+    """One request as the metrics see it when it finishes: its prompt and generated
+    tokens, its verify calls, its end-to-end latency and its TPOT (None: one token)."""
+
+    prompt_tokens: int
+    generation_tokens: int
+    verify_calls: int
+    e2e_s: float
+    tpot_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
 class DecodeStep:
     """One decode forward as the metrics see it: when it ended, the batch and queue,
     the KV pool, the step count, the tokens it emitted, the requests it verified (0
@@ -367,23 +379,15 @@ class SimMetrics:
             num_tokens
         )
 
-    def on_finish(
-        self,
-        *,
-        prompt_tokens: int,
-        generation_tokens: int,
-        verify_calls: int,
-        e2e_s: float,
-        tpot_s: float | None,
-    ) -> None:
-        self.prompt_tokens.inc(prompt_tokens)
-        self.generation_tokens.inc(generation_tokens)
-        if verify_calls > 0:
-            self.verify_calls.inc(verify_calls)
+    def on_finish(self, done: FinishedRequest) -> None:
+        self.prompt_tokens.inc(done.prompt_tokens)
+        self.generation_tokens.inc(done.generation_tokens)
+        if done.verify_calls > 0:
+            self.verify_calls.inc(done.verify_calls)
         self.requests.inc()
-        self.e2e.observe(e2e_s)
-        if tpot_s is not None:
-            self.tpot.observe(tpot_s)
+        self.e2e.observe(done.e2e_s)
+        if done.tpot_s is not None:
+            self.tpot.observe(done.tpot_s)
 
     def on_prefill(self, new_tokens: int, duration_s: float = 0.0) -> None:
         """One prefill forward of ``new_tokens`` that took ``duration_s`` (modelled)."""

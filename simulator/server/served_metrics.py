@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 
-from specgov.simulator.engine.sglang_metrics import DecodeStep, SimMetrics
+from specgov.simulator.engine.sglang_metrics import DecodeStep, FinishedRequest, SimMetrics
 from specgov.simulator.server import endpoints as ep
 
 
@@ -75,23 +75,9 @@ class ServedMetrics(SimMetrics):
         with self.lock:
             super().on_tokens(interval_s, num_tokens)
 
-    def on_finish(
-        self,
-        *,
-        prompt_tokens: int,
-        generation_tokens: int,
-        verify_calls: int,
-        e2e_s: float,
-        tpot_s: float | None,
-    ) -> None:
+    def on_finish(self, done: FinishedRequest) -> None:
         with self.lock:
-            super().on_finish(
-                prompt_tokens=prompt_tokens,
-                generation_tokens=generation_tokens,
-                verify_calls=verify_calls,
-                e2e_s=e2e_s,
-                tpot_s=tpot_s,
-            )
+            super().on_finish(done)
             self.finished += 1
 
     def on_prefill(self, new_tokens: int, duration_s: float = 0.0) -> None:
