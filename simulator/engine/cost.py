@@ -236,20 +236,20 @@ class CostModel(Roofline):
         """
         p = self._p
         ip = self._ip
+        c = self._coef
+        pairs = new_tokens * (prefix_kv_tokens + 0.5 * (new_tokens + 1))
         t: float = (
             self._fixed
             + (self._w_p + (new_tokens * self._tc) ** p) ** ip
             + prefix_kv_tokens * self._kv
-            + new_tokens
-            * (prefix_kv_tokens + 0.5 * (new_tokens + 1))
-            * self._coef.attention_per_token_pair_s
+            + pairs * c.attention_per_token_pair_s
             + new_tokens * self._tp_tok
         )
         if self.speculative:
             t += (
                 (self._dw_p + (new_tokens * self._dcomp) ** p) ** ip
                 + prefix_kv_tokens * self._dkv
-                + self._coef.draft_extend_overhead_s
+                + c.draft_extend_overhead_s
             )
         return t
 
