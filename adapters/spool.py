@@ -437,6 +437,17 @@ def dump_document(document: Mapping[str, Any]) -> bytes:
     return json.dumps(document, allow_nan=False, separators=(",", ":")).encode("utf-8")
 
 
+def write_document(
+    path: Path, document: Mapping[str, Any], *, fsync: bool, group_gid: int | None
+) -> None:
+    """Write a spool document to ``path``: compact JSON (:func:`dump_document`),
+    atomically (:func:`atomic_write_bytes`), 0600 or 0640 in ``group_gid``
+    (:func:`file_mode_for`)."""
+    atomic_write_bytes(
+        path, dump_document(document), fsync=fsync, mode=file_mode_for(group_gid), gid=group_gid
+    )
+
+
 def open_spool_file(path: Path) -> BinaryIO:
     """``path`` opened for reading, refused unless it is a regular file itself.
 

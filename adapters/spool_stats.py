@@ -35,14 +35,12 @@ from specgov.adapters.spool import (
     SpoolError,
     SpoolSecurityError,
     SpoolSettings,
-    atomic_write_bytes,
     check_spool_dir,
-    dump_document,
     ensure_spool_dir,
-    file_mode_for,
     mode_text,
     own_uid,
     read_bounded,
+    write_document,
 )
 from specgov.policies.common.types import TierStatsSnapshot
 from specgov.policies.common.validation import is_int, is_real
@@ -146,13 +144,7 @@ def write_tier_stats(
         "snapshot": snapshot.to_dict(),
     }
     path = stats_dir / f"tier_stats.{wid}.{seq:012d}.json"
-    atomic_write_bytes(
-        path,
-        dump_document(document),
-        fsync=fsync,
-        mode=file_mode_for(cfg.group_gid),
-        gid=cfg.group_gid,
-    )
+    write_document(path, document, fsync=fsync, group_gid=cfg.group_gid)
     _prune(stats_dir, wid, keep)
     return path
 

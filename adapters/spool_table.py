@@ -38,15 +38,13 @@ from specgov.adapters.spool import (
     SpoolError,
     SpoolSecurityError,
     SpoolSettings,
-    atomic_write_bytes,
     check_spool_dir,
-    dump_document,
     ensure_spool_dir,
-    file_mode_for,
     open_spool_file,
     own_uid,
     read_bounded,
     table_owner_problem,
+    write_document,
 )
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.step_table import (
@@ -140,9 +138,7 @@ def write_step_table(
     }
     directory = ensure_spool_dir(spool_dir, group_gid=group_gid)
     path = directory / TABLE_FILENAME
-    atomic_write_bytes(
-        path, dump_document(document), fsync=fsync, mode=file_mode_for(group_gid), gid=group_gid
-    )
+    write_document(path, document, fsync=fsync, group_gid=group_gid)
     return path
 
 

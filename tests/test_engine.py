@@ -344,5 +344,7 @@ def test_each_tier_switch_stalls_the_next_forward_by_the_switch_cost(switch_s: f
 
 
 def test_tier_switch_cost_is_validated() -> None:
-    with pytest.raises(EngineConfigError, match="tier_switch_s must be a finite number >= 0"):
+    with pytest.raises(
+        EngineConfigError, match=r"EngineConfig\.tier_switch_s: expected a finite number >= 0"
+    ):
         EngineConfig(kv_token_capacity=10, tier_switch_s=-1e-3)

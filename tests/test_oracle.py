@@ -11,7 +11,7 @@ import pytest
 
 from specgov.simulator.engine.acceptance import AcceptanceModel
 from specgov.simulator.engine.interface import EngineConfig, EngineResult
-from specgov.simulator.engine.sglang_metrics import SimMetrics
+from specgov.simulator.engine.sglang_metrics import DecodeStep, SimMetrics
 from specgov.simulator.replay.oracle import (
     ClairvoyantOracle,
     InformedOracle,
@@ -289,9 +289,9 @@ class _DecodeTally(SimMetrics):
         self.tokens = 0
         self.time_s = 0.0
 
-    def on_decode(self, **kwargs: Any) -> None:
-        self.tokens += int(kwargs["emitted_tokens"])
-        self.time_s += float(kwargs["step_s"])
+    def on_decode(self, step: DecodeStep) -> None:
+        self.tokens += step.emitted_tokens
+        self.time_s += step.step_s
 
 
 def _requests(spec: str, n: int) -> list[Request]:

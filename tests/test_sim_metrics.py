@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specgov.simulator.engine.sglang_metrics import SimMetrics
+from specgov.simulator.engine.sglang_metrics import DecodeStep, SimMetrics
 from specgov.simulator.replay.runner import ServerSpec, build_engine, parse_policy
 from specgov.simulator.workload.traces import Request
 
@@ -45,8 +45,22 @@ def test_gauges_refresh_only_every_40_decode_iterations() -> None:
     metrics = SimMetrics(model_name="m")
     for i in range(39):
         metrics.on_decode(
-            now_s=0.01 * i,
-            running=5,
+            DecodeStep(
+                now_s=0.01 * i,
+                running=5,
+                queued=1,
+                used_tokens=100,
+                capacity_tokens=1000,
+                steps=3,
+                emitted_tokens=10,
+                verified_requests=5,
+            )
+        )
+    assert _samples(metrics.render())["sglang:num_running_reqs"] == 0.0
+    metrics.on_decode(
+        DecodeStep(
+            now_s=0.4,
+            running=7,
             queued=1,
             used_tokens=100,
             capacity_tokens=1000,
@@ -54,16 +68,6 @@ def test_gauges_refresh_only_every_40_decode_iterations() -> None:
             emitted_tokens=10,
             verified_requests=5,
         )
-    assert _samples(metrics.render())["sglang:num_running_reqs"] == 0.0
-    metrics.on_decode(
-        now_s=0.4,
-        running=7,
-        queued=1,
-        used_tokens=100,
-        capacity_tokens=1000,
-        steps=3,
-        emitted_tokens=10,
-        verified_requests=5,
     )
     s = _samples(metrics.render())
     assert s["sglang:num_running_reqs"] == 7
@@ -127,14 +131,16 @@ def test_cache_hit_rate_gauge_is_the_last_prefill_batchs_and_renders_alike() -> 
         assert part.decode() == _blocks(full.decode(), families)
     # Decode refreshes do not reset it (SGLang: cache_hit_rate is prefill-owned).
     metrics.on_decode(
-        now_s=100.0,
-        running=1,
-        queued=0,
-        used_tokens=1,
-        capacity_tokens=10,
-        steps=0,
-        emitted_tokens=1,
-        verified_requests=0,
+        DecodeStep(
+            now_s=100.0,
+            running=1,
+            queued=0,
+            used_tokens=1,
+            capacity_tokens=10,
+            steps=0,
+            emitted_tokens=1,
+            verified_requests=0,
+        )
     )
     assert _samples(metrics.render())["sglang:cache_hit_rate"] == 1023 / 1024
     metrics.on_prefix_cache(0, 0)  # an all-reprocessed batch: SGLang sets 0

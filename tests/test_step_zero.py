@@ -127,7 +127,9 @@ def test_go_stale_is_validated() -> None:
         sampler.go_stale(1.5, 4)
     with pytest.raises(AcceptanceError, match="cold recovery verifies must be an integer >= 1"):
         sampler.go_stale(0.1, 0)
-    with pytest.raises(EngineConfigError, match="cold_penalty must be in"):
+    with pytest.raises(
+        EngineConfigError, match=r"EngineConfig\.cold_penalty: expected a finite number in \[0, 1\]"
+    ):
         EngineConfig(kv_token_capacity=100, cold_penalty=-0.1)
 
 

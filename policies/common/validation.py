@@ -166,35 +166,16 @@ def check_real(
     return float(value)  # type: ignore[arg-type]
 
 
-def check_opt_int(
-    where: str,
-    value: object,
-    *,
-    error: ErrorFactory,
-    minimum: int | None = None,
-    maximum: int | None = None,
-) -> int | None:
-    """None stays None; anything else must pass :func:`check_int`."""
-    if value is None:
-        return None
-    return check_int(where, value, error=error, minimum=minimum, maximum=maximum)
+def check_opt_int(where: str, value: object, **checks: Any) -> int | None:
+    """None stays None; anything else must pass :func:`check_int` with ``checks``
+    (``error=`` and the bounds)."""
+    return None if value is None else check_int(where, value, **checks)
 
 
-def check_opt_real(
-    where: str,
-    value: object,
-    *,
-    error: ErrorFactory,
-    minimum: float | None = None,
-    maximum: float | None = None,
-    positive: bool = False,
-) -> float | None:
-    """None stays None; anything else must pass :func:`check_real`."""
-    if value is None:
-        return None
-    return check_real(
-        where, value, error=error, minimum=minimum, maximum=maximum, positive=positive
-    )
+def check_opt_real(where: str, value: object, **checks: Any) -> float | None:
+    """None stays None; anything else must pass :func:`check_real` with ``checks``
+    (``error=`` and the bounds)."""
+    return None if value is None else check_real(where, value, **checks)
 
 
 def check_bool(where: str, value: object, *, error: ErrorFactory, form: str = "a bool") -> bool:

@@ -70,6 +70,7 @@ from specgov.simulator.engine.requests import itl_bin_value as itl_bin_value
 from specgov.simulator.engine.series import REPORT_SLOTS as REPORT_SLOTS
 from specgov.simulator.engine.series import IntervalSampler, slot_layout
 from specgov.simulator.engine.series import TimeSeries as TimeSeries
+from specgov.simulator.engine.sglang_metrics import FinishedRequest
 
 if TYPE_CHECKING:
     from specgov.policies.engine.protocol import AdaptiveSpecPolicy
@@ -600,11 +601,13 @@ class Run:
             sampler.tpot_n += 1
         if self.metrics is not None:
             self.metrics.on_finish(
-                prompt_tokens=r.input_tokens,
-                generation_tokens=r.generated,
-                verify_calls=r.verifies,
-                e2e_s=t - r.arrival_s,
-                tpot_s=tpot,
+                FinishedRequest(
+                    prompt_tokens=r.input_tokens,
+                    generation_tokens=r.generated,
+                    verify_calls=r.verifies,
+                    e2e_s=t - r.arrival_s,
+                    tpot_s=tpot,
+                )
             )
         if self.record:
             self.events.append((t, "finish", r.index, r.generated))

@@ -109,21 +109,7 @@ class CostModel(Roofline):
     running requests' cached tokens).
     """
 
-    __slots__ = ("_attn", "_dext_o")
-
-    def __init__(
-        self,
-        coefficients: RooflineCoefficients,
-        *,
-        speculative: bool,
-        topk: int = 1,
-        num_draft_tokens: int | None = None,
-    ) -> None:
-        super().__init__(
-            coefficients, speculative=speculative, topk=topk, num_draft_tokens=num_draft_tokens
-        )
-        self._attn = coefficients.attention_per_token_pair_s
-        self._dext_o = coefficients.draft_extend_overhead_s
+    __slots__ = ()
 
     # ------------------------------------------------------------------ builders
 
@@ -233,7 +219,9 @@ class CostModel(Roofline):
         n = batch_size * self._vtok[steps]
         p = self._p
         t: float = (
-            (self._dw_p + (n * self._dcomp) ** p) ** self._ip + kv_tokens * self._dkv + self._dext_o
+            (self._dw_p + (n * self._dcomp) ** p) ** self._ip
+            + kv_tokens * self._dkv
+            + self._coef.draft_extend_overhead_s
         )
         return t
 
@@ -248,18 +236,20 @@ class CostModel(Roofline):
         """
         p = self._p
         ip = self._ip
+        c = self._coef
+        pairs = new_tokens * (prefix_kv_tokens + 0.5 * (new_tokens + 1))
         t: float = (
             self._fixed
             + (self._w_p + (new_tokens * self._tc) ** p) ** ip
             + prefix_kv_tokens * self._kv
-            + new_tokens * (prefix_kv_tokens + 0.5 * (new_tokens + 1)) * self._attn
+            + pairs * c.attention_per_token_pair_s
             + new_tokens * self._tp_tok
         )
         if self.speculative:
             t += (
                 (self._dw_p + (new_tokens * self._dcomp) ** p) ** ip
                 + prefix_kv_tokens * self._dkv
-                + self._dext_o
+                + c.draft_extend_overhead_s
             )
         return t
 

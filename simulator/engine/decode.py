@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from specgov.simulator.engine.requests import ITL_MIN_S, ITL_SCALE, ITL_TOP, RequestState
 from specgov.simulator.engine.series import report_slot
+from specgov.simulator.engine.sglang_metrics import DecodeStep
 
 if TYPE_CHECKING:
     from specgov.simulator.engine.core import Run
@@ -134,15 +135,17 @@ def decode(run: Run) -> None:
             _switch_steps(run, ret)
     if run.metrics is not None:
         run.metrics.on_decode(
-            now_s=now,
-            running=bsz,
-            queued=len(run.waiting),
-            used_tokens=used,
-            capacity_tokens=run.capacity,
-            steps=k,
-            emitted_tokens=emitted_total,
-            verified_requests=bsz if policy is not None else 0,
-            step_s=dt,
+            DecodeStep(
+                now_s=now,
+                running=bsz,
+                queued=len(run.waiting),
+                used_tokens=used,
+                capacity_tokens=run.capacity,
+                steps=k,
+                emitted_tokens=emitted_total,
+                verified_requests=bsz if policy is not None else 0,
+                step_s=dt,
+            )
         )
     stepped = run.running
     if done:

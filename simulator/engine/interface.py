@@ -6,12 +6,12 @@ virtual clock it shares with in-engine policies, and what one run measured
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from specgov.policies.common.errors import SpecgovError
+from specgov.policies.common.validation import check_fields, check_int, check_opt_int, check_real
 from specgov.simulator.engine.series import TimeSeries
 
 __all__ = [
@@ -169,49 +169,26 @@ class EngineConfig:
     tier_switch_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.kv_token_capacity < 1:
-            raise EngineConfigError(
-                f"kv_token_capacity must be a positive token count, got {self.kv_token_capacity}"
-            )
-        if self.max_running_requests is not None and self.max_running_requests < 1:
-            raise EngineConfigError(
-                f"max_running_requests must be >= 1, got {self.max_running_requests}"
-            )
-        if self.chunked_prefill_size < 1:
-            raise EngineConfigError(
-                f"chunked_prefill_size must be >= 1, got {self.chunked_prefill_size}"
-            )
-        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
-            raise EngineConfigError(
-                f"cuda_graph_max_bs must be >= 1 or None, got {self.cuda_graph_max_bs}"
-            )
-        if self.topk < 1:
-            raise EngineConfigError(f"topk must be >= 1, got {self.topk}")
+        where, error = "EngineConfig", EngineConfigError
+        counts = ("kv_token_capacity", "chunked_prefill_size", "topk", "cold_recovery_verifies")
+        check_fields(where, self, counts, check_int, error=error, minimum=1)
+        caps = ("max_running_requests", "cuda_graph_max_bs")  # None: SGLang's default / none
+        check_fields(where, self, caps, check_opt_int, error=error, minimum=1)
+        check_fields(where, self, ("hicache_token_capacity",), check_int, error=error, minimum=0)
+        check_fields(where, self, ("sample_interval_s",), check_real, error=error, positive=True)
+        check_fields(
+            where, self, ("cold_penalty",), check_real, error=error, minimum=0.0, maximum=1.0
+        )
+        seconds = ("hicache_load_s_per_token", "tier_switch_s")
+        check_fields(where, self, seconds, check_real, error=error, minimum=0.0)
         if self.topk > 1 and (self.num_draft_tokens is None or self.num_draft_tokens < 2):
             raise EngineConfigError(
                 f"num_draft_tokens must be >= 2 with topk={self.topk}, got {self.num_draft_tokens}"
-            )
-        if self.sample_interval_s <= 0:
-            raise EngineConfigError(f"sample_interval_s must be > 0, got {self.sample_interval_s}")
-        if not 0.0 <= self.cold_penalty <= 1.0:
-            raise EngineConfigError(f"cold_penalty must be in [0, 1], got {self.cold_penalty}")
-        if self.cold_recovery_verifies < 1:
-            raise EngineConfigError(
-                f"cold_recovery_verifies must be >= 1, got {self.cold_recovery_verifies}"
-            )
-        if self.hicache_token_capacity < 0 or self.hicache_load_s_per_token < 0:
-            raise EngineConfigError(
-                "hicache_token_capacity and hicache_load_s_per_token must be >= 0, got "
-                f"{self.hicache_token_capacity}, {self.hicache_load_s_per_token}"
             )
         if self.hicache_token_capacity and not self.prefix_cache:
             raise EngineConfigError(
                 "a hierarchical cache needs the radix cache (prefix_cache=True), as SGLang's "
                 "--enable-hierarchical-cache does"
-            )
-        if not self.tier_switch_s >= 0.0 or math.isinf(self.tier_switch_s):
-            raise EngineConfigError(
-                f"tier_switch_s must be a finite number >= 0 seconds, got {self.tier_switch_s}"
             )
 
     def verify_tokens_per_request(self, steps: int) -> int:

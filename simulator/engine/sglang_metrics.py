@@ -146,6 +146,35 @@ _COUNT = -1
 _SUM = -2
 
 
+@dataclass(frozen=True, slots=True)
+class FinishedRequest:
+    """One request as the metrics see it when it finishes: its prompt and generated
+    tokens, its verify calls, its end-to-end latency and its TPOT (None: one token)."""
+
+    prompt_tokens: int
+    generation_tokens: int
+    verify_calls: int
+    e2e_s: float
+    tpot_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeStep:
+    """One decode forward as the metrics see it: when it ended, the batch and queue,
+    the KV pool, the step count, the tokens it emitted, the requests it verified (0
+    without a speculation policy) and how long it ran."""
+
+    now_s: float
+    running: int
+    queued: int
+    used_tokens: int
+    capacity_tokens: int
+    steps: int
+    emitted_tokens: int
+    verified_requests: int
+    step_s: float = 0.0
+
+
 class SimMetrics:
     """The simulated server's /metrics, fed by the engine as SGLang's collectors are."""
 
@@ -350,23 +379,15 @@ class SimMetrics:
             num_tokens
         )
 
-    def on_finish(
-        self,
-        *,
-        prompt_tokens: int,
-        generation_tokens: int,
-        verify_calls: int,
-        e2e_s: float,
-        tpot_s: float | None,
-    ) -> None:
-        self.prompt_tokens.inc(prompt_tokens)
-        self.generation_tokens.inc(generation_tokens)
-        if verify_calls > 0:
-            self.verify_calls.inc(verify_calls)
+    def on_finish(self, done: FinishedRequest) -> None:
+        self.prompt_tokens.inc(done.prompt_tokens)
+        self.generation_tokens.inc(done.generation_tokens)
+        if done.verify_calls > 0:
+            self.verify_calls.inc(done.verify_calls)
         self.requests.inc()
-        self.e2e.observe(e2e_s)
-        if tpot_s is not None:
-            self.tpot.observe(tpot_s)
+        self.e2e.observe(done.e2e_s)
+        if done.tpot_s is not None:
+            self.tpot.observe(done.tpot_s)
 
     def on_prefill(self, new_tokens: int, duration_s: float = 0.0) -> None:
         """One prefill forward of ``new_tokens`` that took ``duration_s`` (modelled)."""
@@ -382,46 +403,35 @@ class SimMetrics:
         self.retracted.inc(count)
         self._iv_retracted += count
 
-    def on_decode(
-        self,
-        *,
-        now_s: float,
-        running: int,
-        queued: int,
-        used_tokens: int,
-        capacity_tokens: int,
-        steps: int,
-        emitted_tokens: int,
-        verified_requests: int,
-        step_s: float = 0.0,
-    ) -> None:
-        """After each decode forward (``step_s`` long); gauges refresh every
-        decode_log_interval iterations."""
+    def on_decode(self, step: DecodeStep) -> None:
+        """After each decode forward; gauges refresh every decode_log_interval
+        iterations."""
         if self._iv_start_s is None:
-            self._iv_start_s = now_s
+            self._iv_start_s = step.now_s
         self._decode_ct += 1
-        self._iv_tokens += emitted_tokens
-        self._iv_verify_tokens += emitted_tokens if verified_requests else 0
-        self._iv_verifies += verified_requests
+        self._iv_tokens += step.emitted_tokens
+        self._iv_verify_tokens += step.emitted_tokens if step.verified_requests else 0
+        self._iv_verifies += step.verified_requests
         if self._decode_ct % self.decode_log_interval != 0:
             return
-        span = now_s - self._iv_start_s
-        self.g_running.set(running)
-        self.g_queue.set(queued)
-        self.g_used_tokens.set(used_tokens)
-        self.g_available.set(capacity_tokens - used_tokens)
-        self.g_token_usage.set(used_tokens / capacity_tokens if capacity_tokens else 0.0)
+        span = step.now_s - self._iv_start_s
+        used, capacity = step.used_tokens, step.capacity_tokens
+        self.g_running.set(step.running)
+        self.g_queue.set(step.queued)
+        self.g_used_tokens.set(used)
+        self.g_available.set(capacity - used)
+        self.g_token_usage.set(used / capacity if capacity else 0.0)
         self.g_gen_throughput.set(self._iv_tokens / span if span > 0 else 0.0)
         if self._iv_verifies:
             self.g_accept_length.set(self._iv_verify_tokens / self._iv_verifies)
-        self.g_num_steps.set(steps)
+        self.g_num_steps.set(step.steps)
         self.g_retracted.set(self._iv_retracted)
         self.realtime_decode.inc(self._iv_tokens)
         self.realtime_prefill.inc(self._iv_prefill_tokens)
         self._iv_prefill_tokens = 0
         self._iv_tokens = self._iv_verify_tokens = self._iv_verifies = 0
         self._iv_retracted = 0
-        self._iv_start_s = now_s
+        self._iv_start_s = step.now_s
 
     # ------------------------------------------------------------------ output
 

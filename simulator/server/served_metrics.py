@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 
-from specgov.simulator.engine.sglang_metrics import SimMetrics
+from specgov.simulator.engine.sglang_metrics import DecodeStep, FinishedRequest, SimMetrics
 from specgov.simulator.server import endpoints as ep
 
 
@@ -75,23 +75,9 @@ class ServedMetrics(SimMetrics):
         with self.lock:
             super().on_tokens(interval_s, num_tokens)
 
-    def on_finish(
-        self,
-        *,
-        prompt_tokens: int,
-        generation_tokens: int,
-        verify_calls: int,
-        e2e_s: float,
-        tpot_s: float | None,
-    ) -> None:
+    def on_finish(self, done: FinishedRequest) -> None:
         with self.lock:
-            super().on_finish(
-                prompt_tokens=prompt_tokens,
-                generation_tokens=generation_tokens,
-                verify_calls=verify_calls,
-                e2e_s=e2e_s,
-                tpot_s=tpot_s,
-            )
+            super().on_finish(done)
             self.finished += 1
 
     def on_prefill(self, new_tokens: int, duration_s: float = 0.0) -> None:
@@ -111,53 +97,32 @@ class ServedMetrics(SimMetrics):
             super().on_retract(count)
             self._log_retracted += count
 
-    def on_decode(
-        self,
-        *,
-        now_s: float,
-        running: int,
-        queued: int,
-        used_tokens: int,
-        capacity_tokens: int,
-        steps: int,
-        emitted_tokens: int,
-        verified_requests: int,
-        step_s: float = 0.0,
-    ) -> None:
+    def on_decode(self, step: DecodeStep) -> None:
         with self.lock:
-            super().on_decode(
-                now_s=now_s,
-                running=running,
-                queued=queued,
-                used_tokens=used_tokens,
-                capacity_tokens=capacity_tokens,
-                steps=steps,
-                emitted_tokens=emitted_tokens,
-                verified_requests=verified_requests,
-                step_s=step_s,
-            )
+            super().on_decode(step)
             self.forwards += 1
             self._idle = False
-            self._running, self._waiting, self._used = running, queued, used_tokens
+            self._running, self._waiting, self._used = step.running, step.queued, step.used_tokens
+            now_s, emitted, verified = step.now_s, step.emitted_tokens, step.verified_requests
             if self._log_start_s is None:
                 self._log_start_s = now_s
-            self._log_tokens += emitted_tokens
-            if verified_requests:
-                self._iv_acc += emitted_tokens
-                self._iv_fwd += verified_requests
-                self._iv_correct += emitted_tokens - verified_requests
+            self._log_tokens += emitted
+            if verified:
+                self._iv_acc += emitted
+                self._iv_fwd += verified
+                self._iv_correct += emitted - verified
             # SGLang's decode moments use launch-to-launch cadence; here the modelled
             # forward duration, which is that cadence when decodes run back to back.
-            step_us = float(int(step_s * 1e6))
-            if running > 0 and step_us > 0:
+            step_us = float(int(step.step_s * 1e6))
+            if step.running > 0 and step_us > 0:
                 m = self._moments
-                b = float(running)
+                b = float(step.running)
                 m[0] += 1.0
                 m[1] += b
                 m[2] += step_us
                 m[3] += b * b
                 m[4] += b * step_us
-                m[5] += float(emitted_tokens)
+                m[5] += float(emitted)
             self._decodes += 1
             if self._decodes % self.decode_log_interval == 0:
                 span = now_s - self._log_start_s

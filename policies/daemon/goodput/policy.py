@@ -303,14 +303,7 @@ class GoodputPolicy:
             best = cur
         return best, slo_limited
 
-    def _optimistic_probe(
-        self,
-        work: Sequence[SlotWork],
-        cost: StepCostModel,
-        ctx: float,
-        slo_ms: float | None,
-        slo: SloModel | None,
-    ) -> tuple[int, int] | None:
+    def _optimistic_probe(self, work: Sequence[SlotWork], ws: _Weighing) -> tuple[int, int] | None:
         """(slot, steps) of the most valuable safe optimistic probe, if any.
 
         Candidates are the steps that would use positions past the evidence. One is
@@ -322,6 +315,7 @@ class GoodputPolicy:
         costs compute (large batches) even one step past the evidence is often unsafe.
         """
         cfg = self._config
+        cost, ctx, slo_ms, slo = ws
         chosen: tuple[float, int, int] | None = None
         for w in work:
             if w.share <= 0 or w.share < cfg.busy_share:
@@ -357,14 +351,7 @@ class GoodputPolicy:
                 chosen = (value, w.bound, k)
         return None if chosen is None else (chosen[1], chosen[2])
 
-    def _cost_probe(
-        self,
-        work: Sequence[SlotWork],
-        cost: StepCostModel,
-        ctx: float,
-        slo_ms: float | None,
-        slo: SloModel | None,
-    ) -> tuple[int, int] | None:
+    def _cost_probe(self, work: Sequence[SlotWork], ws: _Weighing) -> tuple[int, int] | None:
         """(slot, steps) of the most valuable cost probe, if any.
 
         The fit learns the cost of a step count from windows run at it; from one step
@@ -384,6 +371,7 @@ class GoodputPolicy:
         there is one and no SLO model).
         """
         cfg = self._config
+        cost, ctx, slo_ms, slo = ws
         need = cfg.cost_probe_evidence
         chosen: tuple[float, int, int] | None = None
         for w in work:
@@ -420,17 +408,10 @@ class GoodputPolicy:
                     chosen = (value, w.bound, k)
         return None if chosen is None else (chosen[1], chosen[2])
 
-    def _slot_rule(
-        self,
-        w: SlotWork,
-        cost: StepCostModel,
-        ctx: float,
-        slo_ms: float | None,
-        slo: SloModel | None,
-        in_force: SlotRule | None,
-    ) -> SlotRule | None:
+    def _slot_rule(self, w: SlotWork, ws: _Weighing, in_force: SlotRule | None) -> SlotRule | None:
         """The slot's live-acceptance rule (``rules.slot_rule``) over the candidates its
         plan weighed, with the plan's acceptance profiles, step times and SLO model."""
+        cost, ctx, slo_ms, slo = ws
         ratios = w.first_ratio
         flat = flat_past_evidence(w.est)
         # The signal is the first-draft rate at the steps that run (``signal_steps``); a
@@ -571,14 +552,13 @@ class GoodputPolicy:
         """{slot: steps} of this decision's probe, if any (loss-bounded optimistic, else
         cost, else now and then a random one), and the state with the random draw."""
         cfg = self._config
-        cost, ctx, slo_ms, slo = ws
         probes: dict[int, int] = {}
         if cfg.probe_max_loss > 0:
-            found = self._optimistic_probe(work, cost, ctx, slo_ms, slo)
+            found = self._optimistic_probe(work, ws)
             if found is not None:
                 probes[found[0]] = found[1]
         if not probes and cfg.cost_probe_evidence > 0:
-            found = self._cost_probe(work, cost, ctx, slo_ms, slo)
+            found = self._cost_probe(work, ws)
             if found is not None:
                 probes[found[0]] = found[1]
         probe_open = (
@@ -636,7 +616,7 @@ class GoodputPolicy:
     ]:
         """Per slot its plan (a probe's steps, else the best), the table's gain terms and
         the goodput predicted for every step evaluated."""
-        cost, ctx, slo_ms, slo = ws
+        cost, ctx, _, slo = ws
         plans: list[SlotPlan] = []
         gains: list[tuple[float, float, float]] = []  # (weight, new score, current score)
         predicted: dict[tuple[int, int], GoodputPrediction] = {}
@@ -644,9 +624,7 @@ class GoodputPolicy:
             # A probe is a fixed experiment; elsewhere the engine follows the slot's rule,
             # and the slot's step is the rule's at the prior (where the engine starts).
             in_force = None if current is None else current.rule_for(w.bound)
-            rule = (
-                None if w.bound in probes else self._slot_rule(w, cost, ctx, slo_ms, slo, in_force)
-            )
+            rule = None if w.bound in probes else self._slot_rule(w, ws, in_force)
             steps = probes.get(w.bound, w.best if rule is None else rule.steps_at(rule.prior))
             e = w.evals.get(steps) or self._evaluate(
                 first_scaled(w.est.mean, ratio_at(w.first_ratio, steps)),
