@@ -13,16 +13,11 @@ import bisect
 import itertools
 import math
 from collections.abc import Sequence
-from typing import Final
 
 import numpy as np
 from scipy.optimize import nnls
 
-from specgov.policies.daemon.estimators.step_cost_prior import (
-    FEATURE_NAMES,
-    N_FEATURES,
-    StepCostPrior,
-)
+from specgov.policies.daemon.estimators.step_cost_prior import N_FEATURES, StepCostPrior
 from specgov.policies.daemon.estimators.step_cost_samples import SampleColumns, StepCostConfig
 
 __all__ = [
@@ -30,7 +25,6 @@ __all__ = [
     "median",
     "median_sorted",
     "penalty_scales",
-    "recalibration",
     "weighted_median",
     "weighted_median_sorted",
 ]
@@ -97,66 +91,29 @@ def _huber_weights(resid: np.ndarray, config: StepCostConfig) -> np.ndarray:
     return out
 
 
-# The terms a GPU's speed scales (memory bandwidth and compute: the rooflines and the
-# KV reads); the others are per-event overheads (launches, bookkeeping per step, per
-# token, per request) that the catalog charges alike on every GPU.
-_HARDWARE_TERMS: Final = frozenset(
-    (
-        "roofline_knee_x0.5",
-        "roofline",
-        "roofline_knee_x2",
-        "target_kv_ns",
-        "draft_kv_ns",
-        "draft_roofline",
-    )
-)
-_HARDWARE: Final = np.asarray([name in _HARDWARE_TERMS for name in FEATURE_NAMES])
+def _recalibration(
+    ratios: np.ndarray, weights: np.ndarray, steps: Sequence[int], config: StepCostConfig
+) -> float:
+    """The factor that scales the prior the fit is pulled towards.
 
-
-def recalibration(
-    x: np.ndarray, y: np.ndarray, weights: np.ndarray, theta0: np.ndarray, config: StepCostConfig
-) -> np.ndarray:
-    """Per-coefficient factors that scale the prior the fit is pulled towards.
-
-    ``x`` holds the samples' features over the prior's prediction, ``y`` observed over
-    predicted, ``weights`` their decayed weights. Pulled towards the raw prior, the
-    least-penalised terms absorb a wrong prior's whole error and the predicted cost
-    keeps the prior's shape where the data is silent. A prior built for another GPU is
-    wrong in a structured way: its hardware terms (:data:`_HARDWARE_TERMS`, the weight
-    and KV reads and the compute) are off by that GPU's speed, its per-event overheads
-    are not. So the prior is recalibrated by two factors, one per group, the weighted
-    least-squares fit of ``y`` on each sample's two shares of the prior, ridge-pulled
-    (``prior_strength`` windows each) to one common factor, the weighted median of
-    ``y``: samples that cannot tell the groups apart (one step count at one batch size)
-    give that one factor, and where the shares vary (several step counts or batch
-    sizes) the data separates them. An exact prior gives factors ~1, a prior wrong
-    only by its scale that scale for both; the slope in the steps (per-step overheads
-    against the verify roofline) then follows the measured split, not the prior's.
+    While the samples cover one step count only, the fit cannot tell which coefficients
+    are off; pulled towards the raw prior, the least-penalised terms (the per-draft-step
+    ones) absorb the whole scale error and the predicted cost goes flat in the steps, so
+    an unrun larger step count looks free. Pulled towards the prior recalibrated by one
+    factor (the weighted median of observed / predicted), the fit keeps the prior's shape
+    where the data is silent, and is exact when the prior's only error is its scale.
+    The pull (``prior_strength`` windows on each of the coefficients) outweighs a few
+    windows, so this matters until the data dominates: once a second step count holds
+    as much weight as the whole pull, the data pins the cost per step and the pull
+    returns to the prior itself (log-linearly in between).
     """
-    common = weighted_median(y, weights)
-    hw = x[:, _HARDWARE] @ theta0[_HARDWARE]
-    ov = x[:, ~_HARDWARE] @ theta0[~_HARDWARE]
-    # The ridge counts prior_strength windows of the samples' mean shares, so a group
-    # that is a small share of every step is still pinned by data that varies it.
-    total = max(float(np.sum(weights)), 1e-12)
-    lam_hw = config.prior_strength * float(weights @ (hw * hw)) / total
-    lam_ov = config.prior_strength * float(weights @ (ov * ov)) / total
-    a = np.asarray(
-        [
-            [float(weights @ (hw * hw)) + lam_hw, float(weights @ (hw * ov))],
-            [float(weights @ (hw * ov)), float(weights @ (ov * ov)) + lam_ov],
-        ]
-    )
-    b = np.asarray(
-        [float(weights @ (hw * y)) + lam_hw * common, float(weights @ (ov * y)) + lam_ov * common]
-    )
-    try:
-        r_hw, r_ov = np.linalg.solve(a, b).tolist()
-    except np.linalg.LinAlgError:
-        r_hw = r_ov = common
-    if not (math.isfinite(r_hw) and math.isfinite(r_ov)) or r_hw <= 0 or r_ov <= 0:
-        r_hw = r_ov = common
-    return np.where(_HARDWARE, r_hw, r_ov)
+    by_steps: dict[int, float] = {}
+    for k, wk in zip(steps, weights.tolist(), strict=True):
+        by_steps[k] = by_steps.get(k, 0.0) + wk
+    covered = sorted(by_steps.values(), reverse=True)
+    second = covered[1] if len(covered) > 1 else 0.0
+    trust = min(1.0, second / (N_FEATURES * config.prior_strength))
+    return float(weighted_median(ratios, weights) ** (1.0 - trust))
 
 
 def fit(
@@ -176,7 +133,7 @@ def fit(
     y = cols.step_s / base
     age = np.maximum(0.0, now_s - np.asarray(cols.time_s))
     w = np.asarray(cols.weight) * 0.5 ** (age / config.half_life_s)
-    target = theta0 * recalibration(x, y, w, theta0, config)
+    target = theta0 * _recalibration(y, w, cols.steps.tolist(), config)
     scales = penalty_scales(cols.prior, config)
     root_l = math.sqrt(config.prior_strength)
     pen_x = np.diag(root_l * scales)
