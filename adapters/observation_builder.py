@@ -441,6 +441,7 @@ def _observation(
         generation_tokens=None if w is None else _as_count(w.generation_tokens),
         verify_calls=None if w is None else _as_count(w.verify_calls),
         retractions=None if w is None else _as_count(w.retractions),
+        finished_requests=None if w is None else _as_count(w.requests),
         e2e_ms=None if w is None else _latency(quantiles(w.e2e)),
         spec_num_steps=_as_count(g.steps),
         slot_candidates=None if si is None else si.slot_candidates,

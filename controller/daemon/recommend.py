@@ -51,6 +51,7 @@ from specgov.adapters.launch_config import (
     default_slots,
     recommend_skip_zero_step,
 )
+from specgov.controller.daemon.load_shape import arrival_segments, replay_ramp
 from specgov.policies.common.codec import to_data
 from specgov.policies.common.decisions import RESTART_METRICS, RestartRecommendation
 from specgov.policies.common.errors import SpecgovError
@@ -77,6 +78,9 @@ SUSTAINED_S = 120.0
 RESTART_MIN_GAIN = 0.10
 # Goodputs within this fraction of each other are "equal": the gain is then on TPOT p50.
 EQUAL_GOODPUT = 0.01
+# An open-loop window is replayed over its own length up to this long (its regimes
+# scaled into it): the check's cost stays bounded.
+WINDOW_HORIZON_CAP_S = 600.0
 # A window is saturated when requests were queued in at least this share of its samples.
 SATURATED_SHARE = 0.5
 # ...or when it holds a closed population: requests in the server whose interquartile
@@ -108,6 +112,10 @@ class WorkloadSummary:
     # server, its slot rules evaluated at the window's acceptance (``window_table``): the
     # baseline the candidates are compared with.
     table: tuple[tuple[int, int], ...] | None = None
+    # The window's arrival regimes ((duration_s, arrivals/s), ..., at most
+    # load_shape.MAX_SEGMENTS, ``arrival_segments``): an open-loop window is replayed
+    # following them; empty: steady Poisson arrivals at request_rate_rps.
+    segments: tuple[tuple[float, float], ...] = ()
 
 
 def saturated_concurrency(samples: Sequence[tuple[int | None, int | None]]) -> float | None:
@@ -305,22 +313,11 @@ def recommend(
     needs more is not a candidate (its row says why), and the others are replayed with
     the KV pool that budget leaves."""
     from specgov.simulator.replay.metrics import Slo
-    from specgov.simulator.workload.synthetic import Phase, SyntheticSpec, generate_trace
+    from specgov.simulator.workload.synthetic import generate_trace
 
-    if workload.request_rate_rps <= 0 or workload.mean_output_tokens <= 0:
-        raise RecommendError("no finished requests in the window: nothing to recommend from")
     notes: list[str] = []
     rates = _acceptance_rates(workload, notes)
-    spec = SyntheticSpec(
-        duration_s=horizon_s,
-        rate_rps=workload.request_rate_rps,
-        arrival="poisson",
-        mean_input_tokens=max(workload.mean_input_tokens, 1.0),
-        mean_output_tokens=max(workload.mean_output_tokens, 1.0),
-        phases=(Phase(horizon_s, {"chat": 1.0}),),
-        seed=seed,
-    )
-    trace = generate_trace(spec)
+    trace = generate_trace(window_spec(workload, horizon_s=horizon_s, seed=seed, notes=notes))
     users = None
     metric = "goodput_tok_s"
     if workload.concurrency is not None and workload.concurrency >= 1:
@@ -348,6 +345,48 @@ def recommend(
     else:
         current_row = _current_row(current, rows)
     return _recommendation(rows, current_row, workload, notes, drafter, metric)
+
+
+def window_spec(
+    workload: WorkloadSummary,
+    *,
+    horizon_s: float = 180.0,
+    seed: int = 0,
+    notes: list[str] | None = None,
+) -> Any:
+    """The synthetic trace's spec (simulator.workload.synthetic ``SyntheticSpec``) the
+    check replays for *workload*, what it chose said in *notes*.
+
+    An open-loop window with arrival regimes (``WorkloadSummary.segments``) is replayed
+    following them (``load_shape.replay_ramp``: Poisson arrivals at each regime's rate)
+    over its own length, at least *horizon_s* and at most WINDOW_HORIZON_CAP_S (the
+    regimes' durations scaled to it); a saturated window (closed-loop users) or a steady
+    one as Poisson arrivals at the mean rate over *horizon_s*."""
+    from specgov.simulator.workload.synthetic import Phase, SyntheticSpec
+
+    if workload.request_rate_rps <= 0 or workload.mean_output_tokens <= 0:
+        raise RecommendError("no finished requests in the window: nothing to recommend from")
+    saturated = workload.concurrency is not None and workload.concurrency >= 1
+    ramp = None
+    if not saturated and len(workload.segments) >= 2:
+        horizon_s = max(horizon_s, min(workload.window_s, WINDOW_HORIZON_CAP_S))
+        ramp = replay_ramp(workload.segments, horizon_s)
+    if ramp is not None and notes is not None:
+        peak = max(r for _, r in workload.segments)
+        notes.append(
+            f"arrivals replayed as the window's {len(workload.segments)} regimes over "
+            f"{horizon_s:.0f} s (mean {workload.request_rate_rps:.2f} req/s, peak {peak:.2f})"
+        )
+    return SyntheticSpec(
+        duration_s=horizon_s,
+        rate_rps=workload.request_rate_rps,
+        arrival="poisson",
+        ramp=ramp,
+        mean_input_tokens=max(workload.mean_input_tokens, 1.0),
+        mean_output_tokens=max(workload.mean_output_tokens, 1.0),
+        phases=(Phase(horizon_s, {"chat": 1.0}),),
+        seed=seed,
+    )
 
 
 def _acceptance_rates(workload: WorkloadSummary, notes: list[str]) -> tuple[float, ...] | None:
@@ -639,6 +678,12 @@ def replay_workload(run: Any, requests: Sequence[Any]) -> WorkloadSummary:
         (r.table_in_force for r in reversed(records) if r.table_in_force is not None), None
     )
     samples = [(r.inputs_summary.get("running"), r.inputs_summary.get("queued")) for r in records]
+    shape = arrival_segments(
+        [
+            (r.time_s, _finished_rps(r.inputs_summary), _held(q))
+            for r, q in zip(records, samples, strict=True)
+        ]
+    )
     table, accept, steps = window_table(
         in_force,
         [r for r, _ in samples if r is not None],
@@ -657,7 +702,20 @@ def replay_workload(run: Any, requests: Sequence[Any]) -> WorkloadSummary:
         current_steps=steps,
         concurrency=saturated_concurrency(samples),
         table=table,
+        segments=shape,
     )
+
+
+def _finished_rps(summary: Mapping[str, Any]) -> float | None:
+    """Requests finished per second over an audit row's observation window, or None."""
+    finished, window = summary.get("finished_requests"), summary.get("window_s")
+    return None if finished is None or not window else float(finished) / float(window)
+
+
+def _held(sample: tuple[int | None, int | None]) -> int | None:
+    """Requests in the server (running + queued) of a (running, queued) sample, or None."""
+    running, queued = sample
+    return None if running is None or queued is None else running + queued
 
 
 def replay_restart_check(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import random
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -241,6 +241,7 @@ class Telemetry:
     def workload_summary(self, since_s: float | None = None) -> Any:
         """The recent window for the restart loop (None until two scrapes apart); with
         *since_s*, only the scrapes from then on (a restart trigger's regime)."""
+        from specgov.controller.daemon.load_shape import arrival_segments
         from specgov.controller.daemon.recommend import (
             WorkloadSummary,
             saturated_concurrency,
@@ -272,6 +273,7 @@ class Telemetry:
             concurrency=saturated_concurrency([(t.running, t.queued) for t in totals]),
             # The table in force is the baseline (what a restart would give up).
             table=table,
+            segments=arrival_segments(_arrival_points(totals)),
         )
 
     def load_adaptive_config(self, info: Mapping[str, Any]) -> None:
@@ -328,3 +330,17 @@ def _nonfinite_dropped(snapshot: Any) -> int:
     names the value in each reason; negative counters are dropped too but are finite)."""
     unknown = getattr(snapshot, "unknown", ())
     return sum(1 for u in unknown if _NONFINITE.search(str(getattr(u, "reason", ""))))
+
+
+def _arrival_points(
+    totals: Sequence[_ScrapeTotals],
+) -> list[tuple[float, float | None, int | None]]:
+    """(time, requests finished per second since the scrape before, requests in the
+    server) per scrape, what ``arrival_segments`` reads (the first has no rate)."""
+    points: list[tuple[float, float | None, int | None]] = []
+    for before, t in zip([None, *totals], totals, strict=False):
+        held = None if t.running is None or t.queued is None else t.running + t.queued
+        dt = None if before is None else t.at_s - before.at_s
+        rate = None if before is None or not dt else (t.requests - before.requests) / dt
+        points.append((t.at_s, rate, held))
+    return points

@@ -30,6 +30,7 @@ _COUNTS: Final = (
     "generation_tokens",
     "verify_calls",
     "retractions",
+    "finished_requests",
     "spec_num_steps",
     *_LOAD_COUNTS,
 )
@@ -105,6 +106,7 @@ class Observation:
     generation_tokens: int | None = None  # Δ sglang:generation_tokens_total
     verify_calls: int | None = None  # Δ sglang:spec_verify_calls_total
     retractions: int | None = None  # Δ sglang:num_retracted_requests_total
+    finished_requests: int | None = None  # Δ sglang:num_requests_total (requests done)
     e2e_ms: LatencyQuantiles | None = None
     spec_num_steps: int | None = None  # the sglang:spec_num_steps gauge (aged)
     # Per slot lower bound, the steps the engine captured for it (its adaptive

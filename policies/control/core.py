@@ -548,6 +548,10 @@ def inputs_summary(obs: Observation | None) -> dict[str, Any]:
         "tpot_p50_ms": finite(None if obs.tpot_ms is None else obs.tpot_ms.p50_ms),
         "itl_p99_ms": finite(None if obs.itl_ms is None else obs.itl_ms.p99_ms),
         "spec_num_steps": obs.spec_num_steps,
+        # The window's finished requests: with running + queued, its arrivals (the
+        # restart check replays the window's load shape from them: arrival_segments).
+        "finished_requests": obs.finished_requests,
+        "window_s": finite(obs.window_s),
         "staleness_s": finite(obs.staleness_s),
         "tier_windows": None if obs.tier_stats is None else len(obs.tier_stats.tiers),
     }
