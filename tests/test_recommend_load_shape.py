@@ -54,13 +54,28 @@ def test_arrivals_are_what_finished_plus_the_change_in_what_the_server_holds() -
 
 def test_a_long_window_stays_bounded_and_keeps_its_arrivals() -> None:
     rng = np.random.default_rng(7)
-    rates = [float(r) for r in rng.poisson(4.0, size=3600)]  # an hour of 1 s scrapes
+    # An hour of 1 s scrapes through 120 regimes of 30 s alternating 2 and 12 req/s: more
+    # regimes than the summary holds.
+    rates = [float(r) for k in range(120) for r in rng.poisson(2.0 if k % 2 else 12.0, 30)]
     segments = arrival_segments(_scrapes(rates))
-    assert 2 <= len(segments) <= MAX_SEGMENTS
+    assert len(segments) == MAX_SEGMENTS
     assert sum(d for d, _ in segments) == pytest.approx(3600.0)
     assert sum(d * r for d, r in segments) == pytest.approx(sum(rates))
-    # Equal neighbours always merge: a steady window is one regime.
+    # Equal neighbours are one regime, and so is a steady Poisson hour (its noise is not
+    # a regime: replaying it as one would add burstiness the window did not have).
     assert merge_segments([(1.0, 2.0)] * 50, MAX_SEGMENTS) == ((50.0, 2.0),)
+    steady = [float(r) for r in rng.poisson(4.0, size=3600)]
+    assert len(arrival_segments(_scrapes(steady))) == 1
+
+
+def test_regimes_are_found_through_poisson_noise() -> None:
+    # The phase scenario's three regimes (16.8, 6.0 and 3.8 req/s, 300 s each) seen in
+    # 5 s scrapes: three regimes, their bounds within two scrapes, their rates within noise.
+    rng = np.random.default_rng(3)
+    counts = [rng.poisson(rate * 5, 60) for rate in (16.8, 6.0, 3.8)]
+    segments = merge_segments([(5.0, float(c) / 5) for cs in counts for c in cs], MAX_SEGMENTS)
+    assert [d for d, _ in segments] == pytest.approx([300.0, 300.0, 300.0], abs=10.0)
+    assert [r for _, r in segments] == pytest.approx([16.8, 6.0, 3.8], rel=0.05)
 
 
 def test_a_two_regime_window_is_replayed_as_two_regimes() -> None:
