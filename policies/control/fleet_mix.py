@@ -210,20 +210,23 @@ def reserve_cap(spec: int, replicas: int, load: float, model: MixModel) -> int:
     If the load jumped to ``step_reserve x load`` and a switch to plain were then due
     (past the band's top), the next move must still be safe: the ``n - 1`` replicas left,
     each at an even share, within ``(1 - headroom)`` of a speculative replica's capacity.
-    When it would not be, all but one replica go plain now, while the load is light
-    (the last speculative one's move leaves only plain replicas); the reserve lets go
-    once the jumped load is at or below the band's bottom, and between the two the fleet
-    keeps what it has (at least one plain replica). ``replicas`` when no reserve is due."""
+    The reserve is due where the jumped load per replica is past both (``trigger``): all
+    but one replica go plain now, while the load is light (the last speculative one's
+    move leaves only plain replicas). It lets go once the jumped load is at or below
+    ``trigger x (1 - h) / (1 + h)`` (the band's ratio, so it does not flap), and between
+    the two the fleet keeps what it has (at least one plain replica). ``replicas`` when
+    no reserve is due."""
     n = replicas
     if model.step_reserve <= 1.0 or n < 2:
         return n
-    low, high = band(n, model)
-    jumped = model.step_reserve * load
-    safe = jumped / (n - 1) <= (1.0 - model.headroom) * model.capacity("spec")
-    if safe or jumped / n <= low:
-        return n
-    if jumped / n >= high:
+    h = model.hysteresis
+    safe = (1.0 - model.headroom) * (n - 1) * model.capacity("spec") / n
+    trigger = max(band(n, model)[1], safe)
+    jumped = model.step_reserve * load / n
+    if jumped >= trigger:
         return 1
+    if jumped <= trigger * (1.0 - h) / (1.0 + h):
+        return n
     return max(spec, 1)
 
 
