@@ -67,6 +67,7 @@ import aiohttp
 import numpy as np
 
 from specgov.controller.fleet.gateway import SmgGateway, launched_smg
+from specgov.policies.control.fleet_mix import MOVE_TO_PLAIN_RESERVE
 from specgov.simulator.planning.fleet import MixCrossover, mix_crossover
 from specgov.simulator.server.replica import restart_replica, stop_replica
 
@@ -99,6 +100,9 @@ class Config:
     # The ramp is a staircase: a line through a step projects it onward, and the rate
     # edge (policies/control/fleet_mix.py, band) already starts the switch in time.
     forecast: bool = False
+    # The governor's --step-reserve; None: the ramp's largest step up (5/2 = 2.5 here),
+    # a ramp that says its steps (the CLI's default comes from the Azure trace instead).
+    step_reserve: float | None = None
     seed: int = 0
     # The ramp plans 600 s x 66 req/s = 39600 (30000 cut the last three levels off).
     max_requests: int = 45000
@@ -120,6 +124,7 @@ QUICK = Config(
     rate_window_s=20.0,
     forecast_window_s=24.0,
     max_requests=4000,
+    step_reserve=1.5,
 )
 
 
@@ -208,6 +213,14 @@ def replicas(cfg: Config, modes: Sequence[str], run_dir: Path) -> Iterator[list[
             stop_replica(pid_file)
 
 
+def step_reserve(cfg: Config) -> float:
+    """The governor's --step-reserve: the config's, else the ramp's largest step up."""
+    if cfg.step_reserve is not None:
+        return cfg.step_reserve
+    rates = cfg.level_rates_rps
+    return max([1.0, *(b / a for a, b in itertools.pairwise(rates) if a > 0)])
+
+
 def startup_s(cfg: Config) -> float:
     from specgov.simulator.catalog import Catalog
     from specgov.simulator.replay.runner import ServerSpec
@@ -257,6 +270,7 @@ def governor(
     argv += ["--replica-capacity", f"{crossover.plain_rps * s:g}"]
     argv += ["--spec-capacity", f"{crossover.spec_rps * s:g}"]
     argv += ["--forecast" if cfg.forecast else "--no-forecast"]
+    argv += ["--step-reserve", f"{step_reserve(cfg):g}"]
     argv += ["--hysteresis", str(HYSTERESIS), "--dwell-s", f"{cfg.dwell_s / s:g}"]
     argv += ["--interval-s", f"{cfg.interval_s / s:g}", "--duration-s", f"{wall_s:g}"]
     # The time a moved replica is out: its drain, then the start-up.
@@ -426,9 +440,17 @@ def _restarts(run: FleetRun, level: int | None, cfg: Config) -> int:
     return sum(1 for r in rows if int(r["sim_s"] // cfg.level_s) == level)
 
 
-def first_move_to_plain(run: FleetRun) -> dict[str, Any] | None:
+def first_move_to_plain(run: FleetRun, *, reserve: bool = True) -> dict[str, Any] | None:
+    """The governor's first move to plain; ``reserve=False``: its first crossover move
+    (not a step-reserve move, which pre-positions a plain replica before the crossover)."""
     return next(
-        (r for r in run.audit if r["step"] == "decide" and r["reason"].startswith("move_to_plain")),
+        (
+            r
+            for r in run.audit
+            if r["step"] == "decide"
+            and r["reason"].startswith("move_to_plain")
+            and (reserve or r["reason"] != MOVE_TO_PLAIN_RESERVE)
+        ),
         None,
     )
 
@@ -489,7 +511,12 @@ def report(
         total[kind] = summarize(run.outcomes, cfg, seconds)
         total[kind]["restarts"] = _restarts(run, None, cfg)
         total[kind]["wall_s"] = run.wall_s
-    config = {**asdict(cfg), "startup_s": startup_s(cfg), "gateway_policy": GATEWAY_POLICY}
+    config = {
+        **asdict(cfg),
+        "startup_s": startup_s(cfg),
+        "step_reserve": step_reserve(cfg),
+        "gateway_policy": GATEWAY_POLICY,
+    }
     if reused is not None:
         config["reused_from_an_earlier_run"] = sorted(set(KINDS) - set(runs))
     return {
@@ -563,20 +590,25 @@ def crossover_doc(
         "hysteresis": HYSTERESIS,
     }
     governed = runs.get("governed")
-    first = None if governed is None else first_move_to_plain(governed)
     curve = _in_flight_per_replica(levels, cfg)
     doc["predicted_rate_rps"] = _rate_at(curve, crossover.pays_up_to)
-    if first is not None:
-        doc["governor_switch"] = {
-            "sim_s": first["sim_s"],
-            "reason": first["reason"],
-            "offered_rate_rps": cfg.level_rates_rps[
-                min(int(first["sim_s"] // cfg.level_s), len(levels) - 1)
-            ],
-            "rate_rps": first["load_requests"] / cfg.speed,
-            "planned_rate_rps": first["planned_load"] / cfg.speed,
-        }
+    # governor_switch (the target's): the first crossover move; governor_first_move: the
+    # first move to plain of any reason, a step-reserve move included.
+    for key, reserve in (("governor_switch", False), ("governor_first_move", True)):
+        first = None if governed is None else first_move_to_plain(governed, reserve=reserve)
+        if first is not None:
+            doc[key] = _switch_doc(first, cfg, len(levels))
     return doc
+
+
+def _switch_doc(row: dict[str, Any], cfg: Config, levels: int) -> dict[str, Any]:
+    return {
+        "sim_s": row["sim_s"],
+        "reason": row["reason"],
+        "offered_rate_rps": cfg.level_rates_rps[min(int(row["sim_s"] // cfg.level_s), levels - 1)],
+        "rate_rps": row["load_requests"] / cfg.speed,
+        "planned_rate_rps": row["planned_load"] / cfg.speed,
+    }
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -4,9 +4,12 @@ new mode, rolled back to the old one, with the audit rows telling the story."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -64,6 +67,7 @@ def test_status_of_an_idle_fleet(
         "capacity": {"spec": 60.0, "plain": 100.0},
         "restart_s": 85.0,
         "headroom": 0.2,
+        "step_reserve": 1.5,
     }
     refused = CliRunner().invoke(main, [*args, "--spec-capacity", "0"])
     assert refused.exit_code == 2 and "--spec-capacity" in refused.output
@@ -85,6 +89,53 @@ def test_status_reads_the_arrival_rate_in_its_own_unit(
     assert doc["load_requests"] == 0.0 and doc["reason"] == "held_at_target"
     assert doc["model"]["pays_up_to"] == 2.5
     assert "0.0 req/s per replica against a crossover at 2.5" in doc["message"]
+
+
+def test_step_reserve_moves_a_replica_to_plain_before_the_load_jumps(
+    tmp_path: Path, smg_fleet: tuple[SmgGateway, list[SimServer]]
+) -> None:
+    """One request in flight on two replicas: 0.5 per replica, below the band (top 0.9:
+    90% of what one speculative replica, 2, carries, shared by two). --step-reserve 2: at
+    twice the load a switch to plain would be due and one replica could not carry its
+    move (2 > 1.8), so status plans a reserve move; 1 turns it off; 1.5 (the default)
+    lies inside the reserve's band, so the all-speculative fleet holds."""
+    gw, servers = smg_fleet
+    fleet = _fleet_file(tmp_path, gw, servers, "true {name}")
+    feed = servers[0].live_feed()
+    assert feed is not None
+    done = threading.Event()
+
+    def call() -> None:
+        body = {"model": "specgov-sim:llama-3.1-8b", "prompt": "x", "max_tokens": 100_000}
+        with contextlib.suppress(httpx.HTTPError):  # ended by the stop below
+            httpx.post(f"{servers[0].url}/v1/completions", json=body, timeout=120.0)
+        done.set()
+
+    threading.Thread(target=call, daemon=True).start()
+    end = time.monotonic() + 60.0
+    while feed.open_requests != 1:
+        assert time.monotonic() < end, "the request never opened"
+        time.sleep(0.05)
+    args = ["fleet", "status", "--fleet", str(fleet), "--pays-up-to", "1",
+            "--replica-capacity", "10", "--spec-capacity", "2", "--output", "json"]  # fmt: skip
+
+    def status(*more: str) -> dict[str, object]:
+        result = CliRunner().invoke(main, [*args, *more])
+        assert result.exit_code == 0, result.output
+        doc: dict[str, object] = json.loads(result.output)
+        assert doc["load_requests"] == 1.0
+        return doc
+
+    reserve = status("--step-reserve", "2")
+    assert (reserve["target_spec"], reserve["reason"]) == (1, "move_to_plain_reserve")
+    assert reserve["next_move"] == {"replica": "r1", "to_mode": "plain"}
+    assert "the step reserve: at 2x the load" in str(reserve["message"])
+    for off in (status("--step-reserve", "1"), status()):
+        assert (off["target_spec"], off["reason"]) == (2, "held_at_target")
+    refused = CliRunner().invoke(main, [*args, "--step-reserve", "0.5"])
+    assert refused.exit_code == 2 and "--step-reserve" in refused.output
+    servers[0].stop()
+    assert done.wait(60.0)
 
 
 def test_a_failed_restart_is_rolled_back_through_the_gateway(

@@ -189,3 +189,49 @@ def test_without_the_capacity_limit_the_band_is_the_crossovers() -> None:
     assert fm.band(1, RATES)[1] == pytest.approx(2.78 * 1.1)  # one replica: no n - 1
     with pytest.raises(FleetMixError, match="headroom"):
         MixModel(pays_up_to=1, replica_capacity=1.0, headroom=1.0)
+
+
+# The step reserve: RATES with a reserve for the load to jump 2.5x (5 -> 8 req/s strands
+# three speculative replicas during a move: 8 / 3 = 2.67 each against 0.9 x 2.78).
+RESERVE = MixModel(**{**RATES.__dict__, "step_reserve": 2.5})
+
+
+def test_the_step_reserve_moves_all_but_one_replica_to_plain_while_the_load_is_light() -> None:
+    # 5 req/s: without the reserve every replica stays speculative (1.25 per replica).
+    assert decide_mix(_fleet("ssss"), 5.0, RATES, now_s=0.0, last_move_s=None).move is None
+    d = decide_mix(_fleet("ssss"), 5.0, RESERVE, now_s=0.0, last_move_s=None)
+    assert d.target_spec == 1 and d.move == fm.Move("r0", "plain")
+    assert d.reason == fm.MOVE_TO_PLAIN_RESERVE
+    assert "the step reserve: at 2.5x the load (12.5 req/s)" in d.message
+    assert decide_mix(_fleet("pssp"), 5.0, RESERVE, now_s=0.0, last_move_s=None).move is not None
+    held = decide_mix(_fleet("sppp"), 5.0, RESERVE, now_s=0.0, last_move_s=None)
+    assert (held.target_spec, held.move, held.reason) == (1, None, fm.HELD_AT_TARGET)
+    # The step arrives: the last speculative replica's move is a crossover move.
+    up = decide_mix(_fleet("sppp"), 8.0, RESERVE, now_s=0.0, last_move_s=None)
+    assert up.move == fm.Move("r0", "plain") and up.reason == fm.MOVE_TO_PLAIN_BEFORE_CAPACITY
+
+
+def test_the_step_reserve_lets_go_at_light_load_and_holds_between() -> None:
+    # Released at or below the band's bottom after the jump: 2 x 2.5 / 4 = 1.25 <= 1.53.
+    back = decide_mix(_fleet("sppp"), 2.0, RESERVE, now_s=0.0, last_move_s=None)
+    assert back.target_spec == 4 and back.move is not None and back.move.to_mode == "spec"
+    # Between bottom and top after the jump (3.2 x 2.5 / 4 = 2.0 is past the top, 2.8 x
+    # 2.5 / 4 = 1.75 inside): the fleet keeps what it has.
+    for modes in ("ssss", "sspp", "sppp"):
+        d = decide_mix(_fleet(modes), 2.8, RESERVE, now_s=0.0, last_move_s=None)
+        assert d.move is None and d.target_spec == modes.count("s"), modes
+    # From all plain the way back stops at one speculative replica while the reserve holds.
+    d = decide_mix(_fleet("pppp"), 5.0, RESERVE, now_s=0.0, last_move_s=None)
+    assert d.target_spec == 1 and d.move is not None and d.reason == fm.MOVE_TO_SPEC
+
+
+def test_reserve_cap_is_off_where_the_next_move_is_safe() -> None:
+    assert fm.reserve_cap(4, 4, 5.0, RATES) == 4  # step_reserve 1: no reserve
+    assert fm.reserve_cap(1, 1, 5.0, RESERVE) == 1  # one replica: no move is safe anyway
+    assert fm.reserve_cap(4, 4, 5.0, RESERVE) == 1
+    # Where the crossover, not the capacity, sets the top, a jump past it is still a safe
+    # move (MODEL: n - 1 replicas carry 300, far past the top's 4 x 40): no reserve.
+    wide = MixModel(**{**MODEL.__dict__, "step_reserve": 2.0})
+    assert fm.reserve_cap(4, 4, 100.0, wide) == 4
+    with pytest.raises(FleetMixError, match="step_reserve"):
+        MixModel(pays_up_to=1, replica_capacity=1.0, step_reserve=0.9)

@@ -84,6 +84,7 @@ MOVE_TO_SPEC_FORECAST: Final = "move_to_spec_forecast"
 MOVE_TO_PLAIN_PAST_CAPACITY: Final = "move_to_plain_past_capacity"
 MOVE_TO_PLAIN_BEFORE_CAPACITY: Final = "move_to_plain_before_capacity"
 MOVE_TO_SPEC_PAST_CAPACITY: Final = "move_to_spec_past_capacity"
+MOVE_TO_PLAIN_RESERVE: Final = "move_to_plain_reserve"
 
 
 class FleetMixError(SpecgovError, ValueError):
@@ -120,7 +121,8 @@ class MixModel:
     ``dwell_s``: seconds between moves; ``restart_s``: seconds a moved replica is out
     (drain and start-up), one move of a switch; ``headroom``: the share of the ``n - 1``
     speculative replicas' capacity left free when a switch to plain starts inside the
-    band (:func:`band`)."""
+    band (:func:`band`); ``step_reserve``: the factor the load may jump by with the fleet
+    still able to make its next move (:func:`reserve_cap`; 1: no reserve)."""
 
     pays_up_to: float
     replica_capacity: float
@@ -130,6 +132,7 @@ class MixModel:
     spec_capacity: float | None = None
     headroom: float = 0.10
     unit: str = "requests"
+    step_reserve: float = 1.0
 
     def capacity(self, mode: Mode) -> float:
         """Requests in flight one replica of ``mode`` carries within the SLO."""
@@ -140,6 +143,8 @@ class MixModel:
     def __post_init__(self) -> None:
         if not math.isfinite(self.pays_up_to) or self.pays_up_to < 0:
             raise FleetMixError(f"pays_up_to must be >= 0, got {self.pays_up_to}")
+        if not math.isfinite(self.step_reserve) or self.step_reserve < 1:
+            raise FleetMixError(f"step_reserve must be >= 1, got {self.step_reserve}")
         if not 0 <= self.headroom < 1:
             raise FleetMixError(f"headroom must be in [0, 1), got {self.headroom}")
         if not math.isfinite(self.replica_capacity) or self.replica_capacity <= 0:
@@ -197,6 +202,32 @@ def target_spec_count(
     if batch <= low:
         return replicas, False
     return current_spec, True
+
+
+def reserve_cap(spec: int, replicas: int, load: float, model: MixModel) -> int:
+    """The most replicas the step reserve lets run speculative at ``load`` (the fleet's).
+
+    If the load jumped to ``step_reserve x load`` and a switch to plain were then due
+    (past the band's top), the next move must still be safe: the ``n - 1`` replicas left,
+    each at an even share, within ``(1 - headroom)`` of a speculative replica's capacity.
+    The reserve is due where the jumped load per replica is past both (``trigger``): all
+    but one replica go plain now, while the load is light (the last speculative one's
+    move leaves only plain replicas). It lets go once the jumped load is at or below
+    ``trigger x (1 - h) / (1 + h)`` (the band's ratio, so it does not flap), and between
+    the two the fleet keeps what it has (at least one plain replica). ``replicas`` when
+    no reserve is due."""
+    n = replicas
+    if model.step_reserve <= 1.0 or n < 2:
+        return n
+    h = model.hysteresis
+    safe = (1.0 - model.headroom) * (n - 1) * model.capacity("spec") / n
+    trigger = max(band(n, model)[1], safe)
+    jumped = model.step_reserve * load / n
+    if jumped >= trigger:
+        return 1
+    if jumped <= trigger * (1.0 - h) / (1.0 + h):
+        return n
+    return max(spec, 1)
 
 
 @dataclass(frozen=True)
@@ -264,6 +295,16 @@ def decide_mix(
     observed_only = planned_loads(load_requests, spec, model, None)
     drove = forecast is not None and target != _target(spec, n, observed_only, model)[0]
     where = _where(batch, model, loads, forecast, drove)
+    cap = reserve_cap(spec, n, loads.one_move, model)
+    reserved = cap < (spec if in_band else target)
+    if reserved:
+        target, in_band = cap, False
+        where += (
+            f"; the step reserve: at {model.step_reserve:g}x the load "
+            f"({_num(model.step_reserve * loads.one_move)} {model.unit}) a switch to plain "
+            f"would be due and {n - 1} replicas could not carry its move, so {cap}/{n} "
+            "speculative now"
+        )
 
     def held(reason: str, message: str) -> MixDecision:
         return MixDecision(target, None, reason, message, batch, planned, drove)
@@ -286,19 +327,8 @@ def decide_mix(
     short = _capacity_shortfall(replicas, pick, to_mode, load_requests, loads, model)
     if short is not None and not short[1]:
         return held(HELD_CAPACITY, f"target {target}/{n} speculative, but {short[0]}")
-    if short is not None:
-        reason = MOVE_TO_SPEC_PAST_CAPACITY if to_mode == "spec" else MOVE_TO_PLAIN_PAST_CAPACITY
-        where += f"; {short[0]}, but the fleet is past its capacity already"
-    elif to_mode == "spec":
-        reason = MOVE_TO_SPEC_FORECAST if drove else MOVE_TO_SPEC
-    elif batch < model.pays_up_to * (1.0 + model.hysteresis):
-        reason = MOVE_TO_PLAIN_BEFORE_CAPACITY
-        where += (
-            f"; past {_num(band(n, model)[1])} per replica, the last load at which "
-            f"{n - 1} speculative replicas carry a move with {model.headroom:.0%} headroom"
-        )
-    else:
-        reason = MOVE_TO_PLAIN_FORECAST if drove else MOVE_TO_PLAIN
+    reason, why = _move_reason(to_mode, short, reserved, drove, batch, n, model)
+    where += why
     return MixDecision(
         target,
         Move(pick.name, to_mode),
@@ -308,6 +338,31 @@ def decide_mix(
         planned,
         drove,
     )
+
+
+def _move_reason(
+    to_mode: Mode,
+    short: tuple[str, bool] | None,
+    reserved: bool,
+    drove: bool,
+    batch: float,
+    n: int,
+    model: MixModel,
+) -> tuple[str, str]:
+    """(reason code, what the message adds) for a move the decision makes."""
+    if short is not None:
+        reason = MOVE_TO_SPEC_PAST_CAPACITY if to_mode == "spec" else MOVE_TO_PLAIN_PAST_CAPACITY
+        return reason, f"; {short[0]}, but the fleet is past its capacity already"
+    if to_mode == "spec":
+        return (MOVE_TO_SPEC_FORECAST if drove else MOVE_TO_SPEC), ""
+    if reserved:
+        return MOVE_TO_PLAIN_RESERVE, ""
+    if batch < model.pays_up_to * (1.0 + model.hysteresis):
+        return MOVE_TO_PLAIN_BEFORE_CAPACITY, (
+            f"; past {_num(band(n, model)[1])} per replica, the last load at which "
+            f"{n - 1} speculative replicas carry a move with {model.headroom:.0%} headroom"
+        )
+    return (MOVE_TO_PLAIN_FORECAST if drove else MOVE_TO_PLAIN), ""
 
 
 def _where(
