@@ -100,8 +100,9 @@ class Config:
     # The ramp is a staircase: a line through a step projects it onward, and the rate
     # edge (policies/control/fleet_mix.py, band) already starts the switch in time.
     forecast: bool = False
-    # The governor's --step-reserve; None: the ramp's largest step up (5/2 = 2.5 here),
-    # a ramp that says its steps (the CLI's default comes from the Azure trace instead).
+    # The governor's --step-reserve; None: the CLI's default (1.5, from the Azure
+    # conversation trace's 3-minute rises), not this ramp's own steps, so the bench does not
+    # tell the governor what comes next.
     step_reserve: float | None = None
     seed: int = 0
     # The ramp plans 600 s x 66 req/s = 39600 (30000 cut the last three levels off).
@@ -214,11 +215,10 @@ def replicas(cfg: Config, modes: Sequence[str], run_dir: Path) -> Iterator[list[
 
 
 def step_reserve(cfg: Config) -> float:
-    """The governor's --step-reserve: the config's, else the ramp's largest step up."""
-    if cfg.step_reserve is not None:
-        return cfg.step_reserve
-    rates = cfg.level_rates_rps
-    return max([1.0, *(b / a for a, b in itertools.pairwise(rates) if a > 0)])
+    """The governor's --step-reserve: the config's, else the CLI's default."""
+    from specgov.controller.cli.fleet_cmd import STEP_RESERVE
+
+    return STEP_RESERVE if cfg.step_reserve is None else cfg.step_reserve
 
 
 def startup_s(cfg: Config) -> float:
