@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -224,6 +225,17 @@ def test_equal_goodput_compares_tpot_p50() -> None:
     rows[1]["goodput_tok_s"] = 130.0
     choice, metric, gain = choose_candidate(rows, rows[0])
     assert (choice["candidate"], metric, gain) == ("b", "goodput_tok_s", pytest.approx(0.3))
+
+
+def test_a_baseline_that_did_not_fit_is_no_baseline() -> None:
+    # The table in force replayed without a result (it did not fit): the gain is unknown,
+    # not a KeyError, and nothing is recommended on it.
+    from specgov.controller.daemon.recommend import choose_candidate
+
+    rows = [{"candidate": "plain", "goodput_tok_s": 100.0, "tpot_p50_ms": 20.0}]
+    current = {"candidate": "the step table in force", "fits": False}
+    choice, metric, gain = choose_candidate(rows, current)
+    assert (choice["candidate"], metric, gain) == ("plain", "goodput_tok_s", math.inf)
 
 
 def _suite_replay(scenario_id: str, data_dir: Path) -> tuple[Any, Any]:

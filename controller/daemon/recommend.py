@@ -511,7 +511,9 @@ def _recommendation(
             if current_row is None
             else current_row["candidate"]
         ),
-        current_goodput_tok_s=0.0 if current_row is None else float(current_row["goodput_tok_s"]),
+        current_goodput_tok_s=(
+            0.0 if current_row is None else float(current_row.get("goodput_tok_s") or 0.0)
+        ),
         predicted_gain=gain,
         candidates=tuple(rows),
         workload=workload,
@@ -531,9 +533,12 @@ def choose_candidate(
     if metric not in RATE_METRICS:
         raise RecommendError(f"metric must be one of {', '.join(RATE_METRICS)}, got {metric!r}")
     best = max(rows, key=lambda r: float(r[metric]))
-    if current is None or float(current[metric]) <= 0:
+    # A baseline without the metric (its replay did not fit, e.g. within budget.vram_gib)
+    # is no baseline: the gain is unknown, and restart_recommendation stays silent on it.
+    base = None if current is None else current.get(metric)
+    if not is_real(base) or base <= 0:
         return dict(best), metric, math.inf
-    base = float(current[metric])
+    base = float(base)
     gain = float(best[metric]) / base - 1.0
     if gain > EQUAL_GOODPUT:
         return dict(best), metric, gain
