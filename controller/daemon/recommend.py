@@ -535,10 +535,10 @@ def choose_candidate(
     best = max(rows, key=lambda r: float(r[metric]))
     # A baseline without the metric (its replay did not fit, e.g. within budget.vram_gib)
     # is no baseline: the gain is unknown, and restart_recommendation stays silent on it.
-    base = None if current is None else current.get(metric)
-    if not is_real(base) or base <= 0:
+    value = None if current is None else current.get(metric)
+    if current is None or not is_real(value) or value <= 0:
         return dict(best), metric, math.inf
-    base = float(base)
+    base = float(value)
     gain = float(best[metric]) / base - 1.0
     if gain > EQUAL_GOODPUT:
         return dict(best), metric, gain
