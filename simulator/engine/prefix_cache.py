@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.validation import is_int
@@ -321,33 +321,7 @@ class PrefixCache:
         """Free at least ``tokens`` of the KV pool (if that many are evictable), least
         recently used device leaves first; a backed-up block stays as host-only, any
         other leaves the trie. Returns the tokens freed."""
-        freed = 0
-        heap = self._heap
-        while freed < tokens and heap:
-            stamp, _, node = heapq.heappop(heap)
-            parent = node.parent
-            if (
-                parent is None
-                or not node.on_device
-                or node.pins
-                or node.dev_kids
-                or stamp != node.last_used
-                or parent.children.get(node.hash_id) is not node
-            ):
-                continue  # pinned, no longer a leaf, touched since, or gone already
-            node.on_device = False
-            parent.dev_kids -= 1
-            if node.on_host:
-                self._maybe_evictable(node)  # host-only now
-            else:
-                # Not backed up, so neither is any child (the host tier is prefix-closed)
-                # and no child is on the device: it has none left.
-                del parent.children[node.hash_id]
-                node.parent = None
-                self.blocks -= 1
-            freed += node.tokens
-            self.total_tokens -= node.tokens
-            self._maybe_evictable(parent)
+        freed = self._evict_lru(self._heap, tokens, self._free_device_leaf)
         self.evicted_tokens += freed
         return freed
 
@@ -355,26 +329,64 @@ class PrefixCache:
         """Free at least ``tokens`` of the host tier, least recently used host-only
         leaves first (blocks still on the device keep their backup); returns the tokens
         freed."""
+        freed = self._evict_lru(self._host_heap, tokens, self._free_host_leaf)
+        self.host_evicted_tokens += freed
+        return freed
+
+    def _evict_lru(
+        self,
+        heap: list[tuple[tuple[float, int], int, CacheNode]],
+        tokens: int,
+        free: Callable[[CacheNode, CacheNode], bool],
+    ) -> int:
+        """Pop ``heap`` least recently used first until ``tokens`` are freed or it is
+        empty; ``free(node, parent)`` frees the node of an entry that is still current
+        (False: it cannot go now). An entry is stale once its node was touched since,
+        left the trie or was replaced under its id. Returns the tokens freed."""
         freed = 0
-        heap = self._host_heap
         while freed < tokens and heap:
             stamp, _, node = heapq.heappop(heap)
             parent = node.parent
             if (
                 parent is None
-                or node.on_device
-                or node.children
                 or stamp != node.last_used
                 or parent.children.get(node.hash_id) is not node
+                or not free(node, parent)
             ):
-                continue
-            del parent.children[node.hash_id]
-            node.parent = None
-            node.on_host = False
-            self.blocks -= 1
+                continue  # touched since, gone already, or not freeable now
             freed += node.tokens
-            self.host_tokens -= node.tokens
-            if not parent.on_device:
-                self._maybe_evictable(parent)
-        self.host_evicted_tokens += freed
         return freed
+
+    def _free_device_leaf(self, node: CacheNode, parent: CacheNode) -> bool:
+        """Take a device leaf off the device (False: pinned, or no longer a leaf)."""
+        if not node.on_device or node.pins or node.dev_kids:
+            return False
+        node.on_device = False
+        parent.dev_kids -= 1
+        if node.on_host:
+            self._maybe_evictable(node)  # host-only now
+        else:
+            # Not backed up, so neither is any child (the host tier is prefix-closed)
+            # and no child is on the device: it has none left.
+            self._unlink(node, parent)
+        self.total_tokens -= node.tokens
+        self._maybe_evictable(parent)
+        return True
+
+    def _free_host_leaf(self, node: CacheNode, parent: CacheNode) -> bool:
+        """Drop a host-only leaf from the trie (False: back on the device, or no longer
+        a leaf)."""
+        if node.on_device or node.children:
+            return False
+        node.on_host = False
+        self._unlink(node, parent)
+        self.host_tokens -= node.tokens
+        if not parent.on_device:
+            self._maybe_evictable(parent)
+        return True
+
+    def _unlink(self, node: CacheNode, parent: CacheNode) -> None:
+        """Take a childless block out of the trie."""
+        del parent.children[node.hash_id]
+        node.parent = None
+        self.blocks -= 1

@@ -22,7 +22,7 @@ a multiplier that was seen to pass. A configuration that passes even at
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from specgov.policies.common.errors import SpecgovError
@@ -61,13 +61,8 @@ class SearchSettings:
             raise SearchError(f"search max_evals must be >= 2, got {self.max_evals}")
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "start": self.start,
-            "min_multiplier": self.min_multiplier,
-            "max_multiplier": self.max_multiplier,
-            "rel_tol": self.rel_tol,
-            "max_evals": self.max_evals,
-        }
+        """Every setting by its field name, in field order."""
+        return asdict(self)
 
 
 @dataclass
