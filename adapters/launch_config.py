@@ -157,6 +157,11 @@ SGLANG_TOPK1_DRAFT_TOKENS: Final = (
 # ------------------------------------------------------------------------ helpers
 
 
+def _are_steps(steps: Sequence[object]) -> bool:
+    """A slot's candidate steps as SGLang accepts them: one or more non-negative ints."""
+    return bool(steps) and all(is_int(s) and s >= 0 for s in steps)
+
+
 def _check_knobs(where: str, knobs: object) -> None:
     """Knobs are a tuple of (name, number) pairs, names unique, known, sorted."""
     if not isinstance(knobs, tuple) or not all(
@@ -210,11 +215,7 @@ class SlotCandidates:
             form="a non-negative int (a batch size)",
         )
         steps = self.candidate_steps
-        if (
-            not isinstance(steps, tuple)
-            or not steps
-            or not all(is_int(s) and s >= 0 for s in steps)
-        ):
+        if not isinstance(steps, tuple) or not _are_steps(steps):
             raise LaunchConfigError(
                 f"slot {self.bound}: SGLang: "
                 + sglang_bad_candidate_steps(
@@ -232,7 +233,7 @@ class SlotCandidates:
     def of(cls, bound: int, steps: Iterable[int], **knobs: int | float) -> SlotCandidates:
         """Build a slot, sorting and de-duplicating the steps as SGLang does."""
         raw = list(steps)
-        if not raw or not all(is_int(s) and s >= 0 for s in raw):
+        if not _are_steps(raw):
             raise LaunchConfigError(
                 f"slot {bound}: SGLang: " + sglang_bad_candidate_steps(str(bound), raw)
             )
@@ -760,7 +761,7 @@ def parse_slots(text: str) -> tuple[tuple[SlotCandidates, ...], dict[str, int | 
                     + sglang_bad_candidate_steps(key, step_texts)
                 )
             steps.append(int(step_text))
-        if not steps or any(s < 0 for s in steps):
+        if not _are_steps(steps):
             raise LaunchConfigError(f"{where}: SGLang: " + sglang_bad_candidate_steps(key, steps))
         knobs: dict[str, int | float] = {}
         for item in knob_items:

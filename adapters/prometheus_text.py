@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import lru_cache
@@ -661,19 +661,52 @@ def _memo_key(selector: str, name: str, match: Mapping[str, str] | None) -> tupl
     return (selector, name, tuple(sorted(match.items())) if match else ())
 
 
+def _by_dp_memoised(
+    snapshot: MetricsSnapshot,
+    selector: str,
+    name: str,
+    match: Mapping[str, str] | None,
+    groups: Callable[[MetricsSnapshot, str, Mapping[str, str] | None], dict[DPRank, _T]],
+) -> dict[DPRank, _T]:
+    """``groups(snapshot, name, match)``, memoised on the snapshot; each caller gets a copy."""
+    key = _memo_key(selector, name, match)
+    cached: dict[DPRank, _T] | None = snapshot._memo.get(key)
+    if cached is None:
+        cached = groups(snapshot, name, match)
+        snapshot._memo[key] = cached
+    return dict(cached)
+
+
+def _counter_groups(
+    snapshot: MetricsSnapshot, name: str, match: Mapping[str, str] | None
+) -> dict[DPRank, RankValue]:
+    return {
+        dp: RankValue(dp, math.fsum(v for _, v in kvs), tuple(k for k, _ in kvs))
+        for dp, kvs in _pick_replicas(_named(snapshot, "counters", name), name, match).items()
+    }
+
+
 def counter_by_dp(
     snapshot: MetricsSnapshot, name: str, *, match: Mapping[str, str] | None = None
 ) -> dict[DPRank, RankValue]:
     """Per DP group, the sum of the counter's series (matching ``match``) of one replica."""
-    key = _memo_key("counter", name, match)
-    cached: dict[DPRank, RankValue] | None = snapshot._memo.get(key)
-    if cached is None:
-        cached = {
-            dp: RankValue(dp, math.fsum(v for _, v in kvs), tuple(k for k, _ in kvs))
-            for dp, kvs in _pick_replicas(_named(snapshot, "counters", name), name, match).items()
-        }
-        snapshot._memo[key] = cached
-    return dict(cached)
+    return _by_dp_memoised(snapshot, "counter", name, match, _counter_groups)
+
+
+def _gauge_groups(
+    snapshot: MetricsSnapshot, name: str, match: Mapping[str, str] | None
+) -> dict[DPRank, RankValue]:
+    totals = {
+        k: v
+        for k, v in _named(snapshot, "gauges", name).items()
+        if (k.get(PRIORITY_LABEL) or "") == ""
+    }
+    groups: dict[DPRank, RankValue] = {}
+    for dp, kvs in _pick_replicas(totals, name, match).items():
+        if len(kvs) == 1:
+            key, value = kvs[0]
+            groups[dp] = RankValue(dp, value, (key,))
+    return groups
 
 
 def gauge_by_dp(
@@ -684,21 +717,7 @@ def gauge_by_dp(
     A group whose replica exports several candidate series (labels ``match`` does not
     pin down) is left out: which one is meant cannot be told, so it is unknown.
     """
-    memo_key = _memo_key("gauge", name, match)
-    cached: dict[DPRank, RankValue] | None = snapshot._memo.get(memo_key)
-    if cached is None:
-        totals = {
-            k: v
-            for k, v in _named(snapshot, "gauges", name).items()
-            if (k.get(PRIORITY_LABEL) or "") == ""
-        }
-        cached = {}
-        for dp, kvs in _pick_replicas(totals, name, match).items():
-            if len(kvs) == 1:
-                key, value = kvs[0]
-                cached[dp] = RankValue(dp, value, (key,))
-        snapshot._memo[memo_key] = cached
-    return dict(cached)
+    return _by_dp_memoised(snapshot, "gauge", name, match, _gauge_groups)
 
 
 def sum_histograms(hists: Iterable[HistogramSeries], *, what: str) -> HistogramSeries | None:
@@ -734,21 +753,22 @@ class RankHistogram:
     keys: tuple[SeriesKey, ...]
 
 
+def _histogram_groups(
+    snapshot: MetricsSnapshot, name: str, match: Mapping[str, str] | None
+) -> dict[DPRank, RankHistogram]:
+    groups: dict[DPRank, RankHistogram] = {}
+    for dp, kvs in _pick_replicas(_named(snapshot, "histograms", name), name, match).items():
+        summed = sum_histograms((h for _, h in kvs), what=name)
+        if summed is not None:
+            groups[dp] = RankHistogram(dp, summed, tuple(k for k, _ in kvs))
+    return groups
+
+
 def histogram_by_dp(
     snapshot: MetricsSnapshot, name: str, *, match: Mapping[str, str] | None = None
 ) -> dict[DPRank, RankHistogram]:
     """Per DP group, the bucket-wise sum of the histogram's series of one replica."""
-    memo_key = _memo_key("histogram", name, match)
-    cached: dict[DPRank, RankHistogram] | None = snapshot._memo.get(memo_key)
-    if cached is None:
-        cached = {}
-        series = _named(snapshot, "histograms", name)
-        for dp, kvs in _pick_replicas(series, name, match).items():
-            summed = sum_histograms((h for _, h in kvs), what=name)
-            if summed is not None:
-                cached[dp] = RankHistogram(dp, summed, tuple(k for k, _ in kvs))
-        snapshot._memo[memo_key] = cached
-    return dict(cached)
+    return _by_dp_memoised(snapshot, "histogram", name, match, _histogram_groups)
 
 
 class Aggregation(StrEnum):

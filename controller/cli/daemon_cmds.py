@@ -214,6 +214,13 @@ def _call(fn: Callable[[], Any]) -> Any:
         _fail(str(exc), EXIT_FAILED)
 
 
+def _ask(control_addr: str | None, request: Callable[[Any], Any]) -> Any:
+    """``request(client)``: one request to the daemon at *control_addr* (_control_addr),
+    a bad address or a failed request one line on stderr and its exit code."""
+    client = _client(control_addr)
+    return _call(lambda: request(client))
+
+
 def _emit(data: Any, output: str, render: Callable[[Any], None]) -> None:
     if output == "json":
         click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
@@ -293,8 +300,7 @@ def _decision_line(row: dict[str, Any], now_s: float, verbose: bool) -> str:
 @_verbose_option
 def status_cmd(control_addr: str | None, output: str, verbose: bool) -> None:
     """What the daemon is doing: policy, table per slot, telemetry, overrides."""
-    client = _client(control_addr)
-    data = _call(client.status)
+    data = _ask(control_addr, lambda client: client.status())
 
     def render(s: dict[str, Any]) -> None:
         from specgov.controller.cli.format import (
@@ -433,8 +439,7 @@ def decisions_cmd(
             since_s = time.time() - parse_duration(since, where="--since")
         except ConfigError as exc:
             _fail(str(exc), EXIT_USAGE)
-    client = _client(control_addr)
-    data = _call(lambda: client.decisions(since_s=since_s, limit=limit))
+    data = _ask(control_addr, lambda client: client.decisions(since_s=since_s, limit=limit))
 
     def render(rows: Any) -> None:
         from specgov.controller.cli.format import (
@@ -502,11 +507,11 @@ def override_set(
     A slot the engine lacks, or steps outside a slot's candidates, is refused with the
     valid set (exit 2).
     """
-    client = _client(control_addr)
-    data = _call(
-        lambda: client.set_override(
+    data = _ask(
+        control_addr,
+        lambda client: client.set_override(
             ttl=ttl, reason=reason, slot=slot, steps=steps, disable=disable, pin_policy=pin_policy
-        )
+        ),
     )
     _emit(
         data,
@@ -530,9 +535,11 @@ def override_clear(
     """Clear one override (--id), a slot's (--slot) or all (--all)."""
     if sum(x is not None and x is not False for x in (override_id, slot, clear_all or None)) != 1:
         _fail("give exactly one of --id, --slot, --all", EXIT_USAGE)
-    client = _client(control_addr)
-    cleared = _call(
-        lambda: client.clear_override(override_id=override_id, slot=slot, clear_all=clear_all)
+    cleared = _ask(
+        control_addr,
+        lambda client: client.clear_override(
+            override_id=override_id, slot=slot, clear_all=clear_all
+        ),
     )
     _emit(
         {"cleared": cleared},
@@ -546,8 +553,7 @@ def override_clear(
 @_client_options
 def override_list(control_addr: str | None, output: str) -> None:
     """Active overrides."""
-    client = _client(control_addr)
-    data = _call(client.list_overrides)
+    data = _ask(control_addr, lambda client: client.list_overrides())
 
     def render(d: Any) -> None:
         from specgov.controller.cli.format import instant
@@ -639,8 +645,7 @@ def _key_default(value: Any) -> str:
 @_client_options
 def policy_show(control_addr: str | None, output: str) -> None:
     """The current policy and its parameters."""
-    client = _client(control_addr)
-    data = _call(client.policy)
+    data = _ask(control_addr, lambda client: client.policy())
 
     def render(d: dict[str, Any]) -> None:
         from specgov.controller.cli.policy_help import DAEMON_KINDS
@@ -667,9 +672,8 @@ def policy_show(control_addr: str | None, output: str) -> None:
 @click.argument("spec")
 def policy_set(control_addr: str | None, output: str, spec: str) -> None:
     """Switch the policy (e.g. `goodput:slo_tpot_ms=40`); a bad spec exits 2."""
-    client = _client(control_addr)
     _emit(
-        _call(lambda: client.set_policy(spec)),
+        _ask(control_addr, lambda client: client.set_policy(spec)),
         output,
         lambda d: click.echo(f"policy switched to {d.get('policy')}"),
     )
@@ -679,7 +683,6 @@ def policy_set(control_addr: str | None, output: str, spec: str) -> None:
 @_client_options
 def recommend_cmd(control_addr: str | None, output: str) -> None:
     """The latest restart recommendation (shape, candidates) with its predicted gain."""
-    client = _client(control_addr)
 
     def render(rec: dict[str, Any]) -> None:
         shape = rec.get("shape") or {}
@@ -698,7 +701,7 @@ def recommend_cmd(control_addr: str | None, output: str) -> None:
         ]
         _table("specgov recommend", ["", "value"], rows)
 
-    _emit(_call(client.recommend), output, render)
+    _emit(_ask(control_addr, lambda client: client.recommend()), output, render)
 
 
 COMMANDS = [

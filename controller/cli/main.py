@@ -288,13 +288,9 @@ _with_server_options = opt.compose(
 @hicache_options
 def replay(
     trace: str,
-    fmt: str | None,
+    trace_selection: dict[str, Any],
     policies: tuple[str, ...],
     rate_scale: float,
-    window_start_s: float | None,
-    window_end_s: float | None,
-    sample: float | None,
-    max_requests: int | None,
     concurrency: int | None,
     slo_tpot_ms: float,
     slo_ttft_ms: float | None,
@@ -311,12 +307,8 @@ def replay(
 
         loaded = open_trace(
             trace,
-            fmt,
+            **trace_selection,
             rate_scale=rate_scale,
-            window_start_s=window_start_s,
-            window_end_s=window_end_s,
-            sample=sample,
-            max_requests=max_requests,
             seed=seed,
         )
         report = _run_replay(

@@ -20,9 +20,10 @@ Importing this module imports click only (the CLI's start-up stays light).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
@@ -58,7 +59,7 @@ trace_source_option = click.option(
     help="Trace file (azure, mooncake, generic CSV/JSONL), or synthetic[:key=value,...].",
 )
 
-trace_selection_options = compose(
+_trace_selection_stack = compose(
     click.option(
         "--format",
         "fmt",
@@ -91,6 +92,22 @@ trace_selection_options = compose(
         help="Replay at most the first N requests (after the window).",
     ),
 )
+
+# The trace-selection options' parameters: open_trace's keyword arguments by name.
+_TRACE_SELECTION = ("fmt", "window_start_s", "window_end_s", "sample", "max_requests")
+
+
+def trace_selection_options(fn: F) -> F:
+    """``--format``, the window, ``--sample`` and ``--max-requests``, given to the command
+    as one keyword, ``trace_selection``: open_trace's keyword arguments (``**`` them)."""
+
+    @functools.wraps(fn)
+    def command(**kwargs: Any) -> Any:
+        kwargs["trace_selection"] = {name: kwargs.pop(name) for name in _TRACE_SELECTION}
+        return fn(**kwargs)
+
+    return _trace_selection_stack(cast(F, command))
+
 
 # --------------------------------------------------------------------- the SLO
 

@@ -361,11 +361,7 @@ def _print_best_on(console: Console, gpu: str, best: dict[str, Any], doc: dict[s
 @opt.output_option()
 def sweep_cmd(
     trace_source: str,
-    fmt: str | None,
-    window_start_s: float | None,
-    window_end_s: float | None,
-    sample: float | None,
-    max_requests: int | None,
+    trace_selection: dict[str, Any],
     gpus: str,
     drafters: str,
     policies: str,
@@ -396,11 +392,7 @@ def sweep_cmd(
     try:
         trace = open_trace(
             trace_source,
-            fmt,
-            window_start_s=window_start_s,
-            window_end_s=window_end_s,
-            sample=sample,
-            max_requests=max_requests,
+            **trace_selection,
             seed=seed,
         )
         # settings_options: the options named as SweepSettings' fields (--model, the SLO, ...).

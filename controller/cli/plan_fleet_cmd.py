@@ -177,11 +177,7 @@ def render_table(doc: Mapping[str, Any]) -> None:
 @opt.output_option()
 def fleet_cmd(
     trace_source: str,
-    fmt: str | None,
-    window_start_s: float | None,
-    window_end_s: float | None,
-    sample: float | None,
-    max_requests: int | None,
+    trace_selection: dict[str, Any],
     rate_scale: float | None,
     target_rps: float | None,
     replicas_text: str | None,
@@ -231,12 +227,8 @@ def fleet_cmd(
         server = opt.server_spec(server_options)
         trace = open_trace(
             trace_source,
-            fmt,
+            **trace_selection,
             rate_scale=rate_scale if rate_scale is not None else 1.0,
-            window_start_s=window_start_s,
-            window_end_s=window_end_s,
-            sample=sample,
-            max_requests=max_requests,
             seed=seed,
         )
         progress, stop = _progress() if output == "table" else (None, lambda: None)
