@@ -65,7 +65,7 @@ from typing import Any, Final
 
 from specgov.policies.common.errors import SpecgovError
 from specgov.policies.common.types import ALGORITHMS, PolicyTypeError, SpecShape
-from specgov.policies.common.validation import check_bool, check_int, is_int, is_real
+from specgov.policies.common.validation import check_bool, check_int, is_int, is_real, is_step_list
 from specgov.policies.engine.adaptive_config import (
     DEFAULT_ADAPTIVE_CONFIG,
     AdaptiveConfigError,
@@ -157,11 +157,6 @@ SGLANG_TOPK1_DRAFT_TOKENS: Final = (
 # ------------------------------------------------------------------------ helpers
 
 
-def _are_steps(steps: Sequence[object]) -> bool:
-    """A slot's candidate steps as SGLang accepts them: one or more non-negative ints."""
-    return bool(steps) and all(is_int(s) and s >= 0 for s in steps)
-
-
 def _check_knobs(where: str, knobs: object) -> None:
     """Knobs are a tuple of (name, number) pairs, names unique, known, sorted."""
     if not isinstance(knobs, tuple) or not all(
@@ -215,7 +210,7 @@ class SlotCandidates:
             form="a non-negative int (a batch size)",
         )
         steps = self.candidate_steps
-        if not isinstance(steps, tuple) or not _are_steps(steps):
+        if not isinstance(steps, tuple) or not is_step_list(steps):
             raise LaunchConfigError(
                 f"slot {self.bound}: SGLang: "
                 + sglang_bad_candidate_steps(
@@ -233,7 +228,7 @@ class SlotCandidates:
     def of(cls, bound: int, steps: Iterable[int], **knobs: int | float) -> SlotCandidates:
         """Build a slot, sorting and de-duplicating the steps as SGLang does."""
         raw = list(steps)
-        if not _are_steps(raw):
+        if not is_step_list(raw):
             raise LaunchConfigError(
                 f"slot {bound}: SGLang: " + sglang_bad_candidate_steps(str(bound), raw)
             )
@@ -761,7 +756,7 @@ def parse_slots(text: str) -> tuple[tuple[SlotCandidates, ...], dict[str, int | 
                     + sglang_bad_candidate_steps(key, step_texts)
                 )
             steps.append(int(step_text))
-        if not _are_steps(steps):
+        if not is_step_list(steps):
             raise LaunchConfigError(f"{where}: SGLang: " + sglang_bad_candidate_steps(key, steps))
         knobs: dict[str, int | float] = {}
         for item in knob_items:

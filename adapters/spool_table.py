@@ -54,7 +54,7 @@ from specgov.policies.common.step_table import (
     StepTable,
 )
 from specgov.policies.common.types import PolicyTypeError
-from specgov.policies.common.validation import is_int, is_real
+from specgov.policies.common.validation import is_int, is_real, is_step_list
 
 # The spool's one logger, the name it had before the module was split: operators' log
 # filters and handlers name it.
@@ -97,7 +97,7 @@ def normalise_candidate_steps(candidate_steps: Iterable[int], *, where: str) -> 
         raise SpoolError(
             f"{where}: expected a list of non-negative ints, got {candidate_steps!r}"
         ) from None
-    if not steps or not all(is_int(s) and s >= 0 for s in steps):
+    if not is_step_list(steps):
         raise SpoolError(f"{where}: expected a non-empty list of non-negative ints, got {steps!r}")
     return sorted(set(steps))
 

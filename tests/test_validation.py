@@ -302,3 +302,13 @@ def test_all_real_agrees_with_is_real_per_value(
 def test_all_real_on_any_floats_is_the_per_value_check(values: list[float]) -> None:
     assert all_real(tuple(values)) == all(math.isfinite(v) for v in values)
     assert all_real(tuple(values), minimum=0.0) == all(math.isfinite(v) and v >= 0 for v in values)
+
+
+def test_is_step_list_wants_one_or_more_non_negative_ints() -> None:
+    from specgov.policies.common.validation import is_step_list
+
+    assert is_step_list([0]) and is_step_list((1, 3, 5))
+    assert not is_step_list([])
+    assert not is_step_list([1, -1])
+    assert not is_step_list([True])  # a bool is no step
+    assert not is_step_list([1.0])

@@ -69,6 +69,11 @@ def is_real(value: object) -> TypeGuard[int | float]:
         return False
 
 
+def is_step_list(steps: Sequence[object]) -> bool:
+    """Candidate steps as SGLang accepts them: one or more non-negative ints."""
+    return bool(steps) and all(is_int(s) and s >= 0 for s in steps)
+
+
 def all_real(values: Sequence[object], *, minimum: float | None = None) -> bool:
     """Every value :func:`is_real` (and ``>= minimum`` when given).
 

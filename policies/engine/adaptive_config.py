@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from specgov.policies.common.types import PolicyTypeError, SlotLayout
-from specgov.policies.common.validation import check_int, check_real, is_int
+from specgov.policies.common.validation import check_int, check_real, is_step_list
 
 # Identical to sglang 0.5.23's DEFAULT_ADAPTIVE_CONFIG (checked by a contract test).
 # Read-only: copy it (copy.deepcopy) to edit.
@@ -100,8 +100,7 @@ class SlotConfig:
         steps = self.candidate_steps
         if (
             not isinstance(steps, tuple)
-            or not steps
-            or not all(is_int(s) and s >= 0 for s in steps)
+            or not is_step_list(steps)
             or list(steps) != sorted(set(steps))
         ):
             raise AdaptiveConfigError(
@@ -200,7 +199,7 @@ def parse_adaptive_config(cfg: Mapping[str, Any], *, source: str = "<default>") 
                 f"{source}: key {key!r}: expected an object with 'candidate_steps', got {entry!r}"
             )
         steps = entry.get("candidate_steps")
-        if not isinstance(steps, list) or not steps or not all(is_int(s) and s >= 0 for s in steps):
+        if not isinstance(steps, list) or not is_step_list(steps):
             raise AdaptiveConfigError(
                 f"{source}: key {key!r} (BS {key}): candidate_steps must be a non-empty list of "
                 f"non-negative ints, got {steps!r}"
