@@ -111,10 +111,17 @@ def test_step_reserve_moves_a_replica_to_plain_before_the_load_jumps(
             httpx.post(f"{servers[0].url}/v1/completions", json=body, timeout=120.0)
         done.set()
 
+    def in_flight() -> float:
+        # What `fleet status` reads: the engine's running + waiting requests (/v1/loads).
+        # The HTTP handler opens the request before the engine admits it, so the feed
+        # alone is not enough on a busy machine.
+        load = httpx.get(f"{servers[0].url}/v1/loads", timeout=5.0).json()["loads"][0]
+        return float(load["num_running_reqs"]) + float(load["num_waiting_reqs"])
+
     threading.Thread(target=call, daemon=True).start()
     end = time.monotonic() + 60.0
-    while feed.open_requests != 1:
-        assert time.monotonic() < end, "the request never opened"
+    while feed.open_requests != 1 or in_flight() != 1.0:
+        assert time.monotonic() < end, "the request never reached the engine"
         time.sleep(0.05)
     args = ["fleet", "status", "--fleet", str(fleet), "--pays-up-to", "1",
             "--replica-capacity", "10", "--spec-capacity", "2", "--output", "json"]  # fmt: skip
