@@ -21,6 +21,7 @@ Only click is imported at load time.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -604,28 +605,16 @@ def sim_restart_cmd(
     from specgov.simulator.server.cli import process_age_s
     from specgov.simulator.server.replica import ReplicaError, restart_in_place, restart_replica
 
+    # In place, the start-up counts from this command's launch.
+    restart = (
+        functools.partial(restart_in_place, launched_s=time.monotonic() - (process_age_s() or 0.0))
+        if in_place
+        else restart_replica
+    )
     try:
-        if in_place:
-            started = restart_in_place(
-                name,
-                mode,
-                url,
-                run_dir,
-                sim_args=sim_args,
-                timeout_s=timeout_s,
-                startup_s=startup_s,
-                launched_s=time.monotonic() - (process_age_s() or 0.0),
-            )
-        else:
-            started = restart_replica(
-                name,
-                mode,
-                url,
-                run_dir,
-                sim_args=sim_args,
-                timeout_s=timeout_s,
-                startup_s=startup_s,
-            )
+        started = restart(
+            name, mode, url, run_dir, sim_args=sim_args, timeout_s=timeout_s, startup_s=startup_s
+        )
     except ReplicaError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(
