@@ -15,7 +15,12 @@ the commands stay with their command: replay's positional TRACE (the plans take
 server (ServerSpec), naming the fields the flags rename in one place; ``load_config_file``
 loads the daemon configuration ``--config`` names, a bad file one line and exit 2.
 
-Importing this module imports click only (the CLI's start-up stays light).
+``--gpu``, ``--model``, ``--drafter`` and ``--spec-steps`` are declared beside
+``sim-server``, which takes them too (:mod:`specgov.simulator.server.cli`: the simulator may
+not import the controller), and handed on from here.
+
+Importing this module imports click only, with the sim-server's command module (which
+imports click only): the CLI's start-up stays light.
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
+
+# The simulated deployment's options that sim-server takes too (the module docstring).
+from specgov.simulator.server.cli import drafter_option as drafter_option
+from specgov.simulator.server.cli import gpu_option as gpu_option
+from specgov.simulator.server.cli import model_option as model_option
+from specgov.simulator.server.cli import spec_steps_option as spec_steps_option
 
 if TYPE_CHECKING:
     from specgov.controller.daemon.config import SpecgovConfig
@@ -146,36 +157,6 @@ def percentile_option(name: str, help: str) -> Callable[[F], F]:
 
 
 # ---------------------------------------------------- the simulated deployment
-
-
-def gpu_option(help: str = "GPU name from the catalog.") -> Callable[[F], F]:
-    """``--gpu`` (default h100); *help* where the command says what the GPU is for."""
-    return click.option("--gpu", default="h100", show_default=True, help=help)
-
-
-def model_option(help: str = "Target model.") -> Callable[[F], F]:
-    """``--model`` (default llama-3.1-8b)."""
-    return click.option("--model", default="llama-3.1-8b", show_default=True, help=help)
-
-
-def drafter_option(help: str = "Drafter.") -> Callable[[F], F]:
-    """``--drafter`` (default eagle3)."""
-    return click.option("--drafter", default="eagle3", show_default=True, help=help)
-
-
-def spec_steps_option(
-    *,
-    min_steps: int = 0,
-    help: str = "--speculative-num-steps (the initial step of adaptive policies).",
-) -> Callable[[F], F]:
-    """``--spec-steps`` (default 3, at least *min_steps*)."""
-    return click.option(
-        "--spec-steps",
-        type=click.IntRange(min=min_steps),
-        default=3,
-        show_default=True,
-        help=help,
-    )
 
 
 def topk_option(

@@ -69,10 +69,46 @@ _HICACHE_OPTIONS = [
         "as in SGLang.",
     ),
 ]
+
 NO_TRACE: Final = "none"  # --trace none: the engine serves only clients' requests
 # --speculative-algorithm NONE: SGLang's own name (SpeculativeAlgorithm.from_string) for
 # the plain server it runs when the flag is left out.
 PLAIN_ALGORITHM: Final = "NONE"
+
+
+# The simulated deployment's options (ServerSpec's gpu, model, drafter and spec_steps),
+# which `sim-server` shares with `replay`, the plans, `catalog show` and `fleet` (the
+# controller's options module hands them on); declared here, as the HiCache flags are,
+# because the simulator may not import the controller. Each command's *help* says what
+# the option is for there.
+def gpu_option(help: str = "GPU name from the catalog.") -> Callable[[F], F]:
+    """``--gpu`` (default h100); *help* where the command says what the GPU is for."""
+    return click.option("--gpu", default="h100", show_default=True, help=help)
+
+
+def model_option(help: str = "Target model.") -> Callable[[F], F]:
+    """``--model`` (default llama-3.1-8b)."""
+    return click.option("--model", default="llama-3.1-8b", show_default=True, help=help)
+
+
+def drafter_option(help: str = "Drafter.") -> Callable[[F], F]:
+    """``--drafter`` (default eagle3)."""
+    return click.option("--drafter", default="eagle3", show_default=True, help=help)
+
+
+def spec_steps_option(
+    *,
+    min_steps: int = 0,
+    help: str = "--speculative-num-steps (the initial step of adaptive policies).",
+) -> Callable[[F], F]:
+    """``--spec-steps`` (default 3, at least *min_steps*)."""
+    return click.option(
+        "--spec-steps",
+        type=click.IntRange(min=min_steps),
+        default=3,
+        show_default=True,
+        help=help,
+    )
 
 
 def serve(
@@ -218,13 +254,9 @@ def _startup_wall_left_s(startup_s: float, speed: float) -> float:
     help="Simulated seconds per wall second.",
 )
 @click.option("--loop", "loop_trace", is_flag=True, help="Replay the trace forever.")
-@click.option("--gpu", default="h100", show_default=True, help="GPU of the simulator's catalog.")
-@click.option(
-    "--model", default="llama-3.1-8b", show_default=True, help="Target model of the catalog."
-)
-@click.option(
-    "--drafter", default="eagle3", show_default=True, help="Draft model or method of the catalog."
-)
+@gpu_option("GPU of the simulator's catalog.")
+@model_option("Target model of the catalog.")
+@drafter_option("Draft model or method of the catalog.")
 @click.option(
     "--speculative-algorithm",
     default=None,
@@ -233,12 +265,8 @@ def _startup_wall_left_s(startup_s: float, speed: float) -> float:
     "draft-extend or verify, a larger KV pool), as SGLang launched without the flag; "
     "otherwise it must be the drafter's (default: the drafter's, speculative).",
 )
-@click.option(
-    "--spec-steps",
-    type=click.IntRange(min=1),
-    default=3,
-    show_default=True,
-    help="SGLang's --speculative-num-steps (the initial step of adaptive speculation).",
+@spec_steps_option(
+    min_steps=1, help="SGLang's --speculative-num-steps (the initial step of adaptive speculation)."
 )
 @click.option(
     "--acceptance-profile", default=None, help="Acceptance profile (default: the drafter's)."
