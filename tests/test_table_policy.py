@@ -234,7 +234,10 @@ def test_tier_statistics_with_a_fake_clock() -> None:
     policy.get_steps_for_batch(2)  # t=10.25
     clock.now_s = 10.75
     policy.on_verify_complete([3, 9], 2)  # 9 > steps: clamped into the top bucket
-    policy.get_steps_for_batch(9)
+    policy.get_steps_for_batch(9)  # t=10.75, a tier change (3 -> 1): untimed
+    clock.now_s = 10.875
+    policy.on_verify_complete([1] * 9, 9)
+    policy.get_steps_for_batch(9)  # t=10.875, the same tier: timed
     clock.now_s = 11.0
     policy.on_verify_complete([1] * 9, 9)  # window [10.0, 11.0] complete -> flush
     assert len(sink) == 1
@@ -247,8 +250,11 @@ def test_tier_statistics_with_a_fake_clock() -> None:
     assert low.accepted_hist == (1, 0, 1, 3)
     assert low.step_time_sum_s == pytest.approx(0.25 + 0.5)
     assert low.step_time_count == 2
-    assert (high.verify_calls, high.requests, high.accepted_hist) == (1, 9, (0, 9))
-    assert high.step_time_sum_s == pytest.approx(0.25)
+    # The first batch at the new tier counts its verifies, not its time (a switch's
+    # one-off cost is not the tier's per-batch cost).
+    assert (high.verify_calls, high.requests, high.accepted_hist) == (2, 18, (0, 18))
+    assert high.step_time_sum_s == pytest.approx(0.125)
+    assert high.step_time_count == 1
     assert [t.key for t in snap.tiers] == [(1, 3), (8, 1)]
 
 
@@ -304,7 +310,9 @@ def test_a_lookup_without_verify_is_skipped_not_misattributed() -> None:
     clock = Clock(0.0)
     sink: list[TierStatsSnapshot] = []
     policy = make(Source(table((1, 3), (8, 1))), clock, sink, flush_s=100.0)
-    policy.get_steps_for_batch(10)  # t=0, a batch whose verify never comes
+    # t=0, a batch of the same tier whose verify never comes (a tier change would leave
+    # the next batch untimed anyway)
+    policy.get_steps_for_batch(2)
     clock.now_s = 5.0
     policy.get_steps_for_batch(4)  # t=5
     clock.now_s = 6.0

@@ -55,9 +55,15 @@ of a slot survives new tables (it is keyed by the slot bound), so a table refres
 tier change unless its thresholds move the slot.
 
 Step wall time of a batch is ``clock()`` at its ``on_verify_complete`` minus ``clock()``
-at its ``get_steps_for_batch``. With SGLang's overlap scheduler the next batch's
-``get_steps_for_batch`` comes before this batch's ``on_verify_complete``, so pending
-lookups are matched to verifies first-in first-out by batch size, not "the last one".
+at its ``get_steps_for_batch``, except for the first batch after a tier change, whose
+verifies count but whose time does not: a switch's one-off cost (another graph, the
+drafter's state) is paid once, not per batch of the new tier, and charged to that tier's
+mean it moved the daemon's cuts (measured with a 1 ms switch cost on users-1/h100/eagle3:
+the fallback's flips before the first table put slot 1's 3 -> 4 cut at 0.62 against
+0.68, and the slot ran 4 steps on 36 % of its batches, -1.4 % throughput). With SGLang's
+overlap scheduler the next batch's ``get_steps_for_batch`` comes before this batch's
+``on_verify_complete``, so pending lookups are matched to verifies first-in first-out by
+batch size, not "the last one".
 """
 
 from __future__ import annotations
@@ -295,8 +301,8 @@ class _TierAcc:
         self.batch_size_sum = 0
 
 
-# (batch size, slot bound, steps, clock at lookup, table epoch)
-_Pending = tuple[int, int, int, float, int]
+# (batch size, slot bound, steps, clock at lookup (None: untimed), table epoch)
+_Pending = tuple[int, int, int, float | None, int]
 
 
 class TablePolicy:
@@ -411,7 +417,10 @@ class TablePolicy:
                 slot = fallback.slot_bound_for(batch_size)
                 reasons = self.fallback_reasons
                 reasons[self._fallback_reason] = reasons.get(self._fallback_reason, 0) + 1
-            self._pending.append((batch_size, slot, steps, now, self._epoch))
+            # The first batch at a new tier is untimed (module docstring, "Step wall time").
+            last = self._last_steps
+            timed = now if steps == last or last < 0 else None
+            self._pending.append((batch_size, slot, steps, timed, self._epoch))
             self._last_steps = steps
             return steps
         except Exception as exc:
@@ -599,8 +608,8 @@ class TablePolicy:
     ) -> tuple[int, int]:
         """Record one verify in its tier; returns the tier (slot, steps)."""
         if entry is not None:
-            slot, steps = entry[1], entry[2]
-            elapsed = now - entry[3]
+            slot, steps, looked_up = entry[1], entry[2], entry[3]
+            elapsed = -1.0 if looked_up is None else now - looked_up
         else:
             # A verify without a lookup: attribute it to the current answer, untimed.
             table = self._table
