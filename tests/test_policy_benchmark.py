@@ -423,3 +423,29 @@ def test_a_restart_check_is_judged_on_the_metric_it_predicted_on() -> None:
     (burst,) = report.restart_checks(short)
     assert burst["measured_plain_gain"] == pytest.approx(0.15)
     assert burst["burst"] and not burst["should_fire"] and burst["right"]
+
+
+def test_a_recommendation_of_another_shape_is_judged_on_its_own_replay() -> None:
+    # users-1/a100-80g/eagle3 (measured): the check recommends a 5x4 tree (+10.2 %
+    # predicted) where plain loses 32 %; the tree's replay measured +11.4 %, so the fire
+    # is right and within 25 %. A tree that gains under 10 % when replayed is a wrong fire.
+    def rows(scenario: str, measured: float | None) -> list[dict[str, object]]:
+        goodput = {
+            "scenario": scenario,
+            "policy": "goodput",
+            "restart_recommended": "tree 5x4, 8 draft tokens",
+            "restart_predicted_gain": 0.102,
+            "restart_metric": "throughput_tok_s",
+            "restart_measured_gain": measured,
+            "throughput_tok_s": 131.9,
+        }
+        return [goodput, {"scenario": scenario, "policy": "none", "throughput_tok_s": 89.3}]
+
+    checks = report.restart_checks(rows("gains", 0.114) + rows("loses", 0.05) + rows("unrun", None))
+    by = {c["scenario"]: c for c in checks}
+    assert by["gains"]["measured_plain_gain"] < 0 and not by["gains"]["should_fire"]
+    assert by["gains"]["measured_recommended_gain"] == pytest.approx(0.114)
+    assert by["gains"]["right"] and by["gains"]["within_tolerance"] is True
+    assert not by["loses"]["right"] and by["loses"]["within_tolerance"] is False
+    # Not replayed: not judged within the tolerance, and not counted right.
+    assert by["unrun"]["within_tolerance"] is None and not by["unrun"]["right"]

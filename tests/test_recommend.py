@@ -458,3 +458,77 @@ def test_a_policy_trigger_runs_the_calibrated_check_once_per_regime(tmp_path: Pa
         f'specgov_restart_recommended_gain_ratio{{algorithm="NONE",metric="{expected.metric}",'
         f'num_steps="0",source="replay"}} {expected.predicted_gain}'
     ) in text
+
+
+# ----------------------------------------- a replay that does not describe its window
+
+
+def test_window_tpot_is_the_median_of_the_scrapes_that_measured_one() -> None:
+    from specgov.controller.daemon.recommend import window_tpot
+
+    assert window_tpot([12.0, None, 10.0, float("nan"), 0.0, 11.0]) == 11.0
+    assert window_tpot([None, float("inf")]) is None
+
+
+def test_replay_fidelity_names_both_tpots_when_they_are_far_apart() -> None:
+    from specgov.controller.daemon.recommend import FIDELITY_FACTOR, replay_fidelity
+
+    row = {"candidate": "the step table in force", "tpot_p50_ms": 52.8}
+    assert replay_fidelity(row, 52.8 / FIDELITY_FACTOR) is None  # the bound is inside
+    assert replay_fidelity(row, 52.8 * FIDELITY_FACTOR) is None
+    assert replay_fidelity(row, None) is None and replay_fidelity(None, 14.7) is None
+    # phase/h100/ngram (measured): 52.8 ms replayed, 14.7 ms measured.
+    why = replay_fidelity(row, 14.7)
+    assert why is not None and "52.8 ms replayed against 14.7 ms measured" in why
+
+
+def test_a_replay_that_does_not_reproduce_the_windows_tpot_predicts_nothing(
+    tmp_path: Path,
+) -> None:
+    """Within FIDELITY_FACTOR of the window's measured TPOT p50 the check fires as before;
+    beyond it the gain is no prediction: silent, in the check and in the daemon's status."""
+    import asyncio
+    from dataclasses import replace
+
+    from specgov.controller.daemon.config import load_config
+    from specgov.controller.daemon.restart_loop import RestartLoop
+    from specgov.controller.daemon.status_view import DaemonStatus
+
+    path = tmp_path / "specgov.yaml"
+    path.write_text("budget:\n  slo_tpot_ms: 50\n", encoding="utf-8")
+    config = load_config(path, env={})
+
+    def check(workload: WorkloadSummary) -> Any:
+        return recommend(workload, **H100, current=None, slo_tpot_ms=50, horizon_s=90)
+
+    rec = check(POOR_AT_ZERO)
+    base = next(r for r in rec.candidates if r["candidate"] == "the step table in force")
+    assert rec.unreliable is None and restart_recommendation(rec, drafter="eagle3") is not None
+    near = check(replace(POOR_AT_ZERO, tpot_p50_ms=base["tpot_p50_ms"] * 1.5))
+    assert near.unreliable is None and restart_recommendation(near, drafter="eagle3") is not None
+    far_workload = replace(POOR_AT_ZERO, tpot_p50_ms=base["tpot_p50_ms"] * 3)
+    far = check(far_workload)
+    assert far.unreliable is not None and "does not reproduce the window" in far.unreliable
+    assert far.unreliable in far.notes and far.to_dict()["unreliable"] == far.unreliable
+    assert restart_recommendation(far, drafter="eagle3") is None
+
+    class Telemetry:  # the window the restart loop summarises
+        observation = None
+
+        def workload_summary(self, since_s: float | None = None) -> WorkloadSummary:
+            return far_workload
+
+    status = DaemonStatus(started_at_s=0.0)
+    loop = RestartLoop(
+        lambda: config,
+        telemetry=Telemetry(),  # type: ignore[arg-type]
+        metrics=None,  # type: ignore[arg-type]
+        status_info=status,
+        clock=lambda: 0.0,
+        snapshot=lambda _key, _write: None,
+        stop=asyncio.Event(),
+        every=None,  # type: ignore[arg-type]
+    )
+    assert asyncio.run(loop.recommend_once()) is None
+    assert status.recommendation is not None and status.recommendation["recommendation"] is None
+    assert "does not reproduce the window" in status.recommendation["message"]

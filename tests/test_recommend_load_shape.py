@@ -146,7 +146,7 @@ def test_the_daemons_restart_loop_replays_its_own_windows_regimes(tmp_path: Path
     from specgov.controller.daemon.own_metrics import DaemonMetrics
     from specgov.controller.daemon.restart_loop import RestartLoop
     from specgov.controller.daemon.status_view import DaemonStatus
-    from specgov.policies.common.observation import Observation
+    from specgov.policies.common.observation import LatencyQuantiles, Observation
 
     path = tmp_path / "specgov.yaml"
     path.write_text(
@@ -164,10 +164,14 @@ def test_the_daemons_restart_loop_replays_its_own_windows_regimes(tmp_path: Path
         now = 5.0 * tick
         requests += 0 if tick == 0 else 5 * (1.0 if now <= 150 else 4.0)
         running = 2 if tick % 2 == 0 else 6
-        held = Observation(time_s=now, running_requests=running, queued_requests=0)
+        # Each scrape's TPOT p50 (10, 11, 12 ms in turn; one scrape measured none): the
+        # window's is their median, what the check's baseline replay must reproduce.
+        tpot = None if tick == 7 else LatencyQuantiles(p50_ms=10.0 + tick % 3)
+        held = Observation(time_s=now, running_requests=running, queued_requests=0, tpot_ms=tpot)
         telemetry.note_totals(now, _snapshot(requests), held)
     workload = telemetry.workload_summary()
     assert workload is not None and workload.concurrency is None
+    assert workload.tpot_p50_ms == 11.0
     assert workload.window_s == 300.0 and workload.request_rate_rps == pytest.approx(2.5)
     assert 2 <= len(workload.segments) <= MAX_SEGMENTS
 

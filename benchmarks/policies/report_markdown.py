@@ -157,6 +157,7 @@ def render_restart_checks(checks: Sequence[Mapping[str, Any]]) -> list[str]:
             c["recommended"],
             fmt_cell(c["predicted_gain"], 3),
             fmt_cell(c["measured_plain_gain"], 3),
+            fmt_cell(c.get("measured_recommended_gain"), 3),
             "yes" if c["should_fire"] else "no (burst)" if c.get("burst") else "no",
             "ok" if c["right"] else "WRONG",
             "-" if c["within_tolerance"] is None else "yes" if c["within_tolerance"] else "no",
@@ -175,6 +176,7 @@ def render_restart_checks(checks: Sequence[Mapping[str, Any]]) -> list[str]:
             "",
             "",
             "",
+            "",
             f"{right}/{len(checks)} right",
             f"{within}/{len(judged)} within {RESTART_TOLERANCE:.0%}",
             "",
@@ -186,7 +188,8 @@ def render_restart_checks(checks: Sequence[Mapping[str, Any]]) -> list[str]:
         "recommended",
         "predicted",
         "measured (none)",
-        "should fire",
+        "measured (recommended)",
+        "should fire (none)",
         "fired?",
     ]
     # The policy's trigger (goodput's, when it first asked for the check) predicts nothing:

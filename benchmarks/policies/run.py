@@ -44,7 +44,7 @@ from benchmarks.policies.scenarios import (
     select,
     suite_runs,
 )
-from specgov.controller.daemon.recommend import replay_restart_check
+from specgov.controller.daemon.recommend import measured_gain, replay_restart_check
 from specgov.simulator.replay.metrics import Slo, good_tokens_by_window, summarise
 from specgov.simulator.replay.runner import PolicyRun as ReplayRun
 from specgov.simulator.replay.runner import parse_policy, prepare_run
@@ -92,7 +92,10 @@ def run_job(job: Job) -> report.RunResult:
             drafter=server.drafter,
             slo_tpot_ms=job.slo.tpot_ms,
             seed=job.seed,
+            topk=server.topk,
+            num_draft_tokens=server.num_draft_tokens,
         )
+        _measure_recommendation(summary, server, requests, job)
     if prepared.loop is not None:
         log = prepared.loop.log
         summary["decisions"] = len(log.decisions)
@@ -122,6 +125,28 @@ def run_job(job: Job) -> report.RunResult:
         reason_counts=reasons,
         changes=changes,
         series=result.series if job.keep_series else None,
+    )
+
+
+def _measure_recommendation(
+    summary: dict[str, Any], server: Any, requests: Sequence[Any], job: Job
+) -> None:
+    """A fired recommendation of another speculation shape (a tree, other steps) is
+    measured here, by replaying that configuration on the same requests (``measured_gain``
+    in the recommendation); no speculation is the suite's own ``none`` run (report.py)."""
+    rec = summary.get("restart_recommendation")
+    if rec is None or rec["configuration"]["policy"] == "none":
+        return
+    config = rec["configuration"]
+    topk = int(config["topk"])
+    shaped = replace(
+        server, topk=topk, num_draft_tokens=int(config["num_draft_tokens"]) if topk > 1 else None
+    )
+    policy = parse_policy(str(config["policy"]))
+    prepared = prepare_run(shaped, policy, seed=job.seed, slo=job.slo)
+    result = prepared.run(requests, concurrency=job.scenario.workload.concurrency)
+    rec["measured_gain"] = measured_gain(
+        summarise(policy.name, result, job.slo), summary, str(rec["metric"])
     )
 
 

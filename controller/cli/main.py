@@ -178,6 +178,8 @@ def _run_replay(
             drafter=server.drafter,
             slo_tpot_ms=report.slo.tpot_ms,
             seed=seed,
+            topk=server.topk,
+            num_draft_tokens=server.num_draft_tokens,
         )
     return report
 

@@ -33,7 +33,10 @@ so deeper positions are neither better nor worse than the measured average (at 0
 steps, the last accept length measured above 0: ``window_acceptance``); and
 lengths are log-normal around the observed means. The prediction is only as good
 as that summary; the recommendation says so and is never applied unless an
-operator configured an apply command.
+operator configured an apply command. Where the summary visibly fails (the baseline's
+replayed TPOT p50 more than ``FIDELITY_FACTOR`` from the window's measured one,
+``replay_fidelity``) the check predicts nothing: ``Recommendation.unreliable`` says why
+and ``restart_recommendation`` stays silent.
 """
 
 from __future__ import annotations
@@ -89,6 +92,12 @@ CLOSED_DISPERSION = 0.25
 # What a gain can be predicted on (besides TPOT p50, the tie-break): goodput, or for a
 # saturated window throughput (module doc: goodput there is a threshold at the SLO edge).
 RATE_METRICS = tuple(m for m in RESTART_METRICS if m != "tpot_p50_ms")
+# A baseline whose replayed TPOT p50 is more than this factor above or below the window's
+# measured TPOT p50 does not describe the window, and its gains are not predictions
+# (assumed, not fitted; measured on the policy suite's 40 runs, benchmarks/policies/
+# README.md: the replays that reproduce their window are within 0.64-1.21x of it, the
+# three that do not 2.9-3.6x, among them phase/h100/ngram's +98 % predicted for +0.6 %).
+FIDELITY_FACTOR = 2.0
 
 
 class RecommendError(SpecgovError, ValueError):
@@ -116,6 +125,9 @@ class WorkloadSummary:
     # load_shape.MAX_SEGMENTS, ``arrival_segments``): an open-loop window is replayed
     # following them; empty: steady Poisson arrivals at request_rate_rps.
     segments: tuple[tuple[float, float], ...] = ()
+    # The window's measured TPOT p50 (ms): the median of its scrapes' TPOT p50, what the
+    # baseline's replay must reproduce (``replay_fidelity``); None: not measured.
+    tpot_p50_ms: float | None = None
 
 
 def saturated_concurrency(samples: Sequence[tuple[int | None, int | None]]) -> float | None:
@@ -239,6 +251,9 @@ class Recommendation:
     workload: WorkloadSummary
     notes: tuple[str, ...] = field(default=())
     metric: str = "goodput_tok_s"  # what predicted_gain is measured on
+    # Why the replay does not describe the window (``replay_fidelity``): the gain is then
+    # no prediction and restart_recommendation stays silent. None: it does.
+    unreliable: str | None = None
 
     def structured(self) -> RestartRecommendation:
         """The replay's conclusion in the one structured form every recommendation has."""
@@ -269,6 +284,7 @@ class Recommendation:
             "current_goodput_tok_s": self.current_goodput_tok_s,
             "predicted_gain": self.predicted_gain,
             "metric": self.metric,
+            "unreliable": self.unreliable,
             # Launch flags are not here: recommendation_document derives them once, from
             # the structured recommendation's shape (its "launch" key).
             "candidates": list(self.candidates),
@@ -498,6 +514,9 @@ def _recommendation(
         r for r in rows if r.get("fits") and r.get("candidate") != "the step table in force"
     ]
     choice, metric, gain = choose_candidate(restartable, current_row, metric)
+    unreliable = replay_fidelity(current_row, workload.tpot_p50_ms)
+    if unreliable is not None:
+        notes.append(unreliable)
     label, policy = str(choice["candidate"]), str(choice["policy"])
     topk, ndt = int(choice["topk"]), choice["num_draft_tokens"]
     shape = _shape_of(policy, topk, ndt, drafter_algorithm=_algorithm(drafter))
@@ -519,6 +538,31 @@ def _recommendation(
         workload=workload,
         notes=tuple(notes),
         metric=metric,
+        unreliable=unreliable,
+    )
+
+
+def replay_fidelity(
+    current: Mapping[str, Any] | None, measured_tpot_ms: float | None
+) -> str | None:
+    """Why the baseline's replay (*current*, its row) does not describe the window whose
+    measured TPOT p50 is *measured_tpot_ms*, or None when it does (or cannot be checked:
+    no baseline, nothing measured). The replayed TPOT p50 must lie within FIDELITY_FACTOR
+    of the measured one: the synthetic window (one acceptance rate, log-normal lengths,
+    Poisson arrivals) cannot stand for a workload it runs that differently."""
+    replayed = None if current is None else current.get("tpot_p50_ms")
+    if not is_real(replayed) or replayed <= 0:
+        return None
+    if not is_real(measured_tpot_ms) or measured_tpot_ms <= 0:
+        return None
+    ratio = float(replayed) / float(measured_tpot_ms)
+    if 1.0 / FIDELITY_FACTOR <= ratio <= FIDELITY_FACTOR:
+        return None
+    return (
+        f"the replay does not reproduce the window: the baseline's TPOT p50 is "
+        f"{float(replayed):.1f} ms replayed against {float(measured_tpot_ms):.1f} ms measured "
+        f"({ratio:.2f}x, outside 1/{FIDELITY_FACTOR:g}-{FIDELITY_FACTOR:g}x), "
+        "so no gain is predicted"
     )
 
 
@@ -647,8 +691,9 @@ def restart_recommendation(
     sustained_s: float = SUSTAINED_S,
 ) -> dict[str, Any] | None:
     """The ``restart_recommendation`` object of *rec*, or None when it does not fire: a
-    window shorter than *sustained_s* (a burst), or a predicted gain under *min_gain*."""
-    if rec.workload.window_s < sustained_s:
+    window shorter than *sustained_s* (a burst), a replay that does not describe the
+    window (``Recommendation.unreliable``), or a predicted gain under *min_gain*."""
+    if rec.workload.window_s < sustained_s or rec.unreliable is not None:
         return None
     if not math.isfinite(rec.predicted_gain) or rec.predicted_gain < min_gain:
         return None
@@ -708,7 +753,15 @@ def replay_workload(run: Any, requests: Sequence[Any]) -> WorkloadSummary:
         concurrency=saturated_concurrency(samples),
         table=table,
         segments=shape,
+        tpot_p50_ms=window_tpot([r.inputs_summary.get("tpot_p50_ms") for r in records]),
     )
+
+
+def window_tpot(per_scrape_ms: Sequence[float | None]) -> float | None:
+    """The window's measured TPOT p50 (``WorkloadSummary.tpot_p50_ms``): the median of its
+    scrapes' TPOT p50 (the finite, positive ones), None when no scrape measured one."""
+    values = [float(v) for v in per_scrape_ms if is_real(v) and v > 0]
+    return statistics.median(values) if values else None
 
 
 def _finished_rps(summary: Mapping[str, Any]) -> float | None:
@@ -733,11 +786,15 @@ def replay_restart_check(
     slo_tpot_ms: float | None,
     seed: int = 0,
     horizon_s: float = 180.0,
+    topk: int = 1,
+    num_draft_tokens: int | None = None,
 ) -> dict[str, dict[str, Any] | None]:
     """Per daemon policy of one replay (``PolicyRun``s), its ``restart_recommendation``
     (None when it does not fire), also set as that key of the run's summary (the replay
     JSON). Where the replay also ran the recommended configuration on the same trace, the
-    object carries the gain measured there (``measured_gain``).
+    object carries the gain measured there (``measured_gain``): its policy on the replay's
+    server shape (*topk*, *num_draft_tokens*), or ``none``; a run of ``static:5`` on a chain
+    server does not measure a tree of 5 steps.
 
     The check runs over the whole replay, as the daemon's scheduled check does over its
     window; a policy's restart trigger (goodput's) predicts nothing and adds only when it
@@ -767,9 +824,15 @@ def replay_restart_check(
             run.summary["restart_check"] = str(exc)  # why there is nothing to recommend
             continue
         run.summary["restart_metric"] = rec.metric  # what the check predicted on, fired or not
+        if rec.unreliable is not None:
+            run.summary["restart_check"] = rec.unreliable  # why it predicts nothing
         doc = restart_recommendation(rec, drafter=drafter)
         if doc is not None:
-            measured = summaries.get(rec.policy)
+            same_shape = rec.policy == "none" or (
+                rec.shape.topk == topk
+                and (topk == 1 or rec.shape.num_draft_tokens == num_draft_tokens)
+            )
+            measured = summaries.get(rec.policy) if same_shape else None
             if measured is not None:
                 doc["measured_gain"] = measured_gain(measured, run.summary, rec.metric)
         out[run.policy.name] = doc

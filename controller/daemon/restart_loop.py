@@ -137,14 +137,17 @@ class RestartLoop:
         if trigger is not None:
             details["trigger"] = trigger.to_dict()  # what brought this check forward
         if restart_recommendation(rec, drafter=dep.drafter) is None:
-            # Silent: a burst (window under SUSTAINED_S) or under RESTART_MIN_GAIN.
+            # Silent: a burst (window under SUSTAINED_S), a replay that does not describe
+            # the window (rec.unreliable) or under RESTART_MIN_GAIN.
+            why = (
+                f"best {rec.label}, predicted {rec.predicted_gain:+.1%} on {rec.metric} "
+                f"over {rec.current_label} in a {workload.window_s:.0f} s window"
+                if rec.unreliable is None
+                else rec.unreliable
+            )
             self._status.recommendation = {
                 "recommendation": None,
-                "message": (
-                    f"no restart recommended: best {rec.label}, predicted "
-                    f"{rec.predicted_gain:+.1%} on {rec.metric} over {rec.current_label} "
-                    f"in a {workload.window_s:.0f} s window"
-                ),
+                "message": f"no restart recommended: {why}",
                 "details": details,
             }
             return None

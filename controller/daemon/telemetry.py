@@ -54,6 +54,7 @@ class _ScrapeTotals(NamedTuple):
     queued: int | None
     accept_length: float | None
     spec_steps: int | None
+    tpot_p50_ms: float | None  # the scrape window's TPOT p50
 
 
 class Telemetry:
@@ -232,6 +233,7 @@ class Telemetry:
                 None if obs is None else obs.queued_requests,
                 None if obs is None else obs.accept_length,
                 None if obs is None else obs.spec_num_steps,
+                None if obs is None or obs.tpot_ms is None else obs.tpot_ms.p50_ms,
             )
         )
         horizon = now - max(self._config().recommend.interval_s, 60.0)
@@ -246,6 +248,7 @@ class Telemetry:
             WorkloadSummary,
             saturated_concurrency,
             window_table,
+            window_tpot,
         )
 
         totals = [t for t in self._totals if since_s is None or t.at_s >= since_s]
@@ -274,6 +277,7 @@ class Telemetry:
             # The table in force is the baseline (what a restart would give up).
             table=table,
             segments=arrival_segments(_arrival_points(totals)),
+            tpot_p50_ms=window_tpot([t.tpot_p50_ms for t in totals]),
         )
 
     def load_adaptive_config(self, info: Mapping[str, Any]) -> None:
