@@ -304,8 +304,10 @@ def _ceiling_sections(
         "(none) on the same trace, both on the run's metric (throughput for a window "
         "judged saturated: queued, or a closed population; else goodput; TPOT p50 for a "
         f"tie). It should fire where that is >= "
-        f"{RESTART_MIN_GAIN:.0%} and stay silent elsewhere; a no-speculation prediction "
-        f"should be within {RESTART_TOLERANCE:.0%} of the measured gain.",
+        f"{RESTART_MIN_GAIN:.0%} and stay silent elsewhere; a recommendation of another "
+        "shape (a tree, other steps) is replayed on the same trace and judged on its own "
+        f"gain ('measured (recommended)'); a prediction should be within "
+        f"{RESTART_TOLERANCE:.0%} of the gain measured for what it recommends.",
         render_restart_checks(restart_checks(rows)),
     )
     lines += _section(
