@@ -447,5 +447,59 @@ def test_a_recommendation_of_another_shape_is_judged_on_its_own_replay() -> None
     assert by["gains"]["measured_recommended_gain"] == pytest.approx(0.114)
     assert by["gains"]["right"] and by["gains"]["within_tolerance"] is True
     assert not by["loses"]["right"] and by["loses"]["within_tolerance"] is False
-    # Not replayed: not judged within the tolerance, and not counted right.
-    assert by["unrun"]["within_tolerance"] is None and not by["unrun"]["right"]
+    # Not replayed: judged neither right nor within the tolerance.
+    assert by["unrun"]["within_tolerance"] is None and by["unrun"]["right"] is None
+
+
+@pytest.mark.parametrize(
+    ("configuration", "server_change"),
+    [
+        # A 5x4 tree with 8 draft tokens: replayed as a tree, not as a chain static:5.
+        (
+            {"policy": "static:5", "topk": 4, "num_draft_tokens": 8},
+            {"topk": 4, "num_draft_tokens": 8},
+        ),
+        # SGLang's EMA with the step-0 draft-extend pass skipped: the flag is replayed too.
+        (
+            {
+                "policy": "sglang-ema",
+                "topk": 1,
+                "num_draft_tokens": 4,
+                "environment": {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"},
+            },
+            {"skip_zero_step_draft_extend": True},
+        ),
+    ],
+)
+def test_a_fired_recommendation_is_measured_on_what_it_recommends(
+    configuration: dict[str, object], server_change: dict[str, object]
+) -> None:
+    from dataclasses import replace
+
+    from specgov.controller.daemon.recommend import CANDIDATE_SPEC_STEPS, measured_gain
+    from specgov.simulator.replay.metrics import summarise
+    from specgov.simulator.replay.runner import parse_policy, prepare_run
+
+    sc = SCENARIOS[0]
+    requests = scenarios.build_requests(sc.workload, scenarios.default_data_dir())
+    job = run.Job(sc, scenarios.PolicyRun("goodput"), scenarios.default_data_dir(), 0, Slo(), False)
+    server = sc.server()
+    current = {"throughput_tok_s": 100.0, "goodput_tok_s": 100.0, "tpot_ms": {"p50": 10.0}}
+    rec = {"configuration": configuration, "metric": "throughput_tok_s"}
+    summary = {**current, "restart_recommendation": rec}
+    run._measure_recommendation(summary, server, requests, job)
+    # The same configuration replayed here: shape, initial steps, environment.
+    shaped = replace(server, spec_steps=CANDIDATE_SPEC_STEPS, **server_change)  # type: ignore[arg-type]
+    policy = parse_policy(str(configuration["policy"]))
+    result = prepare_run(shaped, policy, seed=0, slo=Slo()).run(requests)
+    expected = measured_gain(summarise(policy.name, result, Slo()), current, "throughput_tok_s")
+    assert rec["measured_gain"] == pytest.approx(expected)
+    if "topk" in server_change:  # ...and a tree is not what the chain server gives
+        chain = prepare_run(server, policy, seed=0, slo=Slo()).run(requests)
+        assert measured_gain(summarise(policy.name, chain, Slo()), current, "throughput_tok_s") != (
+            pytest.approx(expected, rel=1e-9)
+        )
+    # No speculation is the suite's own `none` run: nothing is replayed for it.
+    plain_rec = {"configuration": {"policy": "none"}, "metric": "throughput_tok_s"}
+    run._measure_recommendation({"restart_recommendation": plain_rec}, server, requests, job)
+    assert "measured_gain" not in plain_rec

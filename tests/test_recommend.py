@@ -532,3 +532,36 @@ def test_a_replay_that_does_not_reproduce_the_windows_tpot_predicts_nothing(
     assert asyncio.run(loop.recommend_once()) is None
     assert status.recommendation is not None and status.recommendation["recommendation"] is None
     assert "does not reproduce the window" in status.recommendation["message"]
+
+
+def test_a_replays_run_measures_a_recommendation_only_of_the_same_configuration() -> None:
+    from specgov.controller.daemon.recommend import Recommendation, measures_recommendation
+
+    def rec(policy: str, shape: SpecShape, env: tuple[tuple[str, str], ...] = ()) -> Any:
+        return Recommendation(
+            label=policy,
+            policy=policy,
+            shape=shape,
+            predicted_goodput_tok_s=1.0,
+            current_label="now",
+            current_goodput_tok_s=1.0,
+            predicted_gain=0.2,
+            candidates=(),
+            workload=LIGHT,
+            environment=env,
+        )
+
+    plain = rec("none", SpecShape("NONE", 0, 0, 0, ()))
+    chain = rec("static:5", SpecShape("EAGLE3", 5, 1, 6, (5,)))
+    tree = rec("static:5", SpecShape("EAGLE3", 5, 4, 8, (5,)))
+    skip = rec(
+        "sglang-ema",
+        SpecShape("EAGLE3", 3, 1, 4, (0, 1, 3, 5, 7)),
+        (("SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND", "1"),),
+    )
+    assert measures_recommendation(plain) and measures_recommendation(plain, topk=4)
+    assert measures_recommendation(chain) and not measures_recommendation(chain, topk=4)
+    assert not measures_recommendation(tree)  # a chain server's static:5 is no tree
+    assert measures_recommendation(tree, topk=4, num_draft_tokens=8)
+    assert not measures_recommendation(tree, topk=4, num_draft_tokens=16)
+    assert not measures_recommendation(skip)  # replay servers run without the flag

@@ -234,7 +234,7 @@ def test_tier_statistics_with_a_fake_clock() -> None:
     policy.get_steps_for_batch(2)  # t=10.25
     clock.now_s = 10.75
     policy.on_verify_complete([3, 9], 2)  # 9 > steps: clamped into the top bucket
-    policy.get_steps_for_batch(9)  # t=10.75, a tier change (3 -> 1): untimed
+    policy.get_steps_for_batch(9)  # t=10.75, a tier change (3 -> 1): timed apart
     clock.now_s = 10.875
     policy.on_verify_complete([1] * 9, 9)
     policy.get_steps_for_batch(9)  # t=10.875, the same tier: timed
@@ -251,11 +251,33 @@ def test_tier_statistics_with_a_fake_clock() -> None:
     assert low.step_time_sum_s == pytest.approx(0.25 + 0.5)
     assert low.step_time_count == 2
     # The first batch at the new tier counts its verifies, not its time (a switch's
-    # one-off cost is not the tier's per-batch cost).
+    # one-off cost is not the tier's per-batch cost; the tier has a timed batch here).
     assert (high.verify_calls, high.requests, high.accepted_hist) == (2, 18, (0, 18))
     assert high.step_time_sum_s == pytest.approx(0.125)
     assert high.step_time_count == 1
     assert [t.key for t in snap.tiers] == [(1, 3), (8, 1)]
+
+
+def test_a_tier_timed_only_across_switches_reports_those_times() -> None:
+    # Batches alternate between slot 1 (3 steps) and slot 8 (1 step): every batch is the
+    # first after a tier change, so the switch is paid every time and is each tier's
+    # cost; a window with no other timed batch of a tier reports those times.
+    clock = Clock(0.0)
+    sink: list[TierStatsSnapshot] = []
+    policy = make(Source(table((1, 3), (8, 1))), clock, sink, flush_s=100.0)
+    t = 0.0
+    for batch, step_s in ((3, 0.5), (9, 0.25), (3, 0.5), (9, 0.25)):
+        policy.get_steps_for_batch(batch)
+        t += step_s
+        clock.now_s = t
+        policy.on_verify_complete([0] * batch, batch)
+    policy.flush()
+    low, high = sink[0].tier(1, 3), sink[0].tier(8, 1)
+    assert low is not None and high is not None
+    # slot 1's first batch is the first ever (timed); its second came after a switch.
+    assert (low.step_time_count, low.step_time_sum_s) == (1, pytest.approx(0.5))
+    assert (high.step_time_count, high.step_time_sum_s) == (2, pytest.approx(0.5))
+    assert (low.verify_calls, high.verify_calls) == (2, 2)
 
 
 def test_fallback_tiers_use_the_fallbacks_slot() -> None:

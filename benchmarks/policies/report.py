@@ -679,7 +679,9 @@ RESTART_TOLERANCE = 0.25
 def restart_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per scenario with a restart check of the target policy: what it recommended, the
     predicted gain, the gain measured by replaying the plain server (none) on the same
-    trace, and whether it fired where it should and predicted within the tolerance."""
+    trace and by replaying what it recommended (none, or another shape: run.py replays
+    that), whether it was right (fired where the recommended configuration gains
+    >= RESTART_MIN_GAIN; silent where plain does not) and predicted within the tolerance."""
     by: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by.setdefault(r["scenario"], {})[r["policy"]] = r
@@ -708,8 +710,14 @@ def restart_checks(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         plain = g["restart_recommended"] == "no speculation"
         rec_gain = gain if plain else g.get("restart_measured_gain")
         # A fired recommendation is right where its configuration gains >= RESTART_MIN_GAIN
-        # (another shape may gain where plain does not); silence where plain does not.
-        right = (rec_gain is not None and rec_gain >= RESTART_MIN_GAIN) if fired else not should
+        # (another shape may gain where plain does not), unjudged (None) where it was not
+        # replayed; silence is judged against the plain server only (a tree that would
+        # have gained is not replayed unless recommended).
+        right: bool | None
+        if fired:
+            right = None if rec_gain is None else rec_gain >= RESTART_MIN_GAIN
+        else:
+            right = not should
         within = None
         if fired and rec_gain is not None and pred is not None:
             within = abs(pred - rec_gain) <= RESTART_TOLERANCE * abs(rec_gain)

@@ -159,13 +159,14 @@ def render_restart_checks(checks: Sequence[Mapping[str, Any]]) -> list[str]:
             fmt_cell(c["measured_plain_gain"], 3),
             fmt_cell(c.get("measured_recommended_gain"), 3),
             "yes" if c["should_fire"] else "no (burst)" if c.get("burst") else "no",
-            "ok" if c["right"] else "WRONG",
+            "-" if c["right"] is None else "ok" if c["right"] else "WRONG",
             "-" if c["within_tolerance"] is None else "yes" if c["within_tolerance"] else "no",
             "-" if c.get("triggered_s") is None else f"{c['triggered_s']:.0f}",
         ]
         for c in checks
     ]
     right = sum(1 for c in checks if c["right"])
+    judged_right = [c for c in checks if c["right"] is not None]
     judged = [c for c in checks if c["within_tolerance"] is not None]
     within = sum(1 for c in judged if c["within_tolerance"])
     body.append(
@@ -177,7 +178,7 @@ def render_restart_checks(checks: Sequence[Mapping[str, Any]]) -> list[str]:
             "",
             "",
             "",
-            f"{right}/{len(checks)} right",
+            f"{right}/{len(judged_right)} right",
             f"{within}/{len(judged)} within {RESTART_TOLERANCE:.0%}",
             "",
         ]
@@ -190,7 +191,7 @@ def render_restart_checks(checks: Sequence[Mapping[str, Any]]) -> list[str]:
         "measured (none)",
         "measured (recommended)",
         "should fire (none)",
-        "fired?",
+        "right?",
     ]
     # The policy's trigger (goodput's, when it first asked for the check) predicts nothing:
     # in the daemon it only brings the scheduled check forward.

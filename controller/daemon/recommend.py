@@ -75,6 +75,10 @@ CANDIDATES: tuple[tuple[str, str, int, int | None], ...] = (
 )
 
 
+# The initial steps every candidate server is replayed with (a static policy overrides
+# them; SGLang's EMA starts there, as its recommended shape says: 3 steps).
+CANDIDATE_SPEC_STEPS = 3
+
 # A restart is recommended only for a window at least this long (a regime, not a burst)
 # and a predicted gain of at least this fraction over the configuration in force.
 SUSTAINED_S = 120.0
@@ -254,6 +258,9 @@ class Recommendation:
     # Why the replay does not describe the window (``replay_fidelity``): the gain is then
     # no prediction and restart_recommendation stays silent. None: it does.
     unreliable: str | None = None
+    # Environment variables the recommended configuration needs besides its shape (e.g.
+    # SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1), as sorted (name, value) pairs.
+    environment: tuple[tuple[str, str], ...] = ()
 
     def structured(self) -> RestartRecommendation:
         """The replay's conclusion in the one structured form every recommendation has."""
@@ -285,6 +292,7 @@ class Recommendation:
             "predicted_gain": self.predicted_gain,
             "metric": self.metric,
             "unreliable": self.unreliable,
+            "environment": dict(self.environment),
             # Launch flags are not here: recommendation_document derives them once, from
             # the structured recommendation's shape (its "launch" key).
             "candidates": list(self.candidates),
@@ -360,7 +368,10 @@ def recommend(
         current_row = next((r for r in rows if r["candidate"] == current_table[0]), None)
     else:
         current_row = _current_row(current, rows)
-    return _recommendation(rows, current_row, workload, notes, drafter, metric)
+    # The fidelity test needs the window's own baseline: the table in force or the shape
+    # the server reported; without either the baseline is a guess (no speculation).
+    own_baseline = current_table is not None or current is not None
+    return _recommendation(rows, current_row, workload, notes, drafter, metric, own_baseline)
 
 
 def window_spec(
@@ -449,7 +460,7 @@ class _CandidateReplay:
             topk=topk,
             num_draft_tokens=ndt,
             acceptance_rates=self.rates,
-            spec_steps=3,
+            spec_steps=CANDIDATE_SPEC_STEPS,
             vram_gib=self.vram_gib,
         )
         run = {"slo": self.slo, "seed": self.seed, "concurrency": self.users}
@@ -506,15 +517,17 @@ def _recommendation(
     notes: list[str],
     drafter: str,
     metric: str = "goodput_tok_s",
+    own_baseline: bool = True,
 ) -> Recommendation:
     """The best restartable candidate of *rows* against the baseline *current_row*, on
-    *metric* (``choose_candidate``)."""
+    *metric* (``choose_candidate``); the baseline is checked against the window's
+    measured TPOT (``replay_fidelity``) where it is the window's own (*own_baseline*)."""
     # The table in force is the baseline, never a restart target (it needs no restart).
     restartable = [
         r for r in rows if r.get("fits") and r.get("candidate") != "the step table in force"
     ]
     choice, metric, gain = choose_candidate(restartable, current_row, metric)
-    unreliable = replay_fidelity(current_row, workload.tpot_p50_ms)
+    unreliable = replay_fidelity(current_row, workload.tpot_p50_ms) if own_baseline else None
     if unreliable is not None:
         notes.append(unreliable)
     label, policy = str(choice["candidate"]), str(choice["policy"])
@@ -539,6 +552,7 @@ def _recommendation(
         notes=tuple(notes),
         metric=metric,
         unreliable=unreliable,
+        environment=tuple(sorted((choice.get("environment") or {}).items())),
     )
 
 
@@ -605,7 +619,9 @@ def _shape_of(policy: str, topk: int, ndt: int | None, *, drafter_algorithm: str
     if policy == "none":
         return SpecShape("NONE", 0, 0, 0, ())
     if policy == "sglang-ema":
-        return SpecShape(drafter_algorithm, 3, 1, 4, (0, 1, 3, 5, 7))
+        return SpecShape(
+            drafter_algorithm, CANDIDATE_SPEC_STEPS, 1, CANDIDATE_SPEC_STEPS + 1, (0, 1, 3, 5, 7)
+        )
     steps = int(policy.split(":")[1])
     draft_tokens = ndt if topk > 1 and ndt is not None else steps + 1
     return SpecShape(drafter_algorithm, steps, topk, draft_tokens, (steps,))
@@ -704,6 +720,7 @@ def restart_recommendation(
             "policy": rec.policy,
             "drafter": "none" if shape.algorithm == "NONE" else drafter,
             **shape.to_dict(),
+            "environment": dict(rec.environment),
         },
         "metric": rec.metric,
         "predicted_gain": rec.predicted_gain,
@@ -828,11 +845,8 @@ def replay_restart_check(
             run.summary["restart_check"] = rec.unreliable  # why it predicts nothing
         doc = restart_recommendation(rec, drafter=drafter)
         if doc is not None:
-            same_shape = rec.policy == "none" or (
-                rec.shape.topk == topk
-                and (topk == 1 or rec.shape.num_draft_tokens == num_draft_tokens)
-            )
-            measured = summaries.get(rec.policy) if same_shape else None
+            same = measures_recommendation(rec, topk=topk, num_draft_tokens=num_draft_tokens)
+            measured = summaries.get(rec.policy) if same else None
             if measured is not None:
                 doc["measured_gain"] = measured_gain(measured, run.summary, rec.metric)
         out[run.policy.name] = doc
@@ -840,6 +854,20 @@ def replay_restart_check(
         if run.policy.name in out:
             run.summary["restart_recommendation"] = out[run.policy.name]
     return out
+
+
+def measures_recommendation(
+    rec: Recommendation, *, topk: int = 1, num_draft_tokens: int | None = None
+) -> bool:
+    """Whether a replay's run of ``rec.policy`` on a server of tree width *topk* (and
+    *num_draft_tokens*, for trees) is the configuration *rec* recommends: no speculation,
+    or the same policy on the same shape with no environment of its own (a replay's
+    servers run without SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND)."""
+    if rec.policy == "none":
+        return True
+    if rec.environment or rec.shape.topk != topk:
+        return False
+    return topk == 1 or rec.shape.num_draft_tokens == num_draft_tokens
 
 
 def measured_gain(

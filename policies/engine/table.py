@@ -55,12 +55,14 @@ of a slot survives new tables (it is keyed by the slot bound), so a table refres
 tier change unless its thresholds move the slot.
 
 Step wall time of a batch is ``clock()`` at its ``on_verify_complete`` minus ``clock()``
-at its ``get_steps_for_batch``, except for the first batch after a tier change, whose
-verifies count but whose time does not: a switch's one-off cost (another graph, the
-drafter's state) is paid once, not per batch of the new tier, and charged to that tier's
-mean it moved the daemon's cuts (measured with a 1 ms switch cost on users-1/h100/eagle3:
-the fallback's flips before the first table put slot 1's 3 -> 4 cut at 0.62 against
-0.68, and the slot ran 4 steps on 36 % of its batches, -1.4 % throughput). With SGLang's
+at its ``get_steps_for_batch``. The first batch after a tier change is timed apart: a
+switch's one-off cost (another graph, the drafter's state) is paid once, not per batch of
+the new tier, and charged to that tier's mean it moved the daemon's cuts (measured with a
+1 ms switch cost on users-1/h100/eagle3: the fallback's flips before the first table put
+slot 1's 3 -> 4 cut at 0.62 against 0.68, and the slot ran 4 steps on 36 % of its
+batches, -1.4 % throughput). A window reports those times only for a tier it timed no
+other batch of: where batches alternate between tiers at every batch, the switch is paid
+every time and is that tier's cost. With SGLang's
 overlap scheduler the next batch's ``get_steps_for_batch`` comes before this batch's
 ``on_verify_complete``, so pending lookups are matched to verifies first-in first-out by
 batch size, not "the last one".
@@ -289,6 +291,8 @@ class _TierAcc:
         "requests",
         "step_time_count",
         "step_time_sum_s",
+        "switch_time_count",
+        "switch_time_sum_s",
         "verify_calls",
     )
 
@@ -298,11 +302,15 @@ class _TierAcc:
         self.hist = [0] * (steps + 1)
         self.step_time_sum_s = 0.0
         self.step_time_count = 0
+        # The tier's first batches after a tier change: reported only where the window
+        # timed no other batch of the tier (module docstring, "Step wall time").
+        self.switch_time_sum_s = 0.0
+        self.switch_time_count = 0
         self.batch_size_sum = 0
 
 
-# (batch size, slot bound, steps, clock at lookup (None: untimed), table epoch)
-_Pending = tuple[int, int, int, float | None, int]
+# (batch size, slot bound, steps, clock at lookup, table epoch, first batch at a new tier)
+_Pending = tuple[int, int, int, float, int, bool]
 
 
 class TablePolicy:
@@ -417,10 +425,10 @@ class TablePolicy:
                 slot = fallback.slot_bound_for(batch_size)
                 reasons = self.fallback_reasons
                 reasons[self._fallback_reason] = reasons.get(self._fallback_reason, 0) + 1
-            # The first batch at a new tier is untimed (module docstring, "Step wall time").
+            # The first batch at a new tier is timed apart (module docstring, "Step wall time").
             last = self._last_steps
-            timed = now if steps == last or last < 0 else None
-            self._pending.append((batch_size, slot, steps, timed, self._epoch))
+            switched = steps != last and last >= 0
+            self._pending.append((batch_size, slot, steps, now, self._epoch, switched))
             self._last_steps = steps
             return steps
         except Exception as exc:
@@ -607,9 +615,10 @@ class TablePolicy:
         now: float,
     ) -> tuple[int, int]:
         """Record one verify in its tier; returns the tier (slot, steps)."""
+        switched = False
         if entry is not None:
-            slot, steps, looked_up = entry[1], entry[2], entry[3]
-            elapsed = -1.0 if looked_up is None else now - looked_up
+            slot, steps, switched = entry[1], entry[2], entry[5]
+            elapsed = now - entry[3]
         else:
             # A verify without a lookup: attribute it to the current answer, untimed.
             table = self._table
@@ -628,7 +637,12 @@ class TablePolicy:
         acc.verify_calls += 1
         acc.requests += len(accepted)
         acc.batch_size_sum += batch_size
-        if elapsed >= 0.0:
+        if elapsed < 0.0:
+            pass
+        elif switched:
+            acc.switch_time_sum_s += elapsed
+            acc.switch_time_count += 1
+        else:
             acc.step_time_sum_s += elapsed
             acc.step_time_count += 1
         hist = acc.hist
@@ -663,8 +677,12 @@ class TablePolicy:
                     verify_calls=acc.verify_calls,
                     requests=acc.requests,
                     accepted_hist=tuple(acc.hist),
-                    step_time_sum_s=acc.step_time_sum_s,
-                    step_time_count=acc.step_time_count,
+                    # A tier the window timed only across switches (its batches
+                    # alternate with another tier's) reports those: they are its cost.
+                    step_time_sum_s=acc.step_time_sum_s
+                    if acc.step_time_count
+                    else acc.switch_time_sum_s,
+                    step_time_count=acc.step_time_count or acc.switch_time_count,
                     batch_size_sum=acc.batch_size_sum,
                 )
                 for (slot, steps), acc in sorted(tiers.items())
