@@ -476,7 +476,8 @@ def test_a_fired_recommendation_is_measured_on_what_it_recommends(
 ) -> None:
     from dataclasses import replace
 
-    from specgov.controller.daemon.recommend import CANDIDATE_SPEC_STEPS, measured_gain
+    from specgov.controller.daemon.recommend import CANDIDATE_SPEC_STEPS
+    from specgov.controller.daemon.replay_check import measured_gain
     from specgov.simulator.replay.metrics import summarise
     from specgov.simulator.replay.runner import parse_policy, prepare_run
 

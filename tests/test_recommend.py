@@ -16,10 +16,8 @@ from specgov.controller.daemon.recommend import (
     WorkloadSummary,
     busy_steps,
     fit_acceptance_rate,
-    measured_gain,
     recommend,
     recommendation_document,
-    replay_restart_check,
     restart_recommendation,
     saturated_concurrency,
     table_as_run,
@@ -27,6 +25,7 @@ from specgov.controller.daemon.recommend import (
     window_acceptance,
     window_table,
 )
+from specgov.controller.daemon.replay_check import measured_gain, replay_restart_check
 from specgov.policies.common.step_table import SlotRule, StepTable
 from specgov.policies.common.types import SpecShape
 from specgov.simulator.replay.runner import replay
@@ -357,7 +356,7 @@ def test_budget_vram_gib_from_the_config_reaches_the_restart_loop(tmp_path: Path
 
 
 def test_a_saturated_window_is_judged_on_throughput() -> None:
-    from specgov.controller.daemon.recommend import RecommendError, choose_candidate, measured_gain
+    from specgov.controller.daemon.recommend import RecommendError, choose_candidate
 
     rows = [
         {"candidate": "spec", "goodput_tok_s": 100.0, "throughput_tok_s": 1000.0},
@@ -535,7 +534,8 @@ def test_a_replay_that_does_not_reproduce_the_windows_tpot_predicts_nothing(
 
 
 def test_a_replays_run_measures_a_recommendation_only_of_the_same_configuration() -> None:
-    from specgov.controller.daemon.recommend import Recommendation, measures_recommendation
+    from specgov.controller.daemon.recommend import Recommendation
+    from specgov.controller.daemon.replay_check import measures_recommendation
 
     def rec(policy: str, shape: SpecShape, env: tuple[tuple[str, str], ...] = ()) -> Any:
         return Recommendation(

@@ -22,9 +22,9 @@ from specgov.controller.daemon.recommend import (
     RecommendError,
     WorkloadSummary,
     recommend,
-    replay_workload,
     window_spec,
 )
+from specgov.controller.daemon.replay_check import replay_workload
 from specgov.simulator.replay.runner import ServerSpec, replay
 from specgov.simulator.workload.synthetic import Phase, SyntheticSpec, generate_trace
 

@@ -45,11 +45,8 @@ from benchmarks.policies.scenarios import (
     suite_runs,
 )
 from specgov.adapters.launch_config import SKIP_ZERO_STEP_ENV
-from specgov.controller.daemon.recommend import (
-    CANDIDATE_SPEC_STEPS,
-    measured_gain,
-    replay_restart_check,
-)
+from specgov.controller.daemon.recommend import CANDIDATE_SPEC_STEPS
+from specgov.controller.daemon.replay_check import measured_gain, replay_restart_check
 from specgov.simulator.replay.metrics import Slo, good_tokens_by_window, summarise
 from specgov.simulator.replay.runner import PolicyRun as ReplayRun
 from specgov.simulator.replay.runner import parse_policy, prepare_run

@@ -168,7 +168,7 @@ def _run_replay(
         stop()
     if any(run.policy.daemon_spec is not None for run in report.runs):
         # Into the summaries and the JSON (controller.recommend).
-        from specgov.controller.daemon.recommend import replay_restart_check
+        from specgov.controller.daemon.replay_check import replay_restart_check
 
         replay_restart_check(
             report.runs,

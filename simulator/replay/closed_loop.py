@@ -74,7 +74,7 @@ class ControlLoopConfig:
 class ClosedLoopLog:
     """What the loop recorded: the core's audit rows (the daemon's rows, one type), and
     the decisions' restart triggers (the restart check runs on the whole replay at its
-    end: controller.daemon.recommend.replay_restart_check)."""
+    end: controller.daemon.replay_check.replay_restart_check)."""
 
     decisions: list[AuditRecord] = field(default_factory=list)
     restart_triggers: list[tuple[float, RestartTrigger]] = field(default_factory=list)
