@@ -565,3 +565,66 @@ def test_a_replays_run_measures_a_recommendation_only_of_the_same_configuration(
     assert measures_recommendation(tree, topk=4, num_draft_tokens=8)
     assert not measures_recommendation(tree, topk=4, num_draft_tokens=16)
     assert not measures_recommendation(skip)  # replay servers run without the flag
+
+
+def test_a_recommendation_that_needs_the_skip_flag_launches_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recommendation.environment -> the restart loop -> the launch document that status,
+    `specgov recommend` and the apply hook see: flags and the environment together."""
+    import asyncio
+
+    import specgov.controller.daemon.recommend as rec_module
+    from specgov.controller.daemon.config import load_config
+    from specgov.controller.daemon.restart_loop import RestartLoop
+    from specgov.controller.daemon.status_view import DaemonStatus
+
+    flag = {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}
+    skip = Recommendation(
+        label="adaptive (SGLang EMA, default slots) + SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1",
+        policy="sglang-ema",
+        shape=SpecShape("EAGLE3", 3, 1, 4, (0, 1, 3, 5, 7)),
+        predicted_goodput_tok_s=120.0,
+        current_label="the step table in force",
+        current_goodput_tok_s=100.0,
+        predicted_gain=0.2,
+        candidates=(),
+        workload=LIGHT,
+        environment=tuple(flag.items()),
+    )
+    monkeypatch.setattr(rec_module, "recommend", lambda *_a, **_k: skip)
+    path = tmp_path / "specgov.yaml"
+    path.write_text("budget:\n  slo_tpot_ms: 50\n", encoding="utf-8")
+    config = load_config(path, env={})
+
+    class Telemetry:  # the window the restart loop summarises
+        observation = None
+
+        def workload_summary(self, since_s: float | None = None) -> WorkloadSummary:
+            return LIGHT
+
+    class Metrics:
+        def set_restart_recommendation(self, *_args: object) -> None:
+            pass
+
+    status = DaemonStatus(started_at_s=0.0)
+    loop = RestartLoop(
+        lambda: config,
+        telemetry=Telemetry(),  # type: ignore[arg-type]
+        metrics=Metrics(),  # type: ignore[arg-type]
+        status_info=status,
+        clock=lambda: 0.0,
+        snapshot=lambda _key, _write: None,
+        stop=asyncio.Event(),
+        every=None,  # type: ignore[arg-type]
+    )
+    data = asyncio.run(loop.recommend_once())
+    assert data is not None and status.recommendation is data
+    assert data["launch"]["environment"] == flag and data["launch"]["error"] is None
+    assert "--speculative-algorithm" in data["launch"]["argv"]
+    # SGLang's EMA launches on its default slot table, as the check replayed it.
+    assert "--speculative-adaptive" in data["launch"]["argv"]
+    assert data["launch"]["adaptive_config"] is not None
+    # Without the environment the same shape launches without the flag.
+    plain = recommendation_document(skip.structured(), 0.0, skip.to_dict())
+    assert plain["launch"]["environment"] == {} and plain["launch"]["error"] is None

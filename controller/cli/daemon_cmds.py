@@ -697,6 +697,10 @@ def recommend_cmd(control_addr: str | None, output: str) -> None:
                 else "-",
             ],
             ["launch flags", " ".join(launch.get("argv") or []) or "-"],
+            [
+                "launch environment",
+                " ".join(f"{k}={v}" for k, v in (launch.get("environment") or {}).items()) or "-",
+            ],
             ["applied", rec.get("applied") or "no"],
         ]
         _table("specgov recommend", ["", "value"], rows)

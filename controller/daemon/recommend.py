@@ -647,28 +647,46 @@ def _current_row(
     return None
 
 
-def launch_for(shape: SpecShape, *, rationale: str) -> dict[str, Any]:
-    """SGLang launch flags and adaptive JSON for ``shape`` (the one place a recommendation
-    becomes flags): ``{"argv", "adaptive_config", "error"}``. No speculation needs no
+def launch_for(
+    shape: SpecShape, *, rationale: str, environment: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """SGLang launch flags, adaptive JSON and environment for ``shape`` (the one place a
+    recommendation becomes flags): ``{"argv", "adaptive_config", "environment", "error"}``.
+    ``environment``: what the recommended configuration needs besides its shape
+    (``Recommendation.environment``: the skip-zero-step flag). No speculation needs no
     speculative flags (argv empty)."""
     if shape.algorithm == "NONE":
-        return {"argv": [], "adaptive_config": None, "error": None}
+        return {"argv": [], "adaptive_config": None, "environment": {}, "error": None}
+    skip = (environment or {}).get(SKIP_ZERO_STEP_ENV) == "1"
+    # A shape of several candidate steps is SGLang's EMA on its default slot table, as
+    # the check replayed it ("adaptive (SGLang EMA, default slots)", _shape_of); a static
+    # launch cannot build it.
+    slots = default_slots() if len(shape.candidate_steps) > 1 else ()
     try:
-        launch = build_launch_config(shape, rationale=rationale)
+        launch = build_launch_config(
+            shape, slots, rationale=rationale, skip_zero_step_draft_extend=skip
+        )
     except LaunchConfigError as exc:
-        return {"argv": [], "adaptive_config": None, "error": str(exc)}
+        return {"argv": [], "adaptive_config": None, "environment": {}, "error": str(exc)}
     return {
         "argv": list(launch.to_argv()),
         "adaptive_config": launch.adaptive_config_json(),
+        "environment": launch.environment(),
         "error": None,
     }
 
 
 def recommendation_document(
-    rec: RestartRecommendation, time_s: float, details: Mapping[str, Any] | None = None
+    rec: RestartRecommendation,
+    time_s: float,
+    details: Mapping[str, Any] | None = None,
+    environment: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """What status, the store, `specgov recommend` and the apply hook see of ``rec``."""
-    launch = launch_for(rec.shape, rationale=f"specgov {rec.source}: {rec.summary}")
+    """What status, the store, `specgov recommend` and the apply hook see of ``rec``
+    (``environment``: what the launch needs besides the shape, ``launch_for``)."""
+    launch = launch_for(
+        rec.shape, rationale=f"specgov {rec.source}: {rec.summary}", environment=environment
+    )
     return {
         "recommendation": rec.summary,
         **rec.to_dict(),

@@ -151,7 +151,7 @@ class RestartLoop:
                 "details": details,
             }
             return None
-        data = self.surface(rec.structured(), self._clock(), details)
+        data = self.surface(rec.structured(), self._clock(), details, dict(rec.environment))
         await self.maybe_apply(data)
         return data
 
@@ -160,12 +160,14 @@ class RestartLoop:
         rec: RestartRecommendation,
         time_s: float,
         details: Mapping[str, Any] | None = None,
+        environment: Mapping[str, str] | None = None,
     ) -> dict[str, Any]:
         """One place for every restart recommendation (the restart check's): status,
-        store, metric and log; the apply hook runs from here (see maybe_apply)."""
+        store, metric and log; the apply hook runs from here (see maybe_apply).
+        ``environment``: what its launch needs besides the shape (the skip flag)."""
         from specgov.controller.daemon.recommend import recommendation_document
 
-        data = recommendation_document(rec, time_s, details)
+        data = recommendation_document(rec, time_s, details, environment)
         previous = self._status.recommendation or {}
         self._status.recommendation = data
         self._metrics.set_restart_recommendation(
