@@ -314,13 +314,39 @@ def test_the_vram_budget_keeps_shapes_that_need_more_out_of_the_recommendation()
     assert all("GiB" in r["reason"] for r in speculative)
 
 
+def _restart_loop(config: Any, workload: WorkloadSummary, metrics: Any = None) -> Any:
+    """(the daemon's restart loop over a telemetry whose window is *workload*, the status it
+    writes), on a clock at 0 with snapshots dropped."""
+    import asyncio
+
+    from specgov.controller.daemon.restart_loop import RestartLoop
+    from specgov.controller.daemon.status_view import DaemonStatus
+
+    class Telemetry:  # the window the restart loop summarises
+        observation = None
+
+        def workload_summary(self, since_s: float | None = None) -> WorkloadSummary:
+            return workload
+
+    status = DaemonStatus(started_at_s=0.0)
+    loop = RestartLoop(
+        lambda: config,
+        telemetry=Telemetry(),  # type: ignore[arg-type]
+        metrics=metrics,
+        status_info=status,
+        clock=lambda: 0.0,
+        snapshot=lambda _key, _write: None,
+        stop=asyncio.Event(),
+        every=None,  # type: ignore[arg-type]
+    )
+    return loop, status
+
+
 def test_budget_vram_gib_from_the_config_reaches_the_restart_loop(tmp_path: Path) -> None:
     """config.yaml's budget.vram_gib -> the daemon's restart loop -> its recommender."""
     import asyncio
 
     from specgov.controller.daemon.config import load_config
-    from specgov.controller.daemon.restart_loop import RestartLoop
-    from specgov.controller.daemon.status_view import DaemonStatus
 
     path = tmp_path / "specgov.yaml"
     path.write_text(
@@ -331,23 +357,7 @@ def test_budget_vram_gib_from_the_config_reaches_the_restart_loop(tmp_path: Path
     config = load_config(path, env={})
     assert config.budget.vram_gib == 20.0
 
-    class Telemetry:  # the window the restart loop summarises
-        observation = None
-
-        def workload_summary(self, since_s: float | None = None) -> WorkloadSummary:
-            return LIGHT
-
-    status = DaemonStatus(started_at_s=0.0)
-    loop = RestartLoop(
-        lambda: config,
-        telemetry=Telemetry(),  # type: ignore[arg-type]
-        metrics=None,  # type: ignore[arg-type]
-        status_info=status,
-        clock=lambda: 0.0,
-        snapshot=lambda _key, _write: None,
-        stop=asyncio.Event(),
-        every=None,  # type: ignore[arg-type]
-    )
+    loop, status = _restart_loop(config, LIGHT)
     assert asyncio.run(loop.recommend_once()) is None
     assert status.recommendation is not None
     assert status.recommendation["message"] == (
@@ -490,8 +500,6 @@ def test_a_replay_that_does_not_reproduce_the_windows_tpot_predicts_nothing(
     from dataclasses import replace
 
     from specgov.controller.daemon.config import load_config
-    from specgov.controller.daemon.restart_loop import RestartLoop
-    from specgov.controller.daemon.status_view import DaemonStatus
 
     path = tmp_path / "specgov.yaml"
     path.write_text("budget:\n  slo_tpot_ms: 50\n", encoding="utf-8")
@@ -511,23 +519,7 @@ def test_a_replay_that_does_not_reproduce_the_windows_tpot_predicts_nothing(
     assert far.unreliable in far.notes and far.to_dict()["unreliable"] == far.unreliable
     assert restart_recommendation(far, drafter="eagle3") is None
 
-    class Telemetry:  # the window the restart loop summarises
-        observation = None
-
-        def workload_summary(self, since_s: float | None = None) -> WorkloadSummary:
-            return far_workload
-
-    status = DaemonStatus(started_at_s=0.0)
-    loop = RestartLoop(
-        lambda: config,
-        telemetry=Telemetry(),  # type: ignore[arg-type]
-        metrics=None,  # type: ignore[arg-type]
-        status_info=status,
-        clock=lambda: 0.0,
-        snapshot=lambda _key, _write: None,
-        stop=asyncio.Event(),
-        every=None,  # type: ignore[arg-type]
-    )
+    loop, status = _restart_loop(config, far_workload)
     assert asyncio.run(loop.recommend_once()) is None
     assert status.recommendation is not None and status.recommendation["recommendation"] is None
     assert "does not reproduce the window" in status.recommendation["message"]
@@ -576,8 +568,6 @@ def test_a_recommendation_that_needs_the_skip_flag_launches_with_it(
 
     import specgov.controller.daemon.recommend as rec_module
     from specgov.controller.daemon.config import load_config
-    from specgov.controller.daemon.restart_loop import RestartLoop
-    from specgov.controller.daemon.status_view import DaemonStatus
 
     flag = {"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "1"}
     skip = Recommendation(
@@ -597,27 +587,11 @@ def test_a_recommendation_that_needs_the_skip_flag_launches_with_it(
     path.write_text("budget:\n  slo_tpot_ms: 50\n", encoding="utf-8")
     config = load_config(path, env={})
 
-    class Telemetry:  # the window the restart loop summarises
-        observation = None
+    from prometheus_client import CollectorRegistry
 
-        def workload_summary(self, since_s: float | None = None) -> WorkloadSummary:
-            return LIGHT
+    from specgov.controller.daemon.own_metrics import DaemonMetrics
 
-    class Metrics:
-        def set_restart_recommendation(self, *_args: object) -> None:
-            pass
-
-    status = DaemonStatus(started_at_s=0.0)
-    loop = RestartLoop(
-        lambda: config,
-        telemetry=Telemetry(),  # type: ignore[arg-type]
-        metrics=Metrics(),  # type: ignore[arg-type]
-        status_info=status,
-        clock=lambda: 0.0,
-        snapshot=lambda _key, _write: None,
-        stop=asyncio.Event(),
-        every=None,  # type: ignore[arg-type]
-    )
+    loop, status = _restart_loop(config, LIGHT, DaemonMetrics(CollectorRegistry()))
     data = asyncio.run(loop.recommend_once())
     assert data is not None and status.recommendation is data
     assert data["launch"]["environment"] == flag and data["launch"]["error"] is None

@@ -44,8 +44,7 @@ from benchmarks.policies.scenarios import (
     select,
     suite_runs,
 )
-from specgov.adapters.launch_config import SKIP_ZERO_STEP_ENV
-from specgov.controller.daemon.recommend import CANDIDATE_SPEC_STEPS
+from specgov.controller.daemon.recommend import candidate_server
 from specgov.controller.daemon.replay_check import measured_gain, replay_restart_check
 from specgov.simulator.replay.metrics import Slo, good_tokens_by_window, summarise
 from specgov.simulator.replay.runner import PolicyRun as ReplayRun
@@ -140,15 +139,9 @@ def _measure_recommendation(
     if rec is None or rec["configuration"]["policy"] == "none":
         return
     config = rec["configuration"]
-    topk = int(config["topk"])
-    # As the check replayed the candidate (recommend._CandidateReplay): its shape, the
-    # candidates' initial steps, and the environment it needs (the skip flag).
-    shaped = replace(
-        server,
-        topk=topk,
-        num_draft_tokens=int(config["num_draft_tokens"]) if topk > 1 else None,
-        spec_steps=CANDIDATE_SPEC_STEPS,
-        skip_zero_step_draft_extend=config.get("environment", {}).get(SKIP_ZERO_STEP_ENV) == "1",
+    # As the check replayed the candidate: its shape, initial steps and environment.
+    shaped = candidate_server(
+        server, int(config["topk"]), int(config["num_draft_tokens"]), config.get("environment")
     )
     policy = parse_policy(str(config["policy"]))
     prepared = prepare_run(shaped, policy, seed=job.seed, slo=job.slo)

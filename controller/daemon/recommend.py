@@ -453,16 +453,14 @@ class _CandidateReplay:
         from specgov.simulator.replay.runner import ServerSpec, parse_policy, replay
 
         label, policy, topk, ndt = cand
-        server = ServerSpec(
+        base = ServerSpec(
             gpu=self.gpu,
             model=self.model,
             drafter=self.drafter,
-            topk=topk,
-            num_draft_tokens=ndt,
             acceptance_rates=self.rates,
-            spec_steps=CANDIDATE_SPEC_STEPS,
             vram_gib=self.vram_gib,
         )
+        server = candidate_server(base, topk, ndt)
         run = {"slo": self.slo, "seed": self.seed, "concurrency": self.users}
         try:
             # replay() plans the VRAM first: a shape that does not fit raises.
@@ -490,7 +488,7 @@ class _CandidateReplay:
         # pass (SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND) pay? Replayed, not assumed.
         why = recommend_skip_zero_step(report.runs[0].result.steps_hist, default_slots())
         if why is not None:
-            skip = replace(server, skip_zero_step_draft_extend=True)
+            skip = candidate_server(base, topk, ndt, {SKIP_ZERO_STEP_ENV: "1"})
             skip_report = replay(self.trace, skip, [parse_policy(policy)], **run)
             skip_summary = skip_report.runs[0].summary
             skip_goodput = float(skip_summary["goodput_tok_s"])
@@ -508,6 +506,31 @@ class _CandidateReplay:
                 f"{goodput:.1f} tok/s without"
             )
         return rows
+
+
+def candidate_server(
+    base: Any,
+    topk: int,
+    num_draft_tokens: int | None,
+    environment: Mapping[str, str] | None = None,
+) -> Any:
+    """*base* (a simulator ``ServerSpec``) as a candidate configuration is served: its tree
+    width and draft tokens (draft tokens only for a tree), the candidates' initial steps
+    (``CANDIDATE_SPEC_STEPS``) and what its *environment* switches on (the skip flag).
+    The restart check replays its candidates so; the policy suite measures a
+    recommendation so (benchmarks/policies/run.py)."""
+    return replace(
+        base,
+        topk=topk,
+        num_draft_tokens=num_draft_tokens if topk > 1 else None,
+        spec_steps=CANDIDATE_SPEC_STEPS,
+        skip_zero_step_draft_extend=skips_zero_step(environment),
+    )
+
+
+def skips_zero_step(environment: Mapping[str, str] | None) -> bool:
+    """Whether *environment* turns on SGLang's step-0 draft-extend skip."""
+    return (environment or {}).get(SKIP_ZERO_STEP_ENV) == "1"
 
 
 def _recommendation(
@@ -657,7 +680,7 @@ def launch_for(
     speculative flags (argv empty)."""
     if shape.algorithm == "NONE":
         return {"argv": [], "adaptive_config": None, "environment": {}, "error": None}
-    skip = (environment or {}).get(SKIP_ZERO_STEP_ENV) == "1"
+    skip = skips_zero_step(environment)
     # A shape of several candidate steps is SGLang's EMA on its default slot table, as
     # the check replayed it ("adaptive (SGLang EMA, default slots)", _shape_of); a static
     # launch cannot build it.

@@ -637,12 +637,10 @@ class TablePolicy:
         acc.verify_calls += 1
         acc.requests += len(accepted)
         acc.batch_size_sum += batch_size
-        if elapsed < 0.0:
-            pass
-        elif switched:
+        if elapsed >= 0.0 and switched:
             acc.switch_time_sum_s += elapsed
             acc.switch_time_count += 1
-        else:
+        elif elapsed >= 0.0:
             acc.step_time_sum_s += elapsed
             acc.step_time_count += 1
         hist = acc.hist
