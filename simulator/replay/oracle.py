@@ -39,7 +39,9 @@ ceiling is the fleet's, ``max(oracle, none)``: restart without speculation.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from specgov.policies.common.errors import SpecgovError
@@ -98,7 +100,19 @@ class DomainRates(Protocol):
     def depth_rates(self, domain: str | None, steps: int) -> tuple[float, ...]: ...
 
 
-class _PerBatchOracle:
+@dataclass(frozen=True, slots=True)
+class OracleBatch:
+    """What an oracle sees of one decode batch: the steps it may pick, each request's
+    peek at its next draw, its remaining output tokens and its domain."""
+
+    steps: Sequence[int]
+    peeks: Sequence[Callable[[int], int]]
+    remaining: Sequence[int]
+    domains: Sequence[str | None]
+    chain: bool
+
+
+class _PerBatchOracle(ABC):
     """In-engine policy (``AdaptiveSpecPolicy`` + the engine's ``BatchOracle`` hook):
     the argmax of ``tokens(k) / time(k)`` per batch; subclasses say what ``tokens`` is."""
 
@@ -178,7 +192,9 @@ class _PerBatchOracle:
             self._choice = self._steps[0]
             self.decisions += 1
             return
-        tokens = self._tokens(steps, peeks, remaining_tokens, domains, chain=cfg.topk == 1)
+        tokens = self._tokens(
+            OracleBatch(steps, peeks, remaining_tokens, domains, chain=cfg.topk == 1)
+        )
         best_k = steps[0]
         best = -1.0
         for k in steps:
@@ -188,16 +204,9 @@ class _PerBatchOracle:
         self._choice = best_k
         self.decisions += 1
 
-    def _tokens(
-        self,
-        steps: Sequence[int],
-        peeks: Sequence[Callable[[int], int]],
-        remaining: Sequence[int],
-        domains: Sequence[str | None],
-        *,
-        chain: bool,
-    ) -> dict[int, float]:
-        raise NotImplementedError
+    @abstractmethod
+    def _tokens(self, batch: OracleBatch) -> dict[int, float]:
+        """Tokens the batch emits at each of ``batch.steps`` (bonus token included)."""
 
 
 class ClairvoyantOracle(_PerBatchOracle):
@@ -205,19 +214,12 @@ class ClairvoyantOracle(_PerBatchOracle):
 
     name = CLAIRVOYANT
 
-    def _tokens(
-        self,
-        steps: Sequence[int],
-        peeks: Sequence[Callable[[int], int]],
-        remaining: Sequence[int],
-        domains: Sequence[str | None],
-        *,
-        chain: bool,
-    ) -> dict[int, float]:
+    def _tokens(self, batch: OracleBatch) -> dict[int, float]:
         """Tokens the batch emits at each step (bonus token included, capped by output)."""
+        steps, peeks, remaining = batch.steps, batch.peeks, batch.remaining
         bsz = len(peeks)
         out: dict[int, float] = {}
-        if not chain:
+        if not batch.chain:
             # Trees: per-depth pass rates depend on the shape at each step; peek each.
             for k in steps:
                 total = 0
@@ -280,16 +282,9 @@ class InformedOracle(_PerBatchOracle):
         self._prefix[key] = out
         return out
 
-    def _tokens(
-        self,
-        steps: Sequence[int],
-        peeks: Sequence[Callable[[int], int]],
-        remaining: Sequence[int],
-        domains: Sequence[str | None],
-        *,
-        chain: bool,
-    ) -> dict[int, float]:
+    def _tokens(self, batch: OracleBatch) -> dict[int, float]:
         """Expected tokens the batch emits at each step (bonus included, capped)."""
+        steps, remaining, domains = batch.steps, batch.remaining, batch.domains
         if len(domains) != len(remaining):
             raise OracleError(
                 f"oracle:informed: {len(domains)} domains for a batch of {len(remaining)}"
