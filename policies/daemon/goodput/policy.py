@@ -13,7 +13,7 @@ from specgov.policies.common.decisions import GoodputPrediction, Plan, ReasonCod
 from specgov.policies.common.observation import Observation
 from specgov.policies.common.rng import generator, rng_state_of, seeded_rng_state
 from specgov.policies.common.step_table import SlotRule, StepTable
-from specgov.policies.common.types import Budget, SlotLayout
+from specgov.policies.common.types import Budget
 from specgov.policies.daemon.estimators.acceptance import (
     acceptance_estimate,
     initial_acceptance_state,
@@ -219,9 +219,7 @@ class GoodputPolicy:
         current = observation.table
         if current is not None and current.is_expired(observation.time_s):
             current = None  # not in force any more: whatever we decide is a change
-        plans, gains, state, predictions = self._plan(
-            observation, state, budget, current, observation.slot_candidates
-        )
+        plans, gains, state, predictions = self._plan(observation, state, budget, current)
         state, restart = self._restart(observation, state, plans)
         plan, state = goodput_plan(state, current, plans, gains, restart)
         return replace(plan, predictions=predictions), state
@@ -239,7 +237,7 @@ class GoodputPolicy:
         current = observation.table
         if current is not None and current.is_expired(observation.time_s):
             current = None
-        return self._plan(observation, state, budget, current, observation.slot_candidates)[0]
+        return self._plan(observation, state, budget, current)[0]
 
     # ------------------------------------------------------------- SLO model
 
@@ -447,7 +445,6 @@ class GoodputPolicy:
         state: GoodputState,
         budget: Budget,
         current: StepTable | None,
-        slot_candidates: SlotLayout,
     ) -> tuple[
         tuple[SlotPlan, ...],
         list[tuple[float, float, float]],
@@ -461,7 +458,7 @@ class GoodputPolicy:
             ctx = cfg.default_kv_tokens_per_request
         cost = step_cost_model(state.step_cost, self._cost_cfg)
         ws = _Weighing(cost, ctx, slo_ms, self._slo_model(state, slo_ms))
-        work = self._slot_work(observation, state, budget, current, slot_candidates, ws)
+        work = self._slot_work(observation, state, budget, current, ws)
         probes, state = self._probes(work, state, observation.time_s, ws)
         weights = {slot: v for slot, _, v in state.batch}
         plans, gains, predicted = self._slot_plans(work, probes, current, weights, ws)
@@ -473,10 +470,11 @@ class GoodputPolicy:
         state: GoodputState,
         budget: Budget,
         current: StepTable | None,
-        slot_candidates: SlotLayout,
         ws: _Weighing,
     ) -> list[SlotWork]:
-        """Per slot: the allowed and eligible steps, their evaluations and the best."""
+        """Per slot (of the observation's layout, which the callers checked is known): the
+        allowed and eligible steps, their evaluations and the best."""
+        slot_candidates = observation.slot_candidates or ()
         cost, ctx, slo_ms, slo = ws
         batch_of = {slot: (b / v if v > 1e-9 else None) for slot, b, v in state.batch}
         snap = observation.tier_stats
