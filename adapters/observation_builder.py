@@ -448,6 +448,18 @@ def _observation(
     )
 
 
+def decision_window_s(decide_interval_s: float, scrape_interval_s: float) -> float:
+    """``min_window_s`` for a loop that scrapes every ``scrape_interval_s`` and decides
+    every ``decide_interval_s`` on the newest scrape: each decision's rates and
+    quantiles then reach back to the scrape one decision interval before the previous
+    one (4 s at the defaults), not only to the last scrape, so a decision acts on the
+    traffic since the one before it. Half a scrape interval of slack absorbs scrape
+    jitter (a scrape a little late must not push the window one scrape further back, or
+    leave the first decision without one). The daemon and the closed-loop replay both
+    use it, so a replay validates the windows the daemon decides on."""
+    return max(0.0, decide_interval_s - 1.5 * scrape_interval_s)
+
+
 class ObservationBuilder:
     """Turns scrapes into Observations; keeps the scrape history and gauge ages.
 

@@ -60,6 +60,7 @@ from specgov.simulator.workload.synthetic import generate_trace
 from specgov.simulator.workload.synthetic_text import parse_synthetic_spec
 
 INTERVAL_S = 5.0
+SCRAPES_PER_DECISION = 5  # the daemon's defaults: scrape every 1 s, decide every 5 s
 GAPS = {8, 9}  # telemetry unavailable (HTTP 503 for the daemon)
 FAILED_PUBLISH = {3, 4}  # the spool write fails (twice in a row, where tables change)
 OVERRIDE_SET, OVERRIDE_CLEARED = 18, 24
@@ -204,12 +205,19 @@ def _daemon_decisions(rec: Recording, tmp: Path) -> list[AuditRecord]:
 
     async def go() -> None:
         try:
-            for i, now in enumerate(rec.times[:TICKS]):
+            # The daemon scrapes at every scrape the replay made and decides on every
+            # SCRAPES_PER_DECISION-th, as both loops run (simulator/replay/closed_loop.py).
+            for i, now in enumerate(rec.times[: TICKS * SCRAPES_PER_DECISION]):
                 tick = _tick_of(now)
                 clock.now_s = now
                 current["tick"], current["text"] = tick, rec.texts[i]
-                for seq, snap in enumerate(rec.stats[i]):
-                    write_tier_stats(spool, snap, writer_id="rank0", seq=i * 1000 + seq)
+                decides = (i + 1) % SCRAPES_PER_DECISION == 0
+                if not decides:
+                    await daemon.scrape_once()
+                    continue
+                d = i // SCRAPES_PER_DECISION
+                for seq, snap in enumerate(rec.stats[d]):
+                    write_tier_stats(spool, snap, writer_id="rank0", seq=d * 1000 + seq)
                 if tick in FAILED_PUBLISH:
                     if table_path.exists():
                         table_path.unlink()
@@ -239,7 +247,11 @@ def _daemon_decisions(rec: Recording, tmp: Path) -> list[AuditRecord]:
 
 def _key(r: AuditRecord) -> tuple[Any, ...]:
     after = None if r.table_after is None else (r.table_after.slots, r.table_after.version)
-    return (round(r.time_s, 6), r.reason, after, r.published, r.table_in_force)
+    # The window each decision's rates cover: the daemon's and the replay's builders
+    # reach back alike (adapters/observation_builder.py, decision_window_s).
+    window = r.inputs_summary.get("window_s")
+    window = None if window is None else round(window, 6)
+    return (round(r.time_s, 6), r.reason, after, r.published, r.table_in_force, window)
 
 
 def test_daemon_and_replay_make_the_same_decisions(recording: Recording, tmp_path: Path) -> None:
@@ -409,3 +421,55 @@ def test_a_pin_that_starts_on_frozen_telemetry_still_takes_effect() -> None:
     rec, state = _step(core, state, 10.0, fx, overrides=(pin,))
     assert rec.published and rec.table_in_force is not None
     assert {k for _, k in rec.table_in_force.slots} == {1}
+
+
+# ------------------------------------------------------------- the loop's cadence
+
+
+def test_replay_runs_the_daemon_cadence_and_its_first_decision_has_a_window() -> None:
+    """Closed-loop replay scrapes every scrape interval and decides every decision
+    interval on the newest scrape, with the daemon's default intervals, so its first
+    decision (5 s in) already has a window and publishes, as the daemon's does."""
+    from specgov.controller.daemon.config_schema import LoopConfig
+    from specgov.simulator.replay.closed_loop import ControlLoopConfig
+
+    daemon_loop, replay_loop = LoopConfig(), ControlLoopConfig()
+    assert replay_loop.interval_s == daemon_loop.decide_interval_s
+    assert replay_loop.scrape_interval_s == daemon_loop.scrape_interval_s
+    server = ServerSpec(gpu="h100", model="llama-3.1-8b", drafter="eagle3")
+    run = prepare_run(server, parse_policy("goodput"), seed=3, slo=Slo())
+    loop = run.loop
+    assert loop is not None
+    scrapes: list[float] = []
+    observe = loop.observe
+
+    def counting_observe(now_s: float) -> Observation | None:
+        scrapes.append(now_s)
+        return observe(now_s)
+
+    loop.observe = counting_observe
+    trace = generate_trace(parse_synthetic_spec("synthetic:duration=30,rate=6,seed=5"))
+    run.run(trace.requests)
+    first = loop.records[0]
+    assert first.time_s < INTERVAL_S + 1.0
+    assert first.reason == "initial" and first.published, first.message
+    assert first.inputs_summary["window_s"] >= INTERVAL_S - 1.5  # about one interval
+    # Five scrapes per decision (the engine ticks at forward boundaries: within one).
+    assert abs(len(scrapes) - SCRAPES_PER_DECISION * len(loop.records)) < SCRAPES_PER_DECISION
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"scrape_interval_s": 0.0}, "scrape_interval_s must be > 0"),
+        ({"interval_s": 5.0, "scrape_interval_s": 2.0}, "whole multiple of scrape_interval_s"),
+        ({"interval_s": 1.0, "scrape_interval_s": 2.0}, "whole multiple of scrape_interval_s"),
+    ],
+)
+def test_a_loop_cadence_that_does_not_divide_is_refused(
+    kwargs: dict[str, float], named: str
+) -> None:
+    from specgov.simulator.replay.closed_loop import ClosedLoopConfigError, ControlLoopConfig
+
+    with pytest.raises(ClosedLoopConfigError, match=named):
+        ControlLoopConfig(**kwargs)

@@ -24,7 +24,7 @@ from specgov.adapters.errors import (
     escape_upstream,
 )
 from specgov.adapters.log_throttle import LogThrottle
-from specgov.adapters.observation_builder import ObservationBuilder
+from specgov.adapters.observation_builder import ObservationBuilder, decision_window_s
 from specgov.adapters.sglang_http import SGLangClient
 from specgov.adapters.spool_stats import read_tier_stats
 from specgov.controller.daemon.config import SpecgovConfig
@@ -135,6 +135,10 @@ class Telemetry:
                 # Older servers have no /v1/loads, and a body that does not parse (now a
                 # temporary "format" error) must not cost the round either: gauges suffice.
                 loads = None
+            loop = self._config().loop  # a reload may change either interval
+            self._builder.min_window_s = decision_window_s(
+                loop.decide_interval_s, loop.scrape_interval_s
+            )
             obs = self._builder.feed(now, scrape.snapshot, info, loads)
             self.note_totals(now, scrape.snapshot, obs)
             report = self._builder.last_report

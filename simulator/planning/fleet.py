@@ -254,7 +254,7 @@ def _simulate(
                 prepared.engine,
                 speculative=kind.policy.speculative,
                 on_tick=loop.on_tick if loop is not None else None,
-                tick_interval_s=loop.config.interval_s if loop is not None else 1.0,
+                tick_interval_s=loop.config.scrape_interval_s if loop is not None else 1.0,
                 metrics=prepared.metrics,
             )
         )

@@ -1,8 +1,12 @@
 """Closed-loop replay: the daemon's control loop in virtual time.
 
-Every ``interval_s`` simulated seconds the loop does what ``specgov run`` does
-against a live SGLang server, through the same control core
-(:mod:`specgov.policies.control.core`, :func:`control_step`):
+The loop does what ``specgov run`` does against a live SGLang server, on the daemon's
+two cadences: it scrapes every ``scrape_interval_s`` simulated seconds and decides every
+``interval_s``, on the newest scrape, through the same control core
+(:mod:`specgov.policies.control.core`, :func:`control_step`). So a decision's rates and
+quantiles cover the last scrape interval, as the daemon's do, and its first decision
+finds a window already (a loop that scraped only when it decided had none, and held the
+first table one decision longer than the daemon does):
 
 1. scrape: render the simulated server's ``/metrics`` (SGLang's names and update
    moments, :mod:`specgov.simulator.engine.sglang_metrics`) and parse it with the daemon's own
@@ -50,16 +54,27 @@ class ClosedLoopConfigError(SpecgovError, ValueError):
 
 @dataclass(frozen=True)
 class ControlLoopConfig:
-    interval_s: float = 5.0  # the daemon's decision period
+    interval_s: float = 5.0  # the daemon's decision period (loop.decide_interval_s)
+    scrape_interval_s: float = 1.0  # its scrape period (loop.scrape_interval_s)
     publish_delay_s: float = 0.05  # spool write + rename until the plugin can see it
     stats_flush_s: float = DEFAULT_FLUSH_INTERVAL_S  # the plugin's per-tier statistics cadence
     poll_every_batches: int = DEFAULT_POLL_EVERY_BATCHES  # its spool poll cadence (batches)
 
     def __post_init__(self) -> None:
-        for name in ("interval_s", "stats_flush_s"):
+        for name in ("interval_s", "scrape_interval_s", "stats_flush_s"):
             value = getattr(self, name)
             if not value > 0:
                 raise ClosedLoopConfigError(f"{name} must be > 0 seconds, got {value!r}")
+        ratio = self.interval_s / self.scrape_interval_s
+        if abs(ratio - round(ratio)) > 1e-9 or round(ratio) < 1:
+            raise ClosedLoopConfigError(
+                f"interval_s ({self.interval_s!r}) must be a whole multiple of "
+                f"scrape_interval_s ({self.scrape_interval_s!r})"
+            )
+
+    @property
+    def scrapes_per_decision(self) -> int:
+        return round(self.interval_s / self.scrape_interval_s)
         if self.publish_delay_s < 0:
             raise ClosedLoopConfigError(
                 f"publish_delay_s must be >= 0 seconds, got {self.publish_delay_s!r}"
@@ -134,6 +149,7 @@ class ClosedLoop:
         self._published: StepTable | None = None  # visible to the plugin
         self._pending: tuple[float, StepTable] | None = None  # written, not yet visible
         self._stats: list[TierStatsSnapshot] = []
+        self._scrapes = 0  # scrape ticks so far; every scrapes_per_decision-th decides
 
     @property
     def policy(self) -> GuardedPolicy[Any]:
@@ -174,11 +190,16 @@ class ClosedLoop:
     # The daemon tick -----------------------------------------------------------
 
     def on_tick(self, now_s: float) -> None:
-        stats = tuple(self._stats)
-        self._stats = []
+        """One scrape tick (the engine calls it every ``scrape_interval_s``); every
+        ``scrapes_per_decision``-th also decides, on that scrape."""
         observation = self.observe(now_s)
         if observation is not None:
             self._last_obs = observation
+        self._scrapes += 1
+        if self._scrapes % self.config.scrapes_per_decision:
+            return
+        stats = tuple(self._stats)
+        self._stats = []
         inputs = ControlInputs(
             now_s=now_s,
             observation=self._last_obs,

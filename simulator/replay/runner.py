@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
-from specgov.adapters.observation_builder import ObservationBuilder
+from specgov.adapters.observation_builder import ObservationBuilder, decision_window_s
 from specgov.adapters.telemetry import METRICS_READ
 from specgov.policies.common.observation import Observation
 from specgov.policies.common.types import Budget, SlotLayout
@@ -412,7 +412,7 @@ class PreparedRun:
             progress=progress,
             metrics=self.metrics,
             on_tick=self.loop.on_tick,
-            tick_interval_s=self.loop.config.interval_s,
+            tick_interval_s=self.loop.config.scrape_interval_s,
             concurrency=concurrency,
         )
 
@@ -621,7 +621,11 @@ def _closed_loop(
         ),
         "plugin",
     )
-    builder = ObservationBuilder(adaptive_config=specgov_adaptive_config())
+    cadence = loop_config or ControlLoopConfig()
+    builder = ObservationBuilder(
+        adaptive_config=specgov_adaptive_config(),
+        min_window_s=decision_window_s(cadence.interval_s, cadence.scrape_interval_s),
+    )
     info: list[dict[str, Any]] = [
         specgov_server_info(algorithm=algorithm, spec_steps=spec_steps, kv_capacity=kv_capacity)
     ]
@@ -639,7 +643,7 @@ def _closed_loop(
         policy_spec=format_policy_spec(spec),
         observe=observe,
         clock=clock,
-        config=loop_config,
+        config=cadence,
     )
 
 
