@@ -52,6 +52,7 @@ from specgov.policies.engine.ema import EmaPolicy
 from specgov.policies.guardrails import GuardrailConfig
 from specgov.simulator.engine.cost import CostModel
 from specgov.simulator.priors import step_cost_prior
+from specgov.simulator.replay.closed_loop import ControlLoopConfig
 from specgov.simulator.replay.metrics import Slo
 from specgov.simulator.replay.runner import (
     ServerSpec,
@@ -85,7 +86,9 @@ class Recording:
 
 def _record_replay() -> Recording:
     server = ServerSpec(gpu="h100", model="llama-3.1-8b", drafter="eagle3")
-    run = prepare_run(server, parse_policy("goodput"), seed=3, slo=Slo())
+    # One scrape per decision: the harness below scrapes the daemon once before each.
+    cadence = ControlLoopConfig(scrape_interval_s=ControlLoopConfig().interval_s)
+    run = prepare_run(server, parse_policy("goodput"), seed=3, slo=Slo(), loop_config=cadence)
     loop, metrics = run.loop, run.metrics
     assert loop is not None and metrics is not None
     rec = Recording(kv_capacity=run.memory.kv_token_capacity, spec_steps=server.spec_steps)

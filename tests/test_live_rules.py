@@ -28,6 +28,8 @@ from specgov.policies.engine.table import (
     PROBE_SHARE,
     RULE_CONFIRM_S,
     RULE_DWELL_S,
+    RULE_HYSTERESIS,
+    RULE_MOVE_GAIN,
     STICKY_BAND,
     STICKY_GAIN,
     TablePolicy,
@@ -139,6 +141,26 @@ def test_a_dip_shorter_than_the_confirmation_moves_nothing_a_lasting_one_does() 
     moved_s = poor.index(1) * BATCH_S
     assert RULE_CONFIRM_S - 0.5 <= moved_s <= RULE_CONFIRM_S + 1.0, moved_s
     assert set(poor[poor.index(1) :]) == {1} and policy.rule_changes == 1
+
+
+def test_a_steep_rule_moves_within_its_narrow_bands_a_flat_one_keeps_the_fixed_hysteresis() -> None:
+    """A poor drafter's rule has cuts a few hundredths apart and steep slopes: its
+    hysteresis is what moves goodput by RULE_MOVE_GAIN (0.02 / 1.0 = 0.02 here), not
+    the fixed RULE_HYSTERESIS (0.06), which is wider than its bands. Without slopes
+    (formats 2-3) a signal 0.04 below the cut stays inside the fixed band."""
+    assert RULE_HYSTERESIS == 0.06 and RULE_MOVE_GAIN == 0.02
+
+    def ran_after(slopes: tuple[float, ...] | None) -> set[int]:
+        clock = Clock()
+        rule = SlotRule(thresholds=(0.12, 0.16), steps=(0, 1, 3), prior=0.2, slopes=slopes)
+        policy = table_policy(lambda: rule_table(rule, clock()), clock)
+        rng = random.Random(6)
+        assert set(run(policy, clock, rng, 15.0, 0.2, batch_size=4)) == {3}
+        # The signal settles at 0.12-0.14: 0.02-0.04 below the 1 | 3 cut.
+        return set(run(policy, clock, rng, 40.0, 0.13, batch_size=4)[-500:])
+
+    assert ran_after((1.0, 1.0)) == {1}  # moved down one band, and stays
+    assert ran_after(None) == {3}  # within the fixed 0.06: held
 
 
 def _alternating_slots_switches() -> tuple[int, set[int]]:

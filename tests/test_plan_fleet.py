@@ -77,7 +77,7 @@ def _stepper(policy: str, seed: int = 0) -> ReplicaStepper:
         prepared.engine,
         speculative=prepared.policy.speculative,
         on_tick=loop.on_tick if loop is not None else None,
-        tick_interval_s=loop.config.interval_s if loop is not None else 1.0,
+        tick_interval_s=loop.config.scrape_interval_s if loop is not None else 1.0,
         metrics=prepared.metrics,
     )
 

@@ -16,7 +16,8 @@
 * follows a slot's live-acceptance rule (table formats 2-4, :class:`SlotRule`) where the
   table has one: the slot's signal is its recent first-draft acceptance rate, fed by
   every verify of the slot at steps >= 1, and the rule maps it to steps with hysteresis
-  (a change needs the signal ``RULE_HYSTERESIS`` past a threshold for ``RULE_CONFIRM_S``
+  (a change needs the signal ``RULE_HYSTERESIS`` past a threshold, under a format-4 rule
+  at most as far as moves the slot's goodput by ``RULE_MOVE_GAIN``, for ``RULE_CONFIRM_S``
   on end) and a dwell (at most one change per slot per ``RULE_DWELL_S``), both judged on
   the poll clock; see "Live rules";
 * keeps the engine's tier when a batch's slot would switch it for a near-tie: a slot
@@ -112,6 +113,12 @@ PRIOR_TRIALS: Final = 4.0
 # would otherwise buy a dwell's worth of batches at the wrong steps.
 LEAVE_ZERO_TRIALS: Final = 12.0
 RULE_HYSTERESIS: Final = 0.06  # signal units (acceptance rate)
+# Format 4: a cut's hysteresis is at most what moves the slot's goodput by this share
+# across it (RULE_MOVE_GAIN / slope, in signal units): the daemon's own tolerance for a
+# change (GuardrailConfig.min_gain, 2 %). A fixed 0.06 was wider than a steep rule's
+# whole bands (a poor drafter's cuts lie 0.02-0.04 apart): users-16/a100-80g/ngram held
+# 3 steps for 100 s at a signal of 0.10-0.15 under cuts (0.12, 0.16, 0.18) -> (0, 1, 3, 4).
+RULE_MOVE_GAIN: Final = 0.02
 # A slot runs the engine's current tier instead of its own step while its rule would
 # give that tier within this of its signal: near a cut the two steps are near-tied (a
 # cut is where they tie), and batches alternating between neighbouring slots would
@@ -154,12 +161,27 @@ def probe_share(cost: float) -> float:
     return PROBE_BATCHES / (probe_every(cost) + PROBE_BATCHES)
 
 
+def _move_cuts(rule: SlotRule) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per cut, the signal at which a slot crosses it upwards and downwards: the cut
+    plus or minus its hysteresis, ``RULE_HYSTERESIS``, and under a format-4 rule at most
+    ``RULE_MOVE_GAIN / slope`` (module docstring, "Live rules")."""
+    slopes = rule.slopes
+    if slopes is None:
+        widths = [RULE_HYSTERESIS] * len(rule.thresholds)
+    else:
+        widths = [min(RULE_HYSTERESIS, RULE_MOVE_GAIN / g) for g in slopes]
+    up = tuple(t + h for t, h in zip(rule.thresholds, widths, strict=True))
+    down = tuple(t - h for t, h in zip(rule.thresholds, widths, strict=True))
+    return up, down
+
+
 class _RuleSlot:
     """Live state of one slot that follows a SlotRule."""
 
     __slots__ = (
         "band",
         "changed_at_s",
+        "down_cuts",
         "pending_since_s",
         "pending_up",
         "probe_every",
@@ -170,6 +192,7 @@ class _RuleSlot:
         "steps",
         "succ",
         "trials",
+        "up_cuts",
         "zero_batches",
     )
 
@@ -178,6 +201,7 @@ class _RuleSlot:
         self.trials = 0.0
         self.signal = rule.prior
         self.rule = rule
+        self.up_cuts, self.down_cuts = _move_cuts(rule)
         self.band = rule.band_for(rule.prior)
         self.steps = rule.steps[self.band]
         self.probe_step = rule.probe_step
@@ -196,6 +220,7 @@ class _RuleSlot:
         change of the signal. Only a rule without those steps moves the slot at once.
         """
         self.rule = rule
+        self.up_cuts, self.down_cuts = _move_cuts(rule)
         self.probe_step = rule.probe_step
         self.signal = (self.succ + rule.prior * PRIOR_TRIALS) / (self.trials + PRIOR_TRIALS)
         band = rule.band_for(self.signal)
@@ -222,15 +247,18 @@ class _RuleSlot:
             self.probe_every = probe_every((rule.thresholds[0] - signal) * slopes[0])
         if self.steps == 0 and self.trials < LEAVE_ZERO_TRIALS:
             return False
-        up = rule.band_for(signal - RULE_HYSTERESIS)
-        if up > cur:
-            new = up
-        else:
-            down = rule.band_for(signal + RULE_HYSTERESIS)
-            if down >= cur:
+        # The band the signal asks for, each cut crossed only beyond its hysteresis.
+        new = cur
+        up_cuts = self.up_cuts
+        while new < len(up_cuts) and signal >= up_cuts[new]:
+            new += 1
+        if new == cur:
+            down_cuts = self.down_cuts
+            while new > 0 and signal < down_cuts[new - 1]:
+                new -= 1
+            if new == cur:
                 self.pending_since_s = None
                 return False
-            new = down
         since = self.pending_since_s
         if since is None or self.pending_up != (new > cur):
             self.pending_since_s, self.pending_up = now_s, new > cur
