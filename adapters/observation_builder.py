@@ -451,12 +451,14 @@ def _observation(
 def decision_window_s(decide_interval_s: float, scrape_interval_s: float) -> float:
     """``min_window_s`` for a loop that scrapes every ``scrape_interval_s`` and decides
     every ``decide_interval_s`` on the newest scrape: each decision's rates and
-    quantiles then reach back to the scrape one decision interval before the previous
-    one (4 s at the defaults), not only to the last scrape, so a decision acts on the
-    traffic since the one before it. Half a scrape interval of slack absorbs scrape
-    jitter (a scrape a little late must not push the window one scrape further back, or
-    leave the first decision without one). The daemon and the closed-loop replay both
-    use it, so a replay validates the windows the daemon decides on."""
+    quantiles reach back to the newest scrape at least ``decide - 1.5 x scrape`` old
+    (4 s of traffic at the defaults, 1 s scrapes and 5 s decisions), not only to the
+    last scrape. The windows do not tile: the scrape interval just after each decision
+    falls in none. Tiling them (``decide - 0.5 x scrape``) would leave the first decision
+    without a window, and a scrape a little late would push a window one scrape further
+    back; half a scrape interval of slack absorbs that jitter. The daemon and the
+    closed-loop replay both use it, so a replay validates the windows the daemon decides
+    on."""
     return max(0.0, decide_interval_s - 1.5 * scrape_interval_s)
 
 

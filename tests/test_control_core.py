@@ -76,6 +76,7 @@ class Recording:
     stats: list[tuple[TierStatsSnapshot, ...]] = field(default_factory=list)
     records: list[AuditRecord] = field(default_factory=list)
     override: Override | None = None
+    decide_times: list[float] = field(default_factory=list)  # the scrapes decided on
     kv_capacity: int = 0
     spec_steps: int = 3
     algorithm: str = "EAGLE3"
@@ -122,6 +123,7 @@ def _record_replay() -> Recording:
 
     def recording_decide(state: CoreState, inputs: ControlInputs, timer: Any = None) -> Any:
         rec.stats.append(inputs.tier_stats)  # the plugin windows this decision reads
+        rec.decide_times.append(inputs.now_s)
         return decide(state, inputs, timer)
 
     loop.core.decide = recording_decide  # type: ignore[method-assign]
@@ -205,17 +207,19 @@ def _daemon_decisions(rec: Recording, tmp: Path) -> list[AuditRecord]:
 
     async def go() -> None:
         try:
-            # The daemon scrapes at every scrape the replay made and decides on every
-            # SCRAPES_PER_DECISION-th, as both loops run (simulator/replay/closed_loop.py).
-            for i, now in enumerate(rec.times[: TICKS * SCRAPES_PER_DECISION]):
+            # The daemon scrapes at every scrape the replay made and decides on those the
+            # replay decided on, as both loops run (simulator/replay/closed_loop.py).
+            decided = {t: d for d, t in enumerate(rec.decide_times[:TICKS])}
+            for i, now in enumerate(rec.times):
+                if len(out) == TICKS:
+                    break
                 tick = _tick_of(now)
                 clock.now_s = now
                 current["tick"], current["text"] = tick, rec.texts[i]
-                decides = (i + 1) % SCRAPES_PER_DECISION == 0
-                if not decides:
+                d = decided.get(now)
+                if d is None:
                     await daemon.scrape_once()
                     continue
-                d = i // SCRAPES_PER_DECISION
                 for seq, snap in enumerate(rec.stats[d]):
                     write_tier_stats(spool, snap, writer_id="rank0", seq=d * 1000 + seq)
                 if tick in FAILED_PUBLISH:
@@ -454,8 +458,13 @@ def test_replay_runs_the_daemon_cadence_and_its_first_decision_has_a_window() ->
     assert first.time_s < INTERVAL_S + 1.0
     assert first.reason == "initial" and first.published, first.message
     assert first.inputs_summary["window_s"] >= INTERVAL_S - 1.5  # about one interval
-    # Five scrapes per decision (the engine ticks at forward boundaries: within one).
-    assert abs(len(scrapes) - SCRAPES_PER_DECISION * len(loop.records)) < SCRAPES_PER_DECISION
+    # Decisions on a fixed 5 s grid from the start (a tick lands at a forward boundary,
+    # so each within one scrape interval of its grid time), one per grid time; about five
+    # scrapes per decision.
+    start = first.time_s - INTERVAL_S
+    for k, record in enumerate(loop.records, start=1):
+        assert -0.5 < record.time_s - (start + k * INTERVAL_S) < 1.0, (k, record.time_s)
+    assert SCRAPES_PER_DECISION * (len(loop.records) - 1) <= len(scrapes)
 
 
 @pytest.mark.parametrize(
@@ -464,6 +473,8 @@ def test_replay_runs_the_daemon_cadence_and_its_first_decision_has_a_window() ->
         ({"scrape_interval_s": 0.0}, "scrape_interval_s must be > 0"),
         ({"interval_s": 5.0, "scrape_interval_s": 2.0}, "whole multiple of scrape_interval_s"),
         ({"interval_s": 1.0, "scrape_interval_s": 2.0}, "whole multiple of scrape_interval_s"),
+        ({"publish_delay_s": -1.0}, "publish_delay_s must be >= 0"),
+        ({"poll_every_batches": 0}, "poll_every_batches must be >= 1"),
     ],
 )
 def test_a_loop_cadence_that_does_not_divide_is_refused(
@@ -473,3 +484,15 @@ def test_a_loop_cadence_that_does_not_divide_is_refused(
 
     with pytest.raises(ClosedLoopConfigError, match=named):
         ControlLoopConfig(**kwargs)
+
+
+def test_replay_decisions_stay_on_their_grid_when_a_forward_spans_scrapes() -> None:
+    """A long forward (a big prefill) makes the engine call one scrape tick for several
+    intervals: the next decision still comes at its grid time, not one scrape later for
+    the rest of the run (the daemon's decide loop keeps fixed deadlines)."""
+    server = ServerSpec(gpu="h100", model="llama-3.1-8b", drafter="eagle3")
+    loop = prepare_run(server, parse_policy("goodput"), seed=3, slo=Slo()).loop
+    assert loop is not None
+    for now_s in (1.0, 2.0, 3.0, 4.0, 5.0, 8.2, 9.0, 10.0, 11.0, 15.3):
+        loop.on_tick(now_s)
+    assert [r.time_s for r in loop.records] == [5.0, 10.0, 15.3]

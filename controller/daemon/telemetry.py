@@ -83,6 +83,10 @@ class Telemetry:
         self._scrape_clocks: tuple[float, float] | None = None  # (wall, monotonic)
         self.last_scrape_mono_s: float | None = None
         self._builder = ObservationBuilder()
+        # The decision window, from the intervals the daemon's loops run at: they read
+        # them once, at start (Daemon.every), so a reload must not move the window alone.
+        loop = config().loop
+        self._window_s = decision_window_s(loop.decide_interval_s, loop.scrape_interval_s)
         self.observation: Observation | None = None
         self._stats_cursor: dict[str, int] | None = None
         self._stats_pending: list[TierStatsSnapshot] = []
@@ -135,10 +139,7 @@ class Telemetry:
                 # Older servers have no /v1/loads, and a body that does not parse (now a
                 # temporary "format" error) must not cost the round either: gauges suffice.
                 loads = None
-            loop = self._config().loop  # a reload may change either interval
-            self._builder.min_window_s = decision_window_s(
-                loop.decide_interval_s, loop.scrape_interval_s
-            )
+            self._builder.min_window_s = self._window_s
             obs = self._builder.feed(now, scrape.snapshot, info, loads)
             self.note_totals(now, scrape.snapshot, obs)
             report = self._builder.last_report

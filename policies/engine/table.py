@@ -114,9 +114,9 @@ PRIOR_TRIALS: Final = 4.0
 LEAVE_ZERO_TRIALS: Final = 12.0
 RULE_HYSTERESIS: Final = 0.06  # signal units (acceptance rate)
 # Format 4: a cut's hysteresis is at most what moves the slot's goodput by this share
-# across it (RULE_MOVE_GAIN / slope, in signal units): the daemon's own tolerance for a
-# change (GuardrailConfig.min_gain, 2 %). A fixed 0.06 was wider than a steep rule's
-# whole bands (a poor drafter's cuts lie 0.02-0.04 apart): users-16/a100-80g/ngram held
+# across it (RULE_MOVE_GAIN / slope, in signal units): the daemon's default tolerance for
+# a change (GuardrailConfig.min_gain's default, 2 %). A fixed 0.06 was wider than a steep
+# rule's whole bands (a poor drafter's cuts lie 0.02-0.04 apart): users-16/a100-80g/ngram held
 # 3 steps for 100 s at a signal of 0.10-0.15 under cuts (0.12, 0.16, 0.18) -> (0, 1, 3, 4).
 RULE_MOVE_GAIN: Final = 0.02
 # A slot runs the engine's current tier instead of its own step while its rule would

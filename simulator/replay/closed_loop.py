@@ -3,10 +3,11 @@
 The loop does what ``specgov run`` does against a live SGLang server, on the daemon's
 two cadences: it scrapes every ``scrape_interval_s`` simulated seconds and decides every
 ``interval_s``, on the newest scrape, through the same control core
-(:mod:`specgov.policies.control.core`, :func:`control_step`). So a decision's rates and
-quantiles cover the last scrape interval, as the daemon's do, and its first decision
-finds a window already (a loop that scraped only when it decided had none, and held the
-first table one decision longer than the daemon does):
+(:mod:`specgov.policies.control.core`, :func:`control_step`). A decision's rates and
+quantiles reach back about one decision interval
+(:func:`~specgov.adapters.observation_builder.decision_window_s`, as the daemon's do),
+and its first decision finds a window already (a loop that scraped only when it decided
+had none, and held the first table one decision longer than the daemon does):
 
 1. scrape: render the simulated server's ``/metrics`` (SGLang's names and update
    moments, :mod:`specgov.simulator.engine.sglang_metrics`) and parse it with the daemon's own
@@ -19,9 +20,9 @@ first table one decision longer than the daemon does):
    ``publish_delay_s`` and is picked up at its next poll (every
    ``poll_every_batches`` decode batches), as through the spool directory.
 
-Staleness is therefore realistic: decisions act on data up to one interval old,
-tables land a poll later, and gauges are as stale as SGLang's (40 decode
-iterations).
+Staleness is therefore realistic: decisions act on the newest scrape and on plugin
+statistics up to one flush old, tables land a poll later, and gauges are as stale as
+SGLang's (40 decode iterations).
 """
 
 from __future__ import annotations
@@ -71,10 +72,6 @@ class ControlLoopConfig:
                 f"interval_s ({self.interval_s!r}) must be a whole multiple of "
                 f"scrape_interval_s ({self.scrape_interval_s!r})"
             )
-
-    @property
-    def scrapes_per_decision(self) -> int:
-        return round(self.interval_s / self.scrape_interval_s)
         if self.publish_delay_s < 0:
             raise ClosedLoopConfigError(
                 f"publish_delay_s must be >= 0 seconds, got {self.publish_delay_s!r}"
@@ -149,7 +146,9 @@ class ClosedLoop:
         self._published: StepTable | None = None  # visible to the plugin
         self._pending: tuple[float, StepTable] | None = None  # written, not yet visible
         self._stats: list[TierStatsSnapshot] = []
-        self._scrapes = 0  # scrape ticks so far; every scrapes_per_decision-th decides
+        # When the next decision is due, on a fixed grid as the daemon's decide loop
+        # keeps it (None until the first scrape tick sets the grid).
+        self._next_decide_s: float | None = None
 
     @property
     def policy(self) -> GuardedPolicy[Any]:
@@ -190,14 +189,25 @@ class ClosedLoop:
     # The daemon tick -----------------------------------------------------------
 
     def on_tick(self, now_s: float) -> None:
-        """One scrape tick (the engine calls it every ``scrape_interval_s``); every
-        ``scrapes_per_decision``-th also decides, on that scrape."""
+        """One scrape tick (the engine calls it every ``scrape_interval_s``, at forward
+        boundaries); a tick at or past the next decision time also decides, on that
+        scrape. Decision times stay on a fixed grid (``interval_s`` apart from the run's
+        start), as the daemon's decide loop keeps them: a forward that spans several
+        scrape intervals (a long prefill) delays one decision, not every later one."""
         observation = self.observe(now_s)
         if observation is not None:
             self._last_obs = observation
-        self._scrapes += 1
-        if self._scrapes % self.config.scrapes_per_decision:
+        cfg = self.config
+        slack = cfg.scrape_interval_s / 2  # a tick lands a little after its nominal time
+        due = self._next_decide_s
+        if due is None:  # the first tick: one scrape interval after the start
+            due = now_s - cfg.scrape_interval_s + cfg.interval_s
+        if now_s < due - slack:
+            self._next_decide_s = due
             return
+        while due - slack <= now_s:
+            due += cfg.interval_s
+        self._next_decide_s = due
         stats = tuple(self._stats)
         self._stats = []
         inputs = ControlInputs(
