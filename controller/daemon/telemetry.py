@@ -82,11 +82,11 @@ class Telemetry:
         self._failing = failing
         self._scrape_clocks: tuple[float, float] | None = None  # (wall, monotonic)
         self.last_scrape_mono_s: float | None = None
-        self._builder = ObservationBuilder()
         # The decision window, from the intervals the daemon's loops run at: they read
         # them once, at start (Daemon.every), so a reload must not move the window alone.
         loop = config().loop
         self._window_s = decision_window_s(loop.decide_interval_s, loop.scrape_interval_s)
+        self._builder = ObservationBuilder(min_window_s=self._window_s)
         self.observation: Observation | None = None
         self._stats_cursor: dict[str, int] | None = None
         self._stats_pending: list[TierStatsSnapshot] = []
@@ -139,7 +139,6 @@ class Telemetry:
                 # Older servers have no /v1/loads, and a body that does not parse (now a
                 # temporary "format" error) must not cost the round either: gauges suffice.
                 loads = None
-            self._builder.min_window_s = self._window_s
             obs = self._builder.feed(now, scrape.snapshot, info, loads)
             self.note_totals(now, scrape.snapshot, obs)
             report = self._builder.last_report
@@ -295,7 +294,7 @@ class Telemetry:
 
         try:
             config = json.loads(Path(path).read_text())
-            builder = ObservationBuilder(adaptive_config=config)
+            builder = ObservationBuilder(adaptive_config=config, min_window_s=self._window_s)
         except (OSError, ValueError) as exc:
             note = f"cannot use the adaptive config {path}: {exc}"
             if note not in self._status.notes:
